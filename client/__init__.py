@@ -1,0 +1,1 @@
+"""groupcoord client library: a group member and the assignors."""

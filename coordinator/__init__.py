@@ -1,0 +1,1 @@
+"""The groupcoord coordinator server."""

@@ -1,0 +1,7 @@
+"""The group state machine: pure, no I/O, no clock (DESIGN.md).
+
+``GroupCoordinator(config).handle(now_ms, command) -> list[Effect]`` is the
+whole interface for changes; ``restore(snapshot, now_ms)`` rebuilds it from
+storage; ``list_groups()``, ``describe_group()``, ``catalog()``,
+``resources_epoch``, ``state_counts()`` and ``member_count()`` are read-only.
+"""

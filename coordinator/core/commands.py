@@ -1,0 +1,114 @@
+"""Commands: everything that can change the coordinator's state.
+
+The runtime turns each HTTP request and each timer firing into one command
+and applies it with ``GroupCoordinator.handle(now_ms, command)``. Commands
+that expect an answer carry a ``request_id`` minted by the runtime; the answer
+comes back as a :class:`~coordinator.core.effects.Reply` with that id, either
+in the same ``handle`` call or a later one (a parked join, sync or heartbeat).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.messages import (
+    CommitRequest,
+    FetchRequest,
+    HeartbeatRequest,
+    JoinRequest,
+    LeaveRequest,
+    SyncRequest,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    request_id: int
+    request: JoinRequest
+    #: the caller's address, shown by the admin API.
+    client_host: str
+    #: a fresh member id minted by the runtime (>= 128 random bits); the core is
+    #: deterministic, so randomness comes in with the command. Used only when
+    #: the join needs a new member id.
+    new_member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    request_id: int
+    request: SyncRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    request_id: int
+    request: HeartbeatRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    request_id: int
+    request: LeaveRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    request_id: int
+    request: CommitRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    request_id: int
+    request: FetchRequest
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroup:
+    """Admin: ``DELETE /v1/groups/{group_id}``; replies an :class:`AdminResult`."""
+
+    request_id: int
+    group_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutResource:
+    """Admin: ``PUT /v1/resources/{name}``; replies an :class:`AdminResult`."""
+
+    request_id: int
+    name: str
+    partitions: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResource:
+    """Admin: ``DELETE /v1/resources/{name}``; replies an :class:`AdminResult`."""
+
+    request_id: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFired:
+    """A timer armed by :class:`ScheduleTimer` reached its deadline.
+
+    The runtime delivers it only if the timer was not cancelled or re-armed
+    since; the core still checks its own state, so a stale firing is harmless.
+    """
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """The caller of a parked request went away (connection closed).
+
+    The core forgets the parked request; for a parked join or sync the member
+    stays in the group (Kafka keeps it until its timeout expires).
+    """
+
+    request_id: int
+
+
+Command = (Join | Sync | Heartbeat | Leave | Commit | Fetch | DeleteGroup | PutResource
+           | DeleteResource | TimerFired | Cancelled)

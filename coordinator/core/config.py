@@ -1,0 +1,14 @@
+"""Settings the group state machine obeys (the ``serve`` flags of PROTOCOL.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    min_session_timeout_ms: int = 6_000
+    max_session_timeout_ms: int = 1_800_000
+    initial_rebalance_delay_ms: int = 3_000
+    #: 0 means unlimited.
+    group_max_size: int = 0

@@ -1,0 +1,79 @@
+"""Effects: what the core asks the runtime to do, as plain values.
+
+``GroupCoordinator.handle`` returns a list of effects in order. The runtime
+writes every :class:`Persist` of the call in one storage transaction, and sends
+every :class:`Reply` only after the writes emitted before it are committed
+(DESIGN.md practice 5: reply after commit). Timers are keyed by strings:
+arming a key again replaces its deadline; cancelling an unknown key is a no-op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator.core.records import Record
+from protocol.errors import ErrorCode
+from protocol.messages import Response
+
+
+@dataclass(frozen=True, slots=True)
+class AdminResult:
+    """The answer to an admin command: ``error`` is ``None`` on success."""
+
+    error: ErrorCode | None
+    resources_epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    request_id: int
+    response: Response | AdminResult
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTimer:
+    key: str
+    deadline_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStateChanged:
+    """A group changed state: one log line, and the groups-by-state gauge."""
+
+    group_id: str
+    old_state: str | None  # None: the group was just created
+    new_state: str
+    generation_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceCompleted:
+    """A generation got its assignment (for the duration histogram)."""
+
+    group_id: str
+    generation_id: int
+    duration_ms: int
+    member_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberExpired:
+    """A member's session timed out (for the session-expiries counter)."""
+
+    group_id: str
+    member_id: str
+
+
+Effect = (Reply | Persist | ScheduleTimer | CancelTimer | GroupStateChanged
+          | RebalanceCompleted | MemberExpired)

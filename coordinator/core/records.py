@@ -1,0 +1,123 @@
+"""Records: what the core asks storage to make durable, and what it restores from.
+
+The core emits :class:`~coordinator.core.effects.Persist` effects carrying
+these values; storage writes every record of one ``handle`` call in one
+transaction, in order. On start, storage loads a :class:`Snapshot` and the core
+is rebuilt from it with ``GroupCoordinator.restore``; a replay round-trip
+(records -> storage -> snapshot -> restore) gives back the same durable state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from protocol.validate import Scalar
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    #: every protocol the member supports, in its order of preference.
+    protocols: tuple[tuple[str, bytes], ...]
+    #: ``None`` until the leader's assignment arrived for this generation.
+    assignment: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRecord:
+    """A group as of a formed generation (Kafka's GroupMetadata record).
+
+    Written when a generation forms (``state`` ``CompletingRebalance``, no
+    assignments), when the leader's assignment arrives (``Stable``), when a
+    static member is replaced, and when the group becomes ``Empty``.
+    """
+
+    group_id: str
+    state: str
+    generation_id: int
+    protocol_type: str | None
+    protocol_name: str | None
+    leader: str | None
+    members: tuple[MemberRecord, ...]
+    #: wall-clock ms of the last state change, for the admin API and the journal.
+    state_timestamp_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDeleted:
+    group_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointsWritten:
+    """Checkpoints of one group; a ``None`` value deletes that resource's entry."""
+
+    group_id: str
+    checkpoints: tuple[tuple[str, int, Scalar], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogChanged:
+    """A resource set was created, resized (``partitions``) or deleted (``None``)."""
+
+    name: str
+    partitions: int | None
+    resources_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """One completed rebalance (PROTOCOL.md, "Durability"), for later analysis.
+
+    Appended when the generation's assignment arrives. ``reason`` is why the
+    rebalance started: one of ``REBALANCE_REASONS``.
+    """
+
+    group_id: str
+    generation_id: int
+    protocol_type: str | None
+    protocol_name: str | None
+    leader: str | None
+    #: (member_id, group_instance_id, client_id) of every member of the generation.
+    members: tuple[tuple[str, str | None, str], ...]
+    #: member ids new in this generation / gone since the previous one.
+    joined: tuple[str, ...]
+    left: tuple[str, ...]
+    reason: str
+    started_ms: int
+    ended_ms: int
+    #: member_id -> assignment bytes as the leader sent them.
+    assignments: Mapping[str, bytes] = field(default_factory=dict)
+
+
+#: Why a rebalance started, as recorded in the journal.
+REBALANCE_REASONS = (
+    "initial",          # the first member joined an empty group
+    "join",             # a new member joined
+    "rejoin",           # a known member rejoined (e.g. cooperative follow-up, epoch change)
+    "metadata_change",  # a member rejoined with other protocols or metadata
+    "leave",            # members left (one rebalance per leave batch)
+    "session_expiry",   # a member's session timed out
+    "join_timeout",     # members that did not rejoin within the rebalance timeout were removed
+    "sync_timeout",     # members that did not sync after the join phase were removed
+    "restart",          # an in-flight rebalance was restarted after a coordinator restart
+    "static_change",    # a static member rejoined with changed metadata
+)
+
+Record = GroupRecord | GroupDeleted | CheckpointsWritten | CatalogChanged | JournalEntry
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything durable, as storage loads it at start."""
+
+    groups: tuple[GroupRecord, ...] = ()
+    checkpoints: Mapping[str, Mapping[tuple[str, int], Scalar]] = field(default_factory=dict)
+    catalog: Mapping[str, int] = field(default_factory=dict)
+    resources_epoch: int = 0

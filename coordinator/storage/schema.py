@@ -1,0 +1,89 @@
+"""The SQLite schema, as an ordered list of migrations.
+
+``PRAGMA user_version`` holds the number of migrations applied. A database
+whose version is higher than ``len(MIGRATIONS)`` comes from a newer groupcoord
+and is refused (never downgraded). Each migration runs in its own transaction.
+
+Tables (version 1):
+
+``groups``
+    one row per group, the latest :class:`~coordinator.core.records.GroupRecord`
+    (members, their protocols and assignments as one msgpack blob).
+``generations``
+    every generation a group formed, with its members and, once the leader's
+    assignment arrived, the assignments (msgpack blob ``member_id -> bytes``).
+``checkpoints``
+    one value per ``(group_id, resource_set, idx)``; ``value`` is msgpack.
+``catalog``
+    the resource catalog: set name -> partitions; ``meta`` holds
+    ``resources_epoch``.
+``rebalance_journal``
+    one row per completed rebalance (PROTOCOL.md, "Durability").
+    ``members``, ``joined`` and ``left`` are JSON arrays (members as
+    ``[member_id, group_instance_id, client_id]``); ``assignments`` is a
+    msgpack map ``member_id -> assignment bytes``; times are Unix ms.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the initial schema
+    """
+    CREATE TABLE groups (
+        group_id TEXT PRIMARY KEY,
+        state TEXT NOT NULL,
+        generation_id INTEGER NOT NULL,
+        protocol_type TEXT,
+        protocol_name TEXT,
+        leader TEXT,
+        state_timestamp_ms INTEGER NOT NULL,
+        members BLOB NOT NULL
+    );
+    CREATE TABLE generations (
+        group_id TEXT NOT NULL,
+        generation_id INTEGER NOT NULL,
+        protocol_type TEXT,
+        protocol_name TEXT,
+        leader TEXT,
+        formed_ms INTEGER NOT NULL,
+        member_count INTEGER NOT NULL,
+        members TEXT NOT NULL,
+        assignments BLOB,
+        PRIMARY KEY (group_id, generation_id)
+    );
+    CREATE TABLE checkpoints (
+        group_id TEXT NOT NULL,
+        resource_set TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        value BLOB NOT NULL,
+        PRIMARY KEY (group_id, resource_set, idx)
+    );
+    CREATE TABLE catalog (
+        name TEXT PRIMARY KEY,
+        partitions INTEGER NOT NULL
+    );
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    );
+    CREATE TABLE rebalance_journal (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        group_id TEXT NOT NULL,
+        generation_id INTEGER NOT NULL,
+        protocol_type TEXT,
+        protocol_name TEXT,
+        leader TEXT,
+        member_count INTEGER NOT NULL,
+        members TEXT NOT NULL,
+        joined TEXT NOT NULL,
+        left TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        started_ms INTEGER NOT NULL,
+        ended_ms INTEGER NOT NULL,
+        assignments BLOB NOT NULL
+    );
+    CREATE INDEX rebalance_journal_group ON rebalance_journal (group_id, generation_id);
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)

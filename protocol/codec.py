@@ -1,0 +1,53 @@
+"""msgpack encoding of protocol bodies.
+
+Byte fields travel as msgpack ``bin`` and strings as ``str`` (``use_bin_type``),
+so a decoder never has to guess which is which. Decoding refuses anything that
+is not a well-formed, reasonably shaped document with one clear error type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from protocol.limits import MAX_NESTING_DEPTH
+
+CONTENT_TYPE = "application/msgpack"
+
+
+class DecodeError(ValueError):
+    """The body is not a msgpack document this protocol can read."""
+
+
+def encode(obj: Any) -> bytes:
+    """Encode a wire document (maps, lists, str, bytes, ints, floats, None)."""
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
+
+
+def decode(data: bytes) -> Any:
+    """Decode one msgpack document, refusing trailing bytes and deep nesting."""
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+    except msgpack.ExtraData as exc:
+        raise DecodeError("body has trailing bytes after the msgpack document") from exc
+    except (ValueError, msgpack.UnpackException, TypeError) as exc:
+        # Truncated data, invalid UTF-8 in a str, unhashable map keys, ...
+        raise DecodeError(f"body is not valid msgpack: {exc}") from exc
+    _check_depth(obj)
+    return obj
+
+
+def _check_depth(obj: Any) -> None:
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            if depth > MAX_NESTING_DEPTH:
+                raise DecodeError(f"body nests deeper than {MAX_NESTING_DEPTH} levels")
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            if depth > MAX_NESTING_DEPTH:
+                raise DecodeError(f"body nests deeper than {MAX_NESTING_DEPTH} levels")
+            stack.extend((v, depth + 1) for v in item)

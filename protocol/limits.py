@@ -1,0 +1,25 @@
+"""Bounds every message is validated against (PROTOCOL.md, "Transport")."""
+
+from __future__ import annotations
+
+#: ids and names: group_id, member_id, group_instance_id, client_id, protocol
+#: names, resource set names.
+MAX_NAME_LENGTH = 255
+#: free-text fields (``reason``) are truncated, not refused: they are for logs.
+MAX_REASON_LENGTH = 1024
+MAX_PROTOCOLS_PER_JOIN = 32
+#: timeouts are integer milliseconds; Kafka's fields are int32.
+MAX_TIMEOUT_MS = 2**31 - 1
+#: the longest a heartbeat may ask to be held (``wait_ms``); the coordinator
+#: also holds it no longer than half the member's session timeout.
+MAX_HEARTBEAT_WAIT_MS = 60_000
+#: generation ids are int32 in Kafka; -1 means "none".
+MAX_GENERATION_ID = 2**31 - 1
+#: resource indexes (Kafka's partition numbers).
+MAX_RESOURCE_INDEX = 2**31 - 1
+#: partitions of one resource set in the catalog.
+MAX_PARTITIONS = 1_000_000
+#: request bodies, by default (``--max-body-bytes``).
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+#: nesting depth a decoded body may have; deeper is refused before validation.
+MAX_NESTING_DEPTH = 16

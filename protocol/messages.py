@@ -1,0 +1,503 @@
+"""Requests and responses of every protocol call (PROTOCOL.md, "Calls").
+
+Each message is a frozen dataclass with ``from_wire(obj)`` (validates a decoded
+msgpack map, raising :class:`ValidationError` naming the field) and
+``to_wire()`` (the map to encode). Both the server and the client use them, so
+the two sides can never disagree on a field's name or type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from protocol.errors import ErrorCode
+from protocol.limits import (
+    MAX_GENERATION_ID,
+    MAX_HEARTBEAT_WAIT_MS,
+    MAX_PROTOCOLS_PER_JOIN,
+    MAX_RESOURCE_INDEX,
+    MAX_TIMEOUT_MS,
+)
+from protocol.validate import (
+    Fields,
+    Scalar,
+    ValidationError,
+    check_int,
+    check_pair,
+    check_scalar,
+    check_string,
+)
+
+__all__ = [
+    "CommitRequest",
+    "CommitResponse",
+    "FetchRequest",
+    "FetchResponse",
+    "HeartbeatRequest",
+    "HeartbeatResponse",
+    "JoinMember",
+    "JoinRequest",
+    "JoinResponse",
+    "LeaveMember",
+    "LeaveMemberResult",
+    "LeaveRequest",
+    "LeaveResponse",
+    "Request",
+    "Response",
+    "Scalar",
+    "SyncAssignment",
+    "SyncRequest",
+    "SyncResponse",
+    "ValidationError",
+]
+
+Checkpoint = tuple[str, int, Scalar]
+ResourceKey = tuple[str, int]
+
+
+def _err(value: ErrorCode | None) -> str | None:
+    return None if value is None else value.value
+
+
+def _generation(f: Fields) -> int:
+    return f.integer("generation_id", lo=-1, hi=MAX_GENERATION_ID)
+
+
+# ---------------------------------------------------------------- join
+
+
+@dataclass(frozen=True, slots=True)
+class JoinRequest:
+    group_id: str
+    member_id: str
+    protocol_type: str
+    protocols: tuple[tuple[str, bytes], ...]
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    group_instance_id: str | None = None
+    client_id: str | None = None
+    reason: str | None = None
+
+    API = "join"
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        f = Fields(obj)
+        raw = f.items("protocols", max_items=MAX_PROTOCOLS_PER_JOIN) or []
+        if not raw:
+            raise ValidationError("protocols", "must list at least one protocol")
+        protocols: list[tuple[str, bytes]] = []
+        seen: set[str] = set()
+        for i, entry in enumerate(raw):
+            pair = check_pair(entry, f"protocols[{i}]", 2)
+            name = check_string(pair[0], f"protocols[{i}][0]") or ""
+            if not isinstance(pair[1], bytes):
+                raise ValidationError(f"protocols[{i}][1]", "expected bytes (metadata)")
+            if name in seen:
+                raise ValidationError(f"protocols[{i}][0]", f"protocol {name!r} listed twice")
+            seen.add(name)
+            protocols.append((name, pair[1]))
+        return cls(
+            group_id=f.string("group_id"),
+            member_id=f.string("member_id", allow_empty=True),
+            protocol_type=f.string("protocol_type"),
+            protocols=tuple(protocols),
+            session_timeout_ms=f.integer("session_timeout_ms", lo=0, hi=MAX_TIMEOUT_MS),
+            rebalance_timeout_ms=f.integer("rebalance_timeout_ms", lo=0, hi=MAX_TIMEOUT_MS),
+            group_instance_id=f.opt_string("group_instance_id"),
+            client_id=f.opt_string("client_id"),
+            reason=f.reason(),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "member_id": self.member_id,
+            "group_instance_id": self.group_instance_id,
+            "protocol_type": self.protocol_type,
+            "protocols": [[name, meta] for name, meta in self.protocols],
+            "session_timeout_ms": self.session_timeout_ms,
+            "rebalance_timeout_ms": self.rebalance_timeout_ms,
+            "client_id": self.client_id,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JoinMember:
+    member_id: str
+    group_instance_id: str | None
+    metadata: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResponse:
+    error: ErrorCode | None
+    generation_id: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    member_id: str = ""
+    members: tuple[JoinMember, ...] = ()
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        f = Fields(obj)
+        members = []
+        for i, m in enumerate(f.items("members", required=False) or []):
+            mf = Fields(m, f"members[{i}]")
+            members.append(JoinMember(mf.string("member_id"), mf.opt_string("group_instance_id"),
+                                      mf.binary("metadata")))
+        return cls(
+            error=ErrorCode.parse(f.error()),
+            generation_id=f.integer("generation_id", lo=-1, hi=MAX_GENERATION_ID,
+                                    required=False, default=-1),
+            protocol_type=f.opt_string("protocol_type"),
+            protocol_name=f.opt_string("protocol_name"),
+            leader=f.string("leader", required=False, allow_empty=True),
+            member_id=f.string("member_id", required=False, allow_empty=True),
+            members=tuple(members),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "error": _err(self.error),
+            "generation_id": self.generation_id,
+            "protocol_type": self.protocol_type,
+            "protocol_name": self.protocol_name,
+            "leader": self.leader,
+            "member_id": self.member_id,
+            "members": [
+                {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                 "metadata": m.metadata}
+                for m in self.members
+            ],
+        }
+
+
+# ---------------------------------------------------------------- sync
+
+
+@dataclass(frozen=True, slots=True)
+class SyncAssignment:
+    member_id: str
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRequest:
+    group_id: str
+    member_id: str
+    generation_id: int
+    assignments: tuple[SyncAssignment, ...] = ()
+    group_instance_id: str | None = None
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+
+    API = "sync"
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        f = Fields(obj)
+        assignments = []
+        seen: set[str] = set()
+        for i, a in enumerate(f.items("assignments", required=False) or []):
+            af = Fields(a, f"assignments[{i}]")
+            member_id = af.string("member_id")
+            if member_id in seen:
+                raise ValidationError(f"assignments[{i}].member_id",
+                                      f"member {member_id!r} assigned twice")
+            seen.add(member_id)
+            assignments.append(SyncAssignment(member_id, af.binary("assignment")))
+        return cls(
+            group_id=f.string("group_id"),
+            member_id=f.string("member_id"),
+            generation_id=_generation(f),
+            assignments=tuple(assignments),
+            group_instance_id=f.opt_string("group_instance_id"),
+            protocol_type=f.opt_string("protocol_type"),
+            protocol_name=f.opt_string("protocol_name"),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "member_id": self.member_id,
+            "generation_id": self.generation_id,
+            "group_instance_id": self.group_instance_id,
+            "protocol_type": self.protocol_type,
+            "protocol_name": self.protocol_name,
+            "assignments": [
+                {"member_id": a.member_id, "assignment": a.assignment} for a in self.assignments
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResponse:
+    error: ErrorCode | None
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    assignment: bytes = b""
+    resources_epoch: int = 0
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        f = Fields(obj)
+        return cls(
+            error=ErrorCode.parse(f.error()),
+            protocol_type=f.opt_string("protocol_type"),
+            protocol_name=f.opt_string("protocol_name"),
+            assignment=f.binary("assignment", required=False),
+            resources_epoch=f.integer("resources_epoch", lo=0, hi=2**63 - 1, required=False),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "error": _err(self.error),
+            "protocol_type": self.protocol_type,
+            "protocol_name": self.protocol_name,
+            "assignment": self.assignment,
+            "resources_epoch": self.resources_epoch,
+        }
+
+
+# ---------------------------------------------------------------- heartbeat
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    group_id: str
+    member_id: str
+    generation_id: int
+    group_instance_id: str | None = None
+    wait_ms: int = 0
+
+    API = "heartbeat"
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        f = Fields(obj)
+        return cls(
+            group_id=f.string("group_id"),
+            member_id=f.string("member_id"),
+            generation_id=_generation(f),
+            group_instance_id=f.opt_string("group_instance_id"),
+            wait_ms=f.integer("wait_ms", lo=0, hi=MAX_HEARTBEAT_WAIT_MS, required=False),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "member_id": self.member_id,
+            "generation_id": self.generation_id,
+            "group_instance_id": self.group_instance_id,
+            "wait_ms": self.wait_ms,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResponse:
+    error: ErrorCode | None
+    resources_epoch: int = 0
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        f = Fields(obj)
+        return cls(ErrorCode.parse(f.error()),
+                   f.integer("resources_epoch", lo=0, hi=2**63 - 1, required=False))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"error": _err(self.error), "resources_epoch": self.resources_epoch}
+
+
+# ---------------------------------------------------------------- leave
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveMember:
+    member_id: str
+    group_instance_id: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveRequest:
+    group_id: str
+    members: tuple[LeaveMember, ...]
+
+    API = "leave"
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        f = Fields(obj)
+        raw = f.items("members") or []
+        if not raw:
+            raise ValidationError("members", "must list at least one member")
+        members = []
+        for i, m in enumerate(raw):
+            mf = Fields(m, f"members[{i}]")
+            instance = mf.opt_string("group_instance_id")
+            # Kafka (KIP-345): a static member may leave by instance id alone.
+            member_id = mf.string("member_id", allow_empty=instance is not None)
+            members.append(LeaveMember(member_id, instance, mf.reason()))
+        return cls(group_id=f.string("group_id"), members=tuple(members))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "members": [
+                {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                 "reason": m.reason}
+                for m in self.members
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveMemberResult:
+    member_id: str
+    group_instance_id: str | None
+    error: ErrorCode | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveResponse:
+    error: ErrorCode | None
+    members: tuple[LeaveMemberResult, ...] = ()
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        f = Fields(obj)
+        members = []
+        for i, m in enumerate(f.items("members", required=False) or []):
+            mf = Fields(m, f"members[{i}]")
+            members.append(LeaveMemberResult(mf.string("member_id", allow_empty=True),
+                                             mf.opt_string("group_instance_id"),
+                                             ErrorCode.parse(mf.error())))
+        return cls(ErrorCode.parse(f.error()), tuple(members))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "error": _err(self.error),
+            "members": [
+                {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                 "error": _err(m.error)}
+                for m in self.members
+            ],
+        }
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def _resource_key(value: object, field: str) -> ResourceKey:
+    pair = check_pair(value, field, 2)
+    return (check_string(pair[0], f"{field}[0]") or "",
+            check_int(pair[1], f"{field}[1]", lo=0, hi=MAX_RESOURCE_INDEX))
+
+
+def _checkpoint(value: object, field: str) -> Checkpoint:
+    triple = check_pair(value, field, 3)
+    return (check_string(triple[0], f"{field}[0]") or "",
+            check_int(triple[1], f"{field}[1]", lo=0, hi=MAX_RESOURCE_INDEX),
+            check_scalar(triple[2], f"{field}[2]"))
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest:
+    group_id: str
+    member_id: str
+    generation_id: int
+    checkpoints: tuple[Checkpoint, ...]
+    group_instance_id: str | None = None
+
+    API = "commit"
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        f = Fields(obj)
+        raw = f.items("checkpoints") or []
+        return cls(
+            group_id=f.string("group_id"),
+            member_id=f.string("member_id"),
+            generation_id=_generation(f),
+            checkpoints=tuple(_checkpoint(c, f"checkpoints[{i}]") for i, c in enumerate(raw)),
+            group_instance_id=f.opt_string("group_instance_id"),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "member_id": self.member_id,
+            "generation_id": self.generation_id,
+            "group_instance_id": self.group_instance_id,
+            "checkpoints": [list(c) for c in self.checkpoints],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResponse:
+    error: ErrorCode | None
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        return cls(ErrorCode.parse(Fields(obj).error()))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"error": _err(self.error)}
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    group_id: str
+    resources: tuple[ResourceKey, ...] | None = None
+
+    API = "fetch"
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        f = Fields(obj)
+        raw = f.items("resources", required=False, nullable=True)
+        resources = (None if raw is None else
+                     tuple(_resource_key(r, f"resources[{i}]") for i, r in enumerate(raw)))
+        return cls(group_id=f.string("group_id"), resources=resources)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "resources": None if self.resources is None else [list(r) for r in self.resources],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResponse:
+    error: ErrorCode | None
+    checkpoints: tuple[Checkpoint, ...] = field(default=())
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        f = Fields(obj)
+        raw = f.items("checkpoints", required=False) or []
+        return cls(ErrorCode.parse(f.error()),
+                   tuple(_checkpoint(c, f"checkpoints[{i}]") for i, c in enumerate(raw)))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"error": _err(self.error), "checkpoints": [list(c) for c in self.checkpoints]}
+
+
+Request = (JoinRequest | SyncRequest | HeartbeatRequest | LeaveRequest | CommitRequest
+           | FetchRequest)
+Response = (JoinResponse | SyncResponse | HeartbeatResponse | LeaveResponse | CommitResponse
+            | FetchResponse)
+
+#: ``/v1/<api>`` -> (request type, response type)
+APIS: dict[str, tuple[type[Any], type[Any]]] = {
+    "join": (JoinRequest, JoinResponse),
+    "sync": (SyncRequest, SyncResponse),
+    "heartbeat": (HeartbeatRequest, HeartbeatResponse),
+    "leave": (LeaveRequest, LeaveResponse),
+    "commit": (CommitRequest, CommitResponse),
+    "fetch": (FetchRequest, FetchResponse),
+}

@@ -1,0 +1,148 @@
+"""Field readers that turn a decoded wire map into typed values.
+
+Every failure raises :class:`ValidationError` naming the field by its path
+(``protocols[2][0]``), which the server sends back as a 400's ``message``.
+Unknown extra fields are ignored (PROTOCOL.md: forward compatibility).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from protocol.limits import MAX_NAME_LENGTH, MAX_REASON_LENGTH
+
+Scalar = None | bool | int | float | str | bytes
+
+_MISSING = object()
+
+
+class ValidationError(ValueError):
+    """A request (or response) does not match its schema."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "nil"
+    return {bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes",
+            list: "list", dict: "map"}.get(type(value), type(value).__name__)
+
+
+class Fields:
+    """A decoded map plus the path it was found at, for error messages."""
+
+    def __init__(self, obj: object, path: str = "") -> None:
+        if not isinstance(obj, Mapping):
+            raise ValidationError(path or "body", f"expected a map, got {_type_name(obj)}")
+        self._obj: Mapping[Any, Any] = obj
+        self._path = path
+
+    def name(self, key: str) -> str:
+        return f"{self._path}.{key}" if self._path else key
+
+    def _get(self, key: str, required: bool) -> Any:
+        value = self._obj.get(key, _MISSING)
+        if value is _MISSING:
+            if required:
+                raise ValidationError(self.name(key), "missing field")
+            return None
+        return value
+
+    def string(self, key: str, *, required: bool = True, allow_empty: bool = False,
+               max_len: int = MAX_NAME_LENGTH, nullable: bool = False) -> str:
+        value = self._get(key, required)
+        if value is None and not required:
+            return ""
+        return check_string(value, self.name(key), allow_empty=allow_empty, max_len=max_len,
+                            nullable=nullable) or ""
+
+    def opt_string(self, key: str, *, max_len: int = MAX_NAME_LENGTH) -> str | None:
+        value = self._get(key, False)
+        if value is None:
+            return None
+        return check_string(value, self.name(key), max_len=max_len)
+
+    def reason(self, key: str = "reason") -> str | None:
+        """Free text for logs: any length accepted, kept up to a bound."""
+        value = self._get(key, False)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ValidationError(self.name(key), f"expected a string, got {_type_name(value)}")
+        return value[:MAX_REASON_LENGTH]
+
+    def integer(self, key: str, *, lo: int, hi: int, required: bool = True,
+                default: int = 0) -> int:
+        value = self._get(key, required)
+        if value is None and not required:
+            return default
+        return check_int(value, self.name(key), lo=lo, hi=hi)
+
+    def binary(self, key: str, *, required: bool = True) -> bytes:
+        value = self._get(key, required)
+        if value is None and not required:
+            return b""
+        if not isinstance(value, bytes):
+            raise ValidationError(self.name(key), f"expected bytes, got {_type_name(value)}")
+        return value
+
+    def items(self, key: str, *, required: bool = True, max_items: int | None = None,
+              nullable: bool = False) -> list[Any] | None:
+        value = self._get(key, required)
+        if value is None:
+            if nullable or not required:
+                return None
+            raise ValidationError(self.name(key), "expected a list, got nil")
+        if not isinstance(value, list):
+            raise ValidationError(self.name(key), f"expected a list, got {_type_name(value)}")
+        if max_items is not None and len(value) > max_items:
+            raise ValidationError(self.name(key), f"at most {max_items} entries, got {len(value)}")
+        return value
+
+    def raw(self, key: str) -> Any:
+        """An optional field as decoded, unchecked (``None`` when absent)."""
+        return self._get(key, False)
+
+    def error(self, key: str = "error") -> Any:
+        return self._get(key, False)
+
+
+def check_string(value: object, field: str, *, allow_empty: bool = False,
+                 max_len: int = MAX_NAME_LENGTH, nullable: bool = False) -> str | None:
+    if value is None and nullable:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(field, f"expected a string, got {_type_name(value)}")
+    if not value and not allow_empty:
+        raise ValidationError(field, "must not be empty")
+    if len(value) > max_len:
+        raise ValidationError(field, f"longer than {max_len} characters ({len(value)})")
+    return value
+
+
+def check_int(value: object, field: str, *, lo: int, hi: int) -> int:
+    # bool is an int subclass in Python, but never a valid integer on the wire.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(field, f"expected an integer, got {_type_name(value)}")
+    if value < lo:
+        raise ValidationError(field, f"must be >= {lo}, got {value}")
+    if value > hi:
+        raise ValidationError(field, f"must be <= {hi}, got {value}")
+    return value
+
+
+def check_scalar(value: object, field: str) -> Scalar:
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    raise ValidationError(field, f"expected a scalar or bytes, got {_type_name(value)}")
+
+
+def check_pair(value: object, field: str, size: int) -> list[Any]:
+    if not isinstance(value, list) or len(value) != size:
+        raise ValidationError(field, f"expected a list of {size} items")
+    return value
