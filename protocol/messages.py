@@ -140,6 +140,9 @@ class JoinResponse:
     leader: str = ""
     member_id: str = ""
     members: tuple[JoinMember, ...] = ()
+    #: KIP-814: the leader is a returning static member and the group's
+    #: assignment still holds; it must not run the assignor, only sync.
+    skip_assignment: bool = False
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
@@ -158,11 +161,13 @@ class JoinResponse:
             leader=f.string("leader", required=False, allow_empty=True),
             member_id=f.string("member_id", required=False, allow_empty=True),
             members=tuple(members),
+            skip_assignment=f.raw("skip_assignment") is True,
         )
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "error": _err(self.error),
+            "skip_assignment": self.skip_assignment,
             "generation_id": self.generation_id,
             "protocol_type": self.protocol_type,
             "protocol_name": self.protocol_name,

@@ -22,6 +22,8 @@ class AdminResult:
 
     error: ErrorCode | None
     resources_epoch: int = 0
+    #: False when the named object (a resource set) does not exist: HTTP 404.
+    found: bool = True
 
 
 @dataclass(frozen=True, slots=True)
