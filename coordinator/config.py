@@ -1,0 +1,167 @@
+"""Settings of ``groupcoord serve`` (PROTOCOL.md, "Running the server").
+
+Every setting comes from, in order of precedence: a command-line flag, a
+``GROUPCOORD_*`` environment variable, a key of the TOML file named by
+``--config`` (or ``GROUPCOORD_CONFIG``), then the default. A bad value is a
+:class:`ConfigError` naming the setting and where the value came from, so an
+operator knows which of the three places to fix.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+
+from coordinator.core.config import CoreConfig
+from protocol.limits import DEFAULT_MAX_BODY_BYTES, MAX_TIMEOUT_MS
+
+ENV_PREFIX = "GROUPCOORD_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class ConfigError(ValueError):
+    """A setting has a value the server cannot run with."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 9080
+    db: str = "./groupcoord.db"
+    min_session_timeout_ms: int = 6_000
+    max_session_timeout_ms: int = 1_800_000
+    initial_rebalance_delay_ms: int = 3_000
+    #: 0: unlimited.
+    group_max_size: int = 0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    log_level: str = "INFO"
+
+    def core_config(self) -> CoreConfig:
+        return CoreConfig(
+            min_session_timeout_ms=self.min_session_timeout_ms,
+            max_session_timeout_ms=self.max_session_timeout_ms,
+            initial_rebalance_delay_ms=self.initial_rebalance_delay_ms,
+            group_max_size=self.group_max_size,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    name: str
+    kind: type[int] | type[str]
+    help: str
+    #: returns a problem description, or None when the value is fine.
+    check: Callable[[object], str | None]
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+def _int_range(lo: int, hi: int) -> Callable[[object], str | None]:
+    def check(value: object) -> str | None:
+        assert isinstance(value, int)
+        if not lo <= value <= hi:
+            return f"must be between {lo} and {hi}"
+        return None
+    return check
+
+
+def _non_empty(value: object) -> str | None:
+    return None if value else "must not be empty"
+
+
+def _log_level(value: object) -> str | None:
+    return None if value in LOG_LEVELS else f"must be one of {', '.join(LOG_LEVELS)}"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("host", str, "address to listen on", _non_empty),
+    Setting("port", int, "TCP port; 0 picks a free one and prints it", _int_range(0, 65535)),
+    Setting("db", str, "SQLite database file (created if missing)", _non_empty),
+    Setting("min_session_timeout_ms", int, "smallest session timeout a member may ask for",
+            _int_range(0, MAX_TIMEOUT_MS)),
+    Setting("max_session_timeout_ms", int, "largest session timeout a member may ask for",
+            _int_range(0, MAX_TIMEOUT_MS)),
+    Setting("initial_rebalance_delay_ms", int,
+            "how long an empty group waits for more joiners before its first generation",
+            _int_range(0, MAX_TIMEOUT_MS)),
+    Setting("group_max_size", int, "most members a group may have; 0 is unlimited",
+            _int_range(0, 2**31 - 1)),
+    Setting("max_body_bytes", int, "largest request body accepted (larger: 413)",
+            _int_range(1024, 2**31 - 1)),
+    Setting("log_level", str, "DEBUG, INFO, WARNING, ERROR or CRITICAL", _log_level),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+assert set(_BY_NAME) == {f.name for f in fields(ServerConfig)}
+
+
+def _parse(setting: Setting, raw: object, source: str) -> object:
+    """Convert a raw value (flag/env text or a TOML value) and check it."""
+    value: object = raw
+    if setting.kind is int:
+        if isinstance(raw, str):
+            try:
+                value = int(raw.strip(), 10)
+            except ValueError:
+                raise ConfigError(f"{setting.name} ({source}): expected an integer, "
+                                  f"got {raw!r}") from None
+        elif isinstance(raw, bool) or not isinstance(raw, int):
+            raise ConfigError(f"{setting.name} ({source}): expected an integer, got {raw!r}")
+    else:
+        if not isinstance(raw, str):
+            raise ConfigError(f"{setting.name} ({source}): expected a string, got {raw!r}")
+        if setting.name == "log_level":
+            value = raw.upper()
+    problem = setting.check(value)
+    if problem is not None:
+        raise ConfigError(f"{setting.name} ({source}): {problem}, got {raw!r}")
+    return value
+
+
+def read_config_file(path: str) -> dict[str, object]:
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from exc
+    unknown = sorted(k for k in doc if k.replace("-", "_") not in _BY_NAME)
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown key(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(_BY_NAME)}")
+    return {k.replace("-", "_"): v for k, v in doc.items()}
+
+
+def resolve(flags: Mapping[str, object | None], env: Mapping[str, str],
+            config_file: str | None = None) -> ServerConfig:
+    """Merge flag > environment > file > default into a checked :class:`ServerConfig`.
+
+    ``flags`` maps setting names to the parsed flag value or ``None`` when the
+    flag was not given. ``config_file`` falls back to ``GROUPCOORD_CONFIG``.
+    """
+    path = config_file or env.get(ENV_PREFIX + "CONFIG") or None
+    file_values = read_config_file(path) if path else {}
+    values: dict[str, object] = {}
+    for setting in SETTINGS:
+        flag_value = flags.get(setting.name)
+        if flag_value is not None:
+            values[setting.name] = _parse(setting, flag_value, setting.flag)
+        elif setting.env in env:
+            values[setting.name] = _parse(setting, env[setting.env], setting.env)
+        elif setting.name in file_values:
+            values[setting.name] = _parse(setting, file_values[setting.name],
+                                          f"key {setting.name} in {path}")
+    config = ServerConfig(**values)  # type: ignore[arg-type]
+    if config.min_session_timeout_ms > config.max_session_timeout_ms:
+        raise ConfigError(
+            f"min_session_timeout_ms ({config.min_session_timeout_ms}) must not exceed "
+            f"max_session_timeout_ms ({config.max_session_timeout_ms})")
+    return config

@@ -1,0 +1,78 @@
+"""Settings of ``groupcoord serve``: flag > env > file > default, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coordinator.config import SETTINGS, ConfigError, ServerConfig, resolve
+
+
+def no_flags() -> dict[str, object | None]:
+    return {s.name: None for s in SETTINGS}
+
+
+def test_defaults_are_protocol_md() -> None:
+    config = resolve(no_flags(), {})
+    assert config == ServerConfig()
+    assert (config.host, config.port, config.db) == ("127.0.0.1", 9080, "./groupcoord.db")
+    assert config.min_session_timeout_ms == 6000
+    assert config.max_session_timeout_ms == 1_800_000
+    assert config.initial_rebalance_delay_ms == 3000
+    assert config.group_max_size == 0
+    assert config.max_body_bytes == 1_048_576
+
+
+def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "gc.toml"
+    cfg.write_text('port = 7000\nhost = "0.0.0.0"\ndb = "/tmp/file.db"\n'
+                   "group-max-size = 9\n")
+    env = {"GROUPCOORD_PORT": "7100", "GROUPCOORD_HOST": "10.0.0.1"}
+    flags = no_flags() | {"port": 7200}
+    config = resolve(flags, env, str(cfg))
+    assert config.port == 7200          # flag
+    assert config.host == "10.0.0.1"    # env
+    assert config.db == "/tmp/file.db"  # file
+    assert config.group_max_size == 9   # file, dashed key accepted
+    assert config.log_level == "INFO"   # default
+
+
+def test_config_file_from_environment(tmp_path: Path) -> None:
+    cfg = tmp_path / "gc.toml"
+    cfg.write_text("initial_rebalance_delay_ms = 0\n")
+    config = resolve(no_flags(), {"GROUPCOORD_CONFIG": str(cfg)})
+    assert config.initial_rebalance_delay_ms == 0
+
+
+@pytest.mark.parametrize(("flags", "env", "needle"), [
+    ({"port": 70000}, {}, "port (--port): must be between 0 and 65535"),
+    ({}, {"GROUPCOORD_PORT": "eighty"}, "port (GROUPCOORD_PORT): expected an integer"),
+    ({}, {"GROUPCOORD_LOG_LEVEL": "chatty"}, "log_level (GROUPCOORD_LOG_LEVEL): must be one of"),
+    ({"min_session_timeout_ms": 10, "max_session_timeout_ms": 5}, {},
+     "min_session_timeout_ms (10) must not exceed max_session_timeout_ms (5)"),
+    ({}, {"GROUPCOORD_MAX_BODY_BYTES": "10"}, "max_body_bytes (GROUPCOORD_MAX_BODY_BYTES)"),
+    ({}, {"GROUPCOORD_GROUP_MAX_SIZE": "-1"}, "group_max_size (GROUPCOORD_GROUP_MAX_SIZE)"),
+])
+def test_bad_values_name_the_setting_and_source(
+        flags: dict[str, object], env: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(no_flags() | flags, env)
+    assert needle in str(info.value)
+
+
+def test_bad_config_files(tmp_path: Path) -> None:
+    unknown = tmp_path / "u.toml"
+    unknown.write_text("prot = 1\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        resolve(no_flags(), {}, str(unknown))
+    wrong_type = tmp_path / "w.toml"
+    wrong_type.write_text('port = "x"\n')
+    with pytest.raises(ConfigError, match=r"port \(key port in .*w.toml\): expected an integer"):
+        resolve(no_flags(), {}, str(wrong_type))
+    broken = tmp_path / "b.toml"
+    broken.write_text("port = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        resolve(no_flags(), {}, str(broken))
+    with pytest.raises(ConfigError, match="cannot read"):
+        resolve(no_flags(), {}, str(tmp_path / "missing.toml"))
