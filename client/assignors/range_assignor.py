@@ -1,0 +1,61 @@
+"""``range``: Kafka's RangeAssignor, eager.
+
+Per set, its indexes in order are cut into contiguous ranges over the set's
+subscribers; the first ``n % m`` subscribers get one more. Subscribers are
+ordered as Kafka's ``MemberInfo`` orders them: static members (KIP-345) first,
+by ``group_instance_id``, so a restart (new member id) keeps the order; then
+dynamic members by member id. Sets with the same subscribers and size are
+cut the same way, which keeps them co-partitioned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ._layout import clean_catalog, read_members
+from .model import Assignment, RebalanceProtocol, Subscription
+
+__all__ = ["RangeAssignor", "member_order"]
+
+
+def member_order(member_id: str, sub: Subscription) -> tuple[int, str, str]:
+    """Kafka's ``MemberInfo.compareTo``: static members first, by instance id."""
+    if sub.group_instance_id is not None:
+        return (0, sub.group_instance_id, member_id)
+    return (1, member_id, "")
+
+
+@dataclass(frozen=True)
+class RangeAssignor:
+    name: str = "range"
+    protocols: tuple[RebalanceProtocol, ...] = (RebalanceProtocol.EAGER,)
+
+    def assign(
+        self, resources: Mapping[str, int], subscriptions: Mapping[str, Subscription]
+    ) -> dict[str, Assignment]:
+        catalog = clean_catalog(resources)
+        members = read_members(catalog, subscriptions)
+        subscribers: list[list[tuple[tuple[int, str, str], int]]] = [[] for _ in members.names]
+        for m, (member_id, sub) in enumerate(zip(members.ids, members.subs, strict=True)):
+            key = member_order(member_id, sub)
+            for t in members.subscribed[m]:
+                subscribers[t].append((key, m))
+        assigned: list[dict[str, list[int]]] = [{} for _ in members.ids]
+        # Sets with the same subscribers share one ordering (the usual case).
+        order_cache: dict[tuple[int, ...], list[int]] = {}
+        for t, name in enumerate(members.names):
+            key_members = tuple(m for _, m in subscribers[t])
+            ordered = order_cache.get(key_members)
+            if ordered is None:
+                ordered = [m for _, m in sorted(subscribers[t])]
+                order_cache[key_members] = ordered
+            n = catalog[name]
+            share, extra = divmod(n, len(ordered))
+            start = 0
+            for k, m in enumerate(ordered):
+                size = share + (1 if k < extra else 0)
+                if size:
+                    assigned[m][name] = list(range(start, start + size))
+                start += size
+        return {member_id: Assignment(assigned[m]) for m, member_id in enumerate(members.ids)}
