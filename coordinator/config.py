@@ -36,6 +36,11 @@ class ServerConfig:
     group_max_size: int = 0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     log_level: str = "INFO"
+    #: tokens file (coordinator.auth); empty: authentication off.
+    auth_tokens: str = ""
+    #: PEM certificate chain and key (coordinator.tls); empty: plain HTTP.
+    tls_cert: str = ""
+    tls_key: str = ""
 
     def core_config(self) -> CoreConfig:
         return CoreConfig(
@@ -76,6 +81,10 @@ def _non_empty(value: object) -> str | None:
     return None if value else "must not be empty"
 
 
+def _any(value: object) -> str | None:
+    return None
+
+
 def _log_level(value: object) -> str | None:
     return None if value in LOG_LEVELS else f"must be one of {', '.join(LOG_LEVELS)}"
 
@@ -96,6 +105,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_body_bytes", int, "largest request body accepted (larger: 413)",
             _int_range(1024, 2**31 - 1)),
     Setting("log_level", str, "DEBUG, INFO, WARNING, ERROR or CRITICAL", _log_level),
+    Setting("auth_tokens", str, "tokens file for bearer authentication (empty: off)", _any),
+    Setting("tls_cert", str, "PEM certificate chain for HTTPS (empty: plain HTTP)", _any),
+    Setting("tls_key", str, "PEM private key of --tls-cert (if not in that file)", _any),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -164,4 +176,6 @@ def resolve(flags: Mapping[str, object | None], env: Mapping[str, str],
         raise ConfigError(
             f"min_session_timeout_ms ({config.min_session_timeout_ms}) must not exceed "
             f"max_session_timeout_ms ({config.max_session_timeout_ms})")
+    if config.tls_key and not config.tls_cert:
+        raise ConfigError("tls_key is set but tls_cert is not: give the certificate too")
     return config

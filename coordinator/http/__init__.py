@@ -1,0 +1,1 @@
+"""Thin aiohttp handlers: decode, validate, submit to the runtime, encode."""

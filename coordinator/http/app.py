@@ -1,0 +1,347 @@
+"""The HTTP surface (PROTOCOL.md, "Transport", "Calls", "Admin").
+
+Protocol calls: ``POST /v1/{join,sync,heartbeat,leave,commit,fetch}``, msgpack
+both ways. Each handler reads the body (415 for another content type, 413 over
+``--max-body-bytes``), decodes it and validates it into the request's frozen
+dataclass (400 ``INVALID_REQUEST`` naming the field), submits one command to
+the runtime and encodes the answer. A refused request never reaches the core,
+so it changes no state. Error bodies use the call's encoding: msgpack here,
+JSON for the admin API.
+
+With authentication on (``--auth-tokens``), the middleware of
+:mod:`coordinator.auth` checks the token; the handlers check, after decoding,
+that the token is granted the body's group (403) and that the member ids it
+names were minted for it (else ``UNKNOWN_MEMBER_ID``, as for any unknown id).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from coordinator import auth
+from coordinator.core.commands import (
+    Command,
+    Commit,
+    DeleteGroup,
+    DeleteResource,
+    Fetch,
+    Heartbeat,
+    Join,
+    Leave,
+    PutResource,
+    Sync,
+)
+from coordinator.core.effects import AdminResult
+from coordinator.core.views import GroupView, MemberView
+from coordinator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from coordinator.metrics import Metrics
+from coordinator.runtime.runtime import Answer, Runtime, error_answer
+from protocol import codec
+from protocol.errors import ErrorCode
+from protocol.limits import MAX_PARTITIONS
+from protocol.messages import (
+    CommitRequest,
+    FetchRequest,
+    HeartbeatRequest,
+    JoinRequest,
+    LeaveRequest,
+    SyncRequest,
+)
+from protocol.resources import PROTOCOL_TYPE as RESOURCES
+from protocol.resources import ResourceAssignment
+from protocol.validate import ValidationError, check_int, check_string
+
+log = logging.getLogger("groupcoord.http")
+
+MSGPACK_TYPES = frozenset({codec.CONTENT_TYPE, "application/x-msgpack"})
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+RUNTIME_KEY: web.AppKey[Runtime] = web.AppKey("groupcoord.runtime", Runtime)
+METRICS_KEY: web.AppKey[Metrics] = web.AppKey("groupcoord.metrics", Metrics)
+MAX_BODY_KEY: web.AppKey[int] = web.AppKey("groupcoord.max_body_bytes", int)
+
+
+class Refused(Exception):
+    """A request refused before it reached the core: its HTTP answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def msgpack_error(status: int, code: ErrorCode, message: str) -> web.Response:
+    return web.Response(status=status, content_type=codec.CONTENT_TYPE,
+                        body=codec.encode({"error": code.value, "message": message}))
+
+
+def json_error(status: int, code: str, message: str | None = None) -> web.Response:
+    doc: dict[str, str] = {"error": code}
+    if message is not None:
+        doc["message"] = message
+    return web.json_response(doc, status=status)
+
+
+async def read_body(request: web.Request, content_types: frozenset[str]) -> bytes:
+    """The body, or :class:`Refused` (415 wrong type, 413 too large)."""
+    if request.content_type not in content_types:
+        raise Refused(415, f"Content-Type must be {' or '.join(sorted(content_types))}, "
+                           f"got {request.content_type!r}")
+    limit = request.app[MAX_BODY_KEY]
+    if request.content_length is not None and request.content_length > limit:
+        raise Refused(413, f"body of {request.content_length} bytes is over the "
+                           f"limit of {limit} bytes")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise Refused(413, f"body is over the limit of {limit} bytes") from None
+
+
+# ---------------------------------------------------------------- protocol calls
+
+
+def _member_ids(msg: Any) -> list[str]:
+    if isinstance(msg, LeaveRequest):
+        return [m.member_id for m in msg.members]
+    member_id = getattr(msg, "member_id", "")
+    return [member_id] if member_id else []
+
+
+def protocol_handler(api: str, parse: Callable[[object], Any],
+                     command: Callable[[web.Request, Any, int], Command]) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        runtime, metrics = request.app[RUNTIME_KEY], request.app[METRICS_KEY]
+        started = time.perf_counter()
+        try:
+            body = await read_body(request, MSGPACK_TYPES)
+            try:
+                msg = parse(codec.decode(body))
+            except (codec.DecodeError, ValidationError) as exc:
+                raise Refused(400, str(exc)) from None
+        except Refused as refused:
+            metrics.observe_request(api, ErrorCode.INVALID_REQUEST, time.perf_counter() - started)
+            return msgpack_error(refused.status, ErrorCode.INVALID_REQUEST, refused.message)
+        if (denied := auth.require_group(request, msg.group_id)) is not None:
+            metrics.observe_request(api, ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                    time.perf_counter() - started)
+            return denied
+        token = auth.token_of(request)
+        answer: Answer
+        if all(auth.member_bound(token, msg.group_id, m) for m in _member_ids(msg)):
+            answer = await runtime.call(lambda rid: command(request, msg, rid))
+        else:
+            answer = error_answer(command(request, msg, 0), ErrorCode.UNKNOWN_MEMBER_ID)
+        assert not isinstance(answer, AdminResult)
+        metrics.observe_request(api, answer.error, time.perf_counter() - started)
+        return web.Response(body=codec.encode(answer.to_wire()), content_type=codec.CONTENT_TYPE)
+    return handle
+
+
+def _join(request: web.Request, msg: JoinRequest, rid: int) -> Command:
+    member_id = auth.new_member_id(msg.client_id, msg.group_id, auth.token_of(request))
+    return Join(rid, msg, request.remote or "", member_id)
+
+
+PROTOCOL_ROUTES: dict[str, Handler] = {
+    "join": protocol_handler("join", JoinRequest.from_wire, _join),
+    "sync": protocol_handler("sync", SyncRequest.from_wire, lambda _r, m, i: Sync(i, m)),
+    "heartbeat": protocol_handler("heartbeat", HeartbeatRequest.from_wire,
+                                  lambda _r, m, i: Heartbeat(i, m)),
+    "leave": protocol_handler("leave", LeaveRequest.from_wire, lambda _r, m, i: Leave(i, m)),
+    "commit": protocol_handler("commit", CommitRequest.from_wire,
+                               lambda _r, m, i: Commit(i, m)),
+    "fetch": protocol_handler("fetch", FetchRequest.from_wire, lambda _r, m, i: Fetch(i, m)),
+}
+
+
+# ---------------------------------------------------------------- admin (JSON)
+
+
+def _not_ready(runtime: Runtime) -> web.Response | None:
+    if runtime.ready:
+        return None
+    code = (ErrorCode.COORDINATOR_NOT_AVAILABLE if runtime.failed.is_set()
+            else ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+    return json_error(503, code.value)
+
+
+def _path_name(request: web.Request, key: str) -> str:
+    try:
+        return check_string(request.match_info[key], key) or ""
+    except ValidationError as exc:
+        raise Refused(400, str(exc)) from None
+
+
+def _assignment_json(protocol_type: str | None, data: bytes) -> Any:
+    """``{set: [indexes]}`` for the "resources" protocol, else base64 (PROTOCOL.md, Admin)."""
+    if protocol_type == RESOURCES:
+        try:
+            return {k: list(v) for k, v in ResourceAssignment.decode(data).assigned.items()}
+        except ValidationError:
+            pass  # a leader sent bytes that are not a resources map: show them raw
+    return base64.b64encode(data).decode("ascii")
+
+
+def _member_json(view: GroupView, m: MemberView) -> dict[str, Any]:
+    return {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+            "client_id": m.client_id, "client_host": m.client_host,
+            "session_timeout_ms": m.session_timeout_ms,
+            "rebalance_timeout_ms": m.rebalance_timeout_ms,
+            "assignment": _assignment_json(view.protocol_type, m.assignment)}
+
+
+def _admin_answer(result: Answer, ok: Callable[[AdminResult], web.StreamResponse],
+                  not_found: str) -> web.StreamResponse:
+    assert isinstance(result, AdminResult)
+    if result.error is None and result.found:
+        return ok(result)
+    if not result.found or result.error is ErrorCode.UNKNOWN_GROUP:
+        return json_error(404, "UNKNOWN_GROUP" if result.error is ErrorCode.UNKNOWN_GROUP
+                          else not_found)
+    assert result.error is not None
+    status = {ErrorCode.NON_EMPTY_GROUP: 409, ErrorCode.INVALID_REQUEST: 400,
+              ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: 503,
+              ErrorCode.COORDINATOR_NOT_AVAILABLE: 503}.get(result.error, 500)
+    return json_error(status, result.error.value)
+
+
+async def list_groups(request: web.Request) -> web.StreamResponse:
+    runtime = request.app[RUNTIME_KEY]
+    if (busy := _not_ready(runtime)) is not None:
+        return busy
+    groups = [{"group_id": g.group_id, "state": g.state, "protocol_type": g.protocol_type,
+               "protocol_name": g.protocol_name, "generation_id": g.generation_id,
+               "member_count": g.member_count}
+              for g in runtime.core.list_groups()
+              if auth.authorize(auth.token_of(request), g.group_id)]
+    return web.json_response({"groups": groups})
+
+
+async def describe_group(request: web.Request) -> web.StreamResponse:
+    runtime = request.app[RUNTIME_KEY]
+    if (busy := _not_ready(runtime)) is not None:
+        return busy
+    view = runtime.core.describe_group(_path_name(request, "group_id"))
+    if view is None:
+        return json_error(404, ErrorCode.UNKNOWN_GROUP.value)
+    return web.json_response({
+        "group_id": view.group_id, "state": view.state, "protocol_type": view.protocol_type,
+        "protocol_name": view.protocol_name, "generation_id": view.generation_id,
+        "leader": view.leader, "members": [_member_json(view, m) for m in view.members]})
+
+
+async def delete_group(request: web.Request) -> web.StreamResponse:
+    group_id = _path_name(request, "group_id")
+    result = await request.app[RUNTIME_KEY].call(lambda rid: DeleteGroup(rid, group_id))
+    return _admin_answer(result, lambda _: web.Response(status=204), "UNKNOWN_GROUP")
+
+
+async def list_resources(request: web.Request) -> web.StreamResponse:
+    runtime = request.app[RUNTIME_KEY]
+    if (busy := _not_ready(runtime)) is not None:
+        return busy
+    return web.json_response({"resources_epoch": runtime.core.resources_epoch,
+                              "resources": dict(runtime.core.catalog())})
+
+
+async def put_resource(request: web.Request) -> web.StreamResponse:
+    name = _path_name(request, "name")
+    body = await read_body(request, frozenset({"application/json"}))
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Refused(400, f"body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise Refused(400, 'body: expected an object {"partitions": N}')
+    try:
+        partitions = check_int(doc.get("partitions"), "partitions", lo=1, hi=MAX_PARTITIONS)
+    except ValidationError as exc:
+        raise Refused(400, str(exc)) from None
+    result = await request.app[RUNTIME_KEY].call(lambda rid: PutResource(rid, name, partitions))
+    return _admin_answer(result, lambda r: web.json_response(
+        {"name": name, "partitions": partitions, "resources_epoch": r.resources_epoch}),
+        "UNKNOWN_RESOURCE")
+
+
+async def delete_resource(request: web.Request) -> web.StreamResponse:
+    name = _path_name(request, "name")
+    result = await request.app[RUNTIME_KEY].call(lambda rid: DeleteResource(rid, name))
+    return _admin_answer(result, lambda r: web.json_response(
+        {"name": name, "resources_epoch": r.resources_epoch}), "UNKNOWN_RESOURCE")
+
+
+# ---------------------------------------------------------------- health, metrics
+
+
+async def healthz(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.StreamResponse:
+    runtime = request.app[RUNTIME_KEY]
+    if runtime.ready:
+        return web.json_response({"status": "ready"})
+    state = "failed" if runtime.failed.is_set() else "not ready"
+    return web.json_response({"status": state}, status=503)
+
+
+async def metrics_page(request: web.Request) -> web.StreamResponse:
+    body = request.app[METRICS_KEY].render()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+# ---------------------------------------------------------------- errors, app
+
+
+def _is_protocol_path(path: str) -> bool:
+    return path.startswith("/v1/") and path[len("/v1/"):] in PROTOCOL_ROUTES
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refusals of admin calls as JSON; a bug as UNKNOWN_SERVER_ERROR, logged."""
+    try:
+        return await handler(request)
+    except Refused as refused:
+        if _is_protocol_path(request.path):
+            return msgpack_error(refused.status, ErrorCode.INVALID_REQUEST, refused.message)
+        return json_error(refused.status, ErrorCode.INVALID_REQUEST.value, refused.message)
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        message = "the server failed on this request; see its log"
+        if _is_protocol_path(request.path):
+            return msgpack_error(500, ErrorCode.UNKNOWN_SERVER_ERROR, message)
+        return json_error(500, ErrorCode.UNKNOWN_SERVER_ERROR.value, message)
+
+
+def build_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
+              tokens: auth.TokenStore | None = None) -> web.Application:
+    middlewares: list[Any] = [errors_middleware]
+    if tokens is not None:
+        # Outermost: a caller without a valid token learns nothing else.
+        middlewares.insert(0, auth.auth_middleware(tokens))
+    app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
+    app[RUNTIME_KEY] = runtime
+    app[METRICS_KEY] = metrics
+    app[MAX_BODY_KEY] = max_body_bytes
+    for api, handler in PROTOCOL_ROUTES.items():
+        app.router.add_post(f"/v1/{api}", handler)
+    app.router.add_get("/v1/groups", list_groups)
+    app.router.add_get("/v1/groups/{group_id:.+}", describe_group)
+    app.router.add_delete("/v1/groups/{group_id:.+}", delete_group)
+    app.router.add_get("/v1/resources", list_resources)
+    app.router.add_put("/v1/resources/{name:.+}", put_resource)
+    app.router.add_delete("/v1/resources/{name:.+}", delete_resource)
+    app.router.add_get("/metrics", metrics_page)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app

@@ -1,0 +1,138 @@
+"""``groupcoord serve``: run the coordinator (PROTOCOL.md, "Running the server").
+
+Start-up order: open (and migrate) the database, listen — ``/healthz`` answers
+and protocol calls get ``COORDINATOR_LOAD_IN_PROGRESS`` — load the snapshot and
+restore the core, then mark ready and print ``listening on http://HOST:PORT``.
+SIGTERM or SIGINT: stop the runtime (parked requests answered
+``COORDINATOR_NOT_AVAILABLE``, pending writes committed), close the listener
+and the database, exit 0. A storage failure exits 1 (see runtime docs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from coordinator.config import SETTINGS, ConfigError, ServerConfig, resolve
+
+log = logging.getLogger("groupcoord.serve")
+
+#: seconds aiohttp waits for open connections to finish after the runtime stopped.
+SHUTDOWN_GRACE_S = 2.0
+EXIT_CONFIG = 2
+EXIT_STORAGE = 1
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    defaults = ServerConfig()
+    parser = subparsers.add_parser(
+        "serve", help="run the coordinator server",
+        description="Run the group coordinator. Every setting is also a GROUPCOORD_* "
+                    "environment variable and a key of the --config TOML file "
+                    "(precedence: flag > environment > file > default).")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="TOML file of settings (env GROUPCOORD_CONFIG)")
+    for setting in SETTINGS:
+        default = getattr(defaults, setting.name)
+        parser.add_argument(setting.flag, dest=setting.name, default=None,
+                            metavar=setting.name.upper(),
+                            help=f"{setting.help} (env {setting.env}; default {default!r})")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    flags = {s.name: getattr(args, s.name) for s in SETTINGS}
+    try:
+        config = resolve(flags, os.environ, args.config)
+    except ConfigError as exc:
+        print(f"groupcoord serve: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    logging.basicConfig(level=config.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+    except ImportError:  # optional: the default loop works the same, a little slower
+        return asyncio.run(serve(config))
+    return uvloop.run(serve(config))
+
+
+async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
+    # Heavy imports here, not at module level: `groupcoord --help` stays fast.
+    from aiohttp import web
+
+    from coordinator import auth, tls
+    from coordinator.core import GroupCoordinator  # type: ignore[attr-defined]
+    from coordinator.http.app import build_app
+    from coordinator.metrics import Metrics
+    from coordinator.runtime.clock import WallClock
+    from coordinator.runtime.runtime import Runtime
+    from coordinator.storage.sqlite import Storage, StorageError
+
+    tokens = None
+    ssl_context = None
+    try:
+        if config.auth_tokens:
+            tokens = auth.TokenStore.load(config.auth_tokens)
+        if config.tls_cert:
+            ssl_context = tls.server_ssl_context(config.tls_cert, config.tls_key or None)
+        storage = await Storage.open(config.db)
+    except (auth.TokenFileError, tls.TLSConfigError, StorageError) as exc:
+        print(f"groupcoord serve: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if (warning := auth.startup_warning(config.host, tokens is not None)) is not None:
+        log.warning("%s", warning)
+
+    core: Any = GroupCoordinator(config.core_config())
+    metrics = Metrics()
+    metrics.watch_core(core.state_counts, core.member_count)
+    runtime = Runtime(core, storage, WallClock(), metrics)
+    app = build_app(runtime, metrics, max_body_bytes=config.max_body_bytes, tokens=tokens)
+    # handler_cancellation: a client that disconnects while its join/sync/heartbeat
+    # is parked cancels the handler, and the runtime tells the core (Cancelled).
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=SHUTDOWN_GRACE_S)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    status = 0
+    try:
+        site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
+        await site.start()
+        await runtime.start()
+        # runner.addresses: what was actually bound (``--port 0`` picks a port).
+        port = int(runner.addresses[0][1])
+        host = config.host
+        scheme = "https" if ssl_context is not None else "http"
+        log.info("ready: database %s, listening on %s://%s:%d", config.db, scheme, host, port)
+        if ready_line:
+            print(f"listening on {scheme}://{host}:{port}", flush=True)
+        failed = asyncio.ensure_future(runtime.failed.wait())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({failed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        failed.cancel()
+        stopped.cancel()
+        if runtime.failed.is_set():
+            status = EXIT_STORAGE
+            log.critical("exiting after a storage failure; restart to reload from %s",
+                         config.db)
+        else:
+            log.info("shutting down")
+    except OSError as exc:
+        print(f"groupcoord serve: cannot listen on {config.host}:{config.port}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        status = EXIT_CONFIG
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runtime.stop()
+        await runner.cleanup()
+        await storage.close()
+    return status
+
