@@ -14,7 +14,9 @@ Tokens file
     and ``orders-us``; ``"*"`` or ``""`` grants every group). Empty list: none.
 ``admin``
     ``true`` if the token may call the admin API (``/v1/groups...``,
-    ``/v1/resources...``); optional, ``false`` by default.
+    ``/v1/resources...``); optional, ``false`` by default. Reading the
+    catalog (``GET /v1/resources``) needs only a valid token: every group
+    leader reads it before it assigns.
 
 Two layouts are read, chosen by the file name:
 
@@ -297,6 +299,13 @@ def _is_admin_call(path: str) -> bool:
     return any(path == p or path.startswith(p + "/") for p in _ADMIN_PREFIXES)
 
 
+def _catalog_read(method: str, path: str) -> bool:
+    # Every leader reads the catalog before it assigns (PROTOCOL.md, Admin:
+    # "the leader rejoins when the epoch moves"), so reading it needs a valid
+    # token but not the admin flag; changing it does.
+    return method in ("GET", "HEAD") and path == "/v1/resources"
+
+
 def _error(path: str, status: int, code: ErrorCode, message: str,
            headers: dict[str, str] | None = None) -> web.Response:
     """An error body in the call's encoding (PROTOCOL.md, "Transport")."""
@@ -373,7 +382,7 @@ def auth_middleware(tokens: TokenStore,
                           "missing or invalid bearer token (Authorization: Bearer <token>)",
                           headers={"WWW-Authenticate": 'Bearer realm="groupcoord"'})
         request[REQUEST_KEY] = entry
-        if _is_admin_call(path):
+        if _is_admin_call(path) and not _catalog_read(request.method, path):
             if not entry.admin:
                 return _error(path, 403, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                               f"token {entry.name!r} may not use the admin API")

@@ -222,6 +222,7 @@ async def client(store: TokenStore) -> AsyncIterator[TestClient[web.Request, web
     app.router.add_get("/v1/groups", _admin_handler)
     app.router.add_get("/v1/groups/{group_id}", _admin_handler)
     app.router.add_put("/v1/resources/{name}", _admin_handler)
+    app.router.add_get("/v1/resources", _admin_handler)
     app.router.add_get("/metrics", _open_handler)
     app.router.add_get("/healthz", _open_handler)
     app.router.add_get("/readyz", _open_handler)
@@ -279,6 +280,9 @@ async def test_admin_api_needs_the_admin_flag_and_answers_json(
     assert resp.status == 403
     resp = await client.get("/v1/groups", headers=_bearer(OPS_TOKEN))
     assert resp.status == 200
+    # Leaders read the catalog: any valid token may, none may change it without admin.
+    assert (await client.get("/v1/resources", headers=_bearer(ORDERS_TOKEN))).status == 200
+    assert (await client.get("/v1/resources")).status == 401
     # An admin token limited to some groups cannot look at another group.
     resp = await client.get("/v1/groups/orders-eu", headers=_bearer(READER_TOKEN))
     assert resp.status == 200 and (await resp.json())["group"] == "orders-eu"
