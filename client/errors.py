@@ -1,0 +1,151 @@
+"""The exceptions a worker can see from the client library.
+
+Exceptions are translated at the boundary only (DESIGN.md practice 7, the
+httpx model): the transport turns network and HTTP failures into
+:class:`CoordinatorUnavailableError` / :class:`InvalidRequestError`, the
+member turns protocol error codes into the classes below. Inside the member
+state machine a protocol outcome is an :class:`~protocol.errors.ErrorCode`
+value, never an exception.
+
+Hierarchy::
+
+    GroupCoordError
+    ├── CoordinatorUnavailableError      retriable: network, 5xx, timeout
+    ├── CommitFailedError                a commit was refused (carries the code)
+    │   └── RebalanceInProgressError     ... because a rebalance is running
+    ├── NotOwnedError                    committing a resource the member does not own
+    ├── MemberClosedError                the member is closed
+    └── FatalMemberError                 the member stopped for good (carries the code)
+        ├── FencedInstanceIdError        KIP-345: another instance took our group_instance_id
+        ├── InconsistentGroupProtocolError
+        ├── GroupMaxSizeReachedError
+        ├── InvalidSessionTimeoutError
+        ├── GroupAuthorizationFailedError
+        └── InvalidRequestError          the server could not understand a request (a bug)
+"""
+
+from __future__ import annotations
+
+from protocol.errors import ErrorCode
+
+__all__ = [
+    "CommitFailedError",
+    "CoordinatorUnavailableError",
+    "FatalMemberError",
+    "FencedInstanceIdError",
+    "GroupAuthorizationFailedError",
+    "GroupCoordError",
+    "GroupMaxSizeReachedError",
+    "InconsistentGroupProtocolError",
+    "InvalidRequestError",
+    "InvalidSessionTimeoutError",
+    "MemberClosedError",
+    "NotOwnedError",
+    "RebalanceInProgressError",
+    "fatal_error_for",
+]
+
+
+class GroupCoordError(Exception):
+    """Base class of every error the client library raises on purpose."""
+
+
+class CoordinatorUnavailableError(GroupCoordError):
+    """The coordinator could not be reached or answered 5xx; retriable."""
+
+
+class NotOwnedError(GroupCoordError):
+    """A commit named resources the member does not own (PROTOCOL.md, commit:
+    only the owner's progress counts)."""
+
+    def __init__(self, resources: list[tuple[str, int]]) -> None:
+        shown = ", ".join(f"{s}[{i}]" for s, i in resources[:10])
+        more = f" and {len(resources) - 10} more" if len(resources) > 10 else ""
+        super().__init__(f"this member does not own {shown}{more}")
+        self.resources = resources
+
+
+class MemberClosedError(GroupCoordError):
+    """The member was closed; it can no longer commit or subscribe."""
+
+
+class CommitFailedError(GroupCoordError):
+    """The coordinator refused a commit with ``code`` (a stale generation or an
+    unknown member: this member no longer owns what it tried to commit)."""
+
+    def __init__(self, code: ErrorCode, message: str | None = None) -> None:
+        super().__init__(message or f"commit refused: {code.value}")
+        self.code = code
+
+
+class RebalanceInProgressError(CommitFailedError):
+    """A commit arrived while the group rebalances; the member rejoins and the
+    caller may commit again once the rebalance completes (Kafka's
+    RebalanceInProgressException)."""
+
+
+class FatalMemberError(GroupCoordError):
+    """The member stopped and will not rejoin by itself; ``code`` says why."""
+
+    code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
+
+    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class FencedInstanceIdError(FatalMemberError):
+    """KIP-345: another process joined with this ``group_instance_id``; this one
+    is a zombie and must stop."""
+
+    code = ErrorCode.FENCED_INSTANCE_ID
+
+
+class InconsistentGroupProtocolError(FatalMemberError):
+    """None of this member's assignors (or its protocol type) is supported by the
+    rest of the group."""
+
+    code = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+
+
+class GroupMaxSizeReachedError(FatalMemberError):
+    """The group is full (``--group-max-size``)."""
+
+    code = ErrorCode.GROUP_MAX_SIZE_REACHED
+
+
+class InvalidSessionTimeoutError(FatalMemberError):
+    """``session_timeout_ms`` is outside the coordinator's allowed range."""
+
+    code = ErrorCode.INVALID_SESSION_TIMEOUT
+
+
+class GroupAuthorizationFailedError(FatalMemberError):
+    """Missing or wrong credentials, or a group outside the caller's grant."""
+
+    code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
+class InvalidRequestError(FatalMemberError):
+    """The coordinator could not understand a request (HTTP 400/413/415): a bug
+    or a version mismatch, never fixed by retrying."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+_FATAL_CLASSES: dict[ErrorCode, type[FatalMemberError]] = {
+    ErrorCode.FENCED_INSTANCE_ID: FencedInstanceIdError,
+    ErrorCode.INCONSISTENT_GROUP_PROTOCOL: InconsistentGroupProtocolError,
+    ErrorCode.GROUP_MAX_SIZE_REACHED: GroupMaxSizeReachedError,
+    ErrorCode.INVALID_SESSION_TIMEOUT: InvalidSessionTimeoutError,
+    ErrorCode.GROUP_AUTHORIZATION_FAILED: GroupAuthorizationFailedError,
+    ErrorCode.INVALID_REQUEST: InvalidRequestError,
+}
+
+
+def fatal_error_for(code: ErrorCode, api: str, detail: str = "") -> FatalMemberError:
+    """The exception a fatal protocol outcome of call ``api`` becomes."""
+    cls = _FATAL_CLASSES.get(code, FatalMemberError)
+    text = f"{api}: {code.value}" + (f" ({detail})" if detail else "")
+    return cls(text, code)

@@ -1,0 +1,118 @@
+"""The leader's side of a rebalance: decode, assign, validate, encode.
+
+A pure function (no I/O, no clock): the member state machine calls it with the
+join response's member list and the catalog it read from
+``GET /v1/resources``, and sends the result in its sync request.
+
+Steps (KIP-429, "For the leader", adapted):
+
+1. Decode every member's ``MemberMetadata`` into a ``Subscription`` (with its
+   owned resources, their generation and its ``group_instance_id``). A member
+   whose metadata cannot be decoded gets an assignment carrying ``error`` and
+   nothing else; the rest of the group is assigned as usual.
+2. Run the selected assignor.
+3. If the assignor supports the COOPERATIVE protocol it promises never to hand
+   a resource to a new owner while another member still owns it: its output
+   is validated as is, and a broken rule fails the rebalance loudly
+   (:class:`AssignmentFailed`) rather than risking double ownership.
+4. An EAGER-only assignor ignores ``owned``. Members of an eager group revoke
+   everything before they join, so ``owned`` is empty and nothing changes;
+   should a member still claim something, KIP-429 step 2.4 applies: a
+   resource that would change owner is held back this round (its owner sees
+   it missing, revokes it, and rejoins; the follow-up rebalance moves it).
+   The filtered output is then validated the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from client.assignors import (
+    Assignment,
+    AssignmentError,
+    Assignor,
+    RebalanceProtocol,
+    Subscription,
+    validate_assignment,
+)
+from protocol.messages import JoinMember
+from protocol.resources import MemberMetadata, ResourceAssignment
+from protocol.validate import ValidationError
+
+__all__ = ["AssignmentFailed", "LeaderResult", "hold_back_moving", "perform_assignment"]
+
+
+class AssignmentFailed(Exception):
+    """The assignor broke a rule of PROTOCOL.md or raised; the rebalance fails."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderResult:
+    assignments: dict[str, ResourceAssignment]
+    #: members whose metadata could not be decoded, with the reason.
+    undecodable: dict[str, str]
+
+
+def hold_back_moving(subscriptions: Mapping[str, Subscription],
+                     result: Mapping[str, Assignment]) -> dict[str, Assignment]:
+    """KIP-429 step 2.4: drop from each member's assignment the resources that
+    another member claims to own (they will move in the follow-up rebalance,
+    after their owner revoked them)."""
+    claimed: dict[tuple[str, int], str] = {}
+    for member, sub in subscriptions.items():
+        for name, indexes in sub.owned.items():
+            for i in indexes:
+                # Two claimants can only come from a stale member; either one
+                # blocks a move, which is the safe reading.
+                claimed.setdefault((name, i), member)
+    out: dict[str, Assignment] = {}
+    for member, assignment in result.items():
+        kept: dict[str, list[int]] = {}
+        for name, indexes in assignment.assigned.items():
+            keep = [i for i in indexes if claimed.get((name, i), member) == member]
+            if keep:
+                kept[name] = keep
+        out[member] = Assignment(kept, assignment.user_data, assignment.delay_ms)
+    return out
+
+
+def perform_assignment(assignor: Assignor, catalog: Mapping[str, int],
+                       members: Sequence[JoinMember]) -> LeaderResult:
+    """Assign ``catalog`` over ``members``; raise :class:`AssignmentFailed`."""
+    subscriptions: dict[str, Subscription] = {}
+    undecodable: dict[str, str] = {}
+    for m in members:
+        try:
+            meta = MemberMetadata.decode(m.metadata)
+        except ValidationError as exc:
+            undecodable[m.member_id] = f"metadata of member {m.member_id!r} is malformed: {exc}"
+            continue
+        subscriptions[m.member_id] = Subscription(
+            sets=list(meta.sets),
+            owned={k: list(v) for k, v in meta.owned.items()},
+            generation=meta.generation,
+            rack=meta.rack,
+            user_data=meta.user_data,
+            group_instance_id=m.group_instance_id,
+        )
+    try:
+        result = assignor.assign(catalog, subscriptions)
+    except Exception as exc:  # an assignor bug must fail the rebalance, not the member
+        raise AssignmentFailed(f"assignor {assignor.name!r} raised {exc!r}") from exc
+    cooperative = RebalanceProtocol.COOPERATIVE in assignor.protocols
+    any_owned = any(v for s in subscriptions.values() for v in s.owned.values())
+    if not cooperative and any_owned:
+        result = hold_back_moving(subscriptions, result)
+    try:
+        validate_assignment(catalog, subscriptions, result, cooperative or any_owned)
+    except AssignmentError as exc:
+        raise AssignmentFailed(f"assignor {assignor.name!r} broke a rule: {exc}") from exc
+    out = {
+        member: ResourceAssignment(assigned=a.assigned, user_data=a.user_data,
+                                   delay_ms=max(0, a.delay_ms))
+        for member, a in result.items()
+    }
+    for member, reason in undecodable.items():
+        out[member] = ResourceAssignment(error=reason)
+    return LeaderResult(out, undecodable)

@@ -1,0 +1,50 @@
+"""The rebalance listener a worker implements (KIP-429's ConsumerRebalanceListener).
+
+Every method may be a plain function or a coroutine function; the member
+awaits what it returns. Callbacks run in the member's driver task, one at a
+time, in protocol order, and the member takes the next protocol step only
+after the callback returned: ``on_revoked`` finishing *is* the hand-over
+(the new owner gets the resources only afterwards). While a callback runs the
+member does not heartbeat, so keep callbacks shorter than the session timeout
+(start and stop work from them; do the work elsewhere). An exception in a
+callback is logged and counted (``groupcoord_client_callback_errors_total``),
+never fatal to the member.
+
+Order (KIP-429, "ConsumerRebalanceListener and ConsumerPartitionAssignor
+Semantics"):
+
+- eager: ``on_revoked(everything)`` before each join, then
+  ``on_assigned(everything new)`` after the sync;
+- cooperative: ``on_revoked(only what moves away)`` after the sync (and
+  then a follow-up rebalance), then ``on_assigned(only what was added)`` on
+  every completed rebalance, possibly with an empty set;
+- both: ``on_lost(everything)`` when the member learns it is no longer in the
+  group (a stale generation, an unknown member id, no heartbeat for a session
+  timeout, a fatal error) -- the resources may already belong to someone else,
+  so do not commit for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+
+__all__ = ["RebalanceListener", "Resource"]
+
+Resource = tuple[str, int]
+
+
+class RebalanceListener:
+    """Base class with do-nothing callbacks; override what you need."""
+
+    def on_assigned(self, resources: set[Resource]) -> Awaitable[None] | None:
+        """Start processing ``resources`` (newly owned)."""
+        return None
+
+    def on_revoked(self, resources: set[Resource]) -> Awaitable[None] | None:
+        """Stop processing ``resources`` and commit their checkpoints; they are
+        still owned while this runs."""
+        return None
+
+    def on_lost(self, resources: set[Resource]) -> Awaitable[None] | None:
+        """Stop processing ``resources`` at once; they are no longer owned."""
+        return None

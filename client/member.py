@@ -1,0 +1,398 @@
+"""``GroupMember``: the asyncio driver of the member state machine.
+
+One driver task per member (DESIGN.md practice 7): it asks the sans-IO
+:class:`~client.member_state.MemberStateMachine` for the next action, performs
+it through the one-method transport, and reports the outcome. There is no
+lock: the machine is only touched from the event loop, and no lock is ever
+held across a listener callback. Callbacks run *in the driver task*, so the
+next protocol step (a join after an eager ``on_revoked``, the follow-up
+rebalance after a cooperative one) waits for them; see
+:mod:`client.listener` for the order and the rules.
+
+Time comes from an injected ``clock`` (monotonic milliseconds); the driver
+only sleeps until the deadlines the machine names, or until it is poked by
+``subscribe``, ``commit`` or ``close``.
+
+Fatal outcomes (FENCED_INSTANCE_ID, INCONSISTENT_GROUP_PROTOCOL,
+GROUP_MAX_SIZE_REACHED, ...) stop the member after ``on_lost``; they surface
+as the exception from ``wait_assigned()``, ``wait_closed()``, ``commit()``,
+``subscribe()``, and ``async with``'s exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from prometheus_client import CollectorRegistry
+
+from client.errors import CoordinatorUnavailableError, FatalMemberError, GroupCoordError
+from client.listener import RebalanceListener
+from client.member_state import (
+    Call,
+    CallbackKind,
+    InvokeListener,
+    MemberConfig,
+    MemberState,
+    MemberStateMachine,
+    RebalanceCompleted,
+    RebalanceFailed,
+    RebalanceStarted,
+    Resource,
+    Stop,
+    Wait,
+)
+from client.metrics import MemberMetrics
+from client.transport import AiohttpTransport, Transport
+from protocol.errors import ErrorCode
+from protocol.messages import FetchRequest, FetchResponse, Scalar
+
+__all__ = ["GroupMember", "monotonic_ms"]
+
+log = logging.getLogger("groupcoord.client")
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class GroupMember:
+    """A worker's membership in one group. Use ``async with`` (joins, and
+    waits for the first assignment; closes on exit) or ``start()`` /
+    ``close()``."""
+
+    def __init__(
+        self,
+        coordinator: str | Transport,
+        group_id: str,
+        sets: Sequence[str],
+        *,
+        assignors: Sequence[str] = ("cooperative-sticky",),
+        listener: RebalanceListener | None = None,
+        group_instance_id: str | None = None,
+        session_timeout_ms: int = 10_000,
+        rebalance_timeout_ms: int = 60_000,
+        heartbeat_interval_ms: int = 3_000,
+        client_id: str | None = None,
+        rack: str | None = None,
+        user_data: bytes | None = None,
+        token: str | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], int] = monotonic_ms,
+        rng: Callable[[], float] | None = None,
+        leave_on_close: bool | None = None,
+        retry_backoff_ms: int = 100,
+        retry_backoff_max_ms: int = 1_000,
+        request_timeout_ms: int = 30_000,
+        assignor_settings: Mapping[str, Mapping[str, object]] | None = None,
+    ) -> None:
+        self.client_id = client_id or f"member-{uuid.uuid4().hex[:12]}"
+        self.config = MemberConfig(
+            group_id=group_id, sets=tuple(sets), assignors=tuple(assignors),
+            group_instance_id=group_instance_id, session_timeout_ms=session_timeout_ms,
+            rebalance_timeout_ms=rebalance_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms, client_id=self.client_id, rack=rack,
+            user_data=user_data, retry_backoff_ms=retry_backoff_ms,
+            retry_backoff_max_ms=retry_backoff_max_ms, request_timeout_ms=request_timeout_ms,
+            leave_on_close=leave_on_close, assignor_settings=dict(assignor_settings or {}),
+        )
+        self._machine = MemberStateMachine(self.config, rng=rng)
+        if isinstance(coordinator, str):
+            headers = {"Authorization": f"Bearer {token}"} if token else None
+            self._transport: Transport = AiohttpTransport(coordinator, headers=headers)
+            self._owns_transport = True
+        else:
+            self._transport = coordinator
+            self._owns_transport = False
+        self._listener = listener or RebalanceListener()
+        self._clock = clock
+        self.metrics = MemberMetrics(registry, group_id, self.client_id, clock)
+        self._wakeup = asyncio.Event()
+        self._assigned_once = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+
+    # ------------------------------------------------------------ what a worker reads
+
+    @property
+    def assignment(self) -> frozenset[Resource]:
+        """What the member owns now."""
+        return self._machine.owned
+
+    @property
+    def member_id(self) -> str:
+        return self._machine.member_id
+
+    @property
+    def generation_id(self) -> int:
+        return self._machine.generation_id
+
+    @property
+    def is_leader(self) -> bool:
+        return self._machine.is_leader
+
+    @property
+    def protocol(self) -> str:
+        """``"eager"`` or ``"cooperative"`` (KIP-429: cooperative when every
+        configured assignor supports it)."""
+        return self._machine.protocol.value
+
+    @property
+    def state(self) -> MemberState:
+        return self._machine.state
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The fatal error that stopped the member, if any."""
+        return self._failure
+
+    @property
+    def last_error(self) -> str | None:
+        return self._machine.last_error
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.metrics.registry
+
+    # ------------------------------------------------------------ life cycle
+
+    def start(self) -> None:
+        """Start the driver task (joins in the background)."""
+        if self._task is not None:
+            raise RuntimeError("the member was already started")
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"groupcoord-member-{self.client_id}")
+
+    async def wait_assigned(self, timeout_s: float | None = None) -> frozenset[Resource]:
+        """Wait for the first completed rebalance; raises the member's fatal
+        error, or ``TimeoutError``."""
+        first = asyncio.ensure_future(self._assigned_once.wait())
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        try:
+            done, _ = await asyncio.wait({first, stopped}, timeout=timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            first.cancel()
+            stopped.cancel()
+        if self._failure is not None:
+            raise self._failure
+        if not done:
+            raise TimeoutError("no assignment yet")
+        return self.assignment
+
+    async def wait_closed(self) -> None:
+        """Wait until the member stops; raises its fatal error if it failed."""
+        await self._stopped.wait()
+        if self._failure is not None:
+            raise self._failure
+
+    async def close(self, *, leave: bool | None = None, timeout_s: float | None = None) -> None:
+        """Revoke everything (``on_revoked``), leave the group (dynamic members;
+        static ones stay so that a restart gets the same resources back) and
+        stop. From inside a listener callback it only starts the close."""
+        if self._task is None:
+            await self._close_transport()
+            return
+        self._machine.close(leave)
+        self._wakeup.set()
+        if asyncio.current_task() is self._task:
+            return
+        timeout = timeout_s if timeout_s is not None else (
+            self.config.request_timeout_ms / 1000 + 5)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except TimeoutError:
+            log.warning("member %s: close timed out after %.1fs; stopping", self.client_id,
+                        timeout)
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        except GroupCoordError:
+            pass  # the failure is kept in self._failure
+
+    async def __aenter__(self) -> Self:
+        self.start()
+        try:
+            await self.wait_assigned()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+        if exc is None and self._failure is not None:
+            raise self._failure
+
+    # ------------------------------------------------------------ worker calls
+
+    async def subscribe(self, sets: Iterable[str]) -> None:
+        """Change the subscription: what is no longer subscribed is revoked and
+        the member rejoins (KIP-429 step 1.1)."""
+        self._raise_failure()
+        if self._machine.subscribe(self._clock(), list(sets)):
+            self._wakeup.set()
+
+    async def commit(self, checkpoints: Mapping[Resource, Scalar]) -> None:
+        """Store ``checkpoints`` (resource -> value) for owned resources; fenced
+        by generation on the coordinator (PROTOCOL.md, commit)."""
+        self._raise_failure()
+        request = self._machine.build_commit(checkpoints)
+        response = await self._user_call("commit", request)
+        error = self._machine.commit_result(self._clock(), request, response.error)
+        self._wakeup.set()
+        if error is not None:
+            raise error
+
+    async def fetch(self, resources: Iterable[Resource] | None = None) -> dict[Resource, Scalar]:
+        """The group's checkpoints (all, or those of ``resources``)."""
+        self._raise_failure()
+        keys = None if resources is None else tuple(sorted(resources))
+        response = await self._user_call("fetch", FetchRequest(self.config.group_id, keys))
+        assert isinstance(response, FetchResponse)
+        if response.error is not None:
+            raise CoordinatorUnavailableError(f"fetch: {response.error.value}")
+        return {(s, i): v for s, i, v in response.checkpoints}
+
+    async def _user_call(self, api: str, request: Any) -> Any:
+        try:
+            return await asyncio.wait_for(self._transport.call(api, request),
+                                          self.config.request_timeout_ms / 1000)
+        except TimeoutError as exc:
+            raise CoordinatorUnavailableError(f"{api}: timed out") from exc
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    # ------------------------------------------------------------ the driver task
+
+    async def _run(self) -> None:
+        machine = self._machine
+        try:
+            while True:
+                self._wakeup.clear()
+                action = machine.next_action(self._clock())
+                self._drain_events()
+                if isinstance(action, Call):
+                    await self._perform(action)
+                elif isinstance(action, InvokeListener):
+                    await self._invoke(action)
+                elif isinstance(action, Wait):
+                    await self._sleep(action.until_ms)
+                elif isinstance(action, Stop):
+                    self._failure = action.error
+                    if action.error is not None:
+                        log.error("member %s stopped: %s", self.client_id, action.error)
+                    break
+                self._drain_events()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug in the library: stop loudly, never silently
+            log.exception("member %s: driver crashed", self.client_id)
+            self._failure = FatalMemberError(f"internal error in the member driver: {exc!r}",
+                                             ErrorCode.UNKNOWN_SERVER_ERROR)
+        finally:
+            self._drain_events()
+            self.metrics.owned(len(machine.owned))
+            self._stopped.set()
+            await self._close_transport()
+
+    async def _perform(self, action: Call) -> None:
+        machine = self._machine
+        call = asyncio.ensure_future(self._transport.call(action.api, action.request))
+        deadline = self._clock() + action.timeout_ms
+        try:
+            while True:
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    await _cancel(call)
+                    machine.call_failed(self._clock(), CoordinatorUnavailableError(
+                        f"{action.api}: no answer within {action.timeout_ms} ms"))
+                    return
+                poke = asyncio.ensure_future(self._wakeup.wait())
+                try:
+                    done, _ = await asyncio.wait({call, poke}, timeout=remaining / 1000,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    poke.cancel()
+                if call in done:
+                    break
+                if poke in done:
+                    self._wakeup.clear()
+                    if machine.wants_interrupt(self._clock()):
+                        await _cancel(call)
+                        machine.call_abandoned(self._clock())
+                        return
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        try:
+            response = call.result()
+        except GroupCoordError as exc:
+            log.debug("member %s: %s failed: %s", self.client_id, action.api, exc)
+            machine.call_failed(self._clock(), exc)
+            return
+        except Exception as exc:  # a transport that broke its contract: retry, loudly
+            log.warning("member %s: %s raised %r", self.client_id, action.api, exc)
+            machine.call_failed(self._clock(), CoordinatorUnavailableError(repr(exc)))
+            return
+        machine.receive(self._clock(), response)
+
+    async def _invoke(self, action: InvokeListener) -> None:
+        name = action.kind.value
+        method = getattr(self._listener, f"on_{name}")
+        started = time.perf_counter()
+        failed = False
+        try:
+            result = method(set(action.resources))
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            failed = True
+            log.exception("member %s: on_%s raised; the member carries on", self.client_id,
+                          name)
+        self.metrics.callback(name, time.perf_counter() - started, failed)
+        self._machine.listener_done(self._clock())
+        self.metrics.owned(len(self._machine.owned))
+        if action.kind is CallbackKind.ASSIGNED:
+            self._assigned_once.set()
+
+    async def _sleep(self, until_ms: int | None) -> None:
+        timeout = None if until_ms is None else max(0, until_ms - self._clock()) / 1000
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), timeout)
+
+    def _drain_events(self) -> None:
+        for event in self._machine.drain_events():
+            if isinstance(event, RebalanceStarted):
+                log.info("member %s: rebalance started (%s)", self.client_id, event.reason)
+            elif isinstance(event, RebalanceCompleted):
+                self.metrics.rebalance_completed(event.at_ms, event.latency_ms)
+                log.info("member %s: generation %d, %d resources, rebalance took %d ms",
+                         self.client_id, event.generation_id, len(self._machine.owned),
+                         event.latency_ms)
+            elif isinstance(event, RebalanceFailed):
+                self.metrics.rebalance_failed(event.at_ms)
+                log.warning("member %s: rebalance failed: %s", self.client_id, event.reason)
+
+    async def _close_transport(self) -> None:
+        if self._owns_transport:
+            aclose = getattr(self._transport, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

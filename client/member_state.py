@@ -1,0 +1,860 @@
+"""The group member as a sans-IO state machine (DESIGN.md practice 7).
+
+No sockets, no asyncio, no clock: the driver (``client/member.py``) asks
+:meth:`MemberStateMachine.next_action` what to do at time ``now_ms``, does
+it, and reports back (:meth:`receive`, :meth:`call_failed`,
+:meth:`call_abandoned`, :meth:`listener_done`). Actions are values:
+
+- :class:`Call`: send one request (join, sync, heartbeat, leave, or the
+  catalog read), bounded by ``timeout_ms``;
+- :class:`InvokeListener`: run ``on_assigned`` / ``on_revoked`` / ``on_lost``;
+- :class:`Wait`: nothing to do until ``until_ms`` (or until the caller pokes
+  the member: a subscription change, a commit's answer, ``close()``);
+- :class:`Stop`: the member is done (closed, or failed with ``error``).
+
+Exactly one action is outstanding at a time; the machine raises
+``RuntimeError`` when the driver breaks that contract (a bug, never a
+protocol outcome).
+
+States follow Kafka's ``AbstractCoordinator.MemberState``:
+JOINING (a join is due or in flight), SYNCING (the join phase completed; the
+leader reads the catalog and assigns; everyone syncs), STABLE (heartbeating),
+LEAVING, CLOSED, FAILED.
+
+Protocol outcomes go through one table, :data:`ERROR_ACTIONS`, as Kafka's
+client does (KIP-429, "For every consumer", step 1):
+
+===========================  ===============================================
+code                         action
+===========================  ===============================================
+REBALANCE_IN_PROGRESS        REJOIN: keep what is owned (cooperative), rejoin
+ILLEGAL_GENERATION           RESET_GENERATION: ``on_lost`` everything, rejoin
+UNKNOWN_MEMBER_ID            RESET_MEMBER: also forget the member id
+MEMBER_ID_REQUIRED           SET_MEMBER_ID (join): take the id, join again
+FENCED_INSTANCE_ID, ...      FATAL: ``on_lost`` everything, stop, raise
+COORDINATOR_NOT_AVAILABLE,.. RETRY: same step again after backoff + jitter
+===========================  ===============================================
+
+The safety rule: a member never believes it owns a resource past the moment
+the coordinator may have given it away. The coordinator expires a member one
+session timeout after the last request that reset its session timer, so the
+member measures from when its last successful heartbeat (or sync) was
+*sent*; when a session timeout has passed since then it calls ``on_lost`` on
+everything before anything else. A join or sync in flight suspends the rule:
+the coordinator keeps a member that is in the middle of a rebalance alive
+(Kafka's ``shouldKeepAlive``), and a successful sync moves the anchor.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from client.assignors import Assignor, RebalanceProtocol, get_assignor
+from client.errors import (
+    CommitFailedError,
+    FatalMemberError,
+    MemberClosedError,
+    NotOwnedError,
+    RebalanceInProgressError,
+    fatal_error_for,
+)
+from client.leader import AssignmentFailed, perform_assignment
+from client.transport import CATALOG_API, CatalogRequest, CatalogResponse
+from protocol.errors import ErrorCode
+from protocol.limits import MAX_HEARTBEAT_WAIT_MS, MAX_PROTOCOLS_PER_JOIN
+from protocol.messages import (
+    CommitRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinMember,
+    JoinRequest,
+    JoinResponse,
+    LeaveMember,
+    LeaveRequest,
+    LeaveResponse,
+    Scalar,
+    SyncAssignment,
+    SyncRequest,
+    SyncResponse,
+)
+from protocol.resources import PROTOCOL_TYPE, MemberMetadata, ResourceAssignment
+from protocol.validate import ValidationError
+
+__all__ = [
+    "ERROR_ACTIONS",
+    "Action",
+    "Call",
+    "CallbackKind",
+    "ErrorAction",
+    "InvokeListener",
+    "MemberConfig",
+    "MemberState",
+    "MemberStateMachine",
+    "RebalanceCompleted",
+    "RebalanceEvent",
+    "RebalanceFailed",
+    "RebalanceStarted",
+    "Resource",
+    "Stop",
+    "Wait",
+]
+
+Resource = tuple[str, int]
+
+
+class MemberState(enum.Enum):
+    JOINING = "joining"
+    SYNCING = "syncing"
+    STABLE = "stable"
+    LEAVING = "leaving"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+class CallbackKind(enum.StrEnum):
+    ASSIGNED = "assigned"
+    REVOKED = "revoked"
+    LOST = "lost"
+
+
+class ErrorAction(enum.Enum):
+    REJOIN = "rejoin"
+    RESET_GENERATION = "reset_generation"
+    RESET_MEMBER = "reset_member"
+    SET_MEMBER_ID = "set_member_id"
+    RETRY = "retry"
+    FATAL = "fatal"
+
+
+#: The one table from a protocol outcome to the member's reaction.
+ERROR_ACTIONS: dict[ErrorCode, ErrorAction] = {
+    ErrorCode.REBALANCE_IN_PROGRESS: ErrorAction.REJOIN,
+    ErrorCode.ILLEGAL_GENERATION: ErrorAction.RESET_GENERATION,
+    ErrorCode.UNKNOWN_MEMBER_ID: ErrorAction.RESET_MEMBER,
+    # Protocol calls answer UNKNOWN_MEMBER_ID for a group that does not exist;
+    # should UNKNOWN_GROUP ever come back, it means the same thing.
+    ErrorCode.UNKNOWN_GROUP: ErrorAction.RESET_MEMBER,
+    ErrorCode.MEMBER_ID_REQUIRED: ErrorAction.SET_MEMBER_ID,
+    ErrorCode.FENCED_INSTANCE_ID: ErrorAction.FATAL,
+    ErrorCode.INCONSISTENT_GROUP_PROTOCOL: ErrorAction.FATAL,
+    ErrorCode.GROUP_MAX_SIZE_REACHED: ErrorAction.FATAL,
+    ErrorCode.INVALID_SESSION_TIMEOUT: ErrorAction.FATAL,
+    ErrorCode.GROUP_AUTHORIZATION_FAILED: ErrorAction.FATAL,
+    ErrorCode.INVALID_REQUEST: ErrorAction.FATAL,
+    ErrorCode.NON_EMPTY_GROUP: ErrorAction.FATAL,  # an admin-only code: a server bug
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: ErrorAction.RETRY,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE: ErrorAction.RETRY,
+    ErrorCode.UNKNOWN_SERVER_ERROR: ErrorAction.RETRY,
+}
+
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    api: str
+    request: object
+    timeout_ms: int
+    #: a parked heartbeat may be abandoned when there is other work to do;
+    #: joins and syncs only by ``close()``.
+    interruptible: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InvokeListener:
+    kind: CallbackKind
+    resources: frozenset[Resource]
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    until_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    error: FatalMemberError | None
+
+
+Action = Call | InvokeListener | Wait | Stop
+
+
+# ---------------------------------------------------------------- events (for metrics)
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceStarted:
+    at_ms: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceCompleted:
+    at_ms: int
+    latency_ms: int
+    generation_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceFailed:
+    at_ms: int
+    reason: str
+
+
+RebalanceEvent = RebalanceStarted | RebalanceCompleted | RebalanceFailed
+
+
+# ---------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class MemberConfig:
+    group_id: str
+    sets: Sequence[str]
+    assignors: Sequence[str] = ("cooperative-sticky",)
+    group_instance_id: str | None = None
+    session_timeout_ms: int = 10_000
+    rebalance_timeout_ms: int = 60_000
+    heartbeat_interval_ms: int = 3_000
+    client_id: str | None = None
+    rack: str | None = None
+    user_data: bytes | None = None
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 1_000
+    request_timeout_ms: int = 30_000
+    #: None: leave on close if dynamic, stay if static (KIP-345: a static
+    #: member's restart within the session timeout causes no rebalance).
+    leave_on_close: bool | None = None
+    assignor_settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.group_id:
+            raise ValueError("group_id must not be empty")
+        if isinstance(self.sets, str):
+            raise ValueError("sets must be a list of set names, not a string")
+        if not self.assignors:
+            raise ValueError("assignors must name at least one assignor")
+        if len(self.assignors) > MAX_PROTOCOLS_PER_JOIN:
+            raise ValueError(f"at most {MAX_PROTOCOLS_PER_JOIN} assignors")
+        if len(set(self.assignors)) != len(self.assignors):
+            raise ValueError(f"assignors listed twice: {list(self.assignors)}")
+        if self.session_timeout_ms <= 0:
+            raise ValueError("session_timeout_ms must be positive")
+        if not 0 < self.heartbeat_interval_ms < self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms must be positive and below "
+                             "session_timeout_ms (Kafka: at most a third of it)")
+        if self.rebalance_timeout_ms <= 0:
+            raise ValueError("rebalance_timeout_ms must be positive")
+        if self.retry_backoff_ms <= 0 or self.retry_backoff_max_ms < self.retry_backoff_ms:
+            raise ValueError("need 0 < retry_backoff_ms <= retry_backoff_max_ms")
+        if self.request_timeout_ms <= 0:
+            raise ValueError("request_timeout_ms must be positive")
+        if self.group_instance_id == "":
+            raise ValueError("group_instance_id must be None or a non-empty string")
+
+
+def choose_protocol(assignors: Iterable[Assignor]) -> RebalanceProtocol:
+    """Kafka's rule (KIP-429): COOPERATIVE when every configured assignor
+    supports it, else EAGER. During the upgrade's first rolling bounce
+    (``["range", "cooperative-sticky"]``) members stay EAGER; only when
+    ``range`` is gone from the configuration does a member turn cooperative."""
+    return (RebalanceProtocol.COOPERATIVE
+            if all(RebalanceProtocol.COOPERATIVE in a.protocols for a in assignors)
+            else RebalanceProtocol.EAGER)
+
+
+def to_index_map(resources: Iterable[Resource]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for name, i in resources:
+        out.setdefault(name, []).append(i)
+    for v in out.values():
+        v.sort()
+    return out
+
+
+def from_index_map(assigned: Mapping[str, Sequence[int]]) -> frozenset[Resource]:
+    return frozenset((name, i) for name, idx in assigned.items() for i in idx)
+
+
+# ---------------------------------------------------------------- the machine
+
+
+class MemberStateMachine:
+    """One group member's protocol logic. See the module docstring."""
+
+    def __init__(self, config: MemberConfig, *,
+                 rng: Callable[[], float] | None = None) -> None:
+        self.config = config
+        self._assignors: dict[str, Assignor] = {
+            name: get_assignor(name, **dict(config.assignor_settings.get(name, {})))
+            for name in config.assignors
+        }
+        self.protocol = choose_protocol(self._assignors.values())
+        self._rng = rng or random.random
+        self.state = MemberState.JOINING
+        self.sets: tuple[str, ...] = tuple(config.sets)
+        self.member_id = ""
+        self.generation_id = -1
+        self.protocol_name: str | None = None
+        self.leader_id = ""
+        self._owned: set[Resource] = set()
+        self._owned_generation = -1
+        self._callbacks: deque[InvokeListener] = deque()
+        self._in_flight: Call | InvokeListener | None = None
+        self._in_flight_sent_ms = 0
+        # When the current state's next request is due (retries, heartbeats).
+        self._next_send_ms = 0
+        self._attempts = 0
+        self._rejoin_needed = False
+        self._rejoin_at_ms = 0
+        self._rejoin_reason = ""
+        self._join_reason = "initial join"
+        #: send time of the last request that proved our membership.
+        self._anchor_ms: int | None = None
+        # SYNCING
+        self._join_members: tuple[JoinMember, ...] = ()
+        self._skip_assignment = False
+        self._catalog: CatalogResponse | None = None
+        self._sync_request: SyncRequest | None = None
+        self._assigned_epoch: int | None = None
+        self.last_resources_epoch = 0
+        # metrics
+        self._rebalance_started_ms: int | None = None
+        self._complete_on_assigned = False
+        self._events: list[RebalanceEvent] = []
+        # closing / failure
+        self._closing = False
+        self._leave_on_close = (config.leave_on_close if config.leave_on_close is not None
+                                else config.group_instance_id is None)
+        self.failure: FatalMemberError | None = None
+        #: the latest non-fatal problem (an assignor's broken rule, ...), for logs.
+        self.last_error: str | None = None
+
+    # ------------------------------------------------------------ queries
+
+    @property
+    def owned(self) -> frozenset[Resource]:
+        return frozenset(self._owned)
+
+    @property
+    def is_leader(self) -> bool:
+        return bool(self.member_id) and self.member_id == self.leader_id
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def safety_deadline_ms(self) -> int | None:
+        """When the member must stop believing it owns anything (or None)."""
+        if not self._owned or self._anchor_ms is None or self._rule_suspended():
+            return None
+        return self._anchor_ms + self.config.session_timeout_ms
+
+    def drain_events(self) -> list[RebalanceEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def wants_interrupt(self, now_ms: int) -> bool:
+        """Should the driver abandon the call in flight (it was poked)?"""
+        if not isinstance(self._in_flight, Call):
+            return False
+        if self._in_flight.api == "leave":
+            return False
+        if self._closing:
+            return True
+        if not self._in_flight.interruptible:
+            return False
+        return bool(self._callbacks) or (self._rejoin_needed and now_ms >= self._rejoin_at_ms)
+
+    # ------------------------------------------------------------ inputs from the caller
+
+    def subscribe(self, now_ms: int, sets: Sequence[str]) -> bool:
+        """Change the subscription; returns False when it is unchanged.
+
+        KIP-429 step 1.1: revoke what is no longer subscribed (cooperative;
+        an eager member revokes everything before it rejoins anyway), then
+        rejoin with whatever is left as ``owned``.
+        """
+        self._check_open()
+        if isinstance(sets, str):
+            raise ValueError("sets must be a list of set names, not a string")
+        new = tuple(dict.fromkeys(sets))
+        if set(new) == set(self.sets):
+            return False
+        self.sets = new
+        if self.protocol is RebalanceProtocol.COOPERATIVE:
+            gone = frozenset(r for r in self._owned if r[0] not in new)
+            if gone:
+                self._callbacks.append(InvokeListener(CallbackKind.REVOKED, gone))
+        self._request_rejoin(now_ms, "subscription changed")
+        return True
+
+    def request_rejoin(self, now_ms: int, reason: str) -> None:
+        self._check_open()
+        self._request_rejoin(now_ms, reason)
+
+    def close(self, leave: bool | None = None) -> None:
+        """Start a clean shutdown: revoke what is owned, then leave the group
+        (dynamic members; static ones stay so a restart gets everything back)."""
+        if self.state in (MemberState.CLOSED, MemberState.FAILED):
+            return
+        self._closing = True
+        if leave is not None:
+            self._leave_on_close = leave
+
+    def build_commit(self, checkpoints: Mapping[Resource, Scalar]) -> CommitRequest:
+        """The commit request for ``checkpoints``; only owned resources may be
+        committed (the coordinator would fence a zombie anyway, PROTOCOL.md)."""
+        self._check_open()
+        not_owned = sorted(r for r in checkpoints if r not in self._owned)
+        if not_owned:
+            raise NotOwnedError(not_owned)
+        if self.generation_id < 0 or not self.member_id:
+            raise RebalanceInProgressError(ErrorCode.REBALANCE_IN_PROGRESS,
+                                           "commit: the member has not joined a generation yet")
+        return CommitRequest(
+            group_id=self.config.group_id, member_id=self.member_id,
+            generation_id=self.generation_id, group_instance_id=self.config.group_instance_id,
+            checkpoints=tuple((s, i, v) for (s, i), v in sorted(
+                checkpoints.items(), key=lambda kv: kv[0])),
+        )
+
+    def commit_result(self, now_ms: int, request: CommitRequest,
+                      code: ErrorCode | None) -> CommitFailedError | None:
+        """Feed a commit's outcome through the error table; return the
+        exception for the caller (None on success)."""
+        if code is None:
+            return None
+        stale = (request.generation_id != self.generation_id
+                 or request.member_id != self.member_id)
+        action = ERROR_ACTIONS.get(code, ErrorAction.RETRY)
+        if not stale and self.state is MemberState.STABLE and action is not ErrorAction.RETRY:
+            self._apply(now_ms, "commit", code, action)
+        if code is ErrorCode.REBALANCE_IN_PROGRESS:
+            return RebalanceInProgressError(code)
+        return CommitFailedError(code)
+
+    # ------------------------------------------------------------ the driver's loop
+
+    def next_action(self, now_ms: int) -> Action:
+        if self._in_flight is not None:
+            raise RuntimeError(f"next_action with {self._in_flight!r} still outstanding")
+        if self.state in (MemberState.CLOSED, MemberState.FAILED) and not self._callbacks:
+            return Stop(self.failure)
+        # The safety rule comes before anything else.
+        deadline = self.safety_deadline_ms()
+        if deadline is not None and now_ms >= deadline:
+            self._lose_all("no successful heartbeat for a session timeout")
+            self._request_rejoin(now_ms, "session timed out locally")
+        if self._callbacks:
+            return self._emit_callback()
+        if self.state in (MemberState.CLOSED, MemberState.FAILED):
+            return Stop(self.failure)
+        if self._closing and self.state is not MemberState.LEAVING:
+            return self._close_step(now_ms)
+        if self.state is MemberState.STABLE:
+            if self._rejoin_needed and now_ms >= self._rejoin_at_ms:
+                self._enter_joining(now_ms, self._rejoin_reason, at_ms=now_ms)
+            else:
+                return self._stable_step(now_ms)
+        if self.state is MemberState.JOINING:
+            return self._joining_step(now_ms)
+        if self.state is MemberState.SYNCING:
+            return self._syncing_step(now_ms)
+        raise RuntimeError(f"no action in state {self.state}")  # LEAVING is always in flight
+
+    def receive(self, now_ms: int, response: object) -> None:
+        call = self._take_call()
+        sent = self._in_flight_sent_ms
+        if call.api == "join" and isinstance(response, JoinResponse):
+            self._on_join(now_ms, sent, response)
+        elif call.api == "sync" and isinstance(response, SyncResponse):
+            self._on_sync(now_ms, sent, response)
+        elif call.api == "heartbeat" and isinstance(response, HeartbeatResponse):
+            self._on_heartbeat(now_ms, sent, response)
+        elif call.api == CATALOG_API and isinstance(response, CatalogResponse):
+            self._on_catalog(now_ms, response)
+        elif call.api == "leave" and isinstance(response, LeaveResponse):
+            self._finish_close()
+        else:
+            raise RuntimeError(f"response {type(response).__name__} to a {call.api} call")
+
+    def call_failed(self, now_ms: int, error: Exception) -> None:
+        """The call got no response: network, timeout, 5xx, or a fatal
+        transport error (400: a bug; 401/403)."""
+        call = self._take_call()
+        if isinstance(error, FatalMemberError):
+            self._fail(error)
+            return
+        self.last_error = f"{call.api}: {error}"
+        if call.api == "leave":
+            # The session timeout will remove us; do not hang on close.
+            self._finish_close()
+            return
+        self._retry_later(now_ms, call.api, str(error))
+
+    def call_abandoned(self, now_ms: int) -> None:
+        """The driver cancelled an interruptible call (a parked heartbeat)."""
+        call = self._take_call()
+        if call.api == "heartbeat":
+            self._next_send_ms = now_ms
+        elif self.state is MemberState.LEAVING:
+            self._finish_close()
+        else:
+            # A join/sync abandoned because of close(): the close step follows.
+            self._next_send_ms = now_ms
+
+    def listener_done(self, now_ms: int) -> None:
+        action = self._in_flight
+        if not isinstance(action, InvokeListener):
+            raise RuntimeError(f"listener_done with {action!r} outstanding")
+        self._in_flight = None
+        if action.kind is CallbackKind.REVOKED:
+            # KIP-429: the assignment changes only after on_revoked returned,
+            # so a commit from inside the callback is still accepted.
+            self._owned.difference_update(action.resources)
+        elif action.kind is CallbackKind.ASSIGNED and self._complete_on_assigned:
+            self._complete_on_assigned = False
+            started = self._rebalance_started_ms
+            self._rebalance_started_ms = None
+            self._events.append(RebalanceCompleted(
+                now_ms, now_ms - started if started is not None else 0, self.generation_id))
+
+    # ------------------------------------------------------------ steps
+
+    def _emit_callback(self) -> InvokeListener:
+        while self._callbacks:
+            action = self._callbacks.popleft()
+            if action.kind is CallbackKind.ASSIGNED:
+                # The assignment is ours when on_assigned runs (Kafka updates
+                # the subscription state before calling the listener).
+                self._owned.update(action.resources)
+                self._in_flight = action
+                return action
+            live = action.resources & self._owned
+            if not live:
+                continue
+            if action.kind is CallbackKind.LOST:
+                # Lost resources are gone already: no commit may claim them.
+                self._owned.difference_update(live)
+            action = InvokeListener(action.kind, frozenset(live))
+            self._in_flight = action
+            return action
+        raise RuntimeError("no callback to emit")  # callers check _callbacks first
+
+    def _close_step(self, now_ms: int) -> Action:
+        if self._owned:
+            # Kafka's onLeavePrepare: a member with a valid generation revokes.
+            self._callbacks.append(InvokeListener(CallbackKind.REVOKED, frozenset(self._owned)))
+            return self._emit_callback()
+        if self._leave_on_close and self.member_id:
+            self.state = MemberState.LEAVING
+            request = LeaveRequest(self.config.group_id, (LeaveMember(
+                self.member_id, self.config.group_instance_id, "the member is closing"),))
+            return self._send(now_ms, Call("leave", request, self.config.request_timeout_ms))
+        self._finish_close()
+        return Stop(None)
+
+    def _stable_step(self, now_ms: int) -> Action:
+        wake = [self._next_send_ms]
+        if self._rejoin_needed:
+            wake.append(self._rejoin_at_ms)
+        deadline = self.safety_deadline_ms()
+        if deadline is not None:
+            wake.append(deadline)
+        if now_ms < self._next_send_ms:
+            return Wait(min(wake))
+        wait_ms = min(self.config.heartbeat_interval_ms, MAX_HEARTBEAT_WAIT_MS)
+        if self._rejoin_needed:
+            wait_ms = max(0, min(wait_ms, self._rejoin_at_ms - now_ms))
+        timeout = wait_ms + self.config.request_timeout_ms
+        if deadline is not None:
+            timeout = min(timeout, deadline - now_ms)
+        request = HeartbeatRequest(self.config.group_id, self.member_id, self.generation_id,
+                                   self.config.group_instance_id, wait_ms)
+        return self._send(now_ms, Call("heartbeat", request, max(1, timeout), interruptible=True))
+
+    def _joining_step(self, now_ms: int) -> Action:
+        if now_ms < self._next_send_ms:
+            deadline = self.safety_deadline_ms()
+            return Wait(self._next_send_ms if deadline is None
+                        else min(self._next_send_ms, deadline))
+        if self.protocol is RebalanceProtocol.EAGER and self._owned:
+            # KIP-429, eager: on_revoked on the full set before the join.
+            self._callbacks.append(InvokeListener(CallbackKind.REVOKED, frozenset(self._owned)))
+            return self._emit_callback()
+        self._rejoin_needed = False
+        if self._rebalance_started_ms is None:
+            self._events.append(RebalanceStarted(now_ms, self._join_reason))
+            self._rebalance_started_ms = now_ms
+        metadata = MemberMetadata(
+            sets=self.sets,
+            owned=to_index_map(self._owned),
+            generation=self._owned_generation if self._owned else -1,
+            rack=self.config.rack,
+            user_data=self.config.user_data,
+        ).encode()
+        request = JoinRequest(
+            group_id=self.config.group_id, member_id=self.member_id,
+            protocol_type=PROTOCOL_TYPE,
+            protocols=tuple((name, metadata) for name in self.config.assignors),
+            session_timeout_ms=self.config.session_timeout_ms,
+            rebalance_timeout_ms=self.config.rebalance_timeout_ms,
+            group_instance_id=self.config.group_instance_id,
+            client_id=self.config.client_id, reason=self._join_reason,
+        )
+        return self._send(now_ms, Call("join", request, self._rebalance_call_timeout()))
+
+    def _syncing_step(self, now_ms: int) -> Action:
+        if now_ms < self._next_send_ms:
+            return Wait(self._next_send_ms)
+        needs_assignment = self.is_leader and not self._skip_assignment
+        if needs_assignment and self._sync_request is None:
+            if self._catalog is None:
+                return self._send(now_ms, Call(CATALOG_API, CatalogRequest(),
+                                               self.config.request_timeout_ms))
+            self._sync_request = self._leader_sync_request(now_ms, self._catalog)
+        if self._sync_request is None:
+            self._sync_request = SyncRequest(
+                self.config.group_id, self.member_id, self.generation_id, (),
+                self.config.group_instance_id, PROTOCOL_TYPE, self.protocol_name)
+        return self._send(now_ms, Call("sync", self._sync_request,
+                                       self._rebalance_call_timeout()))
+
+    def _leader_sync_request(self, now_ms: int, catalog: CatalogResponse) -> SyncRequest:
+        name = self.protocol_name or ""
+        assignor = self._assignors.get(name)
+        if assignor is None:
+            failure = f"the group chose protocol {name!r}, which this member does not have"
+            assignments: dict[str, ResourceAssignment] = {
+                m.member_id: ResourceAssignment(error=failure) for m in self._join_members}
+        else:
+            try:
+                result = perform_assignment(assignor, catalog.resources, self._join_members)
+            except AssignmentFailed as exc:
+                failure = str(exc)
+                assignments = {m.member_id: ResourceAssignment(error=failure)
+                               for m in self._join_members}
+            else:
+                assignments = result.assignments
+                failure = "; ".join(result.undecodable.values())
+        if failure:
+            self.last_error = failure
+        self._assigned_epoch = catalog.resources_epoch
+        return SyncRequest(
+            self.config.group_id, self.member_id, self.generation_id,
+            tuple(SyncAssignment(m, a.encode()) for m, a in sorted(assignments.items())),
+            self.config.group_instance_id, PROTOCOL_TYPE, self.protocol_name)
+
+    # ------------------------------------------------------------ responses
+
+    def _on_join(self, now_ms: int, sent_ms: int, resp: JoinResponse) -> None:
+        if resp.error is ErrorCode.MEMBER_ID_REQUIRED:
+            # PROTOCOL.md: a dynamic member's first join gets its id this way;
+            # owned is empty at this point, join again at once.
+            if resp.member_id:
+                self.member_id = resp.member_id
+            self._next_send_ms = now_ms
+            return
+        if resp.error is not None:
+            self._apply(now_ms, "join", resp.error)
+            return
+        self._attempts = 0
+        # The coordinator restarts our session timer when the join phase
+        # completes, which is no earlier than when we sent the join.
+        self._anchor_ms = max(self._anchor_ms or sent_ms, sent_ms)
+        self.member_id = resp.member_id or self.member_id
+        self.generation_id = resp.generation_id
+        self.protocol_name = resp.protocol_name
+        self.leader_id = resp.leader
+        self._join_members = resp.members
+        self._skip_assignment = resp.skip_assignment
+        self._catalog = None
+        self._sync_request = None
+        self.state = MemberState.SYNCING
+        self._next_send_ms = now_ms
+
+    def _on_catalog(self, now_ms: int, resp: CatalogResponse) -> None:
+        self._attempts = 0
+        self._catalog = resp
+        self._next_send_ms = now_ms
+
+    def _on_sync(self, now_ms: int, sent_ms: int, resp: SyncResponse) -> None:
+        if resp.error is not None:
+            self._apply(now_ms, "sync", resp.error)
+            return
+        self._attempts = 0
+        self._anchor_ms = sent_ms
+        self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
+        self.state = MemberState.STABLE
+        self._next_send_ms = now_ms  # start the heartbeat long-poll at once
+        try:
+            assignment = ResourceAssignment.decode(resp.assignment)
+        except ValidationError as exc:
+            assignment = ResourceAssignment(error=f"assignment undecodable: {exc}")
+        if assignment.error is not None:
+            # The leader could not assign (a broken assignor, our metadata
+            # unreadable): keep what we own (it was validly ours and is still
+            # claimed in our metadata), count a failed rebalance, retry.
+            self.last_error = f"rebalance failed: {assignment.error}"
+            self._fail_rebalance(now_ms, self.last_error)
+            self._request_rejoin(now_ms, "previous rebalance failed", self._backoff_ms())
+            return
+        new = from_index_map(assignment.assigned)
+        revoked = frozenset(self._owned - new)
+        added = frozenset(new - self._owned)
+        if revoked:
+            # Eager members own nothing here; a cooperative member gives up
+            # what moves and rejoins at once so the follow-up rebalance can
+            # hand it to its new owner (KIP-429 step 3.3).
+            self._callbacks.append(InvokeListener(CallbackKind.REVOKED, revoked))
+            self._request_rejoin(now_ms, "revoked resources move to their new owner")
+        self._owned_generation = self.generation_id
+        self._callbacks.append(InvokeListener(CallbackKind.ASSIGNED, added))
+        self._complete_on_assigned = True
+        if assignment.delay_ms > 0:
+            # Deferred imbalance resolution (KIP-415 / incremental cooperative).
+            self._request_rejoin(now_ms, "assignor asked for a delayed rebalance",
+                                 assignment.delay_ms)
+        if self.is_leader:
+            if self._skip_assignment or self._assigned_epoch is None:
+                self._assigned_epoch = resp.resources_epoch
+            elif resp.resources_epoch > self._assigned_epoch:
+                self._request_rejoin(now_ms, "resource catalog changed during the rebalance")
+
+    def _on_heartbeat(self, now_ms: int, sent_ms: int, resp: HeartbeatResponse) -> None:
+        if resp.error is not None:
+            self._apply(now_ms, "heartbeat", resp.error)
+            return
+        self._attempts = 0
+        self._anchor_ms = sent_ms
+        self._next_send_ms = max(now_ms, sent_ms + self.config.heartbeat_interval_ms)
+        self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
+        if (self.is_leader and self._assigned_epoch is not None
+                and resp.resources_epoch > self._assigned_epoch):
+            # PROTOCOL.md: the coordinator does not rebalance on catalog
+            # changes; the leader rejoins so the new catalog is assigned.
+            self._request_rejoin(now_ms, "resource catalog changed")
+
+    # ------------------------------------------------------------ the error table
+
+    def _apply(self, now_ms: int, api: str, code: ErrorCode,
+               action: ErrorAction | None = None) -> None:
+        action = action or ERROR_ACTIONS.get(code, ErrorAction.RETRY)
+        in_rebalance = api in ("join", "sync")
+        if in_rebalance and action is not ErrorAction.RETRY:
+            self._fail_rebalance(now_ms, f"{api}: {code.value}")
+        if action is ErrorAction.REJOIN:
+            self._enter_joining(now_ms, f"{api}: {code.value}",
+                                at_ms=now_ms + (self._backoff_ms() if api == "join" else 0))
+        elif action in (ErrorAction.RESET_GENERATION, ErrorAction.RESET_MEMBER,
+                        ErrorAction.SET_MEMBER_ID):
+            # KIP-429 step 1.4: we are out of the generation; whatever we own
+            # may be someone else's already.
+            self._lose_all(f"{api}: {code.value}")
+            self.generation_id = -1
+            self._owned_generation = -1
+            if action is not ErrorAction.RESET_GENERATION:
+                self.member_id = ""
+            self._enter_joining(now_ms, f"{api}: {code.value}",
+                                at_ms=now_ms + (self._backoff_ms() if api == "join" else 0))
+        elif action is ErrorAction.FATAL:
+            self._fail(fatal_error_for(code, api))
+        else:
+            self._retry_later(now_ms, api, code.value)
+
+    def _retry_later(self, now_ms: int, api: str, reason: str) -> None:
+        # The same step again after a backoff: a join is rebuilt, a sync is
+        # re-sent as is (the coordinator answers a repeated sync with the
+        # stored assignment, PROTOCOL.md "Durability"), a heartbeat is retried.
+        if api in ("join", "sync", CATALOG_API):
+            self._fail_rebalance(now_ms, f"{api}: {reason}")
+        self._next_send_ms = now_ms + self._backoff_ms()
+
+    # ------------------------------------------------------------ helpers
+
+    def _send(self, now_ms: int, call: Call) -> Call:
+        self._in_flight = call
+        self._in_flight_sent_ms = now_ms
+        return call
+
+    def _take_call(self) -> Call:
+        call = self._in_flight
+        if not isinstance(call, Call):
+            raise RuntimeError(f"no call outstanding (have {call!r})")
+        self._in_flight = None
+        return call
+
+    def _rule_suspended(self) -> bool:
+        # The coordinator keeps a member in the middle of join/sync alive; a
+        # failed attempt ends the exemption (we may be cut off).
+        if isinstance(self._in_flight, Call) and self._in_flight.api in ("join", "sync"):
+            return True
+        return self.state is MemberState.SYNCING and self._attempts == 0
+
+    def _rebalance_call_timeout(self) -> int:
+        # Kafka: a join may park for the whole rebalance timeout.
+        return self.config.rebalance_timeout_ms + max(5_000, self.config.session_timeout_ms)
+
+    def _backoff_ms(self) -> int:
+        """Exponential backoff with +-20% jitter (Kafka's retry.backoff)."""
+        self._attempts += 1
+        base = min(self.config.retry_backoff_max_ms,
+                   self.config.retry_backoff_ms * 2 ** min(self._attempts - 1, 20))
+        return max(1, int(base * (0.8 + 0.4 * self._rng())))
+
+    def _request_rejoin(self, now_ms: int, reason: str, delay_ms: int = 0) -> None:
+        at = now_ms + max(0, delay_ms)
+        if self._rejoin_needed:
+            self._rejoin_at_ms = min(self._rejoin_at_ms, at)
+        else:
+            self._rejoin_needed = True
+            self._rejoin_at_ms = at
+            self._rejoin_reason = reason
+
+    def _enter_joining(self, now_ms: int, reason: str, *, at_ms: int) -> None:
+        if self.state is not MemberState.JOINING or self._rebalance_started_ms is None:
+            self._events.append(RebalanceStarted(now_ms, reason))
+            self._rebalance_started_ms = now_ms
+        self.state = MemberState.JOINING
+        self._join_reason = reason
+        self._rejoin_needed = False
+        self._next_send_ms = at_ms
+        self._complete_on_assigned = False
+
+    def _fail_rebalance(self, now_ms: int, reason: str) -> None:
+        if self._rebalance_started_ms is not None or self.state is MemberState.SYNCING:
+            self._events.append(RebalanceFailed(now_ms, reason))
+        self._rebalance_started_ms = None
+
+    def _lose_all(self, reason: str) -> None:
+        # Losing everything supersedes whatever callbacks were pending: a
+        # revocation of something lost, or an assignment of a generation we
+        # are no longer part of.
+        self._callbacks.clear()
+        self._complete_on_assigned = False
+        if self._owned:
+            self._callbacks.append(InvokeListener(CallbackKind.LOST, frozenset(self._owned)))
+        self.last_error = reason
+
+    def _fail(self, error: FatalMemberError) -> None:
+        self._lose_all(str(error))
+        self.failure = error
+        self.state = MemberState.FAILED
+        self._rejoin_needed = False
+
+    def _finish_close(self) -> None:
+        self.state = MemberState.CLOSED
+
+    def _check_open(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+        if self._closing or self.state is MemberState.CLOSED:
+            raise MemberClosedError("the member is closed")
+
+
