@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
 
 from coordinator.config import SETTINGS, ConfigError, ServerConfig, resolve
 
@@ -66,7 +65,7 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     from aiohttp import web
 
     from coordinator import auth, tls
-    from coordinator.core import GroupCoordinator  # type: ignore[attr-defined]
+    from coordinator.core import GroupCoordinator
     from coordinator.http.app import build_app
     from coordinator.metrics import Metrics
     from coordinator.runtime.clock import WallClock
@@ -87,7 +86,7 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     if (warning := auth.startup_warning(config.host, tokens is not None)) is not None:
         log.warning("%s", warning)
 
-    core: Any = GroupCoordinator(config.core_config())
+    core = GroupCoordinator(config.core_config())
     metrics = Metrics()
     metrics.watch_core(core.state_counts, core.member_count)
     runtime = Runtime(core, storage, WallClock(), metrics)

@@ -56,7 +56,7 @@ from protocol.messages import (
 )
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import ResourceAssignment
-from protocol.validate import ValidationError, check_int, check_string
+from protocol.validate import Fields, ValidationError, check_string
 
 log = logging.getLogger("groupcoord.http")
 
@@ -261,7 +261,7 @@ async def put_resource(request: web.Request) -> web.StreamResponse:
     if not isinstance(doc, dict):
         raise Refused(400, 'body: expected an object {"partitions": N}')
     try:
-        partitions = check_int(doc.get("partitions"), "partitions", lo=1, hi=MAX_PARTITIONS)
+        partitions = Fields(doc).integer("partitions", lo=1, hi=MAX_PARTITIONS)
     except ValidationError as exc:
         raise Refused(400, str(exc)) from None
     result = await request.app[RUNTIME_KEY].call(lambda rid: PutResource(rid, name, partitions))

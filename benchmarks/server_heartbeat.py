@@ -1,0 +1,144 @@
+"""Heartbeat throughput and latency of one ``groupcoord serve`` process.
+
+For each member count, starts the server pinned to one CPU, forms groups of
+``--group-size`` members (join, rejoin with the member id, sync), then drives
+heartbeats from wrk (pinned to another CPU, another process) with
+``wrk_heartbeat.lua``, cycling through every member. The same wrk run against
+``server_echo.py`` (a bare aiohttp msgpack endpoint on the same CPU) gives the
+ceiling; the ratio shows what the coordinator costs on top of HTTP + msgpack.
+
+    .venv/bin/python benchmarks/server_heartbeat.py --members 1000 10000
+
+Target (issue 2): >= 8,000 heartbeats/s at p99 < 20 ms on one core. wrk is a
+closed-loop generator (no coordinated-omission correction): latency is
+measured at the throughput the server sustains with ``--connections`` open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _server_common import (
+    BenchMember,
+    Server,
+    client_session,
+    form_group,
+    pinned,
+    post,
+    start_groupcoord,
+)
+
+HERE = Path(__file__).resolve().parent
+SESSION_MS = 120_000
+_RESULT = re.compile(r"RESULT (.*)")
+
+
+async def form_groups(url: str, members: int, group_size: int, parallel_groups: int
+                      ) -> list[BenchMember]:
+    out: list[BenchMember] = []
+    groups = [f"bench-{i:05d}" for i in range((members + group_size - 1) // group_size)]
+    async with client_session() as http:
+        for start in range(0, len(groups), parallel_groups):
+            batch = groups[start:start + parallel_groups]
+            sizes = [min(group_size, members - (start + i) * group_size)
+                     for i in range(len(batch))]
+            formed = await asyncio.gather(*(form_group(http, url, g, n, SESSION_MS)
+                                            for g, n in zip(batch, sizes, strict=True)))
+            for group in formed:
+                out.extend(group)
+        # Every member heartbeats fine before the measured run.
+        for m in out[:: max(1, len(out) // 50)]:
+            answer = await post(http, url, "heartbeat", m.heartbeat_body())
+            assert answer["error"] is None, answer
+    return out
+
+
+def write_bodies(members: list[BenchMember], path: str) -> None:
+    with open(path, "wb") as fh:
+        for m in members:
+            body = msgpack.packb(m.heartbeat_body(), use_bin_type=True)
+            fh.write(struct.pack(">H", len(body)) + body)
+
+
+def run_wrk(url: str, bodies: str, args: argparse.Namespace) -> dict[str, int]:
+    cmd = pinned(args.wrk_cpu, ["wrk", "-t", str(args.threads), "-c", str(args.connections),
+                                "-d", f"{args.duration}s", "--timeout", "5s",
+                                "-s", str(HERE / "wrk_heartbeat.lua"), url])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration + 60,
+                          env={**os.environ, "GROUPCOORD_BODIES": bodies})
+    m = _RESULT.search(done.stdout)
+    if m is None:
+        raise RuntimeError(f"wrk printed no RESULT line:\n{done.stdout}\n{done.stderr}")
+    return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+
+
+def summary(label: str, r: dict[str, int]) -> tuple[str, float]:
+    rps = r["requests"] / (r["duration_us"] / 1e6)
+    line = (f"{label:<28} {rps:>10,.0f}/s  p50 {r['p50_us'] / 1000:6.2f} ms  "
+            f"p90 {r['p90_us'] / 1000:6.2f} ms  p99 {r['p99_us'] / 1000:6.2f} ms  "
+            f"max {r['max_us'] / 1000:7.2f} ms  failures {r['failures']}  "
+            f"socket errors {r['socket_errors']}")
+    return line, rps
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--members", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--group-size", type=int, default=100)
+    parser.add_argument("--parallel-groups", type=int, default=20)
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--server-cpu", type=int, default=0)
+    parser.add_argument("--wrk-cpu", type=int, default=1)
+    args = parser.parse_args()
+
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}  wrk -t{args.threads} -c{args.connections} "
+          f"-d{args.duration}s; server on CPU {args.server_cpu}, wrk on CPU {args.wrk_cpu}")
+    with tempfile.TemporaryDirectory() as tmp:
+        bodies = os.path.join(tmp, "bodies.bin")
+        results: list[tuple[str, float]] = []
+        for n in args.members:
+            server, db_dir = start_groupcoord(args.server_cpu, initial_rebalance_delay_ms=1000,
+                                              min_session_timeout_ms=1000)
+            try:
+                t0 = time.perf_counter()
+                members = asyncio.run(form_groups(server.url, n, args.group_size,
+                                                  args.parallel_groups))
+                print(f"# {n} members in {len(members) // args.group_size} groups formed in "
+                      f"{time.perf_counter() - t0:.1f} s")
+                write_bodies(members, bodies)
+                results.append(summary(f"groupcoord, {n:,} members",
+                                       run_wrk(server.url, bodies, args)))
+                print(results[-1][0], flush=True)
+            finally:
+                status = server.stop()
+                db_dir.cleanup()
+                if status != 0:
+                    print(f"# server exited with status {status}")
+        echo = Server([sys.executable, str(HERE / "server_echo.py")], args.server_cpu)
+        try:
+            echo_line, echo_rps = summary("bare aiohttp msgpack echo",
+                                          run_wrk(echo.url, bodies, args))
+        finally:
+            echo.stop()
+        print(echo_line)
+        for label, rps in results:
+            print(f"ratio {label}: {rps / echo_rps:.2f} of the bare echo endpoint")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""A 1,000-member group rebalancing: from the last join to every member's sync answer.
+
+Forms one group of ``--members`` members (server pinned to one CPU), then runs
+``--rounds`` rebalances: every member sends its join at once (a known member
+rejoining starts a rebalance; the join phase completes when all have
+rejoined), the leader answers with a trivial assignment as soon as its join
+answer arrives, every follower syncs as soon as its own arrives. Measured from
+the moment the last join request's headers were written on its socket (aiohttp
+trace) to the moment the last member holds its sync answer. The load is
+generated from this process (Python client), so the figure includes
+client-side overhead.
+
+    .venv/bin/python benchmarks/server_join.py --members 1000 --rounds 5
+
+Target (issue 2): < 500 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _server_common import (
+    BenchMember,
+    client_session,
+    form_group,
+    post,
+    start_groupcoord,
+)
+
+SESSION_MS = 120_000
+
+
+async def run(url: str, n: int, rounds: int) -> list[tuple[float, float]]:
+    async with client_session() as http:
+        members = await form_group(http, url, "bench-join", n, SESSION_MS)
+    out = []
+    sent: list[float] = []
+    for _ in range(rounds):
+        out.append(await one_round(url, members, sent))
+    return out
+
+
+async def one_round(url: str, members: list[BenchMember], sent: list[float]
+                           ) -> tuple[float, float]:
+    trace = aiohttp.TraceConfig()
+
+    async def on_headers(_s: Any, _ctx: SimpleNamespace, params: Any) -> None:
+        if params.url.path.endswith("/join"):
+            sent.append(time.perf_counter())
+
+    trace.on_request_headers_sent.append(on_headers)
+    sent.clear()
+    synced: list[float] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, trace_configs=[trace],
+                                     timeout=aiohttp.ClientTimeout(total=120)) as http:
+        # Open the connections first so connection set-up is not measured.
+        await asyncio.gather(*(post(http, url, "heartbeat", m.heartbeat_body())
+                               for m in members))
+        sent.clear()
+
+        async def rebalance(m: BenchMember) -> None:
+            answer = await post(http, url, "join", m.join_body(SESSION_MS))
+            assert answer["error"] is None, answer
+            m.generation_id = answer["generation_id"]
+            m.leader = answer["leader"]
+            m.peers = [p["member_id"] for p in answer["members"]]
+            answer = await post(http, url, "sync", m.sync_body())
+            assert answer["error"] is None, answer
+            synced.append(time.perf_counter())
+
+        await asyncio.gather(*(rebalance(m) for m in members))
+    first_join = min(sent)
+    return max(synced) - max(sent), max(synced) - first_join
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--members", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--server-cpu", type=int, default=0)
+    args = parser.parse_args()
+    server, db_dir = start_groupcoord(args.server_cpu, initial_rebalance_delay_ms=2000,
+                                      min_session_timeout_ms=1000)
+    try:
+        results = asyncio.run(run(server.url, args.members, args.rounds))
+    finally:
+        server.stop()
+        db_dir.cleanup()
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {args.members} members, "
+          f"server on CPU {args.server_cpu}")
+    for i, (after_last, after_first) in enumerate(results, 1):
+        print(f"round {i}: last join -> all synced {after_last * 1000:7.1f} ms   "
+              f"(first join -> all synced {after_first * 1000:7.1f} ms)")
+    lasts = [r[0] * 1000 for r in results]
+    print(f"last join -> all synced: median {statistics.median(lasts):.1f} ms, "
+          f"max {max(lasts):.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""The runtime with the real core, a fake clock and a real SQLite file.
+
+What a user relies on: a reply is never released before the write it depends
+on is committed; writes issued while one is in flight share the next
+transaction; timers re-armed are not fired early; a storage failure stops
+service instead of serving state that a restart would not reproduce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.core.commands import Cancelled, Command, Commit, Heartbeat, Join, Sync
+from coordinator.core.config import CoreConfig
+from coordinator.core.records import Record, Snapshot
+from coordinator.metrics import Metrics
+from coordinator.runtime.clock import FakeClock
+from coordinator.runtime.runtime import Answer, Runtime
+from coordinator.storage.sqlite import Storage, StorageError
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    CommitRequest,
+    HeartbeatRequest,
+    JoinRequest,
+    JoinResponse,
+    SyncAssignment,
+    SyncRequest,
+)
+
+core_module = pytest.importorskip("coordinator.core.coordinator")
+GroupCoordinator = core_module.GroupCoordinator
+
+CONFIG = CoreConfig(min_session_timeout_ms=100, max_session_timeout_ms=60_000,
+                    initial_rebalance_delay_ms=0)
+SESSION_MS = 10_000
+
+
+class HeldStorage:
+    """The real storage, with a gate: writes wait until the test opens it."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.batches: list[list[Record]] = []
+        self.fail_with: Exception | None = None
+        self.waiting = asyncio.Event()
+
+    async def load(self) -> Snapshot:
+        return await self.inner.load()
+
+    async def write(self, records: Sequence[Record]) -> float:
+        self.batches.append(list(records))
+        self.waiting.set()
+        await self.gate.wait()
+        self.waiting.clear()
+        if self.fail_with is not None:
+            raise self.fail_with
+        return await self.inner.write(records)
+
+
+class SpyCore:
+    """The real core; remembers every command it was given."""
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+        self.commands: list[Command] = []
+
+    def handle(self, now_ms: int, command: Command) -> Any:
+        self.commands.append(command)
+        return self.core.handle(now_ms, command)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.core, name)
+
+
+@dataclass
+class Harness:
+    runtime: Runtime
+    clock: FakeClock
+    storage: HeldStorage
+    core: SpyCore
+    metrics: Metrics
+
+    def join(self, member_id: str = "", group: str = "g", instance: str | None = None
+             ) -> asyncio.Task[Answer]:
+        req = JoinRequest(group_id=group, member_id=member_id, protocol_type="resources",
+                          protocols=(("range", b"meta"),), session_timeout_ms=SESSION_MS,
+                          rebalance_timeout_ms=SESSION_MS, group_instance_id=instance,
+                          client_id="test")
+        return asyncio.ensure_future(self.runtime.call(
+            lambda rid: Join(rid, req, "127.0.0.1", f"test-{rid:032x}")))
+
+    def sync(self, member_id: str, generation: int, assignments: dict[str, bytes] | None = None,
+             group: str = "g") -> asyncio.Task[Answer]:
+        req = SyncRequest(group_id=group, member_id=member_id, generation_id=generation,
+                          assignments=tuple(SyncAssignment(m, a)
+                                            for m, a in (assignments or {}).items()))
+        return asyncio.ensure_future(self.runtime.call(lambda rid: Sync(rid, req)))
+
+    def heartbeat(self, member_id: str, generation: int, group: str = "g") -> asyncio.Task[Answer]:
+        req = HeartbeatRequest(group_id=group, member_id=member_id, generation_id=generation)
+        return asyncio.ensure_future(self.runtime.call(lambda rid: Heartbeat(rid, req)))
+
+    def commit(self, member_id: str, generation: int, value: int,
+               group: str = "g") -> asyncio.Task[Answer]:
+        req = CommitRequest(group_id=group, member_id=member_id, generation_id=generation,
+                            checkpoints=(("orders", 0, value),))
+        return asyncio.ensure_future(self.runtime.call(lambda rid: Commit(rid, req)))
+
+    async def stable_member(self, group: str = "g") -> tuple[str, int]:
+        """One dynamic member through join, rejoin and sync: (member_id, generation)."""
+        first = await self.join(group=group)
+        assert isinstance(first, JoinResponse)
+        assert first.error is ErrorCode.MEMBER_ID_REQUIRED
+        joining = self.join(first.member_id, group=group)
+        await settle()
+        self.clock.advance(0)  # the (zero) initial rebalance delay
+        joined = await asyncio.wait_for(joining, 5)
+        assert isinstance(joined, JoinResponse) and joined.error is None, joined
+        synced = await asyncio.wait_for(
+            self.sync(joined.member_id, joined.generation_id, {joined.member_id: b"A"},
+                      group=group), 5)
+        assert synced.error is None, synced
+        return joined.member_id, joined.generation_id
+
+
+async def settle() -> None:
+    """Let ready tasks run (the runtime's steps are synchronous between awaits)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def make_harness(path: Path) -> Harness:
+    storage = HeldStorage(await Storage.open(path))
+    clock = FakeClock()
+    core = SpyCore(GroupCoordinator(CONFIG))
+    metrics = Metrics()
+    runtime = Runtime(core, storage, clock, metrics)
+    await runtime.start()
+    return Harness(runtime, clock, storage, core, metrics)
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    h = await make_harness(tmp_path / "g.db")
+    yield h
+    h.storage.gate.set()
+    await h.runtime.stop()
+    await h.storage.inner.close()
+
+
+async def test_calls_before_start_answer_load_in_progress(tmp_path: Path) -> None:
+    storage = await Storage.open(tmp_path / "g.db")
+    try:
+        runtime = Runtime(GroupCoordinator(CONFIG), storage, FakeClock())
+        req = HeartbeatRequest(group_id="g", member_id="m", generation_id=1)
+        answer = await runtime.call(lambda rid: Heartbeat(rid, req))
+        assert answer.error is ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+    finally:
+        await storage.close()
+
+
+async def test_reply_waits_for_its_commit(harness: Harness) -> None:
+    first = await harness.join()
+    assert first.error is ErrorCode.MEMBER_ID_REQUIRED
+    harness.storage.gate.clear()
+    joining = harness.join(first.member_id)
+    await settle()
+    harness.clock.advance(0)
+    await asyncio.wait_for(harness.storage.waiting.wait(), 5)
+    await settle()
+    # The generation is formed in memory and its record handed to storage,
+    # but the transaction has not committed: the join answer is held.
+    assert not joining.done()
+    assert harness.runtime.pending_writes >= 1
+    loaded = await harness.storage.inner.load()
+    assert loaded.groups == ()
+    harness.storage.gate.set()
+    joined = await asyncio.wait_for(joining, 5)
+    assert joined.error is None and joined.generation_id == 1
+    # ...and once released, the generation is on disk.
+    loaded = await harness.storage.inner.load()
+    assert [(g.group_id, g.generation_id) for g in loaded.groups] == [("g", 1)]
+
+
+async def test_writes_during_a_commit_share_the_next_transaction(harness: Harness) -> None:
+    member, generation = await harness.stable_member()
+    batches_before = len(harness.storage.batches)
+    harness.storage.gate.clear()
+    first = harness.commit(member, generation, 1)
+    await asyncio.wait_for(harness.storage.waiting.wait(), 5)
+    later = [harness.commit(member, generation, v) for v in (2, 3, 4)]
+    await settle()
+    assert not first.done() and not any(t.done() for t in later)
+    # A heartbeat issued now depends on nothing new, but it follows writes
+    # that are not committed yet: it waits for them too.
+    beat = harness.heartbeat(member, generation)
+    await settle()
+    assert not beat.done()
+    harness.storage.gate.set()
+    answers = await asyncio.wait_for(asyncio.gather(first, *later, beat), 5)
+    assert [a.error for a in answers] == [None] * 5
+    # Three commits collected while the first was in flight: one transaction.
+    assert len(harness.storage.batches) == batches_before + 2
+    assert len(harness.storage.batches[-1]) == 3
+    loaded = await harness.storage.inner.load()
+    assert loaded.checkpoints["g"] == {("orders", 0): 4}
+
+
+async def test_heartbeat_rearms_the_session_timer(harness: Harness) -> None:
+    member, generation = await harness.stable_member()
+    harness.clock.advance(SESSION_MS - 1)
+    assert (await harness.heartbeat(member, generation)).error is None
+    # Past the first deadline: that firing is stale and dropped.
+    harness.clock.advance(SESSION_MS // 2)
+    await settle()
+    assert (await harness.heartbeat(member, generation)).error is None
+    assert harness.metrics.session_expiries._value.get() == 0
+    # No heartbeat for a whole session: the member expires.
+    harness.clock.advance(SESSION_MS + 1)
+    await settle()
+    assert harness.metrics.session_expiries._value.get() == 1
+    answer = await harness.heartbeat(member, generation)
+    assert answer.error is ErrorCode.UNKNOWN_MEMBER_ID
+
+
+async def test_a_caller_going_away_cancels_its_parked_request(harness: Harness) -> None:
+    member, generation = await harness.stable_member()
+    # A second member joins: the group rebalances and the new member's join parks
+    # until the first one rejoins.
+    first = await harness.join()
+    parked = harness.join(first.member_id)
+    await settle()
+    assert not parked.done()
+    parked.cancel()
+    await settle()
+    cancels = [c for c in harness.core.commands if isinstance(c, Cancelled)]
+    assert len(cancels) == 1
+    # A request that already has its answer is not reported as cancelled.
+    done = harness.heartbeat(member, generation)
+    await asyncio.wait_for(done, 5)
+    assert len([c for c in harness.core.commands if isinstance(c, Cancelled)]) == 1
+
+
+async def test_storage_failure_stops_service(harness: Harness) -> None:
+    member, generation = await harness.stable_member()
+    harness.storage.gate.clear()
+    harness.storage.fail_with = StorageError("disk full")
+    committing = harness.commit(member, generation, 7)
+    await asyncio.wait_for(harness.storage.waiting.wait(), 5)
+    harness.storage.gate.set()
+    answer = await asyncio.wait_for(committing, 5)
+    assert answer.error is ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert harness.runtime.failed.is_set()
+    assert not harness.runtime.ready
+    later = await harness.heartbeat(member, generation)
+    assert later.error is ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert harness.metrics.storage_failures._value.get() == 1
+    # Disk kept the state from before the failed write.
+    loaded = await harness.storage.inner.load()
+    assert "g" not in loaded.checkpoints
+
+
+async def test_restart_resumes_a_stable_group(tmp_path: Path) -> None:
+    h = await make_harness(tmp_path / "g.db")
+    member, generation = await h.stable_member()
+    assert (await h.commit(member, generation, 42)).error is None
+    await h.runtime.stop()
+    await h.storage.inner.close()
+
+    h2 = await make_harness(tmp_path / "g.db")
+    try:
+        assert (await h2.heartbeat(member, generation)).error is None
+        synced = await asyncio.wait_for(h2.sync(member, generation), 5)
+        assert synced.error is None and synced.assignment == b"A"
+        # No rebalance happened: no state change away from Stable was applied.
+        assert h2.core.describe_group("g").state == "Stable"
+        assert h2.core.describe_group("g").generation_id == generation
+    finally:
+        await h2.runtime.stop()
+        await h2.storage.inner.close()
