@@ -5,3 +5,8 @@ whole interface for changes; ``restore(snapshot, now_ms)`` rebuilds it from
 storage; ``list_groups()``, ``describe_group()``, ``catalog()``,
 ``resources_epoch``, ``state_counts()`` and ``member_count()`` are read-only.
 """
+
+from coordinator.core.config import CoreConfig
+from coordinator.core.coordinator import GroupCoordinator
+
+__all__ = ["CoreConfig", "GroupCoordinator"]

@@ -22,8 +22,11 @@ class AdminResult:
 
     error: ErrorCode | None
     resources_epoch: int = 0
-    #: False when the named object (a resource set) does not exist: HTTP 404.
+    #: False when the named object (a resource set, or a group for
+    #: ``DeleteGroup``, whose ``error`` is then ``UNKNOWN_GROUP``) does not exist: HTTP 404.
     found: bool = True
+    #: with ``error`` ``INVALID_REQUEST``: what is wrong, naming the field (HTTP 400 message).
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,85 @@
+"""Admin commands: delete a group, and the resource catalog (PROTOCOL.md, "Admin").
+
+The catalog is one for the whole coordinator; every change bumps
+``resources_epoch``, which heartbeat and sync responses carry. The coordinator
+never rebalances on a catalog change: the leader rejoins when it sees the
+epoch move. Parked (long-poll) heartbeats are answered at once with the new
+epoch so leaders learn of it without waiting out their poll.
+"""
+
+from __future__ import annotations
+
+from coordinator.core.commands import DeleteGroup, DeleteResource, PutResource
+from coordinator.core.effects import AdminResult
+from coordinator.core.kernel import Kernel
+from coordinator.core.records import CatalogChanged, GroupDeleted
+from coordinator.core.states import GroupState
+from protocol.errors import ErrorCode
+from protocol.limits import MAX_NAME_LENGTH, MAX_PARTITIONS
+
+
+def handle_delete_group(k: Kernel, cmd: DeleteGroup) -> None:
+    g = k.groups.get(cmd.group_id)
+    if g is None:
+        k.reply(cmd.request_id, AdminResult(ErrorCode.UNKNOWN_GROUP, k.resources_epoch,
+                                            found=False))
+        return
+    if g.state is not GroupState.EMPTY:
+        k.reply(cmd.request_id, AdminResult(ErrorCode.NON_EMPTY_GROUP, k.resources_epoch))
+        return
+    k.persist(GroupDeleted(cmd.group_id))
+    k.drop_group(g, "deleted")
+    k.reply(cmd.request_id, AdminResult(None, k.resources_epoch))
+
+
+def _invalid(k: Kernel, request_id: int, message: str) -> None:
+    k.reply(request_id, AdminResult(ErrorCode.INVALID_REQUEST, k.resources_epoch,
+                                    message=message))
+
+
+def _name_problem(name: object) -> str | None:
+    if not isinstance(name, str) or not name:
+        return "name: must be a non-empty string"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"name: longer than {MAX_NAME_LENGTH} characters ({len(name)})"
+    return None
+
+
+def handle_put_resource(k: Kernel, cmd: PutResource) -> None:
+    problem = _name_problem(cmd.name)
+    if problem is not None:
+        _invalid(k, cmd.request_id, problem)
+        return
+    partitions = cmd.partitions
+    if isinstance(partitions, bool) or not isinstance(partitions, int) \
+            or not 1 <= partitions <= MAX_PARTITIONS:
+        _invalid(k, cmd.request_id,
+                 f"partitions: must be an integer in 1..{MAX_PARTITIONS}, got {partitions!r}")
+        return
+    if k.catalog.get(cmd.name) != partitions:
+        _change_catalog(k, cmd.name, partitions)
+    # An unchanged PUT is idempotent: same epoch, nothing written.
+    k.reply(cmd.request_id, AdminResult(None, k.resources_epoch))
+
+
+def handle_delete_resource(k: Kernel, cmd: DeleteResource) -> None:
+    if cmd.name not in k.catalog:
+        k.reply(cmd.request_id, AdminResult(None, k.resources_epoch, found=False))
+        return
+    _change_catalog(k, cmd.name, None)
+    k.reply(cmd.request_id, AdminResult(None, k.resources_epoch))
+
+
+def _change_catalog(k: Kernel, name: str, partitions: int | None) -> None:
+    k.resources_epoch += 1
+    if partitions is None:
+        del k.catalog[name]
+    else:
+        k.catalog[name] = partitions
+    k.persist(CatalogChanged(name, partitions, k.resources_epoch))
+    # Parked heartbeats answer at once with the new epoch (after the write above).
+    for request_id, parked in list(k.heartbeats.items()):
+        group = k.groups[parked.group_id]
+        member = group.members[parked.member_id]
+        k.answer_heartbeat(member, request_id, None)
+        k.arm_session(group, member)

@@ -1,0 +1,161 @@
+"""``GroupCoordinator``: the pure group state machine (DESIGN.md, "The shape").
+
+``handle(now_ms, command) -> list[Effect]`` applies one command atomically;
+``restore(snapshot, now_ms)`` rebuilds the state from storage; the other
+methods are read-only views for the admin API and metrics. No clock, no
+randomness, no I/O: time comes in as ``now_ms`` and new member ids with the
+``Join`` command, so equal inputs always give equal effects.
+
+Effect order is part of the contract: every ``Persist`` a reply depends on
+comes before that ``Reply`` in the list (the runtime replies only after the
+writes emitted before it are committed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from coordinator.core import admin, checkpoints, membership, timers
+from coordinator.core.commands import (
+    Cancelled,
+    Command,
+    Commit,
+    DeleteGroup,
+    DeleteResource,
+    Fetch,
+    Heartbeat,
+    Join,
+    Leave,
+    PutResource,
+    Sync,
+    TimerFired,
+)
+from coordinator.core.config import CoreConfig
+from coordinator.core.effects import Effect
+from coordinator.core.group import Group
+from coordinator.core.kernel import Kernel
+from coordinator.core.rebalance import prepare_rebalance
+from coordinator.core.records import Snapshot
+from coordinator.core.states import GroupState
+from coordinator.core.views import GroupSummary, GroupView
+
+_HANDLERS: dict[type[Any], Callable[[Kernel, Any], None]] = {
+    Join: membership.handle_join,
+    Sync: membership.handle_sync,
+    Heartbeat: membership.handle_heartbeat,
+    Leave: membership.handle_leave,
+    Commit: checkpoints.handle_commit,
+    Fetch: checkpoints.handle_fetch,
+    DeleteGroup: admin.handle_delete_group,
+    PutResource: admin.handle_put_resource,
+    DeleteResource: admin.handle_delete_resource,
+    TimerFired: timers.handle_timer,
+    Cancelled: timers.handle_cancelled,
+}
+
+
+class GroupCoordinator:
+    def __init__(self, config: CoreConfig) -> None:
+        if not 0 < config.min_session_timeout_ms <= config.max_session_timeout_ms:
+            raise ValueError("session timeouts: need 0 < min_session_timeout_ms <= "
+                             f"max_session_timeout_ms, got {config.min_session_timeout_ms} and "
+                             f"{config.max_session_timeout_ms}")
+        if config.initial_rebalance_delay_ms < 0:
+            raise ValueError("initial_rebalance_delay_ms: must be >= 0, got "
+                             f"{config.initial_rebalance_delay_ms}")
+        if config.group_max_size < 0:
+            raise ValueError(f"group_max_size: must be >= 0, got {config.group_max_size}")
+        self._k = Kernel(config)
+
+    @property
+    def config(self) -> CoreConfig:
+        return self._k.config
+
+    def handle(self, now_ms: int, command: Command) -> list[Effect]:
+        """Apply one command; returns the effects in the order the runtime must execute them."""
+        handler = _HANDLERS.get(type(command))
+        if handler is None:
+            raise TypeError(f"not a command: {command!r}")
+        k = self._k
+        k.begin(now_ms)
+        handler(k, command)
+        return k.take()
+
+    def restore(self, snapshot: Snapshot, now_ms: int) -> list[Effect]:
+        """Rebuild from storage (PROTOCOL.md, "Durability"); returns the timers to arm.
+
+        Stable groups resume as they were with every session re-armed from
+        ``now_ms``; a group persisted mid-rebalance (CompletingRebalance)
+        restarts its rebalance (PreparingRebalance, reason ``restart``); Empty
+        groups stay Empty. Only a fresh coordinator can be restored.
+        """
+        k = self._k
+        if k.groups or k.catalog or k.checkpoints or k.resources_epoch:
+            raise RuntimeError("restore() needs a fresh GroupCoordinator")
+        k.begin(now_ms)
+        k.catalog = dict(snapshot.catalog)
+        k.resources_epoch = snapshot.resources_epoch
+        k.checkpoints = {gid: dict(values) for gid, values in snapshot.checkpoints.items()
+                         if values}
+        for record in snapshot.groups:
+            if record.state == GroupState.DEAD.value:
+                continue
+            group = Group.from_record(record)
+            k.groups[group.group_id] = group
+            if not group.members:
+                continue  # Empty
+            for member in group.members.values():
+                k.arm_session(group, member)
+            if record.state == GroupState.STABLE.value:
+                group.state = GroupState.STABLE
+            else:
+                # The assignment never arrived (or the state is not one that is
+                # persisted): restart the rebalance so members rejoin (seed 004,
+                # "Handling Coordinator Failures", case 2).
+                group.state = GroupState.COMPLETING_REBALANCE
+                prepare_rebalance(k, group, "restart")
+        # Checkpoints of a group without a record (simple commits) come back
+        # as an Empty group, as Kafka loads offsets-only groups.
+        for group_id in k.checkpoints:
+            if group_id not in k.groups:
+                k.groups[group_id] = Group(group_id, now_ms)
+        return k.take()
+
+    # ------------------------------------------------------------ read-only views
+
+    def list_groups(self) -> list[GroupSummary]:
+        return [self._k.groups[gid].summary() for gid in sorted(self._k.groups)]
+
+    def describe_group(self, group_id: str) -> GroupView | None:
+        group = self._k.groups.get(group_id)
+        return None if group is None else group.view()
+
+    def catalog(self) -> dict[str, int]:
+        return dict(self._k.catalog)
+
+    @property
+    def resources_epoch(self) -> int:
+        return self._k.resources_epoch
+
+    def state_counts(self) -> dict[str, int]:
+        """Groups by state, every state present (zeros included) for a stable gauge."""
+        counts = {state.value: 0 for state in GroupState}
+        for group in self._k.groups.values():
+            counts[group.state.value] += 1
+        return counts
+
+    def member_count(self) -> int:
+        return sum(len(group.members) for group in self._k.groups.values())
+
+    def checkpoints(self, group_id: str) -> dict[tuple[str, int], object]:
+        """A copy of a group's checkpoints (for tests and the admin API)."""
+        return dict(self._k.checkpoints.get(group_id, {}))
+
+    def pending_member_count(self, group_id: str) -> int:
+        group = self._k.groups.get(group_id)
+        return 0 if group is None else len(group.pending)
+
+    def parked_request_count(self) -> int:
+        """Parked joins, syncs and heartbeats (a gauge for the runtime)."""
+        return len(self._k.parked)

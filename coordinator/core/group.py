@@ -1,0 +1,236 @@
+"""One group's in-memory state (Kafka's ``GroupMetadata`` and ``MemberMetadata``).
+
+Plain bookkeeping, no effects: :mod:`coordinator.core.rebalance` and
+:mod:`coordinator.core.handlers` decide *when* things change; this module keeps
+the derived counters (members awaiting join, per-protocol support counts, the
+static-instance map) consistent so the hot paths stay O(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coordinator.core.protocol_selection import candidates, select_protocol, supports_any
+from coordinator.core.records import GroupRecord, MemberRecord
+from coordinator.core.states import GroupState
+from coordinator.core.views import GroupSummary, GroupView, MemberView
+
+Protocols = tuple[tuple[str, bytes], ...]
+
+
+def session_key(group_id: str, member_id: str) -> str:
+    return f"session:{group_id}:{member_id}"
+
+
+def pending_key(group_id: str, member_id: str) -> str:
+    return f"pending:{group_id}:{member_id}"
+
+
+def join_key(group_id: str) -> str:
+    return f"join:{group_id}"
+
+
+def sync_key(group_id: str) -> str:
+    return f"sync:{group_id}"
+
+
+def heartbeat_key(request_id: int) -> str:
+    return f"heartbeat:{request_id}"
+
+
+@dataclass(slots=True, eq=False)
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocols: Protocols
+    session_key: str
+    #: as the leader sent it for the current generation; None until then.
+    assignment: bytes | None = None
+    #: request ids of this member's parked calls.
+    join_request: int | None = None
+    sync_request: int | None = None
+    heartbeats: set[int] = field(default_factory=set)
+    session_deadline_ms: int = 0
+
+    def protocol_names(self) -> list[str]:
+        return [name for name, _ in self.protocols]
+
+    def metadata_for(self, protocol: str) -> bytes:
+        for name, metadata in self.protocols:
+            if name == protocol:
+                return metadata
+        raise KeyError(f"member {self.member_id!r} does not support {protocol!r}")
+
+    def to_record(self) -> MemberRecord:
+        return MemberRecord(self.member_id, self.group_instance_id, self.client_id,
+                            self.client_host, self.session_timeout_ms, self.rebalance_timeout_ms,
+                            self.protocols, self.assignment)
+
+    @classmethod
+    def from_record(cls, group_id: str, rec: MemberRecord) -> Member:
+        return cls(rec.member_id, rec.group_instance_id, rec.client_id, rec.client_host,
+                   rec.session_timeout_ms, rec.rebalance_timeout_ms, tuple(rec.protocols),
+                   session_key(group_id, rec.member_id), rec.assignment)
+
+
+class Group:
+    """A group: members in join order (dict order), its generation and rebalance bookkeeping."""
+
+    def __init__(self, group_id: str, now_ms: int) -> None:
+        self.group_id = group_id
+        self.state = GroupState.EMPTY
+        self.state_timestamp_ms = now_ms
+        self.generation_id = 0
+        self.protocol_type: str | None = None
+        self.protocol_name: str | None = None
+        self.leader: str | None = None
+        self.members: dict[str, Member] = {}
+        #: group_instance_id -> its current member id (KIP-345).
+        self.static_members: dict[str, str] = {}
+        #: KIP-394 pending member id -> expiry deadline (ms).
+        self.pending: dict[str, int] = {}
+        #: protocol name -> number of members supporting it.
+        self.protocol_counts: dict[str, int] = {}
+        self.num_awaiting_join = 0
+        self.join_key = join_key(group_id)
+        self.sync_key = sync_key(group_id)
+        # -- the join phase (PreparingRebalance)
+        self.join_deadline_ms: int | None = None
+        #: not None while the initial rebalance delay runs (Kafka's InitialDelayedJoin):
+        #: how much of the rebalance timeout is left for extensions.
+        self.initial_delay_remaining_ms: int | None = None
+        self.new_member_added = False
+        self.rebalance_timeout_ms = 0
+        #: why the current rebalance episode started, and when (for the journal).
+        self.rebalance_reason: str | None = None
+        self.rebalance_started_ms = 0
+        # -- the sync phase (CompletingRebalance, and Stable until everyone synced)
+        self.pending_sync: set[str] = set()
+        self.sync_deadline_ms: int | None = None
+        #: member ids replaced by a static rejoin during this generation: old -> new,
+        #: so the leader's assignment for the old id reaches the new one.
+        self.replaced: dict[str, str] = {}
+        #: member ids of the current / previous generation as formed (journal joined/left).
+        self.generation_members: tuple[str, ...] = ()
+        self.previous_generation_members: tuple[str, ...] = ()
+
+    # ------------------------------------------------------------ membership
+
+    def add_member(self, member: Member, protocol_type: str | None) -> None:
+        if not self.members:
+            # Kafka: the first member fixes the protocol type (an Empty group takes any).
+            self.protocol_type = protocol_type
+        self.members[member.member_id] = member
+        if member.group_instance_id is not None:
+            self.static_members[member.group_instance_id] = member.member_id
+        self._count(member.protocols, +1)
+        if member.join_request is not None:
+            self.num_awaiting_join += 1
+
+    def detach(self, member: Member) -> None:
+        """Remove a member's bookkeeping (its parked calls must be answered already)."""
+        del self.members[member.member_id]
+        if (member.group_instance_id is not None
+                and self.static_members.get(member.group_instance_id) == member.member_id):
+            del self.static_members[member.group_instance_id]
+        self._count(member.protocols, -1)
+        if member.join_request is not None:
+            self.num_awaiting_join -= 1
+        self.pending_sync.discard(member.member_id)
+        if self.leader == member.member_id:
+            self.leader = None
+
+    def set_protocols(self, member: Member, protocols: Protocols) -> None:
+        if protocols != member.protocols:
+            self._count(member.protocols, -1)
+            member.protocols = protocols
+            self._count(protocols, +1)
+
+    def replace_member_id(self, old: Member, new: Member) -> None:
+        """Swap ``old`` for ``new`` in place (same position, protocols, instance id)."""
+        self.members = {(new.member_id if mid == old.member_id else mid):
+                        (new if mid == old.member_id else m)
+                        for mid, m in self.members.items()}
+        if new.group_instance_id is not None:
+            self.static_members[new.group_instance_id] = new.member_id
+        if self.leader == old.member_id:
+            self.leader = new.member_id
+        if old.member_id in self.pending_sync:
+            self.pending_sync.discard(old.member_id)
+            self.pending_sync.add(new.member_id)
+        for prior, current in self.replaced.items():
+            if current == old.member_id:
+                self.replaced[prior] = new.member_id
+        self.replaced[old.member_id] = new.member_id
+
+    def _count(self, protocols: Protocols, delta: int) -> None:
+        counts = self.protocol_counts
+        for name, _ in protocols:
+            value = counts.get(name, 0) + delta
+            if value:
+                counts[name] = value
+            else:
+                counts.pop(name, None)
+
+    # ------------------------------------------------------------ protocol
+
+    def supports(self, protocol_type: str, protocols: Protocols,
+                 replacing: Member | None) -> bool:
+        """Kafka's ``supportsProtocols``, comparing a rejoining member with the others."""
+        others = len(self.members) - (1 if replacing is not None else 0)
+        if others <= 0:
+            return True
+        if protocol_type != self.protocol_type:
+            return False
+        own = replacing.protocol_names() if replacing is not None else ()
+        return supports_any(self.protocol_counts, len(self.members),
+                            (name for name, _ in protocols), own)
+
+    def select_protocol(self) -> str:
+        return select_protocol((m.protocol_names() for m in self.members.values()),
+                               candidates(self.protocol_counts, len(self.members)))
+
+    def max_rebalance_timeout(self) -> int:
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+    def all_joined(self) -> bool:
+        """Kafka's ``hasAllMembersJoined``: the join barrier of the normal (non-initial) phase."""
+        return self.num_awaiting_join == len(self.members) and not self.pending
+
+    # ------------------------------------------------------------ records and views
+
+    def to_record(self) -> GroupRecord:
+        return GroupRecord(self.group_id, self.state.value, self.generation_id,
+                           self.protocol_type, self.protocol_name, self.leader,
+                           tuple(m.to_record() for m in self.members.values()),
+                           self.state_timestamp_ms)
+
+    @classmethod
+    def from_record(cls, rec: GroupRecord) -> Group:
+        group = cls(rec.group_id, rec.state_timestamp_ms)
+        group.generation_id = rec.generation_id
+        group.protocol_type = rec.protocol_type
+        if rec.state == GroupState.EMPTY.value or not rec.members:
+            return group
+        group.protocol_name = rec.protocol_name
+        for mrec in rec.members:
+            group.add_member(Member.from_record(rec.group_id, mrec), rec.protocol_type)
+        group.leader = rec.leader if rec.leader in group.members else None
+        group.generation_members = tuple(group.members)
+        return group
+
+    def summary(self) -> GroupSummary:
+        return GroupSummary(self.group_id, self.state.value, self.protocol_type,
+                            self.protocol_name, self.generation_id, len(self.members))
+
+    def view(self) -> GroupView:
+        return GroupView(
+            self.group_id, self.state.value, self.protocol_type, self.protocol_name,
+            self.generation_id, self.leader,
+            tuple(MemberView(m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                             m.session_timeout_ms, m.rebalance_timeout_ms, m.assignment or b"")
+                  for m in self.members.values()))

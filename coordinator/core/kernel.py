@@ -1,0 +1,202 @@
+"""The coordinator's whole state and the primitives that emit effects.
+
+One :class:`Kernel` lives inside a :class:`~coordinator.core.coordinator.GroupCoordinator`.
+Each ``handle`` call sets ``now`` and an empty effect list (``begin``), runs
+one handler, and takes the list (``take``). Everything that changes state and
+must be seen by the runtime (a reply, a timer, a record, a state change) goes
+through a method here, so the bookkeeping behind it (the parked-request index,
+the timer targets, the awaiting-join counter) cannot drift.
+
+Timers are addressed by key. The kernel keeps ``key -> TimerTarget`` instead of
+parsing keys, because group and member ids may contain any character.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from coordinator.core.config import CoreConfig
+from coordinator.core.effects import (
+    AdminResult,
+    CancelTimer,
+    Effect,
+    GroupStateChanged,
+    Persist,
+    Reply,
+    ScheduleTimer,
+)
+from coordinator.core.group import Group, Member, heartbeat_key, pending_key
+from coordinator.core.records import Record
+from coordinator.core.states import GroupState, check_transition
+from protocol.errors import ErrorCode
+from protocol.messages import HeartbeatResponse, JoinResponse, Response, SyncResponse
+from protocol.validate import Scalar
+
+
+class TimerTarget(NamedTuple):
+    #: "session", "pending", "join", "sync" or "heartbeat".
+    kind: str
+    group_id: str
+    #: the member id (session, pending) or "" (join, sync, heartbeat).
+    member_id: str = ""
+    #: the parked request id (heartbeat), else -1.
+    request_id: int = -1
+
+
+class Parked(NamedTuple):
+    #: "join", "sync" or "heartbeat".
+    kind: str
+    group_id: str
+    member_id: str
+
+
+class Kernel:
+    def __init__(self, config: CoreConfig) -> None:
+        self.config = config
+        self.groups: dict[str, Group] = {}
+        self.checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
+        self.catalog: dict[str, int] = {}
+        self.resources_epoch = 0
+        self.timers: dict[str, TimerTarget] = {}
+        self.parked: dict[int, Parked] = {}
+        #: parked heartbeats only (answered all at once when the resources epoch moves).
+        self.heartbeats: dict[int, Parked] = {}
+        self.now = 0
+        self.out: list[Effect] = []
+
+    def begin(self, now_ms: int) -> None:
+        self.now = now_ms
+        self.out = []
+
+    def take(self) -> list[Effect]:
+        out, self.out = self.out, []
+        return out
+
+    # ------------------------------------------------------------ plain effects
+
+    def reply(self, request_id: int, response: Response | AdminResult) -> None:
+        self.out.append(Reply(request_id, response))
+
+    def persist(self, record: Record) -> None:
+        self.out.append(Persist(record))
+
+    def emit(self, effect: Effect) -> None:
+        self.out.append(effect)
+
+    def arm(self, key: str, deadline_ms: int, target: TimerTarget) -> None:
+        self.timers[key] = target
+        self.out.append(ScheduleTimer(key, deadline_ms))
+
+    def disarm(self, key: str) -> None:
+        if self.timers.pop(key, None) is not None:
+            self.out.append(CancelTimer(key))
+
+    # ------------------------------------------------------------ groups
+
+    def create_group(self, group_id: str) -> Group:
+        group = Group(group_id, self.now)
+        self.groups[group_id] = group
+        self.out.append(GroupStateChanged(group_id, None, GroupState.EMPTY.value, 0, "created"))
+        return group
+
+    def transition(self, group: Group, new: GroupState, reason: str) -> None:
+        old = group.state
+        check_transition(group.group_id, old, new)
+        group.state = new
+        group.state_timestamp_ms = self.now
+        self.out.append(GroupStateChanged(group.group_id, old.value, new.value,
+                                          group.generation_id, reason))
+
+    def drop_group(self, group: Group, reason: str) -> None:
+        """Empty -> Dead, and forget it with its checkpoints (the caller persists, if needed)."""
+        self.transition(group, GroupState.DEAD, reason)
+        for member_id in group.pending:
+            self.disarm(pending_key(group.group_id, member_id))
+        group.pending.clear()
+        del self.groups[group.group_id]
+        self.checkpoints.pop(group.group_id, None)
+
+    def forget_if_vacant(self, group: Group) -> None:
+        """Drop an Empty group that never formed a generation and holds nothing.
+
+        Such a group was never persisted (records are written from generation 1
+        on), so forgetting it keeps memory bounded under stray first joins.
+        """
+        if (group.state is GroupState.EMPTY and group.generation_id == 0 and not group.members
+                and not group.pending and group.group_id not in self.checkpoints
+                and group.group_id in self.groups):
+            self.drop_group(group, "vacant")
+
+    # ------------------------------------------------------------ sessions
+
+    def arm_session(self, group: Group, member: Member) -> None:
+        """(Re)start a member's session timeout from now (Kafka's completeAndScheduleNext...)."""
+        deadline = self.now + member.session_timeout_ms
+        member.session_deadline_ms = deadline
+        key = member.session_key
+        if key not in self.timers:
+            self.timers[key] = TimerTarget("session", group.group_id, member.member_id)
+        self.out.append(ScheduleTimer(key, deadline))
+
+    # ------------------------------------------------------------ parked calls
+
+    def park_join(self, group: Group, member: Member, request_id: int) -> None:
+        if member.join_request is not None:
+            # A newer join supersedes a parked one (a client retry on a new
+            # connection): the old caller is told to rejoin.
+            self.answer_join(group, member, JoinResponse(ErrorCode.REBALANCE_IN_PROGRESS,
+                                                         member_id=member.member_id))
+        member.join_request = request_id
+        group.num_awaiting_join += 1
+        self.parked[request_id] = Parked("join", group.group_id, member.member_id)
+
+    def answer_join(self, group: Group, member: Member, response: JoinResponse) -> None:
+        request_id = member.join_request
+        if request_id is None:
+            return
+        member.join_request = None
+        group.num_awaiting_join -= 1
+        del self.parked[request_id]
+        self.reply(request_id, response)
+
+    def park_sync(self, group: Group, member: Member, request_id: int) -> None:
+        if member.sync_request is not None:
+            self.answer_sync(member, self.sync_error(ErrorCode.REBALANCE_IN_PROGRESS))
+        member.sync_request = request_id
+        self.parked[request_id] = Parked("sync", group.group_id, member.member_id)
+
+    def answer_sync(self, member: Member, response: SyncResponse) -> None:
+        request_id = member.sync_request
+        if request_id is None:
+            return
+        member.sync_request = None
+        del self.parked[request_id]
+        self.reply(request_id, response)
+
+    def sync_error(self, error: ErrorCode) -> SyncResponse:
+        return SyncResponse(error, resources_epoch=self.resources_epoch)
+
+    def park_heartbeat(self, group: Group, member: Member, request_id: int, hold_ms: int) -> None:
+        member.heartbeats.add(request_id)
+        parked = Parked("heartbeat", group.group_id, member.member_id)
+        self.parked[request_id] = parked
+        self.heartbeats[request_id] = parked
+        self.arm(heartbeat_key(request_id), self.now + hold_ms,
+                 TimerTarget("heartbeat", group.group_id, request_id=request_id))
+
+    def answer_heartbeat(self, member: Member, request_id: int, error: ErrorCode | None) -> None:
+        member.heartbeats.discard(request_id)
+        del self.parked[request_id]
+        del self.heartbeats[request_id]
+        self.disarm(heartbeat_key(request_id))
+        self.reply(request_id, HeartbeatResponse(error, self.resources_epoch))
+
+    def answer_heartbeats(self, member: Member, error: ErrorCode | None) -> None:
+        for request_id in list(member.heartbeats):
+            self.answer_heartbeat(member, request_id, error)
+
+    def answer_all_parked(self, group: Group, member: Member, error: ErrorCode) -> None:
+        """Answer every parked call of a member that is being removed or fenced."""
+        self.answer_join(group, member, JoinResponse(error, member_id=member.member_id))
+        self.answer_sync(member, self.sync_error(error))
+        self.answer_heartbeats(member, error)

@@ -1,0 +1,354 @@
+"""The membership calls: join, sync, heartbeat, leave (PROTOCOL.md, "Calls").
+
+Each handler follows Kafka's ``GroupCoordinator.handle*`` (3.x) check for
+check, in the same order, so a client sees the same error Kafka would give.
+"""
+
+from __future__ import annotations
+
+from coordinator.core.commands import Heartbeat, Join, Leave, Sync
+from coordinator.core.group import Group, Member, pending_key, session_key
+from coordinator.core.kernel import Kernel, TimerTarget
+from coordinator.core.rebalance import (
+    after_removal,
+    clear_sync_deadline,
+    complete_sync,
+    current_generation_reply,
+    maybe_complete_join,
+    maybe_prepare_rebalance,
+    prepare_rebalance,
+    remove_member,
+    replace_static_member,
+)
+from coordinator.core.states import GroupState
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    HeartbeatResponse,
+    JoinResponse,
+    LeaveMemberResult,
+    LeaveResponse,
+    SyncResponse,
+)
+
+EMPTY = GroupState.EMPTY
+PREPARING = GroupState.PREPARING_REBALANCE
+COMPLETING = GroupState.COMPLETING_REBALANCE
+STABLE = GroupState.STABLE
+DEAD = GroupState.DEAD
+
+
+def validate_member(g: Group, member_id: str, instance_id: str | None) -> ErrorCode | None:
+    """Kafka's ``validateCurrentMember``: the instance id (if any) maps to ``member_id``,
+    which is a member."""
+    if instance_id is not None:
+        current = g.static_members.get(instance_id)
+        if current is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if current != member_id:
+            return ErrorCode.FENCED_INSTANCE_ID
+        return None
+    return None if member_id in g.members else ErrorCode.UNKNOWN_MEMBER_ID
+
+
+# ---------------------------------------------------------------- join
+
+
+def handle_join(k: Kernel, cmd: Join) -> None:
+    req = cmd.request
+    rid = cmd.request_id
+    cfg = k.config
+    if not cfg.min_session_timeout_ms <= req.session_timeout_ms <= cfg.max_session_timeout_ms:
+        k.reply(rid, JoinResponse(ErrorCode.INVALID_SESSION_TIMEOUT, member_id=req.member_id))
+        return
+    g = k.groups.get(req.group_id)
+    if g is None:
+        # Kafka: only a join with an empty member id creates the group.
+        if req.member_id:
+            k.reply(rid, JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id=req.member_id))
+            return
+        g = k.create_group(req.group_id)
+    if g.state is DEAD:
+        k.reply(rid, JoinResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=req.member_id))
+        return
+    # The member this join speaks for, if the group knows it (by id, or by instance id).
+    known: Member | None
+    if req.member_id:
+        known = g.members.get(req.member_id)
+    elif req.group_instance_id is not None:
+        known = g.members.get(g.static_members.get(req.group_instance_id, ""))
+    else:
+        known = None
+    if not _accept_joining(k, g, known):
+        _refuse_full(k, g, known, req.member_id, rid)
+        return
+    if not g.supports(req.protocol_type, req.protocols, known):
+        k.reply(rid, JoinResponse(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=req.member_id))
+        k.forget_if_vacant(g)
+        return
+    if not req.member_id:
+        _join_new(k, g, cmd, known)
+    else:
+        _join_current(k, g, cmd)
+
+
+def _accept_joining(k: Kernel, g: Group, known: Member | None) -> bool:
+    """Kafka's ``acceptJoiningMember`` (group_max_size); a known static instance counts
+    as the member it replaces, so a full group still lets it come back."""
+    limit = k.config.group_max_size
+    if limit <= 0 or g.state in (EMPTY, DEAD):
+        return True
+    if g.state is PREPARING:
+        # Counting rejoined members (not all members) lets newcomers displace
+        # members that did not rejoin, as Kafka does.
+        return (known is not None and known.join_request is not None) or \
+            g.num_awaiting_join < limit
+    return known is not None or len(g.members) < limit
+
+
+def _refuse_full(k: Kernel, g: Group, known: Member | None, member_id: str, rid: int) -> None:
+    if known is not None:
+        remove_member(k, g, known, ErrorCode.GROUP_MAX_SIZE_REACHED)
+        after_removal(k, g, "leave")
+    elif member_id in g.pending:
+        del g.pending[member_id]
+        k.disarm(pending_key(g.group_id, member_id))
+        maybe_complete_join(k, g)
+    k.reply(rid, JoinResponse(ErrorCode.GROUP_MAX_SIZE_REACHED))
+    k.forget_if_vacant(g)
+
+
+def _join_new(k: Kernel, g: Group, cmd: Join, known: Member | None) -> None:
+    req = cmd.request
+    if req.group_instance_id is not None:
+        if known is not None:
+            _static_rejoin(k, g, cmd, known)
+        else:
+            # A static member unknown so far joins at once (no MEMBER_ID_REQUIRED step).
+            _add_member_and_rebalance(k, g, cmd, cmd.new_member_id)
+        return
+    # KIP-394: the member id is minted now but the member only counts once it
+    # rejoins with it; until then it is pending and expires after its session timeout.
+    new_id = cmd.new_member_id
+    deadline = k.now + req.session_timeout_ms
+    g.pending[new_id] = deadline
+    k.arm(pending_key(g.group_id, new_id), deadline, TimerTarget("pending", g.group_id, new_id))
+    k.reply(cmd.request_id, JoinResponse(ErrorCode.MEMBER_ID_REQUIRED, member_id=new_id))
+
+
+def _join_current(k: Kernel, g: Group, cmd: Join) -> None:
+    req = cmd.request
+    rid = cmd.request_id
+    member_id = req.member_id
+    if member_id in g.pending and req.group_instance_id is None:
+        del g.pending[member_id]
+        k.disarm(pending_key(g.group_id, member_id))
+        _add_member_and_rebalance(k, g, cmd, member_id)
+        return
+    error = validate_member(g, member_id, req.group_instance_id)
+    if error is not None:
+        k.reply(rid, JoinResponse(error, member_id=member_id))
+        return
+    member = g.members[member_id]
+    changed = member.protocols != req.protocols
+    if g.state is PREPARING:
+        _update_member(g, member, cmd)
+        k.park_join(g, member, rid)
+        maybe_complete_join(k, g)
+    elif g.state is COMPLETING and not changed:
+        # The member may have missed its join answer: give it again.
+        k.reply(rid, current_generation_reply(g, member))
+        k.arm_session(g, member)
+    elif g.state is STABLE and not changed and member_id != g.leader:
+        k.reply(rid, current_generation_reply(g, member, with_members=False))
+        k.arm_session(g, member)
+    elif g.state in (COMPLETING, STABLE):
+        # Kafka: the leader rejoining forces a rebalance (how it reacts to
+        # changes the metadata does not show, e.g. the resources epoch).
+        _update_member(g, member, cmd)
+        k.park_join(g, member, rid)
+        prepare_rebalance(k, g, "metadata_change" if changed else "rejoin")
+        maybe_complete_join(k, g)
+    else:
+        k.reply(rid, JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id=member_id))
+
+
+def _update_member(g: Group, member: Member, cmd: Join) -> None:
+    req = cmd.request
+    g.set_protocols(member, req.protocols)
+    member.session_timeout_ms = req.session_timeout_ms
+    member.rebalance_timeout_ms = req.rebalance_timeout_ms
+    member.client_id = req.client_id or ""
+    member.client_host = cmd.client_host
+
+
+def _add_member_and_rebalance(k: Kernel, g: Group, cmd: Join, member_id: str) -> None:
+    req = cmd.request
+    member = Member(member_id, req.group_instance_id, req.client_id or "", cmd.client_host,
+                    req.session_timeout_ms, req.rebalance_timeout_ms, req.protocols,
+                    session_key(g.group_id, member_id))
+    g.add_member(member, req.protocol_type)
+    k.park_join(g, member, cmd.request_id)
+    k.arm_session(g, member)
+    if g.state is PREPARING and g.initial_delay_remaining_ms is not None:
+        g.new_member_added = True
+    maybe_prepare_rebalance(k, g, "initial" if g.state is EMPTY else "join")
+    maybe_complete_join(k, g)
+
+
+def _static_rejoin(k: Kernel, g: Group, cmd: Join, old: Member) -> None:
+    """KIP-345: a known instance id came back with an empty member id."""
+    req = cmd.request
+    rid = cmd.request_id
+    changed = req.protocols != old.protocols
+    member = replace_static_member(k, g, old, cmd.new_member_id)
+    _update_member(g, member, cmd)
+    k.arm_session(g, member)
+    if g.state is PREPARING:
+        k.park_join(g, member, rid)
+        maybe_complete_join(k, g)
+        return
+    if changed:
+        k.park_join(g, member, rid)
+        prepare_rebalance(k, g, "static_change")
+        maybe_complete_join(k, g)
+        return
+    # Same metadata: no rebalance. The new member id must be durable before the
+    # member uses it (a restart would otherwise not know it).
+    k.persist(g.to_record())
+    if g.state is STABLE:
+        # KIP-814: a returning leader gets the members but must not reassign.
+        k.reply(rid, current_generation_reply(g, member,
+                                              skip_assignment=member.member_id == g.leader))
+    else:
+        # CompletingRebalance: the leader's assignment for the old id will reach
+        # the new one (Group.replaced); a returning leader must assign.
+        k.reply(rid, current_generation_reply(g, member))
+
+
+# ---------------------------------------------------------------- sync
+
+
+def handle_sync(k: Kernel, cmd: Sync) -> None:
+    req = cmd.request
+    rid = cmd.request_id
+    g = k.groups.get(req.group_id)
+    if g is None:
+        k.reply(rid, k.sync_error(ErrorCode.UNKNOWN_MEMBER_ID))
+        return
+    if g.state is DEAD:
+        k.reply(rid, k.sync_error(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+        return
+    error = validate_member(g, req.member_id, req.group_instance_id)
+    if error is None and req.generation_id != g.generation_id:
+        error = ErrorCode.ILLEGAL_GENERATION
+    if error is None and (
+            (req.protocol_type is not None and req.protocol_type != g.protocol_type)
+            or (req.protocol_name is not None and req.protocol_name != g.protocol_name)):
+        error = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+    if error is None:
+        if g.state is PREPARING:
+            error = ErrorCode.REBALANCE_IN_PROGRESS
+        elif g.state not in (COMPLETING, STABLE):
+            error = ErrorCode.UNKNOWN_MEMBER_ID
+    if error is not None:
+        k.reply(rid, k.sync_error(error))
+        return
+    member = g.members[req.member_id]
+    if g.state is COMPLETING:
+        k.park_sync(g, member, rid)
+        g.pending_sync.discard(member.member_id)
+        if member.member_id == g.leader:
+            complete_sync(k, g, req.assignments)
+        return
+    # Stable: the stored assignment (also what a member re-sending its sync
+    # after a coordinator restart gets, PROTOCOL.md "Durability").
+    g.pending_sync.discard(member.member_id)
+    if not g.pending_sync and g.sync_deadline_ms is not None:
+        clear_sync_deadline(k, g)
+    k.reply(rid, SyncResponse(None, g.protocol_type, g.protocol_name, member.assignment or b"",
+                              k.resources_epoch))
+    k.arm_session(g, member)
+
+
+# ---------------------------------------------------------------- heartbeat
+
+
+def handle_heartbeat(k: Kernel, cmd: Heartbeat) -> None:
+    """O(1): a few dict lookups, one timer re-arm, one reply (or one parked entry)."""
+    req = cmd.request
+    rid = cmd.request_id
+    g = k.groups.get(req.group_id)
+    error: ErrorCode | None
+    if g is None:
+        error = ErrorCode.UNKNOWN_MEMBER_ID
+    elif g.state is DEAD:
+        error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+    else:
+        error = validate_member(g, req.member_id, req.group_instance_id)
+        if error is None and req.generation_id != g.generation_id:
+            error = ErrorCode.ILLEGAL_GENERATION
+        if error is None:
+            member = g.members[req.member_id]
+            state = g.state
+            if state is EMPTY:
+                error = ErrorCode.UNKNOWN_MEMBER_ID
+            else:
+                k.arm_session(g, member)
+                if state is PREPARING:
+                    error = ErrorCode.REBALANCE_IN_PROGRESS
+                elif state is STABLE and req.wait_ms > 0:
+                    # Long-poll: held at most half the session timeout, so the
+                    # member's next heartbeat still comes well before expiry.
+                    hold = min(req.wait_ms, member.session_timeout_ms // 2)
+                    if hold > 0:
+                        k.park_heartbeat(g, member, rid, hold)
+                        return
+    k.reply(rid, HeartbeatResponse(error, k.resources_epoch))
+
+
+# ---------------------------------------------------------------- leave
+
+
+def handle_leave(k: Kernel, cmd: Leave) -> None:
+    req = cmd.request
+    rid = cmd.request_id
+    g = k.groups.get(req.group_id)
+    if g is None:
+        k.reply(rid, LeaveResponse(None, tuple(
+            LeaveMemberResult(m.member_id, m.group_instance_id, ErrorCode.UNKNOWN_MEMBER_ID)
+            for m in req.members)))
+        return
+    if g.state is DEAD:
+        k.reply(rid, LeaveResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+        return
+    removed_member = False
+    removed_pending = False
+    results: list[LeaveMemberResult] = []
+    for entry in req.members:
+        error: ErrorCode | None = None
+        if not entry.member_id:
+            # KIP-345: a static member (or an admin) may leave by instance id alone.
+            current = (g.static_members.get(entry.group_instance_id)
+                       if entry.group_instance_id is not None else None)
+            if current is None:
+                error = ErrorCode.UNKNOWN_MEMBER_ID
+            else:
+                remove_member(k, g, g.members[current], ErrorCode.UNKNOWN_MEMBER_ID)
+                removed_member = True
+        elif entry.member_id in g.pending:
+            del g.pending[entry.member_id]
+            k.disarm(pending_key(g.group_id, entry.member_id))
+            removed_pending = True
+        else:
+            error = validate_member(g, entry.member_id, entry.group_instance_id)
+            if error is None:
+                remove_member(k, g, g.members[entry.member_id], ErrorCode.UNKNOWN_MEMBER_ID)
+                removed_member = True
+        results.append(LeaveMemberResult(entry.member_id, entry.group_instance_id, error))
+    # One rebalance for the whole batch (PROTOCOL.md, leave).
+    if removed_member:
+        after_removal(k, g, "leave")
+    elif removed_pending:
+        maybe_complete_join(k, g)
+    k.forget_if_vacant(g)
+    k.reply(rid, LeaveResponse(None, tuple(results)))

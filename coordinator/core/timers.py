@@ -1,0 +1,150 @@
+"""Timer firings and cancelled requests.
+
+Every firing is checked against the core's own state before it acts (DESIGN.md:
+stale firings are dropped): the key must still be registered, the group and
+member must still exist, and the recorded deadline must have passed. A firing
+that arrives before the recorded deadline (the runtime's clock and ``now_ms``
+disagreeing by a hair, or a re-arm racing the firing) re-arms the timer for the
+recorded deadline rather than being lost.
+
+Timer keys: ``session:{group}:{member}``, ``pending:{group}:{member}``,
+``join:{group}``, ``sync:{group}``, ``heartbeat:{request_id}``.
+"""
+
+from __future__ import annotations
+
+from coordinator.core.commands import Cancelled, TimerFired
+from coordinator.core.effects import MemberExpired
+from coordinator.core.group import Group, heartbeat_key
+from coordinator.core.kernel import Kernel, TimerTarget
+from coordinator.core.rebalance import (
+    after_removal,
+    complete_join,
+    maybe_complete_join,
+    prepare_rebalance,
+    remove_member,
+    set_join_deadline,
+)
+from coordinator.core.states import GroupState
+from protocol.errors import ErrorCode
+
+
+def handle_timer(k: Kernel, cmd: TimerFired) -> None:
+    # A fired timer is gone on the runtime's side; handlers re-arm if they need it.
+    target = k.timers.pop(cmd.key, None)
+    if target is None:
+        return
+    group = k.groups.get(target.group_id)
+    if group is None:
+        return
+    kind = target.kind
+    if kind == "session":
+        _session_expired(k, group, cmd.key, target)
+    elif kind == "heartbeat":
+        _heartbeat_held(k, group, target)
+    elif kind == "join":
+        _join_deadline(k, group, cmd.key, target)
+    elif kind == "sync":
+        _sync_deadline(k, group, cmd.key, target)
+    elif kind == "pending":
+        _pending_expired(k, group, cmd.key, target)
+    else:
+        raise ValueError(f"unknown timer kind {kind!r} for key {cmd.key!r}")
+
+
+def _session_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+    member = g.members.get(target.member_id)
+    if member is None or member.session_key != key:
+        return
+    if k.now < member.session_deadline_ms:
+        k.arm(key, member.session_deadline_ms, target)
+        return
+    if member.join_request is not None or member.sync_request is not None:
+        # A member whose join or sync is parked is alive (Kafka: awaiting join/sync
+        # satisfies the heartbeat); its session restarts when it is answered.
+        k.arm_session(g, member)
+        return
+    k.emit(MemberExpired(g.group_id, member.member_id))
+    remove_member(k, g, member, ErrorCode.UNKNOWN_MEMBER_ID)
+    after_removal(k, g, "session_expiry")
+
+
+def _heartbeat_held(k: Kernel, g: Group, target: TimerTarget) -> None:
+    parked = k.heartbeats.get(target.request_id)
+    if parked is None:
+        return
+    member = g.members[parked.member_id]
+    k.answer_heartbeat(member, target.request_id, None)
+    # The member was connected all along: its session counts from the answer.
+    k.arm_session(g, member)
+
+
+def _join_deadline(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+    deadline = g.join_deadline_ms
+    if g.state is not GroupState.PREPARING_REBALANCE or deadline is None:
+        return
+    if k.now < deadline:
+        k.arm(key, deadline, target)
+        return
+    remaining = g.initial_delay_remaining_ms
+    if remaining is not None and g.new_member_added and remaining > 0:
+        # Kafka's InitialDelayedJoin: newcomers arrived during the delay, so
+        # wait once more, never beyond the rebalance timeout in total.
+        delay = k.config.initial_rebalance_delay_ms
+        g.initial_delay_remaining_ms = max(remaining - delay, 0)
+        g.new_member_added = False
+        set_join_deadline(k, g, k.now + min(delay, remaining))
+        return
+    complete_join(k, g)
+
+
+def _sync_deadline(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+    deadline = g.sync_deadline_ms
+    if g.state not in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE) or deadline is None:
+        return
+    if k.now < deadline:
+        k.arm(key, deadline, target)
+        return
+    g.sync_deadline_ms = None
+    late = [m for mid, m in g.members.items() if mid in g.pending_sync]
+    if not late:
+        return
+    for member in late:
+        remove_member(k, g, member, ErrorCode.UNKNOWN_MEMBER_ID)
+    prepare_rebalance(k, g, "sync_timeout")
+    maybe_complete_join(k, g)
+
+
+def _pending_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+    deadline = g.pending.get(target.member_id)
+    if deadline is None:
+        return
+    if k.now < deadline:
+        k.arm(key, deadline, target)
+        return
+    del g.pending[target.member_id]
+    maybe_complete_join(k, g)
+    k.forget_if_vacant(g)
+
+
+def handle_cancelled(k: Kernel, cmd: Cancelled) -> None:
+    """The caller went away: forget its parked request; the member stays (Kafka)."""
+    parked = k.parked.get(cmd.request_id)
+    if parked is None:
+        return
+    group = k.groups[parked.group_id]
+    member = group.members[parked.member_id]
+    del k.parked[cmd.request_id]
+    if parked.kind == "join":
+        member.join_request = None
+        group.num_awaiting_join -= 1
+        # No longer parked, so no longer kept alive: its session runs from now.
+        k.arm_session(group, member)
+    elif parked.kind == "sync":
+        member.sync_request = None
+        k.arm_session(group, member)
+    else:
+        member.heartbeats.discard(cmd.request_id)
+        del k.heartbeats[cmd.request_id]
+        k.disarm(heartbeat_key(cmd.request_id))
+
