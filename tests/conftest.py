@@ -14,106 +14,11 @@ test ends (SIGKILL if still running). Small timeouts keep tests fast::
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-#: the ``groupcoord`` script of the interpreter running the tests.
-GROUPCOORD = str(Path(sys.executable).with_name("groupcoord"))
-READY_TIMEOUT_S = 20.0
-_LISTENING = re.compile(r"^listening on (https?)://([^:\s]+):(\d+)\s*$")
-
-#: settings that keep a test's server fast unless the test says otherwise.
-FAST_SETTINGS = {
-    "initial_rebalance_delay_ms": 0,
-    "min_session_timeout_ms": 100,
-}
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServerProcess:
-    """One ``groupcoord serve`` child process."""
-
-    def __init__(self, db: Path, settings: dict[str, object], env: dict[str, str] | None = None,
-                 timeout_s: float = READY_TIMEOUT_S) -> None:
-        self.db = db
-        args = [GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0", "--db", str(db)]
-        for name, value in settings.items():
-            args += ["--" + name.replace("_", "-"), str(value)]
-        self.args = args
-        self.stderr_lines: list[str] = []
-        self.proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, **(env or {})})
-        # stderr is drained on a thread so a chatty server never blocks on a full pipe.
-        self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True)
-        self._stderr_thread.start()
-        self.scheme, self.host, self.port = self._wait_ready(timeout_s)
-        self.url = f"{self.scheme}://{self.host}:{self.port}"
-
-    def _drain_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.stderr_lines.append(line.rstrip("\n"))
-
-    def _wait_ready(self, timeout_s: float) -> tuple[str, str, int]:
-        assert self.proc.stdout is not None
-        found: list[tuple[str, str, int]] = []
-
-        def read() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                m = _LISTENING.match(line)
-                if m:
-                    found.append((m.group(1), m.group(2), int(m.group(3))))
-                    return
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        if not found:
-            self.kill()
-            raise RuntimeError(f"groupcoord serve did not get ready within {timeout_s}s "
-                               f"(exit {self.proc.poll()}); stderr:\n"
-                               + "\n".join(self.stderr_lines[-30:]))
-        return found[0]
-
-    @property
-    def stderr(self) -> str:
-        return "\n".join(self.stderr_lines)
-
-    def kill(self) -> None:
-        """SIGKILL: what a crash looks like to the database."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def terminate(self, timeout_s: float = 15.0) -> int:
-        """SIGTERM and wait; returns the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout_s)
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-
-StartServer = Callable[..., ServerProcess]
+from server_harness import FAST_SETTINGS, ServerProcess, StartServer
 
 
 @pytest.fixture
@@ -132,14 +37,3 @@ def start_server(tmp_path: Path) -> Iterator[StartServer]:
     for server in started:
         if server.running():
             server.kill()
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0,
-               interval_s: float = 0.02) -> bool:
-    """Poll ``predicate`` until true or ``timeout_s``; for processes outside the test."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()

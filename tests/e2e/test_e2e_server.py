@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 import msgpack
-from conftest import GROUPCOORD, ServerProcess, StartServer
+from server_harness import GROUPCOORD, ServerProcess, StartServer
 
 from protocol.resources import ResourceAssignment
 
