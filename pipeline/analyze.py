@@ -1,0 +1,348 @@
+"""``groupcoord analyze``: rebalance journals -> Parquet tables + an HTML report.
+
+The job (docs/pipeline.md):
+
+1. load every input into one DataFrame of journal rows: SQLite files through
+   ``sqlite3`` -> Arrow -> Spark (pipeline/sources.py), export directories
+   straight from Parquet;
+2. per-rebalance facts: rows are partitioned by group and sorted by journal
+   id, and each partition walks its groups in order through
+   :class:`pipeline.ownership.GroupHistory` (moved resources, unavailability,
+   follow-ups, the storm counter) -> ``rebalances/``;
+3. aggregates with Spark SQL: per group and hour (``group_hours/``), per group
+   (``groups/``, worst first) and fleet-wide per hour (``fleet_hours/``);
+4. report.html from the small aggregates (pipeline/analyze_report.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.ownership import FACTS_FIELDS, JournalRow, cooperative_names, facts_for_rows
+from pipeline.sources import (
+    GENERATIONS_SCHEMA,
+    JOURNAL_SCHEMA,
+    SqliteJournal,
+    check_export_dir,
+    open_sqlite,
+    read_generations,
+    read_journal,
+    unique_sources,
+)
+
+HOUR_MS = 3_600_000
+
+#: Known reasons get a column each (coordinator/core/records.py
+#: REBALANCE_REASONS); anything else is counted in ``reason_other``.
+REASONS: tuple[str, ...] = (
+    "initial", "join", "rejoin", "metadata_change", "leave", "session_expiry", "join_timeout",
+    "sync_timeout", "restart", "static_change",
+)
+
+_LONG_FACTS = {"journal_id", "generation_id", "started_ms", "ended_ms", "duration_ms",
+               "member_count", "joined", "left", "owned_before", "owned_after", "revoked",
+               "moved", "first_assigned", "unavailable_ms", "unowned_at_end", "follow_ups",
+               "converged_ms", "window_count"}
+_BOOL_FACTS = {"cooperative", "is_follow_up", "assignment_error"}
+
+
+@dataclass(frozen=True)
+class AnalyzeOptions:
+    storm_window_ms: int = 600_000
+    storm_threshold: int = 10
+    cooperative: tuple[str, ...] = ()
+    top: int = 20
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """Checked inputs: SQLite files (opened) and export directories (their files)."""
+
+    sqlite: tuple[SqliteJournal, ...] = ()
+    journal_parquet: tuple[str, ...] = ()
+    generations_parquet: tuple[str, ...] = ()
+
+
+@dataclass
+class AnalyzeResult:
+    rebalances: int
+    groups: int
+    report: Path
+    tables: dict[str, Path] = field(default_factory=dict)
+
+
+def plan_inputs(inputs: Sequence[str | Path]) -> InputPlan:
+    """Check every input before Spark starts; errors name the file."""
+    if not inputs:
+        raise PipelineError("no input: give coordinator SQLite files or export directories")
+    files = [p for p in inputs if not _is_dir_input(p)]
+    sources = dict(zip(map(str, files), unique_sources(files), strict=True))
+    sqlite: list[SqliteJournal] = []
+    jpq: list[str] = []
+    gpq: list[str] = []
+    for p in inputs:
+        if "://" in str(p):  # shared storage Spark reads itself (hdfs://, s3a://, ...)
+            jpq.append(f"{str(p).rstrip('/')}/journal")
+            continue
+        if _is_dir_input(p):
+            j, g = check_export_dir(p)
+            jpq.extend(str(f) for f in j)
+            gpq.extend(str(f) for f in g)
+        else:
+            sqlite.append(open_sqlite(p, sources[str(p)]))
+    return InputPlan(tuple(sqlite), tuple(jpq), tuple(gpq))
+
+
+def _is_dir_input(p: str | Path) -> bool:
+    return "://" in str(p) or Path(p).is_dir()
+
+
+def run_from_cli(inputs: Sequence[str], out: str, options: AnalyzeOptions,
+                 master: str | None, conf: Sequence[str]) -> AnalyzeResult:
+    from pipeline.spark import session
+    plan = plan_inputs(inputs)  # fail fast, before the JVM starts
+    extra = ["spark.sql.session.timeZone=UTC", *conf]
+    spark = session("groupcoord analyze", master, extra)
+    try:
+        return analyze(spark, plan, out, options)
+    finally:
+        spark.stop()
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _facts_schema() -> Any:
+    from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+    fields = []
+    for name in FACTS_FIELDS:
+        kind = LongType() if name in _LONG_FACTS else \
+            BooleanType() if name in _BOOL_FACTS else StringType()
+        fields.append(StructField(name, kind, True))
+    return StructType(fields)
+
+
+def _load_journal(spark: Any, plan: InputPlan) -> Any:
+    import pyarrow as pa
+    frames = []
+    if plan.sqlite:
+        tables = [read_journal(j) for j in plan.sqlite]
+        frames.append(spark.createDataFrame(pa.concat_tables(tables)))
+    if plan.journal_parquet:
+        frames.append(spark.read.parquet(*plan.journal_parquet))
+    if not frames:
+        frames.append(spark.createDataFrame(JOURNAL_SCHEMA.empty_table()))
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.unionByName(other.select(*df.columns))
+    return df
+
+
+def _load_generations(spark: Any, plan: InputPlan) -> Any:
+    import pyarrow as pa
+    tables = [read_generations(j) for j in plan.sqlite]
+    frames = [spark.createDataFrame(pa.concat_tables(tables or
+                                                     [GENERATIONS_SCHEMA.empty_table()]))]
+    if plan.generations_parquet:
+        frames.append(spark.read.parquet(*plan.generations_parquet))
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.unionByName(other.select(*df.columns))
+    return df
+
+
+def _facts_partition(window_ms: int, cooperative: tuple[str, ...],
+                     rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+    """Runs on the executors: one partition's rows, sorted by group then journal id."""
+    journal = (JournalRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10],
+                          r[11], r[12]) for r in rows)
+    yield from facts_for_rows(journal, cooperative_names(cooperative), window_ms)
+
+
+def rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions) -> Any:
+    """The per-rebalance DataFrame (schema: FACTS_FIELDS)."""
+    from pyspark.sql import functions as F
+    cols = journal.select(
+        "source", "group_id", F.col("id").cast("long"), F.col("generation_id").cast("long"),
+        "protocol_type", "protocol_name", "reason", F.col("started_ms").cast("long"),
+        F.col("ended_ms").cast("long"), F.col("member_count").cast("long"),
+        F.coalesce(F.size("joined"), F.lit(0)).cast("long"),
+        F.coalesce(F.size("left"), F.lit(0)).cast("long"), "assignments")
+    parts = max(1, spark.sparkContext.defaultParallelism * 2)
+    ordered = cols.repartition(parts, "source", "group_id") \
+        .sortWithinPartitions("source", "group_id", "id")
+    fn: Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]] = functools.partial(
+        _facts_partition, options.storm_window_ms, options.cooperative)
+    rdd = ordered.rdd.mapPartitions(fn)
+    return spark.createDataFrame(rdd, _facts_schema(), verifySchema=False)
+
+
+# ---------------------------------------------------------------- aggregates
+
+
+def _duration_stats(prefix: str = "duration") -> list[Any]:
+    from pyspark.sql import functions as F
+    pct = F.expr("percentile(duration_ms, array(0.5, 0.95, 0.99))")
+    return [pct.alias("_pct"), F.max("duration_ms").alias(f"{prefix}_max_ms")]
+
+
+def _split_pct(df: Any, prefix: str = "duration") -> Any:
+    from pyspark.sql import functions as F
+    return df.withColumn(f"{prefix}_p50_ms", F.col("_pct")[0]) \
+        .withColumn(f"{prefix}_p95_ms", F.col("_pct")[1]) \
+        .withColumn(f"{prefix}_p99_ms", F.col("_pct")[2]).drop("_pct")
+
+
+def _sums() -> list[Any]:
+    from pyspark.sql import functions as F
+    out = [F.count(F.lit(1)).alias("rebalances")]
+    out += [F.coalesce(F.sum(c), F.lit(0)).cast("long").alias(c)
+            for c in ("joined", "left", "revoked", "moved", "unavailable_ms", "unowned_at_end")]
+    out.append(F.sum(F.col("is_follow_up").cast("long")).alias("follow_up_rebalances"))
+    out += [F.sum(F.when(F.col("reason") == r, 1).otherwise(0)).cast("long")
+            .alias(f"reason_{r}") for r in REASONS]
+    out.append(F.sum(F.when(F.col("reason").isin(*REASONS), 0).otherwise(1)).cast("long")
+               .alias("reason_other"))
+    return out
+
+
+def group_hours(rebal: Any) -> Any:
+    from pyspark.sql import functions as F
+    df = rebal.withColumn("hour_start_ms", F.col("started_ms") - F.pmod("started_ms",
+                                                                        F.lit(HOUR_MS)))
+    agg = df.groupBy("source", "group_id", "hour_start_ms").agg(*_sums(), *_duration_stats())
+    return _split_pct(agg)
+
+
+def fleet_hours(rebal: Any, threshold: int) -> Any:
+    from pyspark.sql import functions as F
+    df = rebal.withColumn("hour_start_ms", F.col("started_ms") - F.pmod("started_ms",
+                                                                        F.lit(HOUR_MS)))
+    storming = F.when(F.col("window_count") >= threshold,
+                      F.concat_ws("\u0000", "source", "group_id"))
+    agg = df.groupBy("hour_start_ms").agg(
+        *_sums(), *_duration_stats(),
+        F.countDistinct("source", "group_id").alias("groups"),
+        F.countDistinct(storming).alias("storming_groups"))
+    return _split_pct(agg)
+
+
+def groups_table(rebal: Any, generations: Any, threshold: int) -> Any:
+    from pyspark.sql import functions as F
+    agg = rebal.groupBy("source", "group_id").agg(
+        *_sums(), *_duration_stats(),
+        F.min("started_ms").alias("first_started_ms"),
+        F.max("ended_ms").alias("last_ended_ms"),
+        F.max("window_count").alias("peak_window_rebalances"),
+        F.sum(F.when(F.col("window_count") >= threshold, 1).otherwise(0)).cast("long")
+        .alias("storm_rebalances"),
+        F.max_by("protocol_name", "journal_id").alias("protocol_name"),
+        F.max(F.col("cooperative").cast("int")).cast("boolean").alias("cooperative"),
+        F.max("member_count").alias("max_members"),
+        F.max("follow_ups").alias("max_follow_ups"))
+    gens = generations.groupBy("source", "group_id").agg(
+        F.count(F.lit(1)).alias("generations_formed"),
+        F.sum(F.when(F.col("has_assignments"), 0).otherwise(1)).cast("long")
+        .alias("generations_without_assignment"))
+    return _split_pct(agg).join(gens, ["source", "group_id"], "left")
+
+
+def duration_histogram(rebal: Any) -> list[tuple[int, int]]:
+    """(bucket, count): bucket b holds durations in [10^(b/5), 10^((b+1)/5)) ms."""
+    from pyspark.sql import functions as F
+    b = F.floor(F.log10(F.greatest(F.col("duration_ms"), F.lit(1))) * 5).cast("int")
+    rows = rebal.groupBy(b.alias("b")).count().orderBy("b").collect()
+    return [(int(r["b"]), int(r["count"])) for r in rows]
+
+
+def totals(rebal: Any) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+    row = _split_pct(rebal.agg(
+        *_sums(), *_duration_stats(),
+        F.countDistinct("source", "group_id").alias("groups"),
+        F.countDistinct("source").alias("sources"),
+        F.min("started_ms").alias("first_started_ms"),
+        F.max("ended_ms").alias("last_ended_ms"),
+        F.sum(F.col("assignment_error").cast("long")).alias("assignment_errors"),
+        F.sum(F.when(F.col("revoked").isNull(), 1).otherwise(0)).alias("unreadable"),
+        F.sum(F.when(F.col("cooperative"), 1).otherwise(0)).alias("cooperative_rebalances"),
+    )).collect()[0]
+    return {k: (v if v is not None else 0) for k, v in row.asDict().items()}
+
+
+# ---------------------------------------------------------------- the job
+
+
+def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Path,
+            options: AnalyzeOptions | None = None) -> AnalyzeResult:
+    """Run the whole analysis with ``spark``; returns where things were written."""
+    from pyspark.sql import functions as F
+
+    from pipeline.analyze_report import ReportData, write_report
+    from pipeline.spark import progress
+    opts = options or AnalyzeOptions()
+    plan = inputs if isinstance(inputs, InputPlan) else plan_inputs(inputs)
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables = {name: out_dir / name for name in ("rebalances", "group_hours", "groups",
+                                                "fleet_hours")}
+    show = opts.progress
+    with progress(spark, "analyze [1/4] reading journals and per-rebalance accounting", show):
+        journal = _load_journal(spark, plan)
+        try:
+            facts = rebalance_facts(spark, journal, opts)
+            facts.write.mode("overwrite").parquet(str(tables["rebalances"]))
+        except Exception as exc:
+            raise _spark_input_error(exc, plan) from exc
+    rebal = spark.read.parquet(str(tables["rebalances"]))
+    generations = _load_generations(spark, plan)
+    with progress(spark, "analyze [2/4] aggregating per group and hour", show):
+        # Small tables go out as one file, in a useful order (no global sort job).
+        group_hours(rebal).write.mode("overwrite").parquet(str(tables["group_hours"]))
+        groups_table(rebal, generations, opts.storm_threshold).coalesce(1) \
+            .sortWithinPartitions(F.desc("peak_window_rebalances"), F.desc("rebalances"),
+                                  "source", "group_id") \
+            .write.mode("overwrite").parquet(str(tables["groups"]))
+        fleet_hours(rebal, opts.storm_threshold).coalesce(1) \
+            .sortWithinPartitions("hour_start_ms") \
+            .write.mode("overwrite").parquet(str(tables["fleet_hours"]))
+    with progress(spark, "analyze [3/4] collecting figures for the report", show):
+        tot = totals(rebal)
+        fleet = [r.asDict() for r in spark.read.parquet(str(tables["fleet_hours"]))
+                 .orderBy("hour_start_ms").collect()]
+        groups = spark.read.parquet(str(tables["groups"]))
+        worst = [r.asDict() for r in groups.orderBy(
+            F.desc("peak_window_rebalances"), F.desc("rebalances"), "source", "group_id")
+            .limit(opts.top).collect()]
+        keys = [(w["source"], w["group_id"]) for w in worst]
+        heat: list[dict[str, Any]] = []
+        if keys:
+            gh = spark.read.parquet(str(tables["group_hours"]))
+            wanted = spark.createDataFrame(keys, "source string, group_id string")
+            heat = [r.asDict() for r in gh.join(F.broadcast(wanted), ["source", "group_id"])
+                    .select("source", "group_id", "hour_start_ms", "rebalances").collect()]
+        hist = duration_histogram(rebal)
+    with progress(spark, "analyze [4/4] writing report.html", show):
+        report = write_report(out_dir / "report.html", ReportData(
+            totals=tot, fleet_hours=fleet, worst_groups=worst, heat=heat, histogram=hist,
+            storm_window_ms=opts.storm_window_ms, storm_threshold=opts.storm_threshold,
+            inputs=[str(j.path) for j in plan.sqlite] + sorted(
+                {str(Path(p).parent.parent) for p in plan.journal_parquet})))
+    return AnalyzeResult(int(tot["rebalances"]), int(tot["groups"]), report, tables)
+
+
+def _spark_input_error(exc: Exception, plan: InputPlan) -> Exception:
+    """A Spark failure while reading inputs, as a PipelineError naming the files."""
+    if isinstance(exc, PipelineError):
+        return exc
+    text = str(exc)
+    for f in plan.journal_parquet:
+        if f in text:
+            return PipelineError(f"{f}: could not be read: {text.splitlines()[0][:300]}")
+    return PipelineError(f"reading the journals failed: {text.splitlines()[0][:300]}")

@@ -1,0 +1,101 @@
+"""Self-contained HTML reports: one file, PNG plots embedded as base64.
+
+Shared by the analyze and simulate reports. matplotlib runs headless (Agg).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:1200px;color:#222;padding:0 1em}
+h1{font-size:1.6em}h2{font-size:1.25em;margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
+th,td{border:1px solid #ddd;padding:.25em .6em;text-align:right}
+th{background:#f4f4f4}td.l,th.l{text-align:left}
+.cards{display:flex;flex-wrap:wrap;gap:.8em}
+.card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;min-width:9em}
+.card b{display:block;font-size:1.4em}
+.note{color:#666;font-size:.9em}img{max-width:100%}
+"""
+
+
+def figure() -> tuple[Any, Any]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(10, 4), dpi=100)
+    return fig, ax
+
+
+def png(fig: Any) -> str:
+    """An ``<img>`` tag with the figure as an embedded PNG; closes the figure."""
+    import matplotlib.pyplot as plt
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'<img alt="plot" src="data:image/png;base64,{data}">'
+
+
+def esc(value: object) -> str:
+    return html.escape(str(value))
+
+
+def num(value: object, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return esc(value)
+
+
+def seconds(ms: object) -> str:
+    if ms is None:
+        return "-"
+    v = float(ms)  # type: ignore[arg-type]
+    if v < 1000:
+        return f"{v:.0f} ms"
+    if v < 120_000:
+        return f"{v / 1000:.1f} s"
+    if v < 7_200_000:
+        return f"{v / 60_000:.1f} min"
+    return f"{v / 3_600_000:.1f} h"
+
+
+def utc(ms: object) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(int(ms) / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M")  # type: ignore[call-overload]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
+    """An HTML table; cells are already-escaped strings; the first ``left``
+    columns are left-aligned (names), the rest right-aligned (figures)."""
+    head = "".join(f'<th class="{"l" if i < left else ""}">{esc(h)}</th>'
+                   for i, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>'
+                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def cards(items: Sequence[tuple[str, str]]) -> str:
+    return '<div class="cards">' + "".join(
+        f'<div class="card"><b>{v}</b>{esc(k)}</div>' for k, v in items) + "</div>"
+
+
+def page(title: str, body: Sequence[str]) -> str:
+    generated = datetime.now(tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
+            f"<style>{_STYLE}</style></head><body><h1>{esc(title)}</h1>"
+            f"<p class='note'>generated {generated} by groupcoord</p>"
+            + "\n".join(body) + "</body></html>\n")

@@ -1,0 +1,319 @@
+"""Reading coordinator journals: SQLite files into Arrow, and the Parquet export.
+
+A coordinator's SQLite file (coordinator/storage/schema.py) is read with
+Python's ``sqlite3`` straight into Arrow tables (no JDBC), which Spark then
+takes as a DataFrame. ``groupcoord journal export`` writes the same Arrow
+tables as Parquet, so journals of many coordinators can be collected on shared
+storage and analysed together.
+
+The export layout (format 1)::
+
+    OUT/journal/<source>-<first id>-<last id>.parquet       JOURNAL_SCHEMA
+    OUT/generations/<source>-<count>.parquet                GENERATIONS_SCHEMA
+
+``source`` names the coordinator a row came from; ``(source, id)`` identifies a
+journal row, so exporting the same file twice into one directory does not count
+its rebalances twice (the analysis drops the duplicates). All integer columns
+are 64-bit (Spark ``LongType``): times are Unix milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from coordinator.storage.schema import SCHEMA_VERSION
+from pipeline.errors import PipelineError
+
+EXPORT_FORMAT = "1"
+EXPORT_FORMAT_KEY = b"groupcoord.journal_export"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+BATCH_ROWS = 50_000
+
+MEMBER_TYPE = pa.struct([
+    ("member_id", pa.string()),
+    ("group_instance_id", pa.string()),
+    ("client_id", pa.string()),
+])
+
+JOURNAL_SCHEMA = pa.schema([
+    ("source", pa.string()),
+    ("id", pa.int64()),
+    ("group_id", pa.string()),
+    ("generation_id", pa.int64()),
+    ("protocol_type", pa.string()),
+    ("protocol_name", pa.string()),
+    ("leader", pa.string()),
+    ("member_count", pa.int64()),
+    ("members", pa.list_(MEMBER_TYPE)),
+    ("joined", pa.list_(pa.string())),
+    ("left", pa.list_(pa.string())),
+    ("reason", pa.string()),
+    ("started_ms", pa.int64()),
+    ("ended_ms", pa.int64()),
+    # msgpack map member_id -> assignment bytes, exactly as the coordinator stored it
+    ("assignments", pa.binary()),
+], metadata={EXPORT_FORMAT_KEY: EXPORT_FORMAT.encode()})
+
+GENERATIONS_SCHEMA = pa.schema([
+    ("source", pa.string()),
+    ("group_id", pa.string()),
+    ("generation_id", pa.int64()),
+    ("protocol_type", pa.string()),
+    ("protocol_name", pa.string()),
+    ("leader", pa.string()),
+    ("formed_ms", pa.int64()),
+    ("member_count", pa.int64()),
+    # False: the generation formed but the leader's assignment never arrived
+    # (superseded by another rebalance, or still in flight when read).
+    ("has_assignments", pa.bool_()),
+], metadata={EXPORT_FORMAT_KEY: EXPORT_FORMAT.encode()})
+
+_JOURNAL_SQL = (
+    "SELECT id, group_id, generation_id, protocol_type, protocol_name, leader, member_count, "
+    "members, joined, left, reason, started_ms, ended_ms, assignments "
+    "FROM rebalance_journal ORDER BY group_id, id"
+)
+_GENERATIONS_SQL = (
+    "SELECT group_id, generation_id, protocol_type, protocol_name, leader, formed_ms, "
+    "member_count, assignments IS NOT NULL FROM generations ORDER BY group_id, generation_id"
+)
+
+
+@dataclass(frozen=True)
+class SqliteJournal:
+    """One coordinator file, opened and checked (see :func:`open_sqlite`)."""
+
+    path: Path
+    source: str
+    schema_version: int
+    rows: int
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # Read-only: the analysis must never change a coordinator's file, and a
+    # running coordinator (WAL mode) can keep writing while we read.
+    return sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True)
+
+
+def open_sqlite(path: str | Path, source: str | None = None) -> SqliteJournal:
+    """Check that ``path`` is a coordinator database this version can read.
+
+    Raises :class:`PipelineError` naming the file when it is missing, not a
+    SQLite file, corrupt, from a newer schema version, or has no journal.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise PipelineError(f"{p}: no such file")
+    if p.is_dir():
+        raise PipelineError(f"{p}: is a directory, not a coordinator SQLite file "
+                            "(a directory must hold a `groupcoord journal export`)")
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(len(SQLITE_MAGIC))
+    except OSError as exc:
+        raise PipelineError(f"{p}: cannot read: {exc.strerror}") from exc
+    if head != SQLITE_MAGIC:
+        raise PipelineError(f"{p}: not a SQLite database (expected a coordinator's --db file)")
+    try:
+        con = _connect(p)
+        try:
+            version = int(con.execute("PRAGMA user_version").fetchone()[0])
+            tables = {r[0] for r in con.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if version > SCHEMA_VERSION:
+                raise PipelineError(
+                    f"{p}: schema version {version} is newer than this groupcoord reads "
+                    f"({SCHEMA_VERSION}); analyse it with the groupcoord that wrote it, or upgrade")
+            if "rebalance_journal" not in tables:
+                raise PipelineError(f"{p}: not a groupcoord database (no rebalance_journal table; "
+                                    f"schema version {version})")
+            rows = int(con.execute("SELECT count(*) FROM rebalance_journal").fetchone()[0])
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise PipelineError(f"{p}: corrupt or unreadable SQLite database: {exc}") from exc
+    return SqliteJournal(p, source or p.stem, version, rows)
+
+
+def _members(raw: str, where: str) -> list[dict[str, Any]]:
+    try:
+        items = json.loads(raw)
+        return [{"member_id": str(m[0]), "group_instance_id": m[1], "client_id": m[2]}
+                for m in items]
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise PipelineError(f"{where}: members is not a JSON list of "
+                            f"[member_id, group_instance_id, client_id]: {raw[:80]!r}") from exc
+
+
+def _id_list(raw: str, where: str, name: str) -> list[str]:
+    try:
+        items = json.loads(raw)
+        if not isinstance(items, list):
+            raise TypeError(name)
+        return [str(m) for m in items]
+    except (ValueError, TypeError) as exc:
+        raise PipelineError(f"{where}: {name} is not a JSON list of member ids: "
+                            f"{raw[:80]!r}") from exc
+
+
+def iter_journal_batches(journal: SqliteJournal,
+                         batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """The journal of one file as Arrow record batches (``JOURNAL_SCHEMA``)."""
+    p = journal.path
+    try:
+        con = _connect(p)
+        try:
+            cur = con.execute(_JOURNAL_SQL)
+            while True:
+                rows = cur.fetchmany(batch_rows)
+                if not rows:
+                    return
+                cols: dict[str, list[Any]] = {name: [] for name in JOURNAL_SCHEMA.names}
+                for r in rows:
+                    where = f"{p}: rebalance_journal id {r[0]}"
+                    cols["source"].append(journal.source)
+                    cols["id"].append(r[0])
+                    cols["group_id"].append(r[1])
+                    cols["generation_id"].append(r[2])
+                    cols["protocol_type"].append(r[3])
+                    cols["protocol_name"].append(r[4])
+                    cols["leader"].append(r[5])
+                    cols["member_count"].append(r[6])
+                    cols["members"].append(_members(r[7], where))
+                    cols["joined"].append(_id_list(r[8], where, "joined"))
+                    cols["left"].append(_id_list(r[9], where, "left"))
+                    cols["reason"].append(r[10])
+                    cols["started_ms"].append(r[11])
+                    cols["ended_ms"].append(r[12])
+                    blob = r[13]
+                    cols["assignments"].append(bytes(blob) if blob is not None else None)
+                yield pa.RecordBatch.from_pydict(cols, schema=JOURNAL_SCHEMA)
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise PipelineError(f"{p}: corrupt or unreadable SQLite database: {exc}") from exc
+
+
+def read_journal(journal: SqliteJournal) -> pa.Table:
+    return pa.Table.from_batches(list(iter_journal_batches(journal)), schema=JOURNAL_SCHEMA)
+
+
+def read_generations(journal: SqliteJournal) -> pa.Table:
+    """The ``generations`` table (``GENERATIONS_SCHEMA``); empty if the file has none."""
+    p = journal.path
+    cols: dict[str, list[Any]] = {name: [] for name in GENERATIONS_SCHEMA.names}
+    try:
+        con = _connect(p)
+        try:
+            tables = {r[0] for r in con.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "generations" in tables:
+                for r in con.execute(_GENERATIONS_SQL):
+                    cols["source"].append(journal.source)
+                    for name, value in zip(GENERATIONS_SCHEMA.names[1:], r, strict=True):
+                        cols[name].append(bool(value) if name == "has_assignments" else value)
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise PipelineError(f"{p}: corrupt or unreadable SQLite database: {exc}") from exc
+    return pa.Table.from_pydict(cols, schema=GENERATIONS_SCHEMA)
+
+
+def unique_sources(paths: Sequence[str | Path]) -> list[str]:
+    """A source name per file: its stem, or its whole path when stems collide."""
+    stems = [Path(p).stem for p in paths]
+    return [Path(p).stem if stems.count(Path(p).stem) == 1 else str(p) for p in paths]
+
+
+# ---------------------------------------------------------------- export
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    journal_rows: int
+    generation_rows: int
+    files: tuple[Path, ...]
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "source"
+
+
+def export(journal: SqliteJournal, out_dir: str | Path) -> ExportResult:
+    """Write one coordinator file's journal and generations as Parquet under ``out_dir``."""
+    out = Path(out_dir)
+    (out / "journal").mkdir(parents=True, exist_ok=True)
+    (out / "generations").mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    first = last = None
+    rows = 0
+    tmp = out / "journal" / f".{_safe(journal.source)}.parquet.tmp"
+    writer = pq.ParquetWriter(tmp, JOURNAL_SCHEMA, compression="zstd")
+    try:
+        for batch in iter_journal_batches(journal):
+            ids = batch.column(1)
+            first = ids[0].as_py() if first is None else first
+            last = ids[len(ids) - 1].as_py()
+            rows += batch.num_rows
+            writer.write_batch(batch)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    writer.close()
+    if rows:
+        # The name carries the id range: a second export of the same file
+        # overwrites an identical one instead of piling up copies.
+        final = out / "journal" / f"{_safe(journal.source)}-{first}-{last}.parquet"
+        os.replace(tmp, final)
+        files.append(final)
+    else:
+        tmp.unlink(missing_ok=True)
+    gens = read_generations(journal)
+    if gens.num_rows:
+        final = out / "generations" / f"{_safe(journal.source)}.parquet"
+        pq.write_table(gens, final, compression="zstd")
+        files.append(final)
+    return ExportResult(rows, gens.num_rows, tuple(files))
+
+
+def check_export_dir(path: str | Path) -> tuple[list[Path], list[Path]]:
+    """The journal and generations Parquet files of an export directory.
+
+    Reads only each file's footer, to name a corrupt or foreign file before
+    Spark starts on it. Raises :class:`PipelineError` naming the problem.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise PipelineError(f"{p}: no such directory")
+    jdir = p / "journal"
+    if not jdir.is_dir():
+        raise PipelineError(f"{p}: not a `groupcoord journal export` directory "
+                            "(no journal/ subdirectory)")
+    journal_files = sorted(f for f in jdir.glob("*.parquet") if f.is_file())
+    gen_files = sorted(f for f in (p / "generations").glob("*.parquet") if f.is_file())
+    for f, schema in [(f, JOURNAL_SCHEMA) for f in journal_files] + \
+                     [(f, GENERATIONS_SCHEMA) for f in gen_files]:
+        try:
+            found = pq.read_schema(f)
+        except (OSError, pa.ArrowException) as exc:
+            raise PipelineError(f"{f}: corrupt or not a Parquet file: {exc}") from exc
+        missing = [n for n in schema.names if n not in found.names]
+        if missing:
+            raise PipelineError(f"{f}: not a groupcoord journal export file "
+                                f"(missing column(s) {', '.join(missing)})")
+        meta = found.metadata or {}
+        fmt = meta.get(EXPORT_FORMAT_KEY)
+        if fmt is not None and fmt.decode() > EXPORT_FORMAT:
+            raise PipelineError(f"{f}: export format {fmt.decode()} is newer than this "
+                                f"groupcoord reads ({EXPORT_FORMAT})")
+    return journal_files, gen_files

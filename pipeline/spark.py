@@ -1,0 +1,161 @@
+"""Starting Spark for the pipeline's commands: Java check, session, progress.
+
+``local[*]`` is the default; under ``spark-submit --master URL`` (or with
+``--master URL``) the same jobs run on a cluster: the session takes the
+submitted master, and groupcoord's own packages are shipped to the executors
+as a zip (they still need ``msgpack``; docs/pipeline.md, "On a cluster").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+
+MIN_JAVA = 17
+_PACKAGES = ("pipeline", "protocol", "client", "coordinator")
+
+
+def _java_binary() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        candidate = Path(home) / "bin" / "java"
+        return str(candidate) if candidate.exists() else None
+    return shutil.which("java")
+
+
+def java_problem() -> str | None:
+    """What is wrong with the Java that Spark would use, or ``None`` if it is fine."""
+    java = _java_binary()
+    install = "install Java 17 or newer (Debian: apt-get install openjdk-17-jre-headless)"
+    if java is None:
+        where = (f"JAVA_HOME={os.environ['JAVA_HOME']} has no bin/java"
+                 if os.environ.get("JAVA_HOME") else "no `java` on PATH and JAVA_HOME is unset")
+        return f"Spark needs Java {MIN_JAVA}+, but {where}: {install}"
+    try:
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"Spark needs Java {MIN_JAVA}+, but `{java} -version` failed ({exc}): {install}"
+    text = proc.stderr + proc.stdout
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if match is None:
+        return f"Spark needs Java {MIN_JAVA}+, but `{java} -version` says {text.strip()[:120]!r}"
+    major = int(match.group(1))
+    if major == 1 and match.group(2):  # "1.8.0_x" is Java 8
+        major = int(match.group(2))
+    if major < MIN_JAVA:
+        return f"Spark needs Java {MIN_JAVA}+, but {java} is Java {major}: {install}"
+    return None
+
+
+def _package_zip() -> str:
+    """groupcoord's packages as one zip for ``addPyFile`` (cluster runs only)."""
+    root = Path(__file__).resolve().parent.parent
+    fd, name = tempfile.mkstemp(prefix="groupcoord-", suffix=".zip")
+    os.close(fd)
+    with zipfile.ZipFile(name, "w", zipfile.ZIP_DEFLATED) as zf:
+        for pkg in _PACKAGES:
+            for f in (root / pkg).rglob("*.py"):
+                zf.write(f, f.relative_to(root).as_posix())
+    return name
+
+
+def session(app: str, master: str | None = None, conf: Sequence[str] = ()) -> Any:
+    """A SparkSession for a CLI run (tests build their own shared one)."""
+    problem = java_problem()
+    if problem is not None:
+        raise PipelineError(problem)
+    try:
+        from pyspark import SparkConf
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise PipelineError("pyspark is not installed: pip install 'groupcoord[pipeline]'") \
+            from exc
+    settings: dict[str, str] = {}
+    for item in conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise PipelineError(f"--conf {item!r}: expected KEY=VALUE")
+        settings[key] = value
+    submitted = SparkConf().get("spark.master")  # set by spark-submit
+    chosen = master or submitted or "local[*]"
+    builder = SparkSession.builder.appName(app).master(chosen)
+    local = chosen.startswith("local")
+    if local:
+        # Workers must run this interpreter (it has msgpack and groupcoord),
+        # not whatever `python3` is first on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
+        builder = builder.config("spark.driver.memory", settings.pop("spark.driver.memory", "4g"))
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # the JVM failed to start: say so, not a py4j trace
+        raise PipelineError(f"Spark did not start (master {chosen}): {exc}") from exc
+    spark.sparkContext.setLogLevel("ERROR")
+    if not local:
+        spark.sparkContext.addPyFile(_package_zip())
+    return spark
+
+
+@contextmanager
+def progress(spark: Any, label: str, enabled: bool = True) -> Iterator[None]:
+    """A progress line for one phase of a job: a tqdm bar over the Spark tasks
+    that ran during the block, then ``label: done in N s`` on stderr."""
+    start = time.monotonic()
+    stop = threading.Event()
+    thread: threading.Thread | None = None
+    if enabled:
+        print(f"{label} ...", file=sys.stderr, flush=True)
+        thread = threading.Thread(target=_poll, args=(spark, label, stop), daemon=True)
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(timeout=5)
+        if enabled:
+            print(f"{label}: done in {time.monotonic() - start:.1f} s", file=sys.stderr,
+                  flush=True)
+
+
+def _poll(spark: Any, label: str, stop: threading.Event) -> None:
+    from tqdm import tqdm
+    tracker = spark.sparkContext.statusTracker()
+    seen: dict[int, tuple[int, int]] = {}
+    bar: Any = None
+    try:
+        while not stop.wait(0.5):
+            for sid in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(sid)
+                if info is not None:
+                    seen[sid] = (info.numTasks, info.numCompletedTasks)
+            if not seen:
+                continue
+            total = sum(t for t, _ in seen.values())
+            done = sum(d for _, d in seen.values())
+            if bar is None:
+                bar = tqdm(total=total, desc=f"  {label}", unit="task", file=sys.stderr,
+                           leave=False, dynamic_ncols=True)
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+    except Exception:  # progress is best effort: the job's outcome is what counts
+        pass
+    finally:
+        if bar is not None:
+            bar.close()
