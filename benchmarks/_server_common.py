@@ -84,10 +84,15 @@ class BenchMember:
     generation_id: int = -1
     leader: str = ""
     peers: list[str] = field(default_factory=list)
+    #: part of the member's metadata: changing it makes a rejoin rebalance the
+    #: group (a follower rejoining with the same metadata gets the current
+    #: generation back, as in Kafka).
+    epoch: int = 0
 
     def join_body(self, session_ms: int) -> dict[str, Any]:
         return {"group_id": self.group_id, "member_id": self.member_id,
-                "protocol_type": "resources", "protocols": [["range", b"\x81\xa1v\x01"]],
+                "protocol_type": "resources", "protocols": [["range", msgpack.packb({"v": 1, "sets": ["orders"],
+                                                       "epoch": self.epoch})]],
                 "session_timeout_ms": session_ms, "rebalance_timeout_ms": session_ms,
                 "client_id": "bench"}
 

@@ -84,13 +84,13 @@ def run_wrk(url: str, bodies: str, args: argparse.Namespace) -> dict[str, int]:
     return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
-def summary(label: str, r: dict[str, int]) -> tuple[str, float]:
+def summary(label: str, r: dict[str, int]) -> tuple[str, str, float]:
     rps = r["requests"] / (r["duration_us"] / 1e6)
     line = (f"{label:<28} {rps:>10,.0f}/s  p50 {r['p50_us'] / 1000:6.2f} ms  "
             f"p90 {r['p90_us'] / 1000:6.2f} ms  p99 {r['p99_us'] / 1000:6.2f} ms  "
             f"max {r['max_us'] / 1000:7.2f} ms  failures {r['failures']}  "
             f"socket errors {r['socket_errors']}")
-    return line, rps
+    return label, line, rps
 
 
 def main() -> int:
@@ -109,7 +109,7 @@ def main() -> int:
           f"-d{args.duration}s; server on CPU {args.server_cpu}, wrk on CPU {args.wrk_cpu}")
     with tempfile.TemporaryDirectory() as tmp:
         bodies = os.path.join(tmp, "bodies.bin")
-        results: list[tuple[str, float]] = []
+        results: list[tuple[str, str, float]] = []
         for n in args.members:
             server, db_dir = start_groupcoord(args.server_cpu, initial_rebalance_delay_ms=1000,
                                               min_session_timeout_ms=1000)
@@ -122,7 +122,7 @@ def main() -> int:
                 write_bodies(members, bodies)
                 results.append(summary(f"groupcoord, {n:,} members",
                                        run_wrk(server.url, bodies, args)))
-                print(results[-1][0], flush=True)
+                print(results[-1][1], flush=True)
             finally:
                 status = server.stop()
                 db_dir.cleanup()
@@ -130,12 +130,12 @@ def main() -> int:
                     print(f"# server exited with status {status}")
         echo = Server([sys.executable, str(HERE / "server_echo.py")], args.server_cpu)
         try:
-            echo_line, echo_rps = summary("bare aiohttp msgpack echo",
+            _, echo_line, echo_rps = summary("bare aiohttp msgpack echo",
                                           run_wrk(echo.url, bodies, args))
         finally:
             echo.stop()
         print(echo_line)
-        for label, rps in results:
+        for label, _, rps in results:
             print(f"ratio {label}: {rps / echo_rps:.2f} of the bare echo endpoint")
     return 0
 

@@ -1,9 +1,9 @@
 """A 1,000-member group rebalancing: from the last join to every member's sync answer.
 
 Forms one group of ``--members`` members (server pinned to one CPU), then runs
-``--rounds`` rebalances: every member sends its join at once (a known member
-rejoining starts a rebalance; the join phase completes when all have
-rejoined), the leader answers with a trivial assignment as soon as its join
+``--rounds`` rebalances: every member sends its join at once, with changed
+metadata (so each join takes part in the rebalance; the join phase completes
+when all have rejoined), the leader answers with a trivial assignment as soon as its join
 answer arrives, every follower syncs as soon as its own arrives. Measured from
 the moment the last join request's headers were written on its socket (aiohttp
 trace) to the moment the last member holds its sync answer. The load is
@@ -70,6 +70,7 @@ async def one_round(url: str, members: list[BenchMember], sent: list[float]
         sent.clear()
 
         async def rebalance(m: BenchMember) -> None:
+            m.epoch += 1  # new metadata: every join takes part in the rebalance
             answer = await post(http, url, "join", m.join_body(SESSION_MS))
             assert answer["error"] is None, answer
             m.generation_id = answer["generation_id"]
@@ -89,14 +90,19 @@ def main() -> int:
     parser.add_argument("--members", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--server-cpu", type=int, default=0)
+    parser.add_argument("--url", help="use this running server (started with a long "
+                                      "--initial-rebalance-delay-ms) instead of starting one")
     args = parser.parse_args()
-    server, db_dir = start_groupcoord(args.server_cpu, initial_rebalance_delay_ms=2000,
-                                      min_session_timeout_ms=1000)
-    try:
-        results = asyncio.run(run(server.url, args.members, args.rounds))
-    finally:
-        server.stop()
-        db_dir.cleanup()
+    if args.url:
+        results = asyncio.run(run(args.url, args.members, args.rounds))
+    else:
+        server, db_dir = start_groupcoord(args.server_cpu, initial_rebalance_delay_ms=2000,
+                                          min_session_timeout_ms=1000)
+        try:
+            results = asyncio.run(run(server.url, args.members, args.rounds))
+        finally:
+            server.stop()
+            db_dir.cleanup()
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {args.members} members, "
           f"server on CPU {args.server_cpu}")
     for i, (after_last, after_first) in enumerate(results, 1):

@@ -51,35 +51,30 @@ class StorageError(RuntimeError):
 
 
 def encode_members(members: Sequence[MemberRecord]) -> bytes:
-    """A group's members as one msgpack blob (schema.py, ``groups.members``)."""
+    """A group's members as one msgpack blob (schema.py, ``groups.members``).
+
+    Each member is an array ``[member_id, group_instance_id, client_id,
+    client_host, session_timeout_ms, rebalance_timeout_ms, protocols,
+    assignment]`` rather than a map: a 1,000-member group is written at every
+    generation, and arrays encode in half the time and space of maps.
+    """
     return encode([
-        {
-            "member_id": m.member_id,
-            "group_instance_id": m.group_instance_id,
-            "client_id": m.client_id,
-            "client_host": m.client_host,
-            "session_timeout_ms": m.session_timeout_ms,
-            "rebalance_timeout_ms": m.rebalance_timeout_ms,
-            "protocols": [[name, meta] for name, meta in m.protocols],
-            "assignment": m.assignment,
-        }
+        (m.member_id, m.group_instance_id, m.client_id, m.client_host, m.session_timeout_ms,
+         m.rebalance_timeout_ms, m.protocols, m.assignment)
         for m in members
     ])
 
 
 def decode_members(blob: bytes) -> tuple[MemberRecord, ...]:
     out = []
-    for m in decode(blob):
+    for (member_id, instance, client_id, client_host, session_ms, rebalance_ms, protocols,
+         assignment) in decode(blob):
         out.append(MemberRecord(
-            member_id=m["member_id"],
-            group_instance_id=m["group_instance_id"],
-            client_id=m["client_id"],
-            client_host=m["client_host"],
-            session_timeout_ms=m["session_timeout_ms"],
-            rebalance_timeout_ms=m["rebalance_timeout_ms"],
-            protocols=tuple((name, meta) for name, meta in m["protocols"]),
-            assignment=m["assignment"],
-        ))
+            member_id=member_id, group_instance_id=instance, client_id=client_id,
+            client_host=client_host, session_timeout_ms=session_ms,
+            rebalance_timeout_ms=rebalance_ms,
+            protocols=tuple((name, meta) for name, meta in protocols),
+            assignment=assignment))
     return tuple(out)
 
 
