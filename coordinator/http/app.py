@@ -319,6 +319,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         log.exception("unhandled error on %s %s", request.method, request.path)
         message = "the server failed on this request; see its log"
         if _is_protocol_path(request.path):
+            request.app[METRICS_KEY].observe_request(request.path[len("/v1/"):],
+                                                     ErrorCode.UNKNOWN_SERVER_ERROR, 0.0)
             return msgpack_error(500, ErrorCode.UNKNOWN_SERVER_ERROR, message)
         return json_error(500, ErrorCode.UNKNOWN_SERVER_ERROR.value, message)
 

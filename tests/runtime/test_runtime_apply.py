@@ -286,3 +286,32 @@ async def test_restart_resumes_a_stable_group(tmp_path: Path) -> None:
     finally:
         await h2.runtime.stop()
         await h2.storage.inner.close()
+
+
+class FailingCore(SpyCore):
+    """The real core, except that heartbeats hit a bug."""
+
+    def handle(self, now_ms: int, command: Command) -> Any:
+        if isinstance(command, Heartbeat):
+            raise RuntimeError("a bug")
+        return super().handle(now_ms, command)
+
+
+async def test_a_core_bug_answers_unknown_server_error_and_service_goes_on(
+        tmp_path: Path) -> None:
+    storage = await Storage.open(tmp_path / "g.db")
+    try:
+        runtime = Runtime(FailingCore(GroupCoordinator(CONFIG)), storage, FakeClock())
+        await runtime.start()
+        req = HeartbeatRequest(group_id="g", member_id="m", generation_id=1)
+        answer = await runtime.call(lambda rid: Heartbeat(rid, req))
+        assert answer.error is ErrorCode.UNKNOWN_SERVER_ERROR
+        join = JoinRequest(group_id="g", member_id="", protocol_type="resources",
+                           protocols=(("range", b""),), session_timeout_ms=SESSION_MS,
+                           rebalance_timeout_ms=SESSION_MS)
+        answer = await runtime.call(lambda rid: Join(rid, join, "h", "fresh-id"))
+        assert answer.error is ErrorCode.MEMBER_ID_REQUIRED
+        assert runtime.ready
+        await runtime.stop()
+    finally:
+        await storage.close()
