@@ -1,0 +1,674 @@
+"""The member state machine without a network (sans-IO): every error code's
+action, eager and cooperative flows, the safety rule on a fake clock."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from client.assignors import Assignment, RebalanceProtocol, Subscription
+from client.errors import (
+    CommitFailedError,
+    CoordinatorUnavailableError,
+    FatalMemberError,
+    FencedInstanceIdError,
+    GroupMaxSizeReachedError,
+    InconsistentGroupProtocolError,
+    MemberClosedError,
+    NotOwnedError,
+    RebalanceInProgressError,
+)
+from client.member_state import (
+    ERROR_ACTIONS,
+    Call,
+    CallbackKind,
+    ErrorAction,
+    InvokeListener,
+    MemberConfig,
+    MemberState,
+    MemberStateMachine,
+    RebalanceCompleted,
+    RebalanceFailed,
+    Stop,
+    Wait,
+)
+from client.transport import CatalogResponse
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinMember,
+    JoinRequest,
+    JoinResponse,
+    LeaveRequest,
+    LeaveResponse,
+    SyncRequest,
+    SyncResponse,
+)
+from protocol.resources import MemberMetadata, ResourceAssignment
+
+SESSION = 1_000
+HB = 300
+
+
+def make(assignors: Sequence[str] = ("cooperative-sticky",), **kw: object) -> MemberStateMachine:
+    settings: dict[str, object] = dict(group_id="g", sets=["s"], assignors=tuple(assignors),
+                                       session_timeout_ms=SESSION, heartbeat_interval_ms=HB,
+                                       rebalance_timeout_ms=5_000)
+    settings.update(kw)
+    return MemberStateMachine(MemberConfig(**settings), rng=lambda: 0.5)  # type: ignore[arg-type]
+
+
+def expect_call(m: MemberStateMachine, now: int, api: str) -> Call:
+    action = m.next_action(now)
+    assert isinstance(action, Call), action
+    assert action.api == api, action
+    return action
+
+
+def expect_callback(m: MemberStateMachine, now: int, kind: CallbackKind,
+                    resources: set[tuple[str, int]]) -> None:
+    action = m.next_action(now)
+    assert isinstance(action, InvokeListener), action
+    assert action.kind is kind
+    assert set(action.resources) == resources
+    m.listener_done(now)
+
+
+def res(*indexes: int, name: str = "s") -> set[tuple[str, int]]:
+    return {(name, i) for i in indexes}
+
+
+def assignment(*indexes: int, delay_ms: int = 0, error: str | None = None) -> bytes:
+    assigned = {"s": list(indexes)} if indexes else {}
+    return ResourceAssignment(assigned=assigned, delay_ms=delay_ms, error=error).encode()
+
+
+def join_as_follower(m: MemberStateMachine, now: int, *indexes: int,
+                     generation: int = 1, member_id: str = "m1") -> None:
+    """Drive a member from JOINING to STABLE owning ``indexes``."""
+    expect_call(m, now, "join")
+    m.receive(now, JoinResponse(None, generation, "resources", m.config.assignors[0], "leader",
+                                member_id))
+    expect_call(m, now, "sync")
+    m.receive(now, SyncResponse(None, "resources", m.config.assignors[0], assignment(*indexes)))
+    added = res(*indexes) - set(m.owned)
+    # cooperative: revocations first; here the caller owns nothing new to revoke
+    expect_callback(m, now, CallbackKind.ASSIGNED, added)
+    assert m.state is MemberState.STABLE
+
+
+def metadata_of(call: Call) -> MemberMetadata:
+    assert isinstance(call.request, JoinRequest)
+    return MemberMetadata.decode(call.request.protocols[0][1])
+
+
+# ---------------------------------------------------------------- joining
+
+
+def test_first_join_takes_the_member_id_and_joins_again_at_once() -> None:
+    m = make()
+    first = expect_call(m, 0, "join")
+    assert isinstance(first.request, JoinRequest)
+    assert first.request.member_id == ""
+    assert first.request.protocol_type == "resources"
+    m.receive(5, JoinResponse(ErrorCode.MEMBER_ID_REQUIRED, member_id="m-new"))
+    again = expect_call(m, 5, "join")
+    assert isinstance(again.request, JoinRequest)
+    assert again.request.member_id == "m-new"
+    assert not any(isinstance(e, RebalanceFailed) for e in m.drain_events())
+
+
+def test_follower_syncs_without_assignments_then_heartbeats_with_long_poll() -> None:
+    m = make()
+    expect_call(m, 0, "join")
+    m.receive(10, JoinResponse(None, 3, "resources", "cooperative-sticky", "other", "m1"))
+    sync = expect_call(m, 10, "sync")
+    assert isinstance(sync.request, SyncRequest)
+    assert sync.request.assignments == ()
+    assert sync.request.generation_id == 3
+    m.receive(20, SyncResponse(None, "resources", "cooperative-sticky", assignment(0, 1)))
+    expect_callback(m, 20, CallbackKind.ASSIGNED, res(0, 1))
+    assert m.owned == frozenset(res(0, 1))
+    hb = expect_call(m, 20, "heartbeat")
+    assert isinstance(hb.request, HeartbeatRequest)
+    assert hb.request.wait_ms == HB  # the coordinator answers at once when a rebalance starts
+    assert hb.interruptible
+    assert hb.timeout_ms <= SESSION  # bounded by the safety deadline
+
+
+def test_leader_reads_the_catalog_assigns_and_validates() -> None:
+    m = make(assignors=("range",))
+    expect_call(m, 0, "join")
+    meta = MemberMetadata(sets=("s",)).encode()
+    members = (JoinMember("m1", None, meta), JoinMember("m2", None, meta))
+    m.receive(5, JoinResponse(None, 1, "resources", "range", "m1", "m1", members))
+    assert m.is_leader
+    expect_call(m, 5, "resources")
+    m.receive(6, CatalogResponse(7, {"s": 4}))
+    sync = expect_call(m, 6, "sync")
+    assert isinstance(sync.request, SyncRequest)
+    got = {a.member_id: ResourceAssignment.decode(a.assignment) for a in sync.request.assignments}
+    assert set(got) == {"m1", "m2"}
+    all_assigned = [i for a in got.values() for i in a.assigned.get("s", [])]
+    assert sorted(all_assigned) == [0, 1, 2, 3]
+    m.receive(7, SyncResponse(None, assignment=sync.request.assignments[0].assignment,
+                              resources_epoch=7))
+    expect_callback(m, 7, CallbackKind.ASSIGNED, res(*got["m1"].assigned["s"]))
+
+
+class _GreedyCooperative:
+    """A 'cooperative' assignor that breaks KIP-429: it moves owned resources."""
+
+    name = "cooperative-sticky"
+    protocols = (RebalanceProtocol.COOPERATIVE,)
+
+    def assign(self, resources: Mapping[str, int],
+               subscriptions: Mapping[str, Subscription]) -> dict[str, Assignment]:
+        first = sorted(subscriptions)[0]
+        return {m: Assignment({"s": list(range(resources["s"]))} if m == first else {})
+                for m in subscriptions}
+
+
+def test_leader_fails_the_rebalance_loudly_when_the_assignor_breaks_a_rule() -> None:
+    m = make()
+    m._assignors["cooperative-sticky"] = _GreedyCooperative()
+    expect_call(m, 0, "join")
+    owner = MemberMetadata(sets=("s",), owned={"s": [0, 1]}, generation=4).encode()
+    members = (JoinMember("a", None, MemberMetadata(sets=("s",)).encode()),
+               JoinMember("b", None, owner))
+    m.receive(1, JoinResponse(None, 5, "resources", "cooperative-sticky", "a", "a", members))
+    expect_call(m, 1, "resources")
+    m.receive(2, CatalogResponse(1, {"s": 2}))
+    sync = expect_call(m, 2, "sync")
+    assert isinstance(sync.request, SyncRequest)
+    decoded = [ResourceAssignment.decode(a.assignment) for a in sync.request.assignments]
+    assert all(d.error and "broke a rule" in d.error for d in decoded)
+    assert all(not d.assigned for d in decoded)  # nothing handed out: no double ownership
+    assert m.last_error and "broke a rule" in m.last_error
+    m.receive(3, SyncResponse(None, assignment=sync.request.assignments[0].assignment))
+    events = m.drain_events()
+    assert any(isinstance(e, RebalanceFailed) for e in events)
+    assert not any(isinstance(e, RebalanceCompleted) for e in events)
+    # no on_assigned for a failed rebalance; the member rejoins after a backoff
+    action = m.next_action(3)
+    assert isinstance(action, Call) and action.api == "heartbeat"
+    m.call_abandoned(3)
+    assert isinstance(m.next_action(3), Call)
+    m.call_abandoned(3)
+    expect_call(m, 1_000, "join")
+
+
+def test_static_leader_with_skip_assignment_syncs_without_assignments() -> None:
+    m = make(group_instance_id="i-1")
+    join = expect_call(m, 0, "join")
+    assert isinstance(join.request, JoinRequest)
+    assert join.request.group_instance_id == "i-1"
+    members = (JoinMember("m1", "i-1", MemberMetadata(sets=("s",)).encode()),)
+    m.receive(1, JoinResponse(None, 2, "resources", "cooperative-sticky", "m1", "m1", members,
+                              skip_assignment=True))
+    sync = expect_call(m, 1, "sync")  # no catalog read, no assignor run
+    assert isinstance(sync.request, SyncRequest)
+    assert sync.request.assignments == ()
+    m.receive(2, SyncResponse(None, assignment=assignment(0, 1, 2), resources_epoch=4))
+    expect_callback(m, 2, CallbackKind.ASSIGNED, res(0, 1, 2))
+
+
+def test_protocol_choice_follows_kafka() -> None:
+    assert make(("cooperative-sticky",)).protocol is RebalanceProtocol.COOPERATIVE
+    assert make(("range", "cooperative-sticky")).protocol is RebalanceProtocol.EAGER
+    assert make(("range",)).protocol is RebalanceProtocol.EAGER
+
+
+def test_join_lists_every_assignor_in_preference_order() -> None:
+    m = make(("range", "cooperative-sticky"))
+    join = expect_call(m, 0, "join")
+    assert isinstance(join.request, JoinRequest)
+    assert [name for name, _ in join.request.protocols] == ["range", "cooperative-sticky"]
+
+
+# ---------------------------------------------------------------- the error table
+
+
+def test_every_error_code_has_an_action() -> None:
+    assert set(ERROR_ACTIONS) == set(ErrorCode)
+
+
+def _stable_owner(assignors: Sequence[str] = ("cooperative-sticky",)) -> MemberStateMachine:
+    m = make(assignors)
+    join_as_follower(m, 0, 0, 1)
+    expect_call(m, 0, "heartbeat")
+    return m
+
+
+def test_rebalance_in_progress_cooperative_keeps_what_it_owns() -> None:
+    m = _stable_owner()
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    join = expect_call(m, 10, "join")  # no callback before the join
+    meta = metadata_of(join)
+    assert meta.owned == {"s": [0, 1]}
+    assert meta.generation == 1
+    assert m.owned == frozenset(res(0, 1))
+
+
+def test_rebalance_in_progress_eager_revokes_everything_before_joining() -> None:
+    m = _stable_owner(("range",))
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    expect_callback(m, 10, CallbackKind.REVOKED, res(0, 1))
+    join = expect_call(m, 11, "join")
+    assert metadata_of(join).owned == {}
+    assert metadata_of(join).generation == -1
+    assert m.owned == frozenset()
+
+
+@pytest.mark.parametrize("code,keeps_member_id", [
+    (ErrorCode.ILLEGAL_GENERATION, True),
+    (ErrorCode.UNKNOWN_MEMBER_ID, False),
+])
+@pytest.mark.parametrize("api", ["heartbeat", "sync"])
+def test_reset_codes_lose_everything_and_rejoin_with_nothing(
+        code: ErrorCode, keeps_member_id: bool, api: str) -> None:
+    m = _stable_owner()
+    if api == "sync":
+        m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+        expect_call(m, 10, "join")
+        m.receive(11, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
+        expect_call(m, 11, "sync")
+        m.receive(12, SyncResponse(code))
+    else:
+        m.receive(12, HeartbeatResponse(code))
+    expect_callback(m, 12, CallbackKind.LOST, res(0, 1))
+    assert m.owned == frozenset()
+    join = expect_call(m, 12, "join")
+    assert isinstance(join.request, JoinRequest)
+    assert join.request.member_id == ("m1" if keeps_member_id else "")
+    assert metadata_of(join).owned == {}
+    assert m.generation_id == -1
+
+
+@pytest.mark.parametrize("code,cls", [
+    (ErrorCode.FENCED_INSTANCE_ID, FencedInstanceIdError),
+    (ErrorCode.INCONSISTENT_GROUP_PROTOCOL, InconsistentGroupProtocolError),
+    (ErrorCode.GROUP_MAX_SIZE_REACHED, GroupMaxSizeReachedError),
+])
+def test_fatal_codes_lose_everything_and_stop_with_the_error(
+        code: ErrorCode, cls: type[FatalMemberError]) -> None:
+    m = _stable_owner()
+    m.receive(10, HeartbeatResponse(code))
+    expect_callback(m, 10, CallbackKind.LOST, res(0, 1))
+    stop = m.next_action(10)
+    assert isinstance(stop, Stop)
+    assert isinstance(stop.error, cls)
+    assert stop.error.code is code
+    assert m.state is MemberState.FAILED
+    with pytest.raises(cls):
+        m.build_commit({})
+    assert isinstance(m.next_action(20), Stop)  # stays stopped
+
+
+def test_fatal_code_on_the_first_join_stops_without_callbacks() -> None:
+    m = make()
+    expect_call(m, 0, "join")
+    m.receive(1, JoinResponse(ErrorCode.INCONSISTENT_GROUP_PROTOCOL))
+    stop = m.next_action(1)
+    assert isinstance(stop, Stop) and isinstance(stop.error, InconsistentGroupProtocolError)
+
+
+@pytest.mark.parametrize("code", [ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                  ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                  ErrorCode.UNKNOWN_SERVER_ERROR])
+def test_retriable_codes_retry_the_same_step_after_backoff(code: ErrorCode) -> None:
+    m = _stable_owner()
+    m.receive(10, HeartbeatResponse(code))
+    wait = m.next_action(10)
+    assert isinstance(wait, Wait)
+    assert wait.until_ms is not None and 10 + 80 <= wait.until_ms <= 10 + 120  # 100 ms +-20%
+    expect_call(m, wait.until_ms, "heartbeat")
+    assert m.owned == frozenset(res(0, 1))  # nothing lost yet
+
+
+def test_join_retries_with_exponential_backoff_and_jitter() -> None:
+    draws = iter([0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5])
+    m = MemberStateMachine(MemberConfig("g", ["s"], session_timeout_ms=SESSION,
+                                        heartbeat_interval_ms=HB, retry_backoff_ms=100,
+                                        retry_backoff_max_ms=400), rng=lambda: next(draws))
+    now = 0
+    delays = []
+    for _ in range(5):
+        expect_call(m, now, "join")
+        m.call_failed(now, CoordinatorUnavailableError("connection refused"))
+        wait = m.next_action(now)
+        assert isinstance(wait, Wait) and wait.until_ms is not None
+        delays.append(wait.until_ms - now)
+        now = wait.until_ms
+    assert delays == [80, 240, 400, 400, 400]  # 100*0.8, 200*1.2, then capped at 400
+
+
+def test_transport_fatal_error_stops_the_member() -> None:
+    from client.errors import InvalidRequestError
+    m = make()
+    expect_call(m, 0, "join")
+    m.call_failed(1, InvalidRequestError("join: HTTP 400: protocols: missing field"))
+    stop = m.next_action(1)
+    assert isinstance(stop, Stop) and isinstance(stop.error, InvalidRequestError)
+
+
+# ---------------------------------------------------------------- the safety rule
+
+
+def test_no_heartbeat_for_a_session_timeout_loses_everything_first() -> None:
+    m = make()
+    join_as_follower(m, 0, 0, 1, 2)
+    hb = expect_call(m, 100, "heartbeat")  # sent at 100
+    m.receive(350, HeartbeatResponse(None))  # received much later: the anchor is the send time
+    assert m.safety_deadline_ms() == 100 + SESSION
+    now = 400
+    while True:
+        action = m.next_action(now)
+        if isinstance(action, InvokeListener):
+            break
+        if isinstance(action, Call):
+            assert action.timeout_ms <= 100 + SESSION - now  # never waits past the deadline
+            m.call_failed(now + action.timeout_ms if action.timeout_ms < 50 else now + 50,
+                          CoordinatorUnavailableError("partitioned"))
+            now += 50
+        else:
+            assert isinstance(action, Wait) and action.until_ms is not None
+            assert action.until_ms <= 100 + SESSION
+            now = action.until_ms
+    assert action.kind is CallbackKind.LOST
+    assert set(action.resources) == res(0, 1, 2)
+    assert now >= 100 + SESSION
+    assert now < 100 + SESSION + 150  # promptly
+    assert m.owned == frozenset()  # gone before the callback even runs
+    m.listener_done(now)
+    assert hb.api == "heartbeat"
+    # then it tries to get back in, owning nothing
+    while not isinstance(action := m.next_action(now), Call) or action.api != "join":
+        if isinstance(action, Call):
+            m.call_failed(now, CoordinatorUnavailableError("partitioned"))
+        elif isinstance(action, Wait) and action.until_ms is not None:
+            now = action.until_ms
+    assert metadata_of(action).owned == {}
+
+
+def test_a_paused_member_loses_everything_before_sending_anything() -> None:
+    m = make()
+    join_as_follower(m, 0, 5)
+    expect_call(m, 0, "heartbeat")
+    m.receive(1, HeartbeatResponse(None))
+    # The process was paused (GC, SIGSTOP) for longer than the session timeout.
+    expect_callback(m, 5_000, CallbackKind.LOST, res(5))
+
+
+def test_the_rule_is_suspended_while_a_join_is_in_flight() -> None:
+    m = make()
+    join_as_follower(m, 0, 0, 1)
+    expect_call(m, 0, "heartbeat")
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    expect_call(m, 10, "join")
+    assert m.safety_deadline_ms() is None  # the coordinator keeps a joining member alive
+    m.receive(3_000, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
+    expect_call(m, 3_000, "sync")
+    m.receive(3_010, SyncResponse(None, assignment=assignment(0, 1)))
+    expect_callback(m, 3_010, CallbackKind.ASSIGNED, set())
+    assert m.owned == frozenset(res(0, 1))
+    assert m.safety_deadline_ms() == 3_000 + SESSION  # the sync's send time
+
+
+# ---------------------------------------------------------------- cooperative flows
+
+
+def test_cooperative_revokes_exactly_what_moves_then_assigns_then_rejoins_at_once() -> None:
+    m = _stable_owner()
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    expect_call(m, 10, "join")
+    m.receive(11, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
+    expect_call(m, 11, "sync")
+    m.receive(12, SyncResponse(None, assignment=assignment(0, 3)))
+    # KIP-429 3.3/3.4: on_revoked(only what moves), then on_assigned(only what is new)
+    action = m.next_action(12)
+    assert isinstance(action, InvokeListener) and action.kind is CallbackKind.REVOKED
+    assert set(action.resources) == res(1)
+    assert ("s", 1) in m.owned  # still owned while on_revoked runs: it may commit
+    m.build_commit({("s", 1): b"x"})
+    m.listener_done(13)
+    assert ("s", 1) not in m.owned
+    expect_callback(m, 13, CallbackKind.ASSIGNED, res(3))
+    join = expect_call(m, 14, "join")  # the follow-up rebalance, at once
+    assert metadata_of(join).owned == {"s": [0, 3]}
+    assert metadata_of(join).generation == 2
+
+
+def test_on_assigned_is_called_on_every_completed_rebalance_even_if_empty() -> None:
+    m = _stable_owner()
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    expect_call(m, 10, "join")
+    m.receive(11, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
+    expect_call(m, 11, "sync")
+    m.receive(12, SyncResponse(None, assignment=assignment(0, 1)))
+    expect_callback(m, 30, CallbackKind.ASSIGNED, set())
+    completed = [e for e in m.drain_events() if isinstance(e, RebalanceCompleted)]
+    assert completed[-1].latency_ms == 30 - 10  # includes the callback time
+    expect_call(m, 30, "heartbeat")
+
+
+def test_eager_gets_full_sets_in_kip429_order() -> None:
+    m = _stable_owner(("range",))
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    expect_callback(m, 10, CallbackKind.REVOKED, res(0, 1))
+    expect_call(m, 10, "join")
+    m.receive(11, JoinResponse(None, 2, "resources", "range", "x", "m1"))
+    expect_call(m, 11, "sync")
+    m.receive(12, SyncResponse(None, assignment=assignment(1, 2)))
+    expect_callback(m, 12, CallbackKind.ASSIGNED, res(1, 2))  # everything, overlap included
+    expect_call(m, 12, "heartbeat")  # no follow-up rebalance in eager
+
+
+def test_delay_ms_makes_the_member_rejoin_after_the_delay() -> None:
+    m = make(("incremental-cooperative",))
+    expect_call(m, 0, "join")
+    m.receive(0, JoinResponse(None, 1, "resources", "incremental-cooperative", "x", "m1"))
+    expect_call(m, 0, "sync")
+    m.receive(0, SyncResponse(None, assignment=assignment(0, delay_ms=500)))
+    expect_callback(m, 0, CallbackKind.ASSIGNED, res(0))
+    hb = expect_call(m, 0, "heartbeat")
+    assert isinstance(hb.request, HeartbeatRequest)
+    assert hb.request.wait_ms == HB
+    m.receive(300, HeartbeatResponse(None))
+    hb = expect_call(m, 300, "heartbeat")
+    assert isinstance(hb.request, HeartbeatRequest)
+    assert hb.request.wait_ms == 200  # no longer than the delay
+    m.receive(500, HeartbeatResponse(None))
+    join = expect_call(m, 500, "join")
+    assert metadata_of(join).owned == {"s": [0]}
+
+
+def test_leader_rejoins_when_the_catalog_epoch_moves_followers_do_not() -> None:
+    leader = make()
+    expect_call(leader, 0, "join")
+    members = (JoinMember("m1", None, MemberMetadata(sets=("s",)).encode()),)
+    leader.receive(0, JoinResponse(None, 1, "resources", "cooperative-sticky", "m1", "m1",
+                                   members))
+    expect_call(leader, 0, "resources")
+    leader.receive(0, CatalogResponse(3, {"s": 2}))
+    sync = expect_call(leader, 0, "sync")
+    assert isinstance(sync.request, SyncRequest)
+    leader.receive(0, SyncResponse(None, assignment=sync.request.assignments[0].assignment,
+                                   resources_epoch=3))
+    expect_callback(leader, 0, CallbackKind.ASSIGNED, res(0, 1))
+    expect_call(leader, 0, "heartbeat")
+    leader.receive(100, HeartbeatResponse(None, resources_epoch=3))
+    expect_call(leader, 300, "heartbeat")
+    leader.receive(310, HeartbeatResponse(None, resources_epoch=4))
+    expect_call(leader, 310, "join")
+
+    follower = _stable_owner()
+    follower.receive(10, HeartbeatResponse(None, resources_epoch=99))
+    expect_call(follower, 300, "heartbeat")
+
+
+def test_leader_rejoins_when_the_catalog_changed_during_the_rebalance() -> None:
+    m = make()
+    expect_call(m, 0, "join")
+    members = (JoinMember("m1", None, MemberMetadata(sets=("s",)).encode()),)
+    m.receive(0, JoinResponse(None, 1, "resources", "cooperative-sticky", "m1", "m1", members))
+    expect_call(m, 0, "resources")
+    m.receive(0, CatalogResponse(3, {"s": 2}))
+    sync = expect_call(m, 0, "sync")
+    assert isinstance(sync.request, SyncRequest)
+    m.receive(0, SyncResponse(None, assignment=sync.request.assignments[0].assignment,
+                              resources_epoch=5))
+    expect_callback(m, 0, CallbackKind.ASSIGNED, res(0, 1))
+    expect_call(m, 0, "join")
+
+
+# ---------------------------------------------------------------- subscription, commit, close
+
+
+def test_subscribe_cooperative_revokes_only_unsubscribed_sets_then_rejoins() -> None:
+    m = make(sets=["s", "t"])
+    expect_call(m, 0, "join")
+    m.receive(0, JoinResponse(None, 1, "resources", "cooperative-sticky", "x", "m1"))
+    expect_call(m, 0, "sync")
+    both = ResourceAssignment(assigned={"s": [0], "t": [1]}).encode()
+    m.receive(0, SyncResponse(None, assignment=both))
+    expect_callback(m, 0, CallbackKind.ASSIGNED, {("s", 0), ("t", 1)})
+    expect_call(m, 0, "heartbeat")
+    assert m.subscribe(5, ["s"])
+    assert m.wants_interrupt(5)
+    m.call_abandoned(5)
+    expect_callback(m, 5, CallbackKind.REVOKED, {("t", 1)})
+    join = expect_call(m, 5, "join")
+    meta = metadata_of(join)
+    assert meta.sets == ("s",)
+    assert meta.owned == {"s": [0]}
+    assert not m.subscribe(6, ["s"])  # unchanged: nothing to do
+
+
+def test_subscribe_eager_revokes_everything() -> None:
+    m = _stable_owner(("range",))
+    m.subscribe(5, ["other"])
+    m.call_abandoned(5)
+    expect_callback(m, 5, CallbackKind.REVOKED, res(0, 1))
+    assert metadata_of(expect_call(m, 5, "join")).sets == ("other",)
+
+
+def test_commit_only_for_owned_resources_with_the_current_generation() -> None:
+    m = _stable_owner()
+    request = m.build_commit({("s", 0): 42})
+    assert request.generation_id == 1 and request.member_id == "m1"
+    assert request.checkpoints == (("s", 0, 42),)
+    with pytest.raises(NotOwnedError, match=r"s\[7\]"):
+        m.build_commit({("s", 0): 1, ("s", 7): 1})
+
+
+def test_commit_refused_with_illegal_generation_loses_everything() -> None:
+    m = _stable_owner()
+    request = m.build_commit({("s", 0): 1})
+    error = m.commit_result(10, request, ErrorCode.ILLEGAL_GENERATION)
+    assert isinstance(error, CommitFailedError) and error.code is ErrorCode.ILLEGAL_GENERATION
+    assert m.wants_interrupt(10)
+    m.call_abandoned(10)
+    expect_callback(m, 10, CallbackKind.LOST, res(0, 1))
+    expect_call(m, 10, "join")
+
+
+def test_commit_during_rebalance_asks_to_rejoin() -> None:
+    m = _stable_owner()
+    request = m.build_commit({("s", 0): 1})
+    error = m.commit_result(10, request, ErrorCode.REBALANCE_IN_PROGRESS)
+    assert isinstance(error, RebalanceInProgressError)
+    m.call_abandoned(10)
+    expect_call(m, 10, "join")
+    assert m.owned == frozenset(res(0, 1))
+
+
+def test_a_stale_commit_answer_changes_nothing() -> None:
+    m = _stable_owner()
+    request = m.build_commit({("s", 0): 1})
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    expect_call(m, 10, "join")
+    m.receive(11, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
+    # the commit of generation 1 comes back refused after we moved to generation 2
+    m.commit_result(12, request, ErrorCode.ILLEGAL_GENERATION)
+    expect_call(m, 12, "sync")
+    assert m.owned == frozenset(res(0, 1))
+
+
+def test_close_dynamic_revokes_then_leaves() -> None:
+    m = _stable_owner()
+    m.close()
+    assert m.wants_interrupt(10)
+    m.call_abandoned(10)
+    expect_callback(m, 10, CallbackKind.REVOKED, res(0, 1))
+    leave = expect_call(m, 11, "leave")
+    assert isinstance(leave.request, LeaveRequest)
+    assert leave.request.members[0].member_id == "m1"
+    m.receive(12, LeaveResponse(None))
+    assert m.next_action(12) == Stop(None)
+    with pytest.raises(MemberClosedError):
+        m.build_commit({})
+
+
+def test_close_static_revokes_and_stays_in_the_group() -> None:
+    m = make(group_instance_id="worker-3")
+    join_as_follower(m, 0, 4)
+    expect_call(m, 0, "heartbeat")
+    m.close()
+    m.call_abandoned(1)
+    expect_callback(m, 1, CallbackKind.REVOKED, res(4))
+    assert m.next_action(1) == Stop(None)  # no leave: a restart gets the resources back
+
+
+def test_close_when_the_leave_fails_still_stops() -> None:
+    m = _stable_owner()
+    m.close()
+    m.call_abandoned(1)
+    expect_callback(m, 1, CallbackKind.REVOKED, res(0, 1))
+    expect_call(m, 1, "leave")
+    assert not m.wants_interrupt(1)  # the leave itself is not interrupted
+    m.call_failed(2, CoordinatorUnavailableError("gone"))
+    assert m.next_action(2) == Stop(None)
+
+
+def test_driver_contract_violations_raise() -> None:
+    m = make()
+    expect_call(m, 0, "join")
+    with pytest.raises(RuntimeError):
+        m.next_action(0)
+    with pytest.raises(RuntimeError):
+        m.listener_done(0)
+    with pytest.raises(RuntimeError):
+        m.receive(0, HeartbeatResponse(None))
+
+
+@pytest.mark.parametrize("bad", [
+    dict(heartbeat_interval_ms=1_000),  # not below the session timeout
+    dict(assignors=()),
+    dict(assignors=("range", "range")),
+    dict(group_id=""),
+    dict(sets="s"),
+    dict(group_instance_id=""),
+])
+def test_bad_configuration_is_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        make(**bad)  # type: ignore[arg-type]
+
+
+def test_unknown_assignor_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="no-such"):
+        make(("no-such",))
+
+
+def test_table_actions_are_the_documented_ones() -> None:
+    assert ERROR_ACTIONS[ErrorCode.REBALANCE_IN_PROGRESS] is ErrorAction.REJOIN
+    assert ERROR_ACTIONS[ErrorCode.ILLEGAL_GENERATION] is ErrorAction.RESET_GENERATION
+    assert ERROR_ACTIONS[ErrorCode.UNKNOWN_MEMBER_ID] is ErrorAction.RESET_MEMBER
+    assert ERROR_ACTIONS[ErrorCode.MEMBER_ID_REQUIRED] is ErrorAction.SET_MEMBER_ID
+    for code in (ErrorCode.FENCED_INSTANCE_ID, ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
+                 ErrorCode.GROUP_MAX_SIZE_REACHED):
+        assert ERROR_ACTIONS[code] is ErrorAction.FATAL
+    for code in (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE):
+        assert ERROR_ACTIONS[code] is ErrorAction.RETRY
