@@ -221,7 +221,7 @@ class FaultProxy:
             pending: set[asyncio.Task[bool]] = set(conn.tasks)
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                if not all(t.result() for t in done):
+                if not all(not t.cancelled() and t.result() for t in done):
                     break
         finally:
             self._conns.discard(conn)

@@ -1,0 +1,284 @@
+"""The chaos harness's ledger and the invariants checked over it.
+
+Every worker process appends JSON lines to its own ledger file; the harness
+keeps its own list of faults. All times are ``time.monotonic()`` seconds:
+CLOCK_MONOTONIC is one clock for every process on the machine, so events of
+different processes can be ordered.
+
+Worker events (``w`` worker slot, ``inc`` incarnation of that slot):
+
+* ``assigned`` / ``revoked`` / ``lost`` with ``res`` (``[[set, index], ...]``),
+  ``member`` and ``gen``. ``assigned`` is written when ``on_assigned`` starts
+  (processing starts after it), ``revoked`` when ``on_revoked`` has finished
+  (its final commit included: the hand-over), ``lost`` when ``on_lost``
+  starts (the worker stops at once).
+* ``deadline`` with ``until`` (seconds, or ``null``): the member's safety
+  deadline (client/member_state.py: "the safety rule") whenever it changes.
+* ``commit`` with ``sent``, ``res``, ``value``, ``member``, ``gen`` and
+  ``outcome``: ``ok`` (acknowledged), ``refused`` (an error code),
+  ``local`` (the library refused before sending) or ``unknown`` (no answer:
+  the commit may or may not have been applied). A ``send`` line with the
+  value is written before each commit is sent, so a commit in flight when the
+  process died counts as ``unknown``.
+
+Invariants (issue 6, "Safety under faults"):
+
+1. *Exclusive ownership*: no two incarnations own one resource at the same
+   moment. An incarnation's ownership of a resource runs from its ``assigned``
+   to the first of: its ``revoked``/``lost``, its death (SIGKILL), the end of
+   its ledger, and the moment its own safety deadline passed without being
+   renewed (a SIGSTOPped worker cannot run ``on_lost``, but its rule says it
+   must have stopped by then).
+2. *Convergence*: at the check time (faults over + 2 session timeouts + the
+   rebalance timeout) every resource of every group is owned exactly once,
+   and nothing outside the catalog is owned.
+3. *Durability*: after every coordinator restart, every resource's stored
+   checkpoint is at least the last value acknowledged before the crash
+   (values are monotonic clock readings, so a later owner's values are
+   larger), and the final store holds only values that some commit sent.
+4. *Fencing*: a commit sent after the resource had moved to another owner
+   is never acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Resource = tuple[str, int]
+Owner = tuple[str, int]  # (worker slot, incarnation)
+
+INFINITY = float("inf")
+
+
+@dataclass(frozen=True)
+class Interval:
+    owner: Owner
+    resource: Resource
+    start: float
+    end: float
+    #: why it ended: revoked, lost, killed, deadline, ledger-end
+    why: str
+
+
+@dataclass(frozen=True)
+class Commit:
+    owner: Owner
+    member: str
+    gen: int
+    sent: float
+    recv: float
+    resources: tuple[Resource, ...]
+    value: Any
+    outcome: str
+
+
+@dataclass
+class CheckResult:
+    violations: list[str] = field(default_factory=list)
+    intervals: int = 0
+    commits_ok: int = 0
+    zombie_commits: int = 0
+    zombie_commits_refused: int = 0
+    durability_checks: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def read_ledger(path: Path) -> list[dict[str, Any]]:
+    """Read one JSON-lines ledger; a torn last line (SIGKILL mid-write) is skipped."""
+    events = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return events
+
+
+def _res(raw: Iterable[Iterable[Any]]) -> list[Resource]:
+    return [(str(s), int(i)) for s, i in raw]
+
+
+def _deadline_expiries(events: list[dict[str, Any]], end: float) -> list[float]:
+    """Moments the incarnation's safety deadline passed before it was renewed."""
+    marks = [(e["t"], e["until"]) for e in events if e["ev"] == "deadline"]
+    expiries = []
+    for i, (t, until) in enumerate(marks):
+        if until is None:
+            continue
+        next_t = marks[i + 1][0] if i + 1 < len(marks) else end
+        if until < next_t:
+            expiries.append(max(until, t))
+    return expiries
+
+
+def _incarnation_intervals(owner: Owner, events: list[dict[str, Any]],
+                           death: float) -> list[Interval]:
+    events = sorted(events, key=lambda e: e["t"])
+    ledger_end = events[-1]["t"] if events else 0.0
+    exited = any(e["ev"] == "exit" for e in events)
+    hard_end = min(death, ledger_end if exited else INFINITY)
+    expiries = _deadline_expiries(events, hard_end)
+    opened: dict[Resource, float] = {}
+    out: list[Interval] = []
+
+    def close(r: Resource, at: float, why: str) -> None:
+        start = opened.pop(r)
+        # The safety rule: ownership ended when the deadline passed unrenewed.
+        cut = next((x for x in expiries if start < x < at), None)
+        if cut is not None:
+            at, why = cut, "deadline"
+        out.append(Interval(owner, r, start, at, why))
+
+    for e in events:
+        if e["t"] > hard_end:
+            break
+        if e["ev"] == "assigned":
+            for r in _res(e["res"]):
+                opened.setdefault(r, e["t"])
+        elif e["ev"] in ("revoked", "lost"):
+            for r in _res(e["res"]):
+                if r in opened:
+                    close(r, e["t"], e["ev"])
+    for r in list(opened):
+        if death < INFINITY:
+            close(r, death, "killed")
+        elif exited:
+            close(r, ledger_end, "ledger-end")
+        else:
+            close(r, INFINITY, "running")
+    return out
+
+
+def ownership_intervals(worker_events: Mapping[Owner, list[dict[str, Any]]],
+                        deaths: Mapping[Owner, float]) -> list[Interval]:
+    """Invariant 1's intervals, per incarnation and resource."""
+    intervals: list[Interval] = []
+    for owner, events in worker_events.items():
+        intervals += _incarnation_intervals(owner, events, deaths.get(owner, INFINITY))
+    return intervals
+
+
+def check_exclusive(intervals: list[Interval]) -> list[str]:
+    by_resource: dict[Resource, list[Interval]] = defaultdict(list)
+    for iv in intervals:
+        if iv.end > iv.start:
+            by_resource[iv.resource].append(iv)
+    problems = []
+    for r, ivs in sorted(by_resource.items()):
+        ivs.sort(key=lambda iv: iv.start)
+        for i, a in enumerate(ivs):
+            for b in ivs[i + 1:]:
+                if b.start >= a.end:
+                    break
+                if b.owner != a.owner:
+                    problems.append(
+                        f"{r[0]}[{r[1]}] owned by {a.owner} [{a.start:.3f}, {a.end:.3f} "
+                        f"{a.why}] and {b.owner} [{b.start:.3f}, {b.end:.3f} {b.why}] "
+                        f"at once ({min(a.end, b.end) - b.start:.3f}s overlap)")
+    return problems
+
+
+def owners_at(intervals: list[Interval], t: float) -> dict[Resource, list[Owner]]:
+    owners: dict[Resource, list[Owner]] = defaultdict(list)
+    for iv in intervals:
+        if iv.start <= t < iv.end:
+            owners[iv.resource].append(iv.owner)
+    return owners
+
+
+def check_converged(intervals: list[Interval], t: float,
+                    expected: Mapping[str, set[Resource]],
+                    group_of: Mapping[Owner, str]) -> list[str]:
+    """Invariant 2 at time ``t``: ``expected`` maps group -> resources it must own."""
+    problems = []
+    owners = owners_at(intervals, t)
+    for group, resources in sorted(expected.items()):
+        for r in sorted(resources):
+            got = [o for o in owners.get(r, []) if group_of.get(o) == group]
+            if len(got) != 1:
+                problems.append(f"group {group}: {r[0]}[{r[1]}] has {len(got)} owners "
+                                f"{got} at the convergence deadline")
+        extra = sorted({r for r, os in owners.items()
+                        for o in os if group_of.get(o) == group} - resources)
+        if extra:
+            problems.append(f"group {group}: owns resources outside the catalog: {extra}")
+    return problems
+
+
+def commits_of(worker_events: Mapping[Owner, list[dict[str, Any]]]) -> list[Commit]:
+    """Every commit; one sent but never answered (the process died) is ``unknown``."""
+    out = []
+    for owner, events in worker_events.items():
+        answered = {e["value"] for e in events if e["ev"] == "commit"}
+        for e in events:
+            if e["ev"] == "commit":
+                out.append(Commit(owner, e.get("member", ""), e.get("gen", -1), e["sent"],
+                                  e["t"], tuple(_res(e["res"])), e["value"], e["outcome"]))
+            elif e["ev"] == "send" and e["value"] not in answered:
+                out.append(Commit(owner, e.get("member", ""), e.get("gen", -1), e["sent"],
+                                  INFINITY, tuple(_res(e["res"])), e["value"], "unknown"))
+    return out
+
+
+def check_fencing(intervals: list[Interval], commits: list[Commit],
+                  result: CheckResult) -> list[str]:
+    """Invariant 4: a commit sent after its resource moved on is never acknowledged."""
+    by_resource: dict[Resource, list[Interval]] = defaultdict(list)
+    for iv in intervals:
+        by_resource[iv.resource].append(iv)
+    problems = []
+    for c in commits:
+        for r in c.resources:
+            own = [iv for iv in by_resource[r] if iv.owner == c.owner and iv.start <= c.sent]
+            if not own:
+                continue  # never owned it: the library refuses such commits itself
+            mine = max(own, key=lambda iv: iv.start)
+            moved = any(iv.owner != c.owner and mine.start < iv.start <= c.sent
+                        for iv in by_resource[r])
+            if not moved:
+                continue
+            result.zombie_commits += 1
+            if c.outcome == "ok":
+                problems.append(f"zombie commit acknowledged: {c.owner} committed "
+                                f"{r[0]}[{r[1]}]={c.value} (generation {c.gen}) at "
+                                f"{c.sent:.3f}, after the resource moved to another owner")
+            else:
+                result.zombie_commits_refused += 1
+    return problems
+
+
+def check_durability(commits: list[Commit], crash_at: float,
+                     stored: Mapping[Resource, Any], *, final: bool) -> list[str]:
+    """Invariant 3 for one restart: what was acknowledged before ``crash_at`` survived."""
+    last_ok: dict[Resource, Any] = {}
+    sent_values: dict[Resource, set[Any]] = defaultdict(set)
+    for c in sorted(commits, key=lambda c: c.recv):
+        for r in c.resources:
+            if c.outcome in ("ok", "unknown"):
+                sent_values[r].add(c.value)
+            if c.outcome == "ok" and c.recv <= crash_at:
+                last_ok[r] = c.value if r not in last_ok else max(last_ok[r], c.value)
+    problems = []
+    for r, value in sorted(last_ok.items()):
+        got = stored.get(r)
+        if got is None:
+            problems.append(f"{r[0]}[{r[1]}]: acknowledged checkpoint {value} lost "
+                            f"(nothing stored) after the crash at {crash_at:.3f}")
+        elif not isinstance(got, int) or got < value:
+            problems.append(f"{r[0]}[{r[1]}]: stored {got!r} is older than the acknowledged "
+                            f"{value} after the crash at {crash_at:.3f}")
+    if final:
+        for r, got in sorted(stored.items()):
+            if got not in sent_values.get(r, set()):
+                problems.append(f"{r[0]}[{r[1]}]: stored {got!r} was never committed by an "
+                                "owner (or only by a refused commit)")
+    return problems

@@ -1,0 +1,192 @@
+"""One chaos worker process: a GroupMember that logs everything it does.
+
+``python tests/chaos/worker.py --url URL --group G --assignor A --sets a,b
+--ledger FILE --worker W --incarnation N [timeouts]``
+
+It joins the group through the client library, and while it owns resources
+it "processes" them: every ``--commit-interval-ms`` it commits a checkpoint
+for each owned resource whose value is the monotonic clock in nanoseconds (so
+a later owner's values are always larger: ledger.py, invariant 3). Its
+rebalance listener commits the final checkpoints in ``on_revoked``, as a real
+worker would. Every callback, commit and safety-deadline change is appended
+to the ledger (JSON lines, flushed per line: a SIGKILL loses nothing written).
+SIGTERM closes the member cleanly (revoke, leave) and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from client.errors import (
+    CommitFailedError,
+    CoordinatorUnavailableError,
+    GroupCoordError,
+    MemberClosedError,
+    NotOwnedError,
+)
+from client.listener import RebalanceListener, Resource
+from client.member import GroupMember
+
+
+class Ledger:
+    def __init__(self, path: Path, worker: str, incarnation: int) -> None:
+        self._f: TextIO = path.open("a", encoding="utf-8")
+        self._base = {"w": worker, "inc": incarnation, "pid": os.getpid()}
+
+    def write(self, ev: str, **fields: Any) -> None:
+        doc = {"t": time.monotonic(), "ev": ev, **self._base, **fields}
+        self._f.write(json.dumps(doc) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _res(resources: set[Resource] | frozenset[Resource]) -> list[list[Any]]:
+    return [[s, i] for s, i in sorted(resources)]
+
+
+class Worker(RebalanceListener):
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.member: GroupMember | None = None
+
+    def _ids(self) -> dict[str, Any]:
+        assert self.member is not None
+        return {"member": self.member.member_id, "gen": self.member.generation_id}
+
+    async def on_assigned(self, resources: set[Resource]) -> None:
+        self.ledger.write("assigned", res=_res(resources), **self._ids())
+
+    async def on_revoked(self, resources: set[Resource]) -> None:
+        # The hand-over: the final checkpoints, then the resources are given up.
+        if resources:
+            await self.commit(frozenset(resources))
+        self.ledger.write("revoked", res=_res(resources), **self._ids())
+
+    async def on_lost(self, resources: set[Resource]) -> None:
+        self.ledger.write("lost", res=_res(resources), **self._ids())
+
+    async def commit(self, resources: frozenset[Resource]) -> None:
+        assert self.member is not None
+        if not resources:
+            return
+        ids = self._ids()
+        value = time.monotonic_ns()
+        sent = time.monotonic()
+        # Written before sending: if the process dies with the commit in flight,
+        # the checker still knows the value may have been stored.
+        self.ledger.write("send", sent=sent, res=_res(resources), value=value, **ids)
+        outcome: str = "unknown"
+        error: str | None = "cancelled"
+        try:
+            await self.member.commit({r: value for r in resources})
+            outcome, error = "ok", None
+        except (NotOwnedError, MemberClosedError) as exc:
+            outcome, error = "local", type(exc).__name__
+        except CommitFailedError as exc:
+            outcome, error = "refused", exc.code.value
+        except CoordinatorUnavailableError as exc:
+            outcome, error = "unknown", str(exc)[:200]
+        except GroupCoordError as exc:
+            outcome, error = "local", type(exc).__name__
+        finally:
+            self.ledger.write("commit", sent=sent, res=_res(resources), value=value,
+                              outcome=outcome, error=error, **ids)
+
+
+def _safety_deadline(member: GroupMember) -> int | None:
+    public = getattr(member, "safety_deadline_ms", None)
+    if callable(public):
+        value: int | None = public()
+        return value
+    # Until the library exposes it: the state machine's own rule.
+    machine: Any = member._machine
+    deadline: int | None = machine.safety_deadline_ms()
+    return deadline
+
+
+async def run(args: argparse.Namespace) -> int:
+    ledger = Ledger(Path(args.ledger), args.worker, args.incarnation)
+    worker = Worker(ledger)
+    member = GroupMember(
+        args.url, args.group, args.sets.split(","), assignors=[args.assignor],
+        listener=worker, session_timeout_ms=args.session_timeout_ms,
+        rebalance_timeout_ms=args.rebalance_timeout_ms,
+        heartbeat_interval_ms=args.heartbeat_interval_ms,
+        client_id=f"{args.worker}-{args.incarnation}",
+        request_timeout_ms=args.request_timeout_ms,
+    )
+    worker.member = member
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    ledger.write("start", group=args.group)
+    member.start()
+
+    async def watch_deadline() -> None:
+        last: object = object()
+        while True:
+            deadline = _safety_deadline(member)
+            if deadline != last:
+                ledger.write("deadline", until=None if deadline is None else deadline / 1000)
+                last = deadline
+            await asyncio.sleep(0.005)
+
+    async def work() -> None:
+        while True:
+            await asyncio.sleep(args.commit_interval_ms / 1000)
+            await worker.commit(member.assignment)
+
+    tasks = [asyncio.create_task(watch_deadline()), asyncio.create_task(work())]
+    stopped = asyncio.create_task(stop.wait())
+    closed = asyncio.create_task(member.wait_closed())
+    await asyncio.wait({stopped, closed}, return_when=asyncio.FIRST_COMPLETED)
+    status = 0
+    if closed.done():
+        exc = closed.exception()
+        ledger.write("fatal", error=repr(exc))
+        status = 3
+    else:
+        tasks[1].cancel()  # no commits of our own while closing: on_revoked commits
+        await member.close()
+    for task in (*tasks, stopped, closed):
+        task.cancel()
+    await asyncio.gather(*tasks, stopped, closed, return_exceptions=True)
+    ledger.write("exit", status=status)
+    ledger.close()
+    return status
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--url", required=True)
+    p.add_argument("--group", required=True)
+    p.add_argument("--assignor", default="cooperative-sticky")
+    p.add_argument("--sets", required=True)
+    p.add_argument("--ledger", required=True)
+    p.add_argument("--worker", required=True)
+    p.add_argument("--incarnation", type=int, default=0)
+    p.add_argument("--session-timeout-ms", type=int, default=1500)
+    p.add_argument("--rebalance-timeout-ms", type=int, default=3000)
+    p.add_argument("--heartbeat-interval-ms", type=int, default=400)
+    p.add_argument("--request-timeout-ms", type=int, default=5000)
+    p.add_argument("--commit-interval-ms", type=int, default=150)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"%(asctime)s {args.worker}-{args.incarnation} %(levelname)s "
+                               "%(name)s: %(message)s")
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
