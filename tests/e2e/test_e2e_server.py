@@ -20,6 +20,8 @@ from server_harness import GROUPCOORD, ServerProcess, StartServer
 from protocol.resources import ResourceAssignment
 
 SESSION_MS = 10_000
+#: initial rebalance delay of servers whose test forms a two-member group.
+GROUP_DELAY_MS = 500
 
 
 class Member:
@@ -90,11 +92,11 @@ def assignment_of(*indexes: int) -> bytes:
 async def form_stable_group(http: aiohttp.ClientSession, url: str) -> list[Member]:
     """Two members, one generation, the leader's assignment delivered."""
     members = [Member(http, url), Member(http, url)]
+    # Both join at once; the server's initial rebalance delay (GROUP_DELAY_MS)
+    # lets the second land in the first generation.
     answers = await asyncio.wait_for(asyncio.gather(*(m.join() for m in members)), 15)
-    if any(a["error"] is not None for a in answers) or len({m.generation for m in members}) > 1:
-        # The second member arrived after the first generation formed: rejoin both.
-        answers = await asyncio.wait_for(asyncio.gather(*(m.join() for m in members)), 15)
     assert [a["error"] for a in answers] == [None, None], answers
+    assert members[0].generation == members[1].generation
     leader = next(m for m in members if m.member_id == m.leader)
     plan = {members[0].member_id: assignment_of(0, 1), members[1].member_id: assignment_of(2, 3)}
     synced = await asyncio.gather(*(m.sync(plan if m is leader else None) for m in members))
@@ -111,7 +113,7 @@ async def admin_group(http: aiohttp.ClientSession, url: str, group: str) -> dict
 
 async def test_stable_group_survives_kill_9(start_server: StartServer, tmp_path: Path) -> None:
     db = tmp_path / "g.db"
-    server = start_server(db)
+    server = start_server(db, initial_rebalance_delay_ms=GROUP_DELAY_MS)
     async with aiohttp.ClientSession() as http:
         members = await form_stable_group(http, server.url)
         generation = members[0].generation
@@ -119,7 +121,7 @@ async def test_stable_group_survives_kill_9(start_server: StartServer, tmp_path:
             assert (await m.commit([["orders", idx, 100 + idx]]))["error"] is None
         server.kill()
 
-        server = start_server(db)
+        server = start_server(db, initial_rebalance_delay_ms=GROUP_DELAY_MS)
         for m in members:
             m.url = server.url
         # Same generation: no error, no rebalance.
