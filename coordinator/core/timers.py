@@ -87,14 +87,23 @@ def _join_deadline(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
         k.arm(key, deadline, target)
         return
     remaining = g.initial_delay_remaining_ms
-    if remaining is not None and g.new_member_added and remaining > 0:
-        # Kafka's InitialDelayedJoin: newcomers arrived during the delay, so
-        # wait once more, never beyond the rebalance timeout in total.
-        delay = k.config.initial_rebalance_delay_ms
-        g.initial_delay_remaining_ms = max(remaining - delay, 0)
-        g.new_member_added = False
-        set_join_deadline(k, g, k.now + min(delay, remaining))
-        return
+    if remaining is not None and remaining > 0:
+        if g.new_member_added:
+            # Kafka's InitialDelayedJoin: newcomers arrived during the delay, so
+            # wait once more, never beyond the rebalance timeout in total.
+            delay = k.config.initial_rebalance_delay_ms
+            g.initial_delay_remaining_ms = max(remaining - delay, 0)
+            g.new_member_added = False
+            set_join_deadline(k, g, k.now + min(delay, remaining))
+            return
+        if not g.all_joined():
+            # A newcomer holds its member id but has not rejoined yet (KIP-394
+            # pending), or a join was cancelled: fall back to the normal barrier
+            # for what is left of the rebalance timeout instead of forming a
+            # generation without it (Kafka would complete here).
+            g.initial_delay_remaining_ms = None
+            set_join_deadline(k, g, k.now + remaining)
+            return
     complete_join(k, g)
 
 

@@ -343,3 +343,29 @@ def test_stale_timer_firings_are_ignored() -> None:
     out = h.fire(key)
     assert scheduled(out) == {key: deadline}
     assert h.state() == "Stable"
+
+
+def test_initial_delay_end_waits_for_a_pending_newcomer_within_the_timeout() -> None:
+    h = Harness(initial_rebalance_delay_ms=3_000)
+    t0 = h.now
+    _a, rid_a, _ = h.join_dynamic(rebalance=10_000, session=60_000)
+    rid_b0, out = h.join("", new_id="b", session=60_000)  # b got its id, not rejoined yet
+    assert reply(out, rid_b0).error is ErrorCode.MEMBER_ID_REQUIRED
+    out = h.advance(3_000)  # delay over, no newcomer *joined*, but b is pending
+    assert no_reply(out, rid_a)
+    assert h.timers[f"join:{G}"] == t0 + 10_000  # the rest of the rebalance timeout
+    h.advance(2_000)
+    rid_b, out = h.join("b", rebalance=10_000, session=60_000)  # barrier complete at once
+    assert reply(out, rid_a).generation_id == 1
+    assert [m.member_id for m in reply(out, rid_a).members] == ["m1", "b"]
+    assert reply(out, rid_b).generation_id == 1
+
+
+def test_initial_delay_with_a_pending_newcomer_that_never_comes_is_capped() -> None:
+    h = Harness(initial_rebalance_delay_ms=3_000)
+    t0 = h.now
+    _a, rid_a, _ = h.join_dynamic(rebalance=10_000, session=60_000)
+    h.join("", new_id="b", session=60_000)
+    out = h.advance(10_000)
+    assert reply(out, rid_a).generation_id == 1
+    assert h.now == t0 + 10_000 and h.coord.pending_member_count(G) == 1
