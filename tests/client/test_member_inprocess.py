@@ -279,3 +279,45 @@ async def test_close_from_inside_a_callback_does_not_deadlock(
     m.start()
     await asyncio.wait_for(m.wait_closed(), 5)
     assert m.assignment == frozenset()
+
+
+async def test_two_rolling_bounces_from_range_to_cooperative_sticky(
+        coordinator: InProcessCoordinator) -> None:
+    """KIP-429's upgrade path: bounce 1 to ["range", "cooperative-sticky"]
+    (still eager, range chosen), bounce 2 to ["cooperative-sticky"] (members
+    turn cooperative one by one while the rest are eager); never two owners."""
+    await coordinator.put_resource("s", 12)
+    ledger = Ledger()
+    names = ["a", "b", "c"]
+    members = {n: member(coordinator, n, ledger, assignors=["range"]) for n in names}
+    for m in members.values():
+        m.start()
+    await eventually(lambda: settled(list(members.values()), 12))
+    bounce = 0
+    for config, protocol in ((["range", "cooperative-sticky"], "eager"),
+                             (["cooperative-sticky"], "cooperative")):
+        for n in names:
+            await members[n].close()
+            ledger.check()
+            bounce += 1
+            fresh = member(coordinator, f"{n}{bounce}", ledger, assignors=config)
+            assert fresh.protocol == protocol
+            members[n] = fresh
+            fresh.start()
+            await eventually(lambda: settled(list(members.values()), 12), timeout_s=15)
+            ledger.check()
+        chosen = {m._machine.protocol_name for m in members.values()}
+        assert chosen == {config[0]}
+    # Fully cooperative now: a newcomer takes a share; the others keep the rest.
+    since = time.time()
+    before = {n: m.assignment for n, m in members.items()}
+    newcomer = member(coordinator, "d", ledger)
+    newcomer.start()
+    everyone = [*members.values(), newcomer]
+    await eventually(lambda: settled(everyone, 12), timeout_s=15)
+    for n, m in members.items():
+        assert ledger.revoked_or_lost(m.client_id, since) == before[n] - m.assignment
+    ledger.check()
+    for m in everyone:
+        await m.close()
+    assert ledger.check() == {}
