@@ -1,21 +1,241 @@
-"""Placeholder, replaced below."""
+"""``incremental-cooperative``: Kafka Connect's assignor (KIP-415), deferred
+imbalance resolution (seeds/003), on top of the cooperative-sticky plan.
+
+* A member that disappears leaves its resources *unassigned* (they are not
+  handed out) for up to ``scheduled_rebalance_max_delay_ms``; every
+  assignment carries ``delay_ms`` = the time left, so the group rebalances
+  again when it runs out. A member that comes back in time (same identity:
+  ``group_instance_id`` if static, else member id) gets them back; after the
+  delay they are spread over the least-loaded members.
+* New resources and new members are balanced as cooperative-sticky does:
+  what moves is revoked in one round and handed over in the follow-up.
+* Back-off: a round that would revoke right after a round that revoked
+  waits ``revocation_backoff_ms`` (doubling with every further revoking
+  round, capped at the max delay); meanwhile owners keep what they have and
+  ``delay_ms`` asks for the rebalance that will do it. A flapping member
+  cannot cause a storm of revoking rebalances.
+
+Purity: the assignor keeps nothing between calls. What it must remember
+travels in ``Assignment.user_data``, which every member sends back as
+``Subscription.user_data`` (the client library echoes it):
+
+    {"v": 1, "seq": N, "members": [identity, ...],
+     "departed": {identity: {"at": ms, "owned": {set: [index, ...]}}},
+     "deadline": ms | null, "revoking": k, "last_revoke": ms | null,
+     "buddy": [identity, {set: [index, ...]}]}
+
+The group part is the same for everyone; the leader reads the copy with the
+highest ``seq``, so a new leader carries on. What a member held is needed
+once it is gone, so each member also carries its successor's assignment
+(``buddy``, in identity order): a departure is attributed unless a member
+and its predecessor vanish in the same round (then its resources are still
+deferred, just not reserved for its return). Time is an explicit input:
+``assign(..., now_ms=...)``; without it the wall clock is read, the only
+impure step (a leader should pass its own clock). JSON keeps the bytes
+deterministic and readable; this assignor is meant for Connect-sized groups
+(the state is copied to every member).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .model import Assignment, RebalanceProtocol, Subscription
 from .sticky import sticky_plan
 
+__all__ = ["IncrementalCooperativeAssignor", "State"]
+
+Holdings = dict[str, list[int]]
+
+
+@dataclass(frozen=True)
+class State:
+    """The group part of ``user_data`` (see the module docs)."""
+
+    seq: int = 0
+    members: tuple[str, ...] = ()
+    departed: Mapping[str, tuple[int, Holdings]] = field(default_factory=dict)
+    deadline: int | None = None
+    revoking: int = 0
+    last_revoke: int | None = None
+
+    def encode(self, buddy: tuple[str, Holdings] | None) -> bytes:
+        doc: dict[str, Any] = {
+            "v": 1,
+            "seq": self.seq,
+            "members": list(self.members),
+            "departed": {
+                who: {"at": at, "owned": owned} for who, (at, owned) in self.departed.items()
+            },
+            "deadline": self.deadline,
+            "revoking": self.revoking,
+            "last_revoke": self.last_revoke,
+            "buddy": list(buddy) if buddy else None,
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _decode(data: bytes | None) -> tuple[State, tuple[str, Holdings] | None] | None:
+    """Our state from one member's user_data; None if it is not ours."""
+    if not data:
+        return None
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.get("v") != 1:
+            return None
+        departed = {
+            str(who): (int(d["at"]), _holdings(d["owned"])) for who, d in doc["departed"].items()
+        }
+        state = State(
+            seq=int(doc["seq"]),
+            members=tuple(str(m) for m in doc["members"]),
+            departed=departed,
+            deadline=None if doc["deadline"] is None else int(doc["deadline"]),
+            revoking=int(doc["revoking"]),
+            last_revoke=None if doc["last_revoke"] is None else int(doc["last_revoke"]),
+        )
+        buddy = doc.get("buddy")
+        pair = (str(buddy[0]), _holdings(buddy[1])) if buddy else None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
+    return state, pair
+
+
+def _holdings(raw: Any) -> Holdings:
+    return {str(s): [int(i) for i in idx] for s, idx in dict(raw).items()}
+
+
+def _identity(member_id: str, sub: Subscription) -> str:
+    return sub.group_instance_id if sub.group_instance_id is not None else member_id
+
+
+def _valid(
+    owned: Mapping[str, Sequence[int]], resources: Mapping[str, int]
+) -> set[tuple[str, int]]:
+    out: set[tuple[str, int]] = set()
+    for s, idx in owned.items():
+        n = resources.get(s, 0)
+        if isinstance(n, int):
+            out.update((s, i) for i in idx if 0 <= i < n)
+    return out
+
 
 @dataclass(frozen=True)
 class IncrementalCooperativeAssignor:
-    scheduled_rebalance_max_delay_ms: int = 300_000
+    scheduled_rebalance_max_delay_ms: int = 300_000  # Connect's default, 5 minutes
+    revocation_backoff_ms: int = 1_000
     name: str = "incremental-cooperative"
     protocols: tuple[RebalanceProtocol, ...] = (RebalanceProtocol.COOPERATIVE,)
 
     def assign(
-        self, resources: Mapping[str, int], subscriptions: Mapping[str, Subscription]
+        self,
+        resources: Mapping[str, int],
+        subscriptions: Mapping[str, Subscription],
+        now_ms: int | None = None,
     ) -> dict[str, Assignment]:
-        return sticky_plan(resources, subscriptions, cooperative=True)
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        if not subscriptions:
+            return {}
+        state, buddies = self._read(subscriptions)
+        idents = {m: _identity(m, sub) for m, sub in subscriptions.items()}
+        present = set(idents.values())
+
+        # Who left since the last round, and who came back.
+        departed = dict(state.departed)
+        for who in state.members:
+            if who not in present and who not in departed:
+                departed[who] = (now, buddies.get(who, {}))
+        returning = {who: departed.pop(who)[1] for who in list(departed) if who in present}
+        claimed: set[tuple[str, int]] = set()
+        for sub in subscriptions.values():
+            claimed |= _valid(sub.owned, resources)
+        deadline = state.deadline
+        if not departed or self.scheduled_rebalance_max_delay_ms <= 0:
+            departed, deadline = {}, None
+        elif deadline is None:
+            deadline = now + self.scheduled_rebalance_max_delay_ms
+        elif now >= deadline:  # the delay ran out: spread what is still lost
+            departed, deadline = {}, None
+        reserved: set[tuple[str, int]] = set()
+        for _, owned in departed.values():
+            reserved |= _valid(owned, resources) - claimed
+
+        # A returning member claims its old resources (if nobody took them).
+        top = max((s.generation for s in subscriptions.values()), default=-1)
+        subs = dict(subscriptions)
+        for m, sub in subscriptions.items():
+            back = returning.get(idents[m])
+            if back:
+                mine = {s: list(i) for s, i in sub.owned.items()}
+                for s, i in sorted(_valid(back, resources) - claimed):
+                    mine.setdefault(s, []).append(i)
+                subs[m] = replace(sub, owned=mine, generation=max(top, sub.generation, 0))
+
+        planned = sticky_plan(resources, subs, cooperative=True)
+        result = {m: {s: list(i) for s, i in a.assigned.items()} for m, a in planned.items()}
+        if reserved:  # deferred: nobody gets a departed member's resources yet
+            for assigned in result.values():
+                for s in list(assigned):
+                    kept = [i for i in assigned[s] if (s, i) not in reserved]
+                    if kept:
+                        assigned[s] = kept
+                    else:
+                        del assigned[s]
+
+        # Revocations and their back-off.
+        given = {(s, i) for a in result.values() for s, idx in a.items() for i in idx}
+        revoked = {
+            m: _valid(sub.owned, resources) - {(s, i) for s, idx in result[m].items() for i in idx}
+            for m, sub in subscriptions.items()
+        }
+        revoking, last_revoke = state.revoking, state.last_revoke
+        timers = [deadline - now] if deadline is not None else []
+        if any(revoked.values()):
+            wait = 0
+            if revoking > 0 and last_revoke is not None:
+                backoff = self.revocation_backoff_ms * 2 ** min(revoking - 1, 30)
+                wait = last_revoke + min(backoff, self.scheduled_rebalance_max_delay_ms) - now
+            if wait > 0:  # too soon: owners keep what nobody else is given
+                for m, lost in revoked.items():
+                    for s, i in sorted(lost - given):
+                        result[m].setdefault(s, []).append(i)
+                        result[m][s].sort()
+                timers.append(wait)
+            else:
+                revoking, last_revoke = revoking + 1, now
+        else:
+            revoking = 0
+
+        new_state = State(
+            seq=state.seq + 1,
+            members=tuple(sorted(present)),
+            departed=departed,
+            deadline=deadline,
+            revoking=revoking,
+            last_revoke=last_revoke,
+        )
+        delay = max(0, min(timers)) if timers else 0
+        ring = sorted(idents, key=lambda m: idents[m])
+        out: dict[str, Assignment] = {}
+        for k, m in enumerate(ring):
+            nxt = ring[(k + 1) % len(ring)]
+            buddy = (idents[nxt], {s: result[nxt][s] for s in sorted(result[nxt])})
+            assigned = {s: result[m][s] for s in sorted(result[m]) if result[m][s]}
+            out[m] = Assignment(assigned, user_data=new_state.encode(buddy), delay_ms=delay)
+        return {m: out[m] for m in subscriptions}
+
+    @staticmethod
+    def _read(subscriptions: Mapping[str, Subscription]) -> tuple[State, dict[str, Holdings]]:
+        """The newest group state among the members, and what each member
+        held according to the buddies of that round."""
+        decoded = [d for sub in subscriptions.values() if (d := _decode(sub.user_data))]
+        if not decoded:
+            return State(), {}
+        newest = max(state.seq for state, _ in decoded)
+        states = sorted((s for s, _ in decoded if s.seq == newest), key=lambda s: s.encode(None))
+        buddies = {b[0]: b[1] for s, b in decoded if s.seq == newest and b is not None}
+        return states[0], buddies
