@@ -6,6 +6,7 @@ naming the field, and no state change.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -276,3 +277,19 @@ async def test_health_ready_metrics(api: Api) -> None:
     assert (await api.client.get("/readyz")).status == 503
     answer = await api.call("heartbeat", {"group_id": "g", "member_id": "m", "generation_id": 1})
     assert answer["error"] == "COORDINATOR_NOT_AVAILABLE"
+
+
+async def test_client_disconnect_cancels_its_parked_join(api: Api) -> None:
+    await api.stable_member()
+    newcomer = await api.call("join", join_body())
+    assert newcomer["error"] == "MEMBER_ID_REQUIRED"
+    # The newcomer's join parks until the stable member rejoins...
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(api.call("join", join_body(newcomer["member_id"])), 0.3)
+    # ...and the client gave up: the connection closed, the handler was
+    # cancelled, the core was told. Nothing waits for that request any more.
+    for _ in range(100):
+        if api.runtime.core.parked_request_count() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert api.runtime.core.parked_request_count() == 0
