@@ -90,9 +90,9 @@ class BenchMember:
     epoch: int = 0
 
     def join_body(self, session_ms: int) -> dict[str, Any]:
+        metadata = msgpack.packb({"v": 1, "sets": ["orders"], "epoch": self.epoch})
         return {"group_id": self.group_id, "member_id": self.member_id,
-                "protocol_type": "resources", "protocols": [["range", msgpack.packb({"v": 1, "sets": ["orders"],
-                                                       "epoch": self.epoch})]],
+                "protocol_type": "resources", "protocols": [["range", metadata]],
                 "session_timeout_ms": session_ms, "rebalance_timeout_ms": session_ms,
                 "client_id": "bench"}
 
