@@ -1,0 +1,143 @@
+"""The chaos checker itself: each invariant fails on a ledger that breaks it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ledger import (
+    INFINITY,
+    CheckResult,
+    Owner,
+    check_converged,
+    check_durability,
+    check_exclusive,
+    check_fencing,
+    commits_of,
+    ownership_intervals,
+    read_ledger,
+)
+
+A: Owner = ("w-a", 0)
+B: Owner = ("w-b", 0)
+R = ["orders", 0]
+
+
+def ev(t: float, kind: str, **fields: Any) -> dict[str, Any]:
+    return {"t": t, "ev": kind, **fields}
+
+
+def test_hand_over_after_revoke_is_fine_and_overlap_is_caught() -> None:
+    events = {A: [ev(1, "assigned", res=[R]), ev(5, "revoked", res=[R]), ev(9, "exit")],
+              B: [ev(5.5, "assigned", res=[R]), ev(9, "revoked", res=[R]), ev(9.1, "exit")]}
+    intervals = ownership_intervals(events, {})
+    assert check_exclusive(intervals) == []
+    events[B][0] = ev(4.9, "assigned", res=[R])
+    problems = check_exclusive(ownership_intervals(events, {}))
+    assert len(problems) == 1 and "orders[0]" in problems[0] and "0.100s overlap" in problems[0]
+
+
+def test_same_owner_reassigned_is_not_an_overlap() -> None:
+    events = {A: [ev(1, "assigned", res=[R]), ev(2, "assigned", res=[R]),
+                  ev(3, "lost", res=[R]), ev(4, "exit")]}
+    assert check_exclusive(ownership_intervals(events, {})) == []
+
+
+def test_safety_deadline_ends_a_frozen_owners_interval() -> None:
+    # A is SIGSTOPped at ~2: its last deadline (3.5) passes while frozen; it
+    # runs on_lost only at 6, after B took over at 4.
+    a = [ev(1, "assigned", res=[R]), ev(1.1, "deadline", until=2.5),
+         ev(1.6, "deadline", until=3.5), ev(6, "deadline", until=None),
+         ev(6, "lost", res=[R]), ev(7, "exit")]
+    b = [ev(4, "assigned", res=[R]), ev(7, "revoked", res=[R]), ev(7.1, "exit")]
+    intervals = ownership_intervals({A: a, B: b}, {})
+    mine = [iv for iv in intervals if iv.owner == A]
+    assert [(iv.end, iv.why) for iv in mine] == [(3.5, "deadline")]
+    assert check_exclusive(intervals) == []
+    # Had B started before A's deadline, that is a violation.
+    b[0] = ev(3.0, "assigned", res=[R])
+    assert len(check_exclusive(ownership_intervals({A: a, B: b}, {}))) == 1
+
+
+def test_a_suspended_deadline_does_not_end_ownership() -> None:
+    # ``until: null`` (a join in flight): the member's rule does not expire it.
+    a = [ev(1, "assigned", res=[R]), ev(1.1, "deadline", until=None),
+         ev(6, "revoked", res=[R]), ev(7, "exit")]
+    b = [ev(4, "assigned", res=[R]), ev(8, "exit")]
+    assert len(check_exclusive(ownership_intervals({A: a, B: b}, {}))) == 1
+
+
+def test_death_ends_ownership() -> None:
+    a = [ev(1, "assigned", res=[R]), ev(1.5, "deadline", until=9.0)]
+    b = [ev(4, "assigned", res=[R]), ev(8, "revoked", res=[R]), ev(8.5, "exit")]
+    intervals = ownership_intervals({A: a, B: b}, {A: 3.0})
+    assert [(iv.end, iv.why) for iv in intervals if iv.owner == A] == [(3.0, "killed")]
+    assert check_exclusive(intervals) == []
+    # Without the kill, A (still running, deadline 9) overlaps B.
+    assert len(check_exclusive(ownership_intervals({A: a, B: b}, {}))) == 1
+
+
+def test_convergence_needs_each_resource_exactly_once() -> None:
+    r1, r2 = ("orders", 0), ("orders", 1)
+    events = {A: [ev(1, "assigned", res=[list(r1)]), ev(20, "exit")],
+              B: [ev(1, "assigned", res=[list(r2)]), ev(20, "exit")]}
+    groups = {A: "g", B: "g"}
+    intervals = ownership_intervals(events, {})
+    assert check_converged(intervals, 10, {"g": {r1, r2}}, groups) == []
+    missing = check_converged(intervals, 10, {"g": {r1, r2, ("orders", 2)}}, groups)
+    assert len(missing) == 1 and "orders[2] has 0 owners" in missing[0]
+    extra = check_converged(intervals, 10, {"g": {r1}}, groups)
+    assert len(extra) == 1 and "outside the catalog" in extra[0]
+    events[B].insert(0, ev(2, "assigned", res=[list(r1)]))
+    double = check_converged(ownership_intervals(events, {}), 10, {"g": {r1, r2}}, groups)
+    assert any("has 2 owners" in p for p in double)
+
+
+def _commit(t_sent: float, t: float, value: int, outcome: str) -> dict[str, Any]:
+    return ev(t, "commit", sent=t_sent, res=[R], value=value, outcome=outcome,
+              member="m", gen=1)
+
+
+def test_a_zombie_commit_must_be_refused() -> None:
+    a = [ev(1, "assigned", res=[R]), ev(1.1, "deadline", until=2.0),
+         _commit(3.0, 3.1, 30, "refused"), ev(3.2, "lost", res=[R]), ev(4, "exit")]
+    b = [ev(2.5, "assigned", res=[R]), ev(9, "exit")]
+    events = {A: a, B: b}
+    result = CheckResult()
+    intervals = ownership_intervals(events, {})
+    assert check_fencing(intervals, commits_of(events), result) == []
+    assert (result.zombie_commits, result.zombie_commits_refused) == (1, 1)
+    a[2] = _commit(3.0, 3.1, 30, "ok")
+    result = CheckResult()
+    problems = check_fencing(intervals, commits_of(events), result)
+    assert len(problems) == 1 and "zombie commit acknowledged" in problems[0]
+
+
+def test_acknowledged_checkpoints_must_survive_a_crash() -> None:
+    a = [ev(1, "assigned", res=[R]), _commit(1.0, 1.1, 10, "ok"),
+         _commit(2.0, 2.1, 20, "ok"), ev(2.9, "send", sent=2.9, res=[R], value=29)]
+    commits = commits_of({A: a})
+    key = ("orders", 0)
+    assert check_durability(commits, 3.0, {key: 20}, final=True) == []
+    # A commit in flight at the crash may or may not have been stored.
+    assert check_durability(commits, 3.0, {key: 29}, final=True) == []
+    lost = check_durability(commits, 3.0, {}, final=False)
+    assert len(lost) == 1 and "lost" in lost[0]
+    older = check_durability(commits, 3.0, {key: 10}, final=False)
+    assert len(older) == 1 and "older" in older[0]
+    # Before the second ack, the first value is enough.
+    assert check_durability(commits, 1.5, {key: 10}, final=False) == []
+    invented = check_durability(commits, 3.0, {key: 25}, final=True)
+    assert any("never committed" in p for p in invented)
+    # A refused commit's value must never be what is stored.
+    refused = commits_of({A: [*a, _commit(4.0, 4.1, 40, "refused")]})
+    assert any("never committed" in p
+               for p in check_durability(refused, 3.0, {key: 40}, final=True))
+
+
+def test_read_ledger_skips_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "l.jsonl"
+    path.write_text(json.dumps(ev(1, "start")) + "\n" + '{"t": 2, "ev": "assi')
+    assert read_ledger(path) == [ev(1, "start")]
+    assert INFINITY > 1e300

@@ -1,0 +1,29 @@
+"""A few chaos seeds in CI: real coordinator and worker processes under faults.
+
+Each seed plays ~8 s of faults (worker SIGKILLs, SIGSTOP zombies, coordinator
+SIGKILL + restart on the same database, latency and partitions, catalog
+changes, joins and leaves) and then checks the four invariants of ledger.py.
+The longer runner is ``benchmarks/chaos.py --seeds N``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from harness import ChaosConfig, run_seed, summary_line
+
+CI_CONFIG = ChaosConfig(fault_seconds=8.0)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", [2, 7])
+async def test_chaos_seed_has_no_violations(seed: int, tmp_path: Path) -> None:
+    result = await run_seed(seed, tmp_path, CI_CONFIG)
+    print(summary_line(result))
+    assert result.violations == [], "\n".join(
+        [summary_line(result), *result.schedule, *result.violations[:20]])
+    # The seed must really have exercised the system.
+    assert sum(result.faults.values()) >= 5, result.schedule
+    assert result.check.commits_ok > 0
+    assert result.check.durability_checks >= 2
