@@ -29,6 +29,9 @@ from protocol.messages import (
     LeaveResponse,
     SyncResponse,
 )
+from protocol.resources import PROTOCOL_TYPE as RESOURCES
+from protocol.resources import MemberMetadata
+from protocol.validate import ValidationError
 
 EMPTY = GroupState.EMPTY
 PREPARING = GroupState.PREPARING_REBALANCE
@@ -172,6 +175,32 @@ def _join_current(k: Kernel, g: Group, cmd: Join) -> None:
         k.reply(rid, JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id=member_id))
 
 
+def subscription_changed(protocol_type: str, old: tuple[tuple[str, bytes], ...],
+                         new: tuple[tuple[str, bytes], ...]) -> bool:
+    """Whether a returning static member's subscription differs (KIP-345).
+
+    Metadata is opaque, so in general any byte difference counts. For the
+    embedded ``"resources"`` protocol the ``owned`` resources and their
+    ``generation`` are ownership claims, not subscription: a restarted worker
+    always comes back owning nothing, and counting that as a change would turn
+    every static restart into a rebalance, the very thing static membership
+    avoids. There only the protocol names, ``sets``, ``rack`` and
+    ``user_data`` are compared; undecodable metadata counts as changed.
+    """
+    if old == new:
+        return False
+    if protocol_type != RESOURCES or [n for n, _ in old] != [n for n, _ in new]:
+        return True
+    try:
+        for (_, old_meta), (_, new_meta) in zip(old, new, strict=True):
+            a, b = MemberMetadata.decode(old_meta), MemberMetadata.decode(new_meta)
+            if (sorted(a.sets), a.rack, a.user_data) != (sorted(b.sets), b.rack, b.user_data):
+                return True
+    except ValidationError:
+        return True
+    return False
+
+
 def _update_member(g: Group, member: Member, cmd: Join) -> None:
     req = cmd.request
     g.set_protocols(member, req.protocols)
@@ -199,7 +228,7 @@ def _static_rejoin(k: Kernel, g: Group, cmd: Join, old: Member) -> None:
     """KIP-345: a known instance id came back with an empty member id."""
     req = cmd.request
     rid = cmd.request_id
-    changed = req.protocols != old.protocols
+    changed = subscription_changed(req.protocol_type, old.protocols, req.protocols)
     member = replace_static_member(k, g, old, cmd.new_member_id)
     _update_member(g, member, cmd)
     k.arm_session(g, member)

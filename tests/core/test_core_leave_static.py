@@ -227,3 +227,30 @@ def test_static_member_expires_by_session_timeout() -> None:
     assert transitions(out)[0] == ("Stable", "PreparingRebalance", "session_expiry")
     rid, out = h.heartbeat("s2", generation, instance="i2")
     assert reply(out, rid).error is ErrorCode.UNKNOWN_MEMBER_ID
+
+
+def _meta(sets: tuple[str, ...], owned: dict[str, list[int]] | None = None,
+          generation: int = -1) -> tuple[tuple[str, bytes], ...]:
+    from protocol.resources import MemberMetadata
+
+    return (("range", MemberMetadata(sets, owned or {}, generation).encode()),)
+
+
+def test_static_restart_owning_nothing_is_not_a_subscription_change() -> None:
+    # A restarted worker comes back with empty `owned`: for the "resources"
+    # protocol that is no reason to rebalance (KIP-345's whole point).
+    h = Harness()
+    owned = _meta(("orders",), {"orders": [0, 1]}, generation=1)
+    _ids, generation = _static_stable(h, ["i1", "i2"], protocols=owned)
+    rid, out = h.join("", instance="i2", new_id="s2b", protocols=_meta(("orders",)))
+    assert transitions(out) == []
+    assert reply(out, rid).generation_id == generation
+    assert h.state() == "Stable"
+
+
+def test_static_restart_with_other_sets_rebalances() -> None:
+    h = Harness()
+    _ids, _generation = _static_stable(h, ["i1", "i2"], protocols=_meta(("orders",)))
+    _rid, out = h.join("", instance="i2", new_id="s2b",
+                       protocols=_meta(("orders", "users")))
+    assert transitions(out) == [("Stable", "PreparingRebalance", "static_change")]
