@@ -128,16 +128,26 @@ def _facts_schema() -> Any:
     return StructType(fields)
 
 
-def _load_journal(spark: Any, plan: InputPlan) -> Any:
+def _arrow_to_spark(spark: Any, tables: Sequence[Any], schema: Any) -> Any:
+    """Arrow tables (driver memory) as one DataFrame. Spark cannot take a table
+    whose columns have no chunk at all, which is what an empty journal gives:
+    such a table is sent as one empty batch."""
     import pyarrow as pa
+    table = pa.concat_tables(list(tables)) if tables else schema.empty_table()
+    if table.num_rows == 0:
+        table = pa.Table.from_batches([pa.RecordBatch.from_pylist([], schema=schema)])
+    return spark.createDataFrame(table)
+
+
+def _load_journal(spark: Any, plan: InputPlan) -> Any:
     frames = []
     if plan.sqlite:
-        tables = [read_journal(j) for j in plan.sqlite]
-        frames.append(spark.createDataFrame(pa.concat_tables(tables)))
+        frames.append(_arrow_to_spark(spark, [read_journal(j) for j in plan.sqlite],
+                                      JOURNAL_SCHEMA))
     if plan.journal_parquet:
         frames.append(spark.read.parquet(*plan.journal_parquet))
     if not frames:
-        frames.append(spark.createDataFrame(JOURNAL_SCHEMA.empty_table()))
+        frames.append(_arrow_to_spark(spark, [], JOURNAL_SCHEMA))
     df = frames[0]
     for other in frames[1:]:
         df = df.unionByName(other.select(*df.columns))
@@ -145,16 +155,15 @@ def _load_journal(spark: Any, plan: InputPlan) -> Any:
 
 
 def _load_generations(spark: Any, plan: InputPlan) -> Any:
-    import pyarrow as pa
-    tables = [read_generations(j) for j in plan.sqlite]
-    frames = [spark.createDataFrame(pa.concat_tables(tables or
-                                                     [GENERATIONS_SCHEMA.empty_table()]))]
+    frames = [_arrow_to_spark(spark, [read_generations(j) for j in plan.sqlite],
+                              GENERATIONS_SCHEMA)]
     if plan.generations_parquet:
         frames.append(spark.read.parquet(*plan.generations_parquet))
     df = frames[0]
     for other in frames[1:]:
         df = df.unionByName(other.select(*df.columns))
-    return df
+    # One generation row per (source, group, generation), however often exported.
+    return df.dropDuplicates(["source", "group_id", "generation_id"])
 
 
 def _facts_partition(window_ms: int, cooperative: tuple[str, ...],

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from coordinator.storage.schema import SCHEMA_VERSION
@@ -254,15 +255,16 @@ def export(journal: SqliteJournal, out_dir: str | Path) -> ExportResult:
     (out / "journal").mkdir(parents=True, exist_ok=True)
     (out / "generations").mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
-    first = last = None
+    first: int | None = None
+    last: int | None = None
     rows = 0
     tmp = out / "journal" / f".{_safe(journal.source)}.parquet.tmp"
     writer = pq.ParquetWriter(tmp, JOURNAL_SCHEMA, compression="zstd")
     try:
         for batch in iter_journal_batches(journal):
-            ids = batch.column(1)
-            first = ids[0].as_py() if first is None else first
-            last = ids[len(ids) - 1].as_py()
+            lo, hi = pc.min_max(batch.column(1)).values()
+            first = lo.as_py() if first is None else min(first, lo.as_py())
+            last = hi.as_py() if last is None else max(last, hi.as_py())
             rows += batch.num_rows
             writer.write_batch(batch)
     except BaseException:
