@@ -1,0 +1,95 @@
+"""The long chaos runner: many seeds of tests/chaos/harness.py, then the totals.
+
+    .venv/bin/python benchmarks/chaos.py --seeds 200 --jobs 3
+
+Each seed starts a real coordinator and worker processes on 127.0.0.1 behind
+per-worker TCP fault proxies, plays its seeded fault schedule (worker
+SIGKILL, SIGSTOP zombies, coordinator SIGKILL and restart on the same
+database, latency, partitions, catalog changes, joins, leaves) and checks the
+invariants of tests/chaos/ledger.py: exclusive ownership, convergence within
+two session timeouts plus the rebalance timeout, acknowledged checkpoints
+surviving every crash, zombie commits refused. It prints one line per seed
+and the totals: schedules run, faults injected, violations found. The work
+directories of seeds with violations are kept (``--out``) with every ledger
+and log; the others are deleted unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
+
+from harness import ChaosConfig, SeedResult, run_seed, summary_line
+from ledger import CheckResult
+
+
+async def run_all(args: argparse.Namespace) -> list[SeedResult]:
+    config = ChaosConfig(fault_seconds=args.fault_seconds,
+                         workers_per_group=args.workers_per_group)
+    gate = asyncio.Semaphore(args.jobs)
+    results: list[SeedResult] = []
+
+    async def one(seed: int) -> None:
+        async with gate:
+            workdir = Path(args.out) / f"seed-{seed}"
+            if workdir.exists():
+                shutil.rmtree(workdir)
+            try:
+                result = await run_seed(seed, workdir, config)
+            except Exception as exc:  # a harness failure is reported, not hidden
+                print(f"seed {seed}: HARNESS ERROR {exc!r} (see {workdir})", flush=True)
+                result = SeedResult(seed, [], Counter(), [f"harness error: {exc!r}"],
+                                    CheckResult(), 0.0, workdir)
+            results.append(result)
+            print(summary_line(result), flush=True)
+            for violation in result.violations[:10]:
+                print(f"    VIOLATION {violation}", flush=True)
+            if result.violations:
+                print("    schedule:\n      " + "\n      ".join(result.schedule), flush=True)
+            elif not args.keep:
+                shutil.rmtree(workdir, ignore_errors=True)
+
+    await asyncio.gather(*(one(s) for s in range(args.start, args.start + args.seeds)))
+    return sorted(results, key=lambda r: r.seed)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=20, help="how many seeds to run")
+    p.add_argument("--start", type=int, default=0, help="first seed")
+    p.add_argument("--jobs", type=int, default=2, help="seeds run at once")
+    p.add_argument("--fault-seconds", type=float, default=12.0)
+    p.add_argument("--workers-per-group", type=int, default=3)
+    p.add_argument("--out", default="/tmp/groupcoord-chaos", help="work directories")
+    p.add_argument("--keep", action="store_true", help="keep every seed's work directory")
+    args = p.parse_args()
+    started = time.monotonic()
+    results = asyncio.run(run_all(args))
+    faults: Counter[str] = Counter()
+    for r in results:
+        faults.update(r.faults)
+    violations = sum(len(r.violations) for r in results)
+    bad = [r.seed for r in results if r.violations]
+    zombies = sum(r.check.zombie_commits for r in results)
+    refused = sum(r.check.zombie_commits_refused for r in results)
+    print()
+    print(f"schedules run:    {len(results)} (seeds {args.start}..{args.start + args.seeds - 1}, "
+          f"{args.fault_seconds:g}s of faults each, {time.monotonic() - started:.0f}s total)")
+    print(f"faults injected:  {sum(faults.values())} ("
+          + ", ".join(f"{k} {v}" for k, v in sorted(faults.items())) + ")")
+    print(f"commits acked:    {sum(r.check.commits_ok for r in results)}; zombie commits "
+          f"{zombies}, refused {refused}; durability checks "
+          f"{sum(r.check.durability_checks for r in results)}")
+    print(f"violations found: {violations}" + (f" (seeds {bad})" if bad else ""))
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
