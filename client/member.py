@@ -384,7 +384,10 @@ class GroupMember:
                          event.latency_ms)
             elif isinstance(event, RebalanceFailed):
                 self.metrics.rebalance_failed(event.at_ms)
-                log.warning("member %s: rebalance failed: %s", self.client_id, event.reason)
+                # Another rebalance starting meanwhile is routine (Kafka logs it at INFO).
+                level = (logging.INFO if ErrorCode.REBALANCE_IN_PROGRESS.value in event.reason
+                         else logging.WARNING)
+                log.log(level, "member %s: rebalance failed: %s", self.client_id, event.reason)
 
     async def _close_transport(self) -> None:
         if self._owns_transport:

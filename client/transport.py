@@ -24,7 +24,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
+
+import aiohttp
 
 from client.errors import (
     CoordinatorUnavailableError,
@@ -35,9 +37,6 @@ from protocol.codec import CONTENT_TYPE, DecodeError, decode, encode
 from protocol.errors import ErrorCode
 from protocol.messages import APIS, Request, Response
 from protocol.validate import ValidationError
-
-if TYPE_CHECKING:
-    import aiohttp
 
 __all__ = [
     "CATALOG_API",
@@ -121,8 +120,6 @@ class AiohttpTransport:
         return self._base
 
     def _get_session(self) -> aiohttp.ClientSession:
-        import aiohttp
-
         if self._session is None or self._session.closed:
             # No total timeout: the member bounds every call itself (a parked
             # join may legitimately last a whole rebalance timeout).
@@ -131,8 +128,6 @@ class AiohttpTransport:
         return self._session
 
     async def call(self, api: str, request: Any) -> Any:
-        import aiohttp
-
         session = self._get_session()
         try:
             if api == CATALOG_API:
