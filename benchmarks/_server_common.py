@@ -52,6 +52,11 @@ class Server:
                 self.url = f"http://{m.group(1)}:{m.group(2)}"
                 break
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the server used so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(30)

@@ -72,24 +72,29 @@ def write_bodies(members: list[BenchMember], path: str) -> None:
             fh.write(struct.pack(">H", len(body)) + body)
 
 
-def run_wrk(url: str, bodies: str, args: argparse.Namespace) -> dict[str, int]:
+def run_wrk(server: Server, bodies: str, args: argparse.Namespace) -> dict[str, int]:
     cmd = pinned(args.wrk_cpu, ["wrk", "-t", str(args.threads), "-c", str(args.connections),
                                 "-d", f"{args.duration}s", "--timeout", "5s",
-                                "-s", str(HERE / "wrk_heartbeat.lua"), url])
+                                "-s", str(HERE / "wrk_heartbeat.lua"), server.url])
+    cpu_before = server.cpu_seconds()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration + 60,
                           env={**os.environ, "GROUPCOORD_BODIES": bodies})
+    cpu_used = server.cpu_seconds() - cpu_before
     m = _RESULT.search(done.stdout)
     if m is None:
         raise RuntimeError(f"wrk printed no RESULT line:\n{done.stdout}\n{done.stderr}")
-    return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+    result = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+    result["cpu_us_per_request"] = round(cpu_used * 1e6 / max(1, result["requests"]))
+    return result
 
 
 def summary(label: str, r: dict[str, int]) -> tuple[str, str, float]:
     rps = r["requests"] / (r["duration_us"] / 1e6)
     line = (f"{label:<28} {rps:>10,.0f}/s  p50 {r['p50_us'] / 1000:6.2f} ms  "
             f"p90 {r['p90_us'] / 1000:6.2f} ms  p99 {r['p99_us'] / 1000:6.2f} ms  "
-            f"max {r['max_us'] / 1000:7.2f} ms  failures {r['failures']}  "
-            f"socket errors {r['socket_errors']}")
+            f"max {r['max_us'] / 1000:7.2f} ms  server CPU {r['cpu_us_per_request']} us/request"
+            f" (= {1e6 / max(1, r['cpu_us_per_request']):,.0f}/s per core)  "
+            f"failures {r['failures']}  socket errors {r['socket_errors']}")
     return label, line, rps
 
 
@@ -121,7 +126,7 @@ def main() -> int:
                       f"{time.perf_counter() - t0:.1f} s")
                 write_bodies(members, bodies)
                 results.append(summary(f"groupcoord, {n:,} members",
-                                       run_wrk(server.url, bodies, args)))
+                                       run_wrk(server, bodies, args)))
                 print(results[-1][1], flush=True)
             finally:
                 status = server.stop()
@@ -131,12 +136,12 @@ def main() -> int:
         echo = Server([sys.executable, str(HERE / "server_echo.py")], args.server_cpu)
         try:
             _, echo_line, echo_rps = summary("bare aiohttp msgpack echo",
-                                          run_wrk(echo.url, bodies, args))
+                                          run_wrk(echo, bodies, args))
         finally:
             echo.stop()
         print(echo_line)
         for label, _, rps in results:
-            print(f"ratio {label}: {rps / echo_rps:.2f} of the bare echo endpoint")
+            print(f"ratio {label}: {rps / echo_rps:.2f} of the bare echo endpoint's throughput")
     return 0
 
 

@@ -31,6 +31,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server_common import (
     BenchMember,
+    Server,
     client_session,
     form_group,
     post,
@@ -40,18 +41,21 @@ from _server_common import (
 SESSION_MS = 120_000
 
 
-async def run(url: str, n: int, rounds: int) -> list[tuple[float, float]]:
+async def run(server: Server, n: int, rounds: int) -> list[tuple[float, float, float]]:
+    """Per round: last join -> all synced, first join -> all synced, server CPU seconds."""
     async with client_session() as http:
-        members = await form_group(http, url, "bench-join", n, SESSION_MS)
+        members = await form_group(http, server.url, "bench-join", n, SESSION_MS)
     out = []
     sent: list[float] = []
     for _ in range(rounds):
-        out.append(await one_round(url, members, sent))
+        cpu = server.cpu_seconds()
+        after_last, after_first = await one_round(server.url, members, sent)
+        out.append((after_last, after_first, server.cpu_seconds() - cpu))
     return out
 
 
 async def one_round(url: str, members: list[BenchMember], sent: list[float]
-                           ) -> tuple[float, float]:
+                    ) -> tuple[float, float]:
     trace = aiohttp.TraceConfig()
 
     async def on_headers(_s: Any, _ctx: SimpleNamespace, params: Any) -> None:
@@ -90,24 +94,20 @@ def main() -> int:
     parser.add_argument("--members", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--server-cpu", type=int, default=0)
-    parser.add_argument("--url", help="use this running server (started with a long "
-                                      "--initial-rebalance-delay-ms) instead of starting one")
     args = parser.parse_args()
-    if args.url:
-        results = asyncio.run(run(args.url, args.members, args.rounds))
-    else:
-        server, db_dir = start_groupcoord(args.server_cpu, initial_rebalance_delay_ms=2000,
-                                          min_session_timeout_ms=1000)
-        try:
-            results = asyncio.run(run(server.url, args.members, args.rounds))
-        finally:
-            server.stop()
-            db_dir.cleanup()
+    server, db_dir = start_groupcoord(args.server_cpu, initial_rebalance_delay_ms=2000,
+                                      min_session_timeout_ms=1000)
+    try:
+        results = asyncio.run(run(server, args.members, args.rounds))
+    finally:
+        server.stop()
+        db_dir.cleanup()
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {args.members} members, "
           f"server on CPU {args.server_cpu}")
-    for i, (after_last, after_first) in enumerate(results, 1):
+    for i, (after_last, after_first, cpu) in enumerate(results, 1):
         print(f"round {i}: last join -> all synced {after_last * 1000:7.1f} ms   "
-              f"(first join -> all synced {after_first * 1000:7.1f} ms)")
+              f"(first join -> all synced {after_first * 1000:7.1f} ms; "
+              f"server CPU {cpu * 1000:.0f} ms for the round)")
     lasts = [r[0] * 1000 for r in results]
     print(f"last join -> all synced: median {statistics.median(lasts):.1f} ms, "
           f"max {max(lasts):.1f} ms")
