@@ -409,8 +409,12 @@ class MemberStateMachine:
 
     def build_commit(self, checkpoints: Mapping[Resource, Scalar]) -> CommitRequest:
         """The commit request for ``checkpoints``; only owned resources may be
-        committed (the coordinator would fence a zombie anyway, PROTOCOL.md)."""
-        self._check_open()
+        committed (the coordinator would fence a zombie anyway, PROTOCOL.md).
+        Allowed while closing: ``on_revoked`` commits final positions then."""
+        if self.failure is not None:
+            raise self.failure
+        if self.state is MemberState.CLOSED:
+            raise MemberClosedError("the member is closed")
         not_owned = sorted(r for r in checkpoints if r not in self._owned)
         if not_owned:
             raise NotOwnedError(not_owned)

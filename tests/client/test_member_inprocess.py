@@ -68,6 +68,25 @@ async def test_single_member_gets_everything_commits_and_fetches(
     assert ledger.check() == {}
 
 
+async def test_final_commit_from_on_revoked_during_close_is_stored(
+        coordinator: InProcessCoordinator) -> None:
+    await coordinator.put_resource("s", 2)
+    holder: list[GroupMember] = []
+
+    class CommitOnRevoke(RebalanceListener):
+        async def on_revoked(self, resources: set[Resource]) -> None:
+            await holder[0].commit(dict.fromkeys(resources, b"final"))
+
+    m = GroupMember(coordinator.transport(), "g", ["s"], listener=CommitOnRevoke(), **FAST)
+    holder.append(m)
+    async with m:
+        pass
+    assert m.failure is None
+    reader = member(coordinator, "reader", group="g")
+    async with reader:
+        assert await reader.fetch() == {("s", 0): b"final", ("s", 1): b"final"}
+
+
 async def test_cooperative_newcomer_takes_a_share_without_double_ownership(
         coordinator: InProcessCoordinator) -> None:
     await coordinator.put_resource("s", 12)

@@ -612,6 +612,19 @@ def test_close_dynamic_revokes_then_leaves() -> None:
         m.build_commit({})
 
 
+def test_on_revoked_during_close_may_still_commit() -> None:
+    m = _stable_owner()
+    m.close()
+    m.call_abandoned(10)
+    action = m.next_action(10)
+    assert isinstance(action, InvokeListener) and action.kind is CallbackKind.REVOKED
+    request = m.build_commit({("s", 0): b"final"})  # the final commit of a clean shutdown
+    assert request.generation_id == 1
+    m.listener_done(11)
+    with pytest.raises(NotOwnedError):
+        m.build_commit({("s", 0): b"too late"})
+
+
 def test_close_static_revokes_and_stays_in_the_group() -> None:
     m = make(group_instance_id="worker-3")
     join_as_follower(m, 0, 4)

@@ -1,0 +1,140 @@
+"""A worker that processes its share of a resource set and commits checkpoints.
+
+Start a coordinator and a catalog, then as many workers as you like::
+
+    groupcoord serve --db /tmp/g.db --initial-rebalance-delay-ms 0 &
+    curl -X PUT localhost:9080/v1/resources/shards -d '{"partitions": 12}' \\
+         -H 'Content-Type: application/json'
+    python examples/worker.py --name w1 &
+    python examples/worker.py --name w2 &
+
+Each worker runs one task per owned resource. The task resumes from the
+resource's checkpoint (``fetch``), "processes" one item per tick and commits
+its position every second. The listener is where ownership changes hands:
+
+- ``on_assigned``: start a task per new resource (cooperative: only the new
+  ones arrive here; what the worker keeps keeps running);
+- ``on_revoked``: stop those tasks and commit their final position -- the
+  resource is still ours while this runs, and the next owner starts only
+  after it returned;
+- ``on_lost``: stop at once, commit nothing (someone else may own it now).
+
+Ctrl-C or SIGTERM closes the member: everything is revoked (final commits)
+and the worker leaves the group, so the others take over at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+
+from client import CommitFailedError, GroupCoordError, GroupMember, RebalanceListener, Resource
+
+log = logging.getLogger("worker")
+
+
+class Worker(RebalanceListener):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.member: GroupMember | None = None
+        self.tasks: dict[Resource, asyncio.Task[None]] = {}
+        self.position: dict[Resource, int] = {}
+
+    # ------------------------------------------------------------ the listener
+
+    async def on_assigned(self, resources: set[Resource]) -> None:
+        assert self.member is not None
+        if resources:
+            saved = await self.member.fetch(resources)
+            for r in sorted(resources):
+                value = saved.get(r)
+                self.position[r] = value if isinstance(value, int) else 0
+                self.tasks[r] = asyncio.create_task(self.process(r))
+        log.info("%s owns %s", self.name, _fmt(self.member.assignment))
+
+    async def on_revoked(self, resources: set[Resource]) -> None:
+        await self.stop(resources)
+        assert self.member is not None
+        with contextlib.suppress(CommitFailedError):
+            await self.member.commit({r: self.position[r] for r in resources
+                                      if r in self.position})
+        for r in resources:
+            self.position.pop(r, None)
+        log.info("%s handed over %s", self.name, _fmt(resources))
+
+    async def on_lost(self, resources: set[Resource]) -> None:
+        await self.stop(resources)
+        for r in resources:
+            self.position.pop(r, None)
+        log.warning("%s lost %s (no commit: they may be someone else's now)", self.name,
+                    _fmt(resources))
+
+    # ------------------------------------------------------------ the work
+
+    async def process(self, resource: Resource) -> None:
+        assert self.member is not None
+        ticks = 0
+        while True:
+            await asyncio.sleep(0.1)  # one item of real work would go here
+            self.position[resource] += 1
+            ticks += 1
+            if ticks % 10 == 0:
+                # A refused commit means a rebalance is under way (the listener
+                # decides what happens next); an unreachable coordinator is
+                # retried by the next commit.
+                with contextlib.suppress(GroupCoordError):
+                    await self.member.commit({resource: self.position[resource]})
+
+    async def stop(self, resources: set[Resource]) -> None:
+        tasks = [self.tasks.pop(r) for r in resources if r in self.tasks]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _fmt(resources: set[Resource] | frozenset[Resource]) -> str:
+    return ", ".join(f"{s}[{i}]" for s, i in sorted(resources)) or "nothing"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:9080")
+    parser.add_argument("--group", default="indexers")
+    parser.add_argument("--set", dest="sets", action="append", default=None,
+                        help="resource set to subscribe to (repeatable; default: shards)")
+    parser.add_argument("--name", default=None, help="client id shown by the admin API")
+    parser.add_argument("--instance-id", default=None,
+                        help="static membership: a restart within the session timeout "
+                             "gets the same resources back without a rebalance")
+    parser.add_argument("--assignor", default="cooperative-sticky")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    worker = Worker(args.name or "worker")
+    member = GroupMember(args.url, group_id=args.group, sets=args.sets or ["shards"],
+                         assignors=[args.assignor], listener=worker, client_id=args.name,
+                         group_instance_id=args.instance_id, session_timeout_ms=10_000,
+                         heartbeat_interval_ms=3_000)
+    worker.member = member
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with member:  # joins and waits for the first assignment
+        closed = asyncio.ensure_future(member.wait_closed())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({closed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if closed.done():
+            closed.exception()  # re-raised by the block's exit below
+        else:
+            closed.cancel()
+    # leaving the block revoked everything (final commits) and left the group;
+    # a fatal error (e.g. FENCED_INSTANCE_ID) is raised here instead.
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
