@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ._gc import paused_gc
 from ._layout import clean_catalog, read_members
 from .model import Assignment, RebalanceProtocol, Subscription
 
@@ -35,27 +36,42 @@ class RangeAssignor:
         self, resources: Mapping[str, int], subscriptions: Mapping[str, Subscription]
     ) -> dict[str, Assignment]:
         catalog = clean_catalog(resources)
+        with paused_gc(sum(catalog.values())):
+            return self._assign(catalog, subscriptions)
+
+    def _assign(
+        self, catalog: dict[str, int], subscriptions: Mapping[str, Subscription]
+    ) -> dict[str, Assignment]:
         members = read_members(catalog, subscriptions)
-        subscribers: list[list[tuple[tuple[int, str, str], int]]] = [[] for _ in members.names]
-        for m, (member_id, sub) in enumerate(zip(members.ids, members.subs, strict=True)):
-            key = member_order(member_id, sub)
-            for t in members.subscribed[m]:
-                subscribers[t].append((key, m))
+        keys = [member_order(m, sub) for m, sub in zip(members.ids, members.subs, strict=True)]
+        everyone = sorted(range(len(members.ids)), key=keys.__getitem__)
+        subscribers: list[list[int]] = [[] for _ in members.names]
+        if not members.uniform:
+            for m, sets in enumerate(members.subscribed):
+                for t in sets:
+                    subscribers[t].append(m)
         assigned: list[dict[str, list[int]]] = [{} for _ in members.ids]
         # Sets with the same subscribers share one ordering (the usual case).
         order_cache: dict[tuple[int, ...], list[int]] = {}
         for t, name in enumerate(members.names):
-            key_members = tuple(m for _, m in subscribers[t])
-            ordered = order_cache.get(key_members)
-            if ordered is None:
-                ordered = [m for _, m in sorted(subscribers[t])]
-                order_cache[key_members] = ordered
+            if members.uniform:
+                ordered = everyone
+            else:
+                key = tuple(subscribers[t])
+                found = order_cache.get(key)
+                if found is None:
+                    found = order_cache[key] = sorted(key, key=keys.__getitem__)
+                ordered = found
             n = catalog[name]
             share, extra = divmod(n, len(ordered))
+            if share == 0:  # fewer resources than subscribers: one each
+                for i in range(n):
+                    assigned[ordered[i]][name] = [i]
+                continue
+            indexes = list(range(n))
             start = 0
             for k, m in enumerate(ordered):
-                size = share + (1 if k < extra else 0)
-                if size:
-                    assigned[m][name] = list(range(start, start + size))
+                size = share + 1 if k < extra else share
+                assigned[m][name] = indexes[start : start + size]
                 start += size
         return {member_id: Assignment(assigned[m]) for m, member_id in enumerate(members.ids)}

@@ -13,6 +13,7 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ._gc import paused_gc
 from ._layout import clean_catalog, read_members
 from .model import Assignment, RebalanceProtocol, Subscription
 from .range_assignor import member_order
@@ -29,6 +30,12 @@ class RoundRobinAssignor:
         self, resources: Mapping[str, int], subscriptions: Mapping[str, Subscription]
     ) -> dict[str, Assignment]:
         catalog = clean_catalog(resources)
+        with paused_gc(sum(catalog.values())):
+            return self._assign(catalog, subscriptions)
+
+    def _assign(
+        self, catalog: dict[str, int], subscriptions: Mapping[str, Subscription]
+    ) -> dict[str, Assignment]:
         members = read_members(catalog, subscriptions)
         n_members = len(members.ids)
         circle = sorted(
