@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +76,7 @@ class Event:
     member: str
 
 
-def churn_timeline(members: list[str], events: list[Mapping[str, Any]], seed: int,
+def churn_timeline(members: list[str], events: Sequence[Mapping[str, Any]], seed: int,
                    session_timeout_ms: int, start_ms: int) -> list[Event]:
     """Membership changes for a churn pattern (one TOML ``[[churn]]`` entry).
 

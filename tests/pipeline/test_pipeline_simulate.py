@@ -75,7 +75,7 @@ def test_rolling_restart_gives_one_episode_per_member_when_they_are_spaced_out()
 def test_random_subscriptions_match_the_benchmark_scenarios() -> None:
     sys.path.insert(0, str(SHARED_BENCH))
     try:
-        import scenarios
+        import scenarios  # type: ignore[import-not-found]
     finally:
         sys.path.remove(str(SHARED_BENCH))
     theirs = scenarios.e_fresh(n_members=50, n_topics=20, per_topic=5)["subscriptions"]
