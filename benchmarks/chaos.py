@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
+import signal
 import sys
 import time
 from collections import Counter
@@ -56,7 +57,16 @@ async def run_all(args: argparse.Namespace) -> list[SeedResult]:
             elif not args.keep:
                 shutil.rmtree(workdir, ignore_errors=True)
 
-    await asyncio.gather(*(one(s) for s in range(args.start, args.start + args.seeds)))
+    main = asyncio.current_task()
+    assert main is not None
+    loop = asyncio.get_running_loop()
+    # SIGTERM/SIGINT cancel the run, so every seed's processes are killed on the way out.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, main.cancel)
+    try:
+        await asyncio.gather(*(one(s) for s in range(args.start, args.start + args.seeds)))
+    except asyncio.CancelledError:
+        print("interrupted: partial results", flush=True)
     return sorted(results, key=lambda r: r.seed)
 
 
@@ -87,6 +97,11 @@ def main() -> int:
     print(f"commits acked:    {sum(r.check.commits_ok for r in results)}; zombie commits "
           f"{zombies}, refused {refused}; durability checks "
           f"{sum(r.check.durability_checks for r in results)}")
+    converged = [r.check.convergence_s for r in results if r.check.convergence_s >= 0]
+    if converged:
+        print(f"convergence:      max {max(converged):.2f}s after the faults ended, bound "
+              f"{ChaosConfig().convergence_s:.2f}s (2 session timeouts + rebalance timeout "
+              "+ initial delay)")
     print(f"violations found: {violations}" + (f" (seeds {bad})" if bad else ""))
     return 1 if violations else 0
 

@@ -54,6 +54,7 @@ from ledger import (
     check_exclusive,
     check_fencing,
     commits_of,
+    converged_since,
     ownership_intervals,
     read_ledger,
 )
@@ -523,7 +524,9 @@ class Run:
         await self.end_faults()
         quiet_at = time.monotonic()
         check_at = quiet_at + c.convergence_s
-        await asyncio.sleep(check_at - time.monotonic() + 0.2)
+        # Watch for as long again, to tell "converged late" from "never".
+        observed_until = check_at + c.convergence_s
+        await asyncio.sleep(observed_until - time.monotonic())
         catalog_at_check = dict(self.catalog)
         # Stop the workers cleanly, then one last crash of the coordinator.
         for slot in self.slots.values():
@@ -539,14 +542,15 @@ class Run:
         for task in list(self.pending):
             await task
         final_crash = self.stored[-1][0]
-        violations, check = self.check(quiet_at, check_at, catalog_at_check, final_crash)
+        violations, check = self.check(quiet_at, check_at, observed_until, catalog_at_check,
+                                       final_crash)
         await self.coordinator.terminate()
         return SeedResult(self.seed, [f.describe() for f in self.schedule], self.faults,
                           violations, check, time.monotonic() - started, self.workdir,
                           self.notes)
 
-    def check(self, quiet_at: float, check_at: float, catalog: dict[str, int],
-              final_crash: float) -> tuple[list[str], CheckResult]:
+    def check(self, quiet_at: float, check_at: float, observed_until: float,
+              catalog: dict[str, int], final_crash: float) -> tuple[list[str], CheckResult]:
         result = CheckResult()
         events: dict[Owner, list[dict[str, Any]]] = {}
         group_of: dict[Owner, str] = {}
@@ -566,7 +570,18 @@ class Run:
                            check_exclusive(intervals_of(intervals, group_of, group))]
         expected = {g: {(s, i) for s, n in catalog.items() for i in range(n)}
                     for g, _ in self.config.groups}
-        violations += check_converged(intervals, check_at, expected, group_of)
+        converged = converged_since(intervals, quiet_at, observed_until, expected, group_of)
+        bound = check_at - quiet_at
+        if converged is None:
+            violations.append(f"did not converge within {observed_until - quiet_at:.1f}s "
+                              f"after the faults ended (bound {bound:.1f}s): "
+                              + "; ".join(check_converged(intervals, observed_until - 0.01,
+                                                          expected, group_of)[:4]))
+        else:
+            result.convergence_s = converged - quiet_at
+            if converged > check_at:
+                violations.append(f"converged {converged - quiet_at:.2f}s after the faults "
+                                  f"ended, over the bound of {bound:.2f}s")
         for group, _ in self.config.groups:
             commits = [c for c in commits_of(events) if group_of[c.owner] == group]
             result.commits_ok += sum(c.outcome == "ok" for c in commits)
@@ -597,7 +612,8 @@ def summary_line(result: SeedResult) -> str:
             f"{sum(result.faults.values())} faults ({faults}); {c.intervals} ownership "
             f"intervals, {c.commits_ok} commits acknowledged, {c.zombie_commits} zombie "
             f"commits ({c.zombie_commits_refused} refused), {c.durability_checks} durability "
-            f"checks; {result.seconds:.1f}s")
+            f"checks; converged {c.convergence_s:.2f}s after the faults; "
+            f"{result.seconds:.1f}s")
 
 
 if __name__ == "__main__":

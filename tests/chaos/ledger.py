@@ -85,6 +85,8 @@ class CheckResult:
     zombie_commits: int = 0
     zombie_commits_refused: int = 0
     durability_checks: int = 0
+    #: seconds from the end of the faults to exactly-once ownership (-1: never)
+    convergence_s: float = -1.0
 
     @property
     def ok(self) -> bool:
@@ -212,6 +214,25 @@ def check_converged(intervals: list[Interval], t: float,
         if extra:
             problems.append(f"group {group}: owns resources outside the catalog: {extra}")
     return problems
+
+
+def converged_since(intervals: list[Interval], start: float, end: float,
+                    expected: Mapping[str, set[Resource]],
+                    group_of: Mapping[Owner, str]) -> float | None:
+    """When ownership became exactly-once and stayed so until ``end``, or None.
+
+    Ownership only changes at interval boundaries, so it is enough to look
+    at ``start`` and at every boundary in between.
+    """
+    points = sorted({start, *(x for iv in intervals for x in (iv.start, iv.end)
+                              if start < x < end)})
+    converged: float | None = None
+    for point in points:
+        if check_converged(intervals, point, expected, group_of):
+            converged = None
+        elif converged is None:
+            converged = point
+    return converged
 
 
 def commits_of(worker_events: Mapping[Owner, list[dict[str, Any]]]) -> list[Commit]:

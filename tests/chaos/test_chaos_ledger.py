@@ -15,6 +15,7 @@ from ledger import (
     check_exclusive,
     check_fencing,
     commits_of,
+    converged_since,
     ownership_intervals,
     read_ledger,
 )
@@ -92,6 +93,21 @@ def test_convergence_needs_each_resource_exactly_once() -> None:
     events[B].insert(0, ev(2, "assigned", res=[list(r1)]))
     double = check_converged(ownership_intervals(events, {}), 10, {"g": {r1, r2}}, groups)
     assert any("has 2 owners" in p for p in double)
+
+
+def test_convergence_time_is_when_ownership_became_and_stayed_exactly_once() -> None:
+    r1, r2 = ("orders", 0), ("orders", 1)
+    groups = {A: "g", B: "g"}
+    expected = {"g": {r1, r2}}
+    events = {A: [ev(1, "assigned", res=[list(r1)]), ev(30, "exit")],
+              B: [ev(3, "assigned", res=[list(r2)]), ev(4, "lost", res=[list(r2)]),
+                  ev(6, "assigned", res=[list(r2)]), ev(30, "exit")]}
+    intervals = ownership_intervals(events, {})
+    assert converged_since(intervals, 0, 20, expected, groups) == 6
+    assert converged_since(intervals, 7, 20, expected, groups) == 7
+    events[B] = [ev(3, "assigned", res=[list(r2)]), ev(15, "lost", res=[list(r2)]),
+                 ev(30, "exit")]
+    assert converged_since(ownership_intervals(events, {}), 0, 20, expected, groups) is None
 
 
 def _commit(t_sent: float, t: float, value: int, outcome: str) -> dict[str, Any]:
