@@ -1,0 +1,152 @@
+"""Authentication and TLS against the real ``groupcoord serve`` process.
+
+The tokens file and the certificate are made during the test; the client
+library's GroupMember takes the token and never logs it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from server_harness import StartServer
+from tls_certs import make_tls_files
+
+from client.errors import GroupAuthorizationFailedError
+from client.member import GroupMember
+from client.tls import client_ssl_context
+from coordinator.auth import hash_token
+from protocol import codec
+from protocol.messages import HeartbeatRequest, LeaveMember, LeaveRequest
+
+APP_A = secrets.token_urlsafe(32)
+APP_B = secrets.token_urlsafe(32)
+OPS = secrets.token_urlsafe(32)
+MSGPACK = {"Content-Type": codec.CONTENT_TYPE}
+
+
+def _tokens_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tokens.jsonl"
+    lines = [
+        {"name": "app-a", "hash": hash_token(APP_A), "groups": ["orders-"]},
+        {"name": "app-b", "hash": hash_token(APP_B), "groups": ["orders-"]},
+        {"name": "ops", "hash": hash_token(OPS), "groups": ["*"], "admin": True},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                token: str | None) -> tuple[int, dict[str, Any]]:
+    headers = {**MSGPACK, **(_auth(token) if token else {})}
+    async with session.post(url, data=codec.encode(body), headers=headers) as resp:
+        return resp.status, codec.decode(await resp.read())
+
+
+def _member(url: str, group: str, token: str) -> GroupMember:
+    return GroupMember(url, group, ["orders"], token=token, session_timeout_ms=1_000,
+                       heartbeat_interval_ms=200, rebalance_timeout_ms=2_000,
+                       request_timeout_ms=3_000)
+
+
+async def test_tokens_grants_and_member_binding_end_to_end(
+        start_server: StartServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    server = start_server(auth_tokens=_tokens_file(tmp_path))
+    async with aiohttp.ClientSession() as session:
+        # Health and metrics stay open; everything else needs a token.
+        for path in ("/healthz", "/readyz", "/metrics"):
+            async with session.get(server.url + path) as resp:
+                assert resp.status == 200, path
+        async with session.put(f"{server.url}/v1/resources/orders",
+                               json={"partitions": 4}) as resp:
+            assert resp.status == 401
+        async with session.put(f"{server.url}/v1/resources/orders", json={"partitions": 4},
+                               headers=_auth(APP_A)) as resp:
+            assert resp.status == 403  # not an admin token
+        async with session.put(f"{server.url}/v1/resources/orders", json={"partitions": 4},
+                               headers=_auth(OPS)) as resp:
+            assert resp.status == 200
+
+        member = _member(server.url, "orders-eu", APP_A)
+        async with member:
+            assert len(member.assignment) == 4
+            mid, gen = member.member_id, member.generation_id
+            # The member id carries 128 random bits (32 hex digits) and a tag.
+            assert len(mid.rsplit(".", 1)[0].rsplit("-", 1)[1]) == 32
+            hb = HeartbeatRequest("orders-eu", mid, gen).to_wire()
+            status, _ = await _post(session, f"{server.url}/v1/heartbeat", hb, None)
+            assert status == 401
+            status, body = await _post(session, f"{server.url}/v1/heartbeat", hb,
+                                       "x" * 43)
+            assert status == 401 and body["error"] == "GROUP_AUTHORIZATION_FAILED"
+            # Another token granted the same group learned A's member id: it
+            # still cannot act for A (heartbeat, leave) -- the id is not its own.
+            status, body = await _post(session, f"{server.url}/v1/heartbeat", hb, APP_B)
+            assert (status, body["error"]) == (200, "UNKNOWN_MEMBER_ID")
+            leave = LeaveRequest("orders-eu", (LeaveMember(mid),)).to_wire()
+            status, body = await _post(session, f"{server.url}/v1/leave", leave, APP_B)
+            assert status == 200 and body["error"] in ("UNKNOWN_MEMBER_ID", None)
+            if body["error"] is None:
+                assert [m["error"] for m in body["members"]] == ["UNKNOWN_MEMBER_ID"]
+            async with session.get(f"{server.url}/v1/groups/orders-eu",
+                                   headers=_auth(OPS)) as resp:
+                view = await resp.json()
+            assert [m["member_id"] for m in view["members"]] == [mid]
+            assert view["generation_id"] == gen
+            # The owner itself is still fine.
+            status, body = await _post(session, f"{server.url}/v1/heartbeat", hb, APP_A)
+            assert (status, body["error"]) == (200, None)
+
+        # A group outside the token's grant: 403, which the member reports as fatal.
+        outsider = _member(server.url, "users", APP_A)
+        with pytest.raises(GroupAuthorizationFailedError):
+            async with outsider:
+                pass
+
+    logged = "\n".join(r.getMessage() for r in caplog.records) + server.stderr
+    for token in (APP_A, APP_B, OPS):
+        assert token not in logged
+        assert token not in repr(member) and token not in repr(outsider)
+    assert server.terminate() == 0
+
+
+async def test_tls_end_to_end(start_server: StartServer, tmp_path: Path) -> None:
+    files = make_tls_files(tmp_path)
+    server = start_server(tls_cert=files.server_cert, tls_key=files.server_key)
+    assert server.url.startswith("https://127.0.0.1:")
+    hb = HeartbeatRequest("g", "m", 1).to_wire()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{server.url}/v1/heartbeat", data=codec.encode(hb),
+                                headers=MSGPACK,
+                                ssl=client_ssl_context(files.ca_cert)) as resp:
+            assert resp.status == 200
+            assert codec.decode(await resp.read())["error"] == "UNKNOWN_MEMBER_ID"
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await session.post(f"{server.url}/v1/heartbeat", data=codec.encode(hb),
+                               headers=MSGPACK, ssl=client_ssl_context())
+        with pytest.raises(aiohttp.ClientError):
+            async with session.post(server.url.replace("https", "http") + "/v1/heartbeat",
+                                    data=codec.encode(hb), headers=MSGPACK) as resp:
+                assert resp.status == 400  # aiohttp's answer to plaintext on a TLS port
+                raise aiohttp.ClientError("plaintext refused")
+    assert server.terminate() == 0
+
+
+def test_server_refuses_a_bad_tokens_file_or_certificate(start_server: StartServer,
+                                                         tmp_path: Path) -> None:
+    bad = tmp_path / "tokens.jsonl"
+    bad.write_text('{"name": "x", "hash": "sha256:00", "groups": []}\n')
+    with pytest.raises(RuntimeError, match="64 hex digits"):
+        start_server(auth_tokens=bad)
+    with pytest.raises(RuntimeError, match="does not exist"):
+        start_server(tls_cert=tmp_path / "missing.pem")
