@@ -1,0 +1,124 @@
+"""The limits that exist today, each answered with a clear error and no state change.
+
+Body size (413, ``--max-body-bytes``), name lengths and list sizes (400 naming
+the field), timeouts (400), members per group (``GROUP_MAX_SIZE_REACHED``,
+``--group-max-size``). Limits on groups, metadata size and parked requests
+are not in the server yet (docs/reliability.md, "Limits").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from protocol import codec
+from protocol.messages import HeartbeatRequest, JoinRequest
+from protocol.resources import MemberMetadata
+
+MSGPACK = {"Content-Type": codec.CONTENT_TYPE}
+MAX_BODY = 4096
+META = MemberMetadata(sets=("orders",)).encode()
+
+Client = TestClient[web.Request, web.Application]
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[Client]:
+    from coordinator.core import GroupCoordinator
+    from coordinator.core.config import CoreConfig
+    from coordinator.http.app import build_app
+    from coordinator.metrics import Metrics
+    from coordinator.runtime.clock import WallClock
+    from coordinator.runtime.runtime import Runtime
+    from coordinator.storage.sqlite import Storage
+
+    storage = await Storage.open(tmp_path / "limits.db")
+    runtime = Runtime(GroupCoordinator(CoreConfig(min_session_timeout_ms=100,
+                                                  initial_rebalance_delay_ms=0,
+                                                  group_max_size=2)),
+                      storage, WallClock(), Metrics())
+    await runtime.start()
+    app = build_app(runtime, Metrics(), max_body_bytes=MAX_BODY)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as tc:
+        yield tc
+    await runtime.stop()
+    await storage.close()
+
+
+async def _call(client: Client, api: str, body: Any) -> tuple[int, dict[str, Any]]:
+    resp = await client.post(f"/v1/{api}", data=codec.encode(body), headers=MSGPACK)
+    return resp.status, codec.decode(await resp.read())
+
+
+def _join(member_id: str = "", **changes: Any) -> dict[str, Any]:
+    wire = JoinRequest("g", member_id, "resources", (("range", META),), 10_000,
+                       10_000).to_wire()
+    wire.update(changes)
+    return wire
+
+
+async def _groups(client: Client) -> list[Any]:
+    groups: list[Any] = (await (await client.get("/v1/groups")).json())["groups"]
+    return groups
+
+
+async def test_body_over_the_limit_is_413_and_creates_nothing(client: Client) -> None:
+    status, body = await _call(client, "join", _join(reason="x" * MAX_BODY))
+    assert status == 413
+    assert body["error"] == "INVALID_REQUEST" and str(MAX_BODY) in body["message"]
+    assert await _groups(client) == []
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"group_id": "g" * 256}, "group_id"),
+    ({"client_id": "c" * 256}, "client_id"),
+    ({"group_instance_id": "i" * 256}, "group_instance_id"),
+    ({"protocols": [[f"p{i}", b""] for i in range(33)]}, "protocols"),
+    ({"protocols": [["p" * 256, b""]]}, "protocols[0][0]"),
+    ({"session_timeout_ms": -1}, "session_timeout_ms"),
+    ({"rebalance_timeout_ms": 2**31}, "rebalance_timeout_ms"),
+])
+async def test_names_lists_and_timeouts_out_of_bounds_are_400_naming_the_field(
+        client: Client, changes: dict[str, Any], field: str) -> None:
+    status, body = await _call(client, "join", _join(**changes))
+    assert status == 400
+    assert body["error"] == "INVALID_REQUEST" and body["message"].startswith(field)
+    assert await _groups(client) == []
+
+
+async def test_heartbeat_wait_over_the_limit_is_400(client: Client) -> None:
+    wire = HeartbeatRequest("g", "m", 1).to_wire()
+    wire["wait_ms"] = 60_001
+    status, body = await _call(client, "heartbeat", wire)
+    assert status == 400 and body["message"].startswith("wait_ms")
+
+
+async def _new_id(client: Client) -> str:
+    status, body = await _call(client, "join", _join())
+    assert (status, body["error"]) == (200, "MEMBER_ID_REQUIRED")
+    member_id: str = body["member_id"]
+    return member_id
+
+
+async def test_group_max_size_refuses_the_third_member(client: Client) -> None:
+    a = await _new_id(client)
+    assert (await _call(client, "join", _join(a)))[1]["error"] is None
+    # The second member parks until the first rejoins; then the group has two.
+    b = await _new_id(client)
+    second = asyncio.ensure_future(_call(client, "join", _join(b)))
+    await asyncio.sleep(0.05)
+    assert (await _call(client, "join", _join(a)))[1]["error"] is None
+    assert (await second)[1]["error"] is None
+    # A third is refused, at its first join or with its new id (Kafka does either).
+    status, third = await _call(client, "join", _join())
+    if third["error"] == "MEMBER_ID_REQUIRED":
+        status, third = await _call(client, "join", _join(third["member_id"]))
+    assert (status, third["error"]) == (200, "GROUP_MAX_SIZE_REACHED")
+    view = await (await client.get("/v1/groups/g")).json()
+    assert sorted(m["member_id"] for m in view["members"]) == sorted([a, b])
