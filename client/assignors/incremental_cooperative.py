@@ -28,8 +28,8 @@ The group part is the same for everyone; the leader reads the copy with the
 highest ``seq``, so a new leader carries on. What a member held is needed
 once it is gone, so each member also carries its successor's assignment
 (``buddy``, in identity order): a departure is attributed unless a member
-and its predecessor vanish in the same round (then its resources are still
-deferred, just not reserved for its return). Time is an explicit input:
+and its predecessor vanish in the same round (then its resources are
+handed out at once, as cooperative-sticky would). Time is an explicit input:
 ``assign(..., now_ms=...)``; without it the wall clock is read, the only
 impure step (a leader should pass its own clock). JSON keeps the bytes
 deterministic and readable; this assignor is meant for Connect-sized groups
@@ -51,6 +51,11 @@ __all__ = ["IncrementalCooperativeAssignor", "State"]
 
 Holdings = dict[str, list[int]]
 
+# Members that carry a copy of the group state, spread over the ring: the
+# state survives unless all of them leave in the same round, and the leader's
+# SyncGroup request stays O(members) rather than O(members squared).
+COPIES = 3
+
 
 @dataclass(frozen=True)
 class State:
@@ -63,10 +68,8 @@ class State:
     revoking: int = 0
     last_revoke: int | None = None
 
-    def encode(self, buddy: tuple[str, Holdings] | None) -> bytes:
+    def group_json(self) -> str:
         doc: dict[str, Any] = {
-            "v": 1,
-            "seq": self.seq,
             "members": list(self.members),
             "departed": {
                 who: {"at": at, "owned": owned} for who, (at, owned) in self.departed.items()
@@ -74,39 +77,80 @@ class State:
             "deadline": self.deadline,
             "revoking": self.revoking,
             "last_revoke": self.last_revoke,
-            "buddy": list(buddy) if buddy else None,
         }
-        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        return _dumps(doc)
 
 
-def _decode(data: bytes | None) -> tuple[State, tuple[str, Holdings] | None] | None:
-    """Our state from one member's user_data; None if it is not ours."""
+def _dumps(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def _encode(seq: int, buddy: tuple[str, Holdings], group: str | None) -> bytes:
+    """One member's user_data; ``group`` (already JSON) only for the holders
+    of a copy. Keys in sorted order, like ``_dumps``."""
+    parts = [f'"buddy":{_dumps(list(buddy))}']
+    if group is not None:
+        parts.append(f'"group":{group}')
+    parts.append(f'"seq":{seq}')
+    parts.append('"v":1')
+    return ("{" + ",".join(parts) + "}").encode()
+
+
+Decoded = tuple[int, State | None, tuple[str, Holdings] | None]
+
+
+def _decode(data: bytes | None) -> Decoded | None:
+    """``(seq, group state if this copy holds one, buddy)`` from one
+    member's user_data; None if it is not ours."""
     if not data:
         return None
     try:
         doc = json.loads(data)
         if not isinstance(doc, dict) or doc.get("v") != 1:
             return None
-        departed = {
-            str(who): (int(d["at"]), _holdings(d["owned"])) for who, d in doc["departed"].items()
-        }
-        state = State(
-            seq=int(doc["seq"]),
-            members=tuple(str(m) for m in doc["members"]),
-            departed=departed,
-            deadline=None if doc["deadline"] is None else int(doc["deadline"]),
-            revoking=int(doc["revoking"]),
-            last_revoke=None if doc["last_revoke"] is None else int(doc["last_revoke"]),
-        )
+        seq = int(doc["seq"])
+        state = None
+        group = doc.get("group")
+        if group is not None:
+            departed = {
+                str(who): (int(d["at"]), _holdings(d["owned"]))
+                for who, d in group["departed"].items()
+            }
+            state = State(
+                seq=seq,
+                members=tuple(str(m) for m in group["members"]),
+                departed=departed,
+                deadline=None if group["deadline"] is None else int(group["deadline"]),
+                revoking=int(group["revoking"]),
+                last_revoke=None if group["last_revoke"] is None else int(group["last_revoke"]),
+            )
         buddy = doc.get("buddy")
         pair = (str(buddy[0]), _holdings(buddy[1])) if buddy else None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         return None
-    return state, pair
+    return seq, state, pair
 
 
 def _holdings(raw: Any) -> Holdings:
     return {str(s): [int(i) for i in idx] for s, idx in dict(raw).items()}
+
+
+def _revoked(
+    owned: Mapping[str, Sequence[int]],
+    assigned: Mapping[str, list[int]],
+    resources: Mapping[str, int],
+) -> set[tuple[str, int]]:
+    """What a member owns (validly) and is not given back: it revokes it."""
+    out: set[tuple[str, int]] = set()
+    for s, idx in owned.items():
+        got = assigned.get(s)
+        if got is not None and got == idx:  # the common case, compared in C
+            continue
+        keep = set(got or ())
+        n = resources.get(s, 0)
+        if isinstance(n, int):
+            out.update((s, i) for i in idx if 0 <= i < n and i not in keep)
+    return out
 
 
 def _identity(member_id: str, sub: Subscription) -> str:
@@ -150,9 +194,6 @@ class IncrementalCooperativeAssignor:
             if who not in present and who not in departed:
                 departed[who] = (now, buddies.get(who, {}))
         returning = {who: departed.pop(who)[1] for who in list(departed) if who in present}
-        claimed: set[tuple[str, int]] = set()
-        for sub in subscriptions.values():
-            claimed |= _valid(sub.owned, resources)
         deadline = state.deadline
         if not departed or self.scheduled_rebalance_max_delay_ms <= 0:
             departed, deadline = {}, None
@@ -160,6 +201,10 @@ class IncrementalCooperativeAssignor:
             deadline = now + self.scheduled_rebalance_max_delay_ms
         elif now >= deadline:  # the delay ran out: spread what is still lost
             departed, deadline = {}, None
+        claimed: set[tuple[str, int]] = set()
+        if departed or returning:
+            for sub in subscriptions.values():
+                claimed |= _valid(sub.owned, resources)
         reserved: set[tuple[str, int]] = set()
         for _, owned in departed.values():
             reserved |= _valid(owned, resources) - claimed
@@ -176,7 +221,8 @@ class IncrementalCooperativeAssignor:
                 subs[m] = replace(sub, owned=mine, generation=max(top, sub.generation, 0))
 
         planned = sticky_plan(resources, subs, cooperative=True)
-        result = {m: {s: list(i) for s, i in a.assigned.items()} for m, a in planned.items()}
+        # Shallow copies: a list is replaced, never changed in place.
+        result = {m: dict(a.assigned) for m, a in planned.items()}
         if reserved:  # deferred: nobody gets a departed member's resources yet
             for assigned in result.values():
                 for s in list(assigned):
@@ -187,11 +233,7 @@ class IncrementalCooperativeAssignor:
                         del assigned[s]
 
         # Revocations and their back-off.
-        given = {(s, i) for a in result.values() for s, idx in a.items() for i in idx}
-        revoked = {
-            m: _valid(sub.owned, resources) - {(s, i) for s, idx in result[m].items() for i in idx}
-            for m, sub in subscriptions.items()
-        }
+        revoked = {m: _revoked(sub.owned, result[m], resources) for m, sub in subscriptions.items()}
         revoking, last_revoke = state.revoking, state.last_revoke
         timers = [deadline - now] if deadline is not None else []
         if any(revoked.values()):
@@ -200,10 +242,10 @@ class IncrementalCooperativeAssignor:
                 backoff = self.revocation_backoff_ms * 2 ** min(revoking - 1, 30)
                 wait = last_revoke + min(backoff, self.scheduled_rebalance_max_delay_ms) - now
             if wait > 0:  # too soon: owners keep what nobody else is given
+                given = {(s, i) for a in result.values() for s, idx in a.items() for i in idx}
                 for m, lost in revoked.items():
                     for s, i in sorted(lost - given):
-                        result[m].setdefault(s, []).append(i)
-                        result[m][s].sort()
+                        result[m][s] = sorted([*result[m].get(s, ()), i])
                 timers.append(wait)
             else:
                 revoking, last_revoke = revoking + 1, now
@@ -220,12 +262,15 @@ class IncrementalCooperativeAssignor:
         )
         delay = max(0, min(timers)) if timers else 0
         ring = sorted(idents, key=lambda m: idents[m])
+        group = new_state.group_json()
+        holders = {ring[k * len(ring) // COPIES] for k in range(COPIES)}
         out: dict[str, Assignment] = {}
         for k, m in enumerate(ring):
             nxt = ring[(k + 1) % len(ring)]
             buddy = (idents[nxt], {s: result[nxt][s] for s in sorted(result[nxt])})
             assigned = {s: result[m][s] for s in sorted(result[m]) if result[m][s]}
-            out[m] = Assignment(assigned, user_data=new_state.encode(buddy), delay_ms=delay)
+            data = _encode(new_state.seq, buddy, group if m in holders else None)
+            out[m] = Assignment(assigned, user_data=data, delay_ms=delay)
         return {m: out[m] for m in subscriptions}
 
     @staticmethod
@@ -233,9 +278,10 @@ class IncrementalCooperativeAssignor:
         """The newest group state among the members, and what each member
         held according to the buddies of that round."""
         decoded = [d for sub in subscriptions.values() if (d := _decode(sub.user_data))]
-        if not decoded:
+        copies = [state for _, state, _ in decoded if state is not None]
+        if not copies:
             return State(), {}
-        newest = max(state.seq for state, _ in decoded)
-        states = sorted((s for s, _ in decoded if s.seq == newest), key=lambda s: s.encode(None))
-        buddies = {b[0]: b[1] for s, b in decoded if s.seq == newest and b is not None}
-        return states[0], buddies
+        newest = max(state.seq for state in copies)
+        state = min((s for s in copies if s.seq == newest), key=lambda s: s.group_json())
+        buddies = {b[0]: b[1] for seq, _, b in decoded if seq == newest and b is not None}
+        return state, buddies
