@@ -35,6 +35,7 @@ from client.errors import (
 )
 from client.listener import RebalanceListener, Resource
 from client.member import GroupMember
+from client.transport import AiohttpTransport
 
 
 class Ledger:
@@ -104,6 +105,38 @@ class Worker(RebalanceListener):
                               outcome=outcome, error=error, **ids)
 
 
+class LoggingTransport:
+    """The library's own transport, logging each rebalance/heartbeat call's outcome.
+
+    Only for diagnosis: the invariants are checked on the callbacks, commits
+    and deadlines; this says what the coordinator answered, and when it was asked.
+    """
+
+    def __init__(self, inner: AiohttpTransport, ledger: Ledger) -> None:
+        self.inner = inner
+        self.ledger = ledger
+
+    async def call(self, api: str, request: Any) -> Any:
+        sent = time.monotonic()
+        try:
+            response = await self.inner.call(api, request)
+        except BaseException as exc:
+            if api in ("join", "sync", "heartbeat", "leave"):
+                self.ledger.write("call", api=api, sent=sent, error=type(exc).__name__,
+                                  gen=getattr(request, "generation_id", None))
+            raise
+        if api in ("join", "sync", "heartbeat", "leave"):
+            error = getattr(response, "error", None)
+            self.ledger.write("call", api=api, sent=sent,
+                              error=None if error is None else str(error),
+                              gen=getattr(request, "generation_id",
+                                          getattr(response, "generation_id", None)))
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 def _safety_deadline(member: GroupMember) -> int | None:
     public = getattr(member, "safety_deadline_ms", None)
     if callable(public):
@@ -118,8 +151,9 @@ def _safety_deadline(member: GroupMember) -> int | None:
 async def run(args: argparse.Namespace) -> int:
     ledger = Ledger(Path(args.ledger), args.worker, args.incarnation)
     worker = Worker(ledger)
+    transport = LoggingTransport(AiohttpTransport(args.url), ledger)
     member = GroupMember(
-        args.url, args.group, args.sets.split(","), assignors=[args.assignor],
+        transport, args.group, args.sets.split(","), assignors=[args.assignor],
         listener=worker, session_timeout_ms=args.session_timeout_ms,
         rebalance_timeout_ms=args.rebalance_timeout_ms,
         heartbeat_interval_ms=args.heartbeat_interval_ms,
@@ -162,6 +196,7 @@ async def run(args: argparse.Namespace) -> int:
     for task in (*tasks, stopped, closed):
         task.cancel()
     await asyncio.gather(*tasks, stopped, closed, return_exceptions=True)
+    await transport.aclose()  # the member does not close a transport it was given
     ledger.write("exit", status=status)
     ledger.close()
     return status
