@@ -293,3 +293,50 @@ async def test_client_disconnect_cancels_its_parked_join(api: Api) -> None:
             break
         await asyncio.sleep(0.01)
     assert api.runtime.core.parked_request_count() == 0
+
+
+# ---------------------------------------------------------------- authentication wiring
+
+
+async def test_tokens_guard_groups_and_member_ids(tmp_path: Path) -> None:
+    import hashlib
+
+    from coordinator.auth import TokenEntry, TokenStore
+
+    def entry(name: str, token: str, prefixes: tuple[str, ...], admin: bool) -> TokenEntry:
+        return TokenEntry(name, hashlib.sha256(token.encode()).digest(), prefixes, admin)
+
+    alice, bob = "a" * 40, "b" * 40
+    tokens = TokenStore([entry("alice", alice, ("orders-",), False),
+                         entry("bob", bob, ("orders-",), True)])
+    storage = await Storage.open(tmp_path / "g.db")
+    runtime = Runtime(GroupCoordinator(CoreConfig(min_session_timeout_ms=100,
+                                                  initial_rebalance_delay_ms=0)),
+                      storage, WallClock(), Metrics())
+    await runtime.start()
+    app = build_app(runtime, Metrics(), max_body_bytes=MAX_BODY, tokens=tokens)
+    try:
+        async with TestClient(TestServer(app)) as client:
+            async def call(token: str | None, body: dict[str, Any]) -> tuple[int, Any]:
+                headers = dict(MSGPACK)
+                if token is not None:
+                    headers["Authorization"] = f"Bearer {token}"
+                resp = await client.post("/v1/join", data=pack(body), headers=headers)
+                return resp.status, msgpack.unpackb(await resp.read(), raw=False)
+
+            status, _ = await call(None, join_body(group="orders-eu"))
+            assert status == 401
+            status, doc = await call(alice, join_body(group="users"))
+            assert status == 403 and doc["error"] == "GROUP_AUTHORIZATION_FAILED"
+            status, doc = await call(alice, join_body(group="orders-eu"))
+            assert status == 200 and doc["error"] == "MEMBER_ID_REQUIRED"
+            minted = doc["member_id"]
+            # Bob learns alice's member id (as a leader would): it does not work for him.
+            status, doc = await call(bob, join_body(minted, group="orders-eu"))
+            assert status == 200 and doc["error"] == "UNKNOWN_MEMBER_ID"
+            assert runtime.core.pending_member_count("orders-eu") == 1
+            # Health stays open.
+            assert (await client.get("/healthz")).status == 200
+    finally:
+        await runtime.stop()
+        await storage.close()
