@@ -63,10 +63,14 @@ async def run_all(args: argparse.Namespace) -> list[SeedResult]:
     # SIGTERM/SIGINT cancel the run, so every seed's processes are killed on the way out.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, main.cancel)
+    tasks = [asyncio.create_task(one(s)) for s in range(args.start, args.start + args.seeds)]
     try:
-        await asyncio.gather(*(one(s) for s in range(args.start, args.start + args.seeds)))
+        await asyncio.gather(*tasks)
     except asyncio.CancelledError:
-        print("interrupted: partial results", flush=True)
+        print("interrupted: stopping every seed's processes; partial results", flush=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)  # their cleanup kills the processes they started
     return sorted(results, key=lambda r: r.seed)
 
 

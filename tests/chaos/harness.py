@@ -493,11 +493,17 @@ class Run:
         try:
             return await self._run(started)
         finally:
+            # Signals first (no await in between), so an interrupted cleanup
+            # still leaves no process behind.
+            for task in list(self.pending):
+                task.cancel()
             for slot in self.slots.values():
-                if slot.running:
-                    slot.signal(signal.SIGCONT)
-                    slot.signal(signal.SIGKILL)
-                    assert slot.proc is not None
+                slot.signal(signal.SIGCONT)
+                slot.signal(signal.SIGKILL)
+            if self.coordinator.proc is not None and self.coordinator.proc.returncode is None:
+                self.coordinator.proc.kill()
+            for slot in self.slots.values():
+                if slot.proc is not None:
                     await slot.proc.wait()
                 await slot.proxy.stop()
             await self.coordinator.kill()

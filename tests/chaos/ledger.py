@@ -13,7 +13,9 @@ Worker events (``w`` worker slot, ``inc`` incarnation of that slot):
   (its final commit included: the hand-over), ``lost`` when ``on_lost``
   starts (the worker stops at once).
 * ``deadline`` with ``until`` (seconds, or ``null``): the member's safety
-  deadline (client/member_state.py: "the safety rule") whenever it changes.
+  deadline (client/member_state.py: "the safety rule") whenever it changes,
+  polled every 5 ms; ``call`` events (each join/sync/heartbeat/leave answer,
+  logged as it arrives) date the renewals exactly (``_renewal_times``).
 * ``commit`` with ``sent``, ``res``, ``value``, ``member``, ``gen`` and
   ``outcome``: ``ok`` (acknowledged), ``refused`` (an error code),
   ``local`` (the library refused before sending) or ``unknown`` (no answer:
@@ -109,9 +111,43 @@ def _res(raw: Iterable[Iterable[Any]]) -> list[Resource]:
     return [(str(s), int(i)) for s, i in raw]
 
 
+#: how far a polled deadline may be from the send time + session timeout of
+#: the call that set it (the member reads its clock a moment before the call).
+_ANCHOR_SLACK_S = 0.05
+
+
+def _renewal_times(events: list[dict[str, Any]]) -> dict[float, float]:
+    """deadline value -> when the answer that set it arrived.
+
+    The worker polls its member's deadline every few milliseconds, so a
+    renewal is logged a little after it happened; under load that lag can
+    straddle the old deadline. Each successful join/sync/heartbeat is logged
+    the moment its answer arrives (``call`` events), and the deadline it sets
+    is its send time plus the session timeout: match the two to date each
+    renewal exactly.
+    """
+    start = next((e for e in events if e["ev"] == "start"), None)
+    if start is None or "session_timeout_ms" not in start:
+        return {}
+    st = start["session_timeout_ms"] / 1000
+    renewals = sorted((e["sent"] + st, e["t"]) for e in events
+                      if e["ev"] == "call" and e.get("error") is None
+                      and e.get("api") in ("join", "sync", "heartbeat"))
+    out: dict[float, float] = {}
+    for mark in (e for e in events if e["ev"] == "deadline" and e["until"] is not None):
+        until = mark["until"]
+        close = [(abs(u - until), t) for u, t in renewals
+                 if until - _ANCHOR_SLACK_S <= u <= until + _ANCHOR_SLACK_S]
+        if close:
+            out[until] = min(close)[1]
+    return out
+
+
 def _deadline_expiries(events: list[dict[str, Any]], end: float) -> list[float]:
     """Moments the incarnation's safety deadline passed before it was renewed."""
-    marks = [(e["t"], e["until"]) for e in events if e["ev"] == "deadline"]
+    renewed_at = _renewal_times(events)
+    marks = [(min(e["t"], renewed_at.get(e["until"], e["t"])), e["until"])
+             for e in events if e["ev"] == "deadline"]
     expiries = []
     for i, (t, until) in enumerate(marks):
         if until is None:

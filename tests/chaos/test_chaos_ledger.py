@@ -61,6 +61,20 @@ def test_safety_deadline_ends_a_frozen_owners_interval() -> None:
     assert len(check_exclusive(ownership_intervals({A: a, B: b}, {}))) == 1
 
 
+def test_a_renewal_logged_late_is_dated_by_its_answer() -> None:
+    # The heartbeat sent at 2.0 was answered at 2.95, before the old deadline
+    # (3.0); the poller only logged the new deadline (3.5) at 3.01.
+    a = [ev(0, "start", session_timeout_ms=1500), ev(1, "assigned", res=[R]),
+         ev(1.1, "deadline", until=3.0),
+         ev(2.95, "call", api="heartbeat", sent=2.0, error=None),
+         ev(3.01, "deadline", until=3.5), ev(3.4, "revoked", res=[R]), ev(4, "exit")]
+    intervals = ownership_intervals({A: a}, {})
+    assert [(iv.end, iv.why) for iv in intervals] == [(3.4, "revoked")]
+    # Without the call record the late log looks like an expiry at 3.0.
+    late = [e for e in a if e["ev"] != "call"]
+    assert [iv.why for iv in ownership_intervals({A: late}, {})] == ["deadline"]
+
+
 def test_a_suspended_deadline_does_not_end_ownership() -> None:
     # ``until: null`` (a join in flight): the member's rule does not expire it.
     a = [ev(1, "assigned", res=[R]), ev(1.1, "deadline", until=None),

@@ -164,7 +164,7 @@ async def run(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    ledger.write("start", group=args.group)
+    ledger.write("start", group=args.group, session_timeout_ms=args.session_timeout_ms)
     member.start()
 
     async def watch_deadline() -> None:
