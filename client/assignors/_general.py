@@ -63,59 +63,74 @@ def general_plan(layout: Layout, members: Members, claims: Claims) -> Plan:
         top = max(load[m] for m in active)
         if top - min(load[m] for m in active) <= 1:
             break
-        sources = sorted(m for m in active if load[m] == top)
-        parent: dict[int, tuple[int, int]] = {}
-        unvisited = active.difference(sources)
-        frontier = sources
-        target = -1
-        while frontier and target < 0:
-            following: list[int] = []
-            for w in frontier:
-                # Sets where w holds something; fresh ones first (free to move).
-                for t in [*sorted(taken[w]), *sorted(kept[w])]:
-                    if not (taken[w].get(t) or kept[w].get(t)):
-                        continue
-                    reach = subscriber_sets[t].intersection(unvisited)
-                    if not reach:
-                        continue
-                    unvisited.difference_update(reach)
-                    for a in sorted(reach):
-                        parent[a] = (w, t)
-                        following.append(a)
-                        if target < 0 and load[a] <= top - 2:
-                            target = a
+        level = sorted(m for m in active if load[m] == top)
+        while True:
+            sources = [m for m in level if load[m] == top]
+            if not sources:
+                break
+            parent: dict[int, tuple[int, int]] = {}
+            unvisited = active.difference(sources)
+            frontier = sources
+            target = -1
+            while frontier and target < 0:
+                following: list[int] = []
+                for w in frontier:
+                    # Sets where w holds something; fresh ones first (free to move).
+                    for t in [*sorted(taken[w]), *sorted(kept[w])]:
+                        if not (taken[w].get(t) or kept[w].get(t)):
+                            continue
+                        reach = subscriber_sets[t].intersection(unvisited)
+                        if not reach:
+                            continue
+                        unvisited.difference_update(reach)
+                        for a in sorted(reach):
+                            parent[a] = (w, t)
+                            following.append(a)
+                            if target < 0 and load[a] <= top - 2:
+                                target = a
+                        if target >= 0:
+                            break
                     if target >= 0:
                         break
-                if target >= 0:
-                    break
-            frontier = following
-        if target < 0:
-            # Nothing below top - 1 is reachable: that whole part is final.
-            active.intersection_update(unvisited)
-            continue
-        a = target
-        load[a] += 1
-        while a in parent:
-            w, t = parent[a]
-            fresh = taken[w].get(t)
-            if fresh:
-                i = fresh.pop()
-                if not fresh:
-                    del taken[w][t]
-            else:
-                own = kept[w][t]
-                i = own.pop()
-                if not own:
-                    del kept[w][t]
-                moved.add(offsets[t] + i)
-            g = offsets[t] + i
-            if owner[g] == a:  # back to the member that keeps it
-                moved.discard(g)
-                kept[a].setdefault(t, []).append(i)
-            else:
-                taken[a].setdefault(t, []).append(i)
-            a = w
-        load[a] -= 1
+                frontier = following
+            if target < 0:
+                # Nothing below top - 1 is reachable: that whole part is final.
+                active.intersection_update(unvisited)
+                break
+            # Shift as many units along the chain as keep improving the balance
+            # and as each link can carry (a link that moves fresh resources only
+            # carries those: a kept one might have a cheaper chain next time).
+            chain: list[tuple[int, int, int]] = []
+            a = target
+            while a in parent:
+                w, t = parent[a]
+                chain.append((a, w, t))
+                a = w
+            units = (load[a] - load[target]) // 2
+            for _, w, t in chain:
+                fresh = taken[w].get(t)
+                units = min(units, len(fresh) if fresh else len(kept[w][t]))
+            load[target] += units
+            load[a] -= units
+            for _ in range(units):
+                for a, w, t in chain:
+                    fresh = taken[w].get(t)
+                    if fresh:
+                        i = fresh.pop()
+                        if not fresh:
+                            del taken[w][t]
+                    else:
+                        own = kept[w][t]
+                        i = own.pop()
+                        if not own:
+                            del kept[w][t]
+                        moved.add(offsets[t] + i)
+                    g = offsets[t] + i
+                    if owner[g] == a:  # back to the member that keeps it
+                        moved.discard(g)
+                        kept[a].setdefault(t, []).append(i)
+                    else:
+                        taken[a].setdefault(t, []).append(i)
     for held in (*kept, *taken):
         for indexes in held.values():
             indexes.sort()
