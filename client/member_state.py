@@ -321,6 +321,8 @@ class MemberStateMachine:
         self._skip_assignment = False
         self._catalog: CatalogResponse | None = None
         self._sync_request: SyncRequest | None = None
+        #: a sync answer read too late to trust, until a heartbeat confirms it.
+        self._pending_sync: SyncResponse | None = None
         self._assigned_epoch: int | None = None
         self.last_resources_epoch = 0
         # metrics
@@ -617,6 +619,10 @@ class MemberStateMachine:
     def _syncing_step(self, now_ms: int) -> Action:
         if now_ms < self._next_send_ms:
             return Wait(self._next_send_ms)
+        if self._pending_sync is not None:
+            request = HeartbeatRequest(self.config.group_id, self.member_id, self.generation_id,
+                                       self.config.group_instance_id, 0)
+            return self._send(now_ms, Call("heartbeat", request, self.config.request_timeout_ms))
         needs_assignment = self.is_leader and not self._skip_assignment
         if needs_assignment and self._sync_request is None:
             if self._catalog is None:
@@ -693,8 +699,24 @@ class MemberStateMachine:
             self._apply(now_ms, "sync", resp.error)
             return
         self._attempts = 0
-        self._anchor_ms = sent_ms
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
+        if now_ms >= sent_ms + self.config.session_timeout_ms:
+            # The answer was read a whole session timeout after the sync went
+            # out: the process was paused, or the answer sat in its socket.
+            # The coordinator may have expired us meanwhile and given these
+            # resources to someone else (chaos seed 0). Nothing is delivered
+            # until a heartbeat of this generation, sent now, succeeds; the
+            # safety rule treats what we own as lost first (the anchor stays
+            # before the sync). A sync that legitimately parked this long
+            # (a leader slower than the session timeout) costs the same check.
+            self._pending_sync = resp
+            self._next_send_ms = now_ms
+            return
+        self._anchor_ms = sent_ms
+        self._deliver(now_ms, resp)
+
+    def _deliver(self, now_ms: int, resp: SyncResponse) -> None:
+        self._pending_sync = None
         self.state = MemberState.STABLE
         self._next_send_ms = now_ms  # start the heartbeat long-poll at once
         try:
@@ -737,6 +759,14 @@ class MemberStateMachine:
             return
         self._attempts = 0
         self._anchor_ms = sent_ms
+        pending = self._pending_sync
+        if pending is not None and self.state is MemberState.SYNCING:
+            # We are still in this generation as of the heartbeat's send time.
+            if now_ms >= sent_ms + self.config.session_timeout_ms:
+                self._next_send_ms = now_ms  # late again: check again
+                return
+            self._deliver(now_ms, pending)
+            return
         self._next_send_ms = max(now_ms, sent_ms + self.config.heartbeat_interval_ms)
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
         if (self.is_leader and self._assigned_epoch is not None
@@ -799,7 +829,8 @@ class MemberStateMachine:
         # failed attempt ends the exemption (we may be cut off).
         if isinstance(self._in_flight, Call) and self._in_flight.api in ("join", "sync"):
             return True
-        return self.state is MemberState.SYNCING and self._attempts == 0
+        return (self.state is MemberState.SYNCING and self._attempts == 0
+                and self._pending_sync is None)
 
     def _rebalance_call_timeout(self) -> int:
         # Kafka: a join may park for the whole rebalance timeout.
@@ -826,6 +857,7 @@ class MemberStateMachine:
             self._events.append(RebalanceStarted(now_ms, reason))
             self._rebalance_started_ms = now_ms
         self.state = MemberState.JOINING
+        self._pending_sync = None
         self._join_reason = reason
         self._rejoin_needed = False
         self._next_send_ms = at_ms

@@ -685,3 +685,43 @@ def test_table_actions_are_the_documented_ones() -> None:
         assert ERROR_ACTIONS[code] is ErrorAction.FATAL
     for code in (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE):
         assert ERROR_ACTIONS[code] is ErrorAction.RETRY
+
+
+# ---------------------------------------------------------------- a sync answer read too late
+
+
+def _late_sync(m: MemberStateMachine, sent: int, late: int, *indexes: int) -> None:
+    m.receive(sent, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    expect_call(m, sent, "join")
+    m.receive(sent, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
+    expect_call(m, sent, "sync")
+    m.receive(late, SyncResponse(None, assignment=assignment(*indexes)))
+
+
+def test_a_sync_answer_read_after_the_session_timeout_is_verified_before_delivery() -> None:
+    m = _stable_owner()
+    _late_sync(m, 10, 10 + SESSION + 4_000, 0, 1, 2)  # paused with the answer in the socket
+    now = 10 + SESSION + 4_000
+    # what it owned may be someone else's by now: lost first, nothing assigned
+    expect_callback(m, now, CallbackKind.LOST, res(0, 1))
+    check = expect_call(m, now, "heartbeat")
+    assert isinstance(check.request, HeartbeatRequest)
+    assert check.request.generation_id == 2 and check.request.wait_ms == 0
+    m.receive(now + 5, HeartbeatResponse(None))  # still a member of generation 2
+    expect_callback(m, now + 5, CallbackKind.ASSIGNED, res(0, 1, 2))
+    assert m.state is MemberState.STABLE
+
+
+def test_a_stale_sync_answer_of_an_expired_member_is_never_delivered() -> None:
+    m = make()
+    expect_call(m, 0, "join")
+    m.receive(0, JoinResponse(None, 1, "resources", "cooperative-sticky", "leader", "m1"))
+    expect_call(m, 0, "sync")
+    m.receive(5_000, SyncResponse(None, assignment=assignment(0, 1)))
+    expect_call(m, 5_000, "heartbeat")
+    m.receive(5_001, HeartbeatResponse(ErrorCode.UNKNOWN_MEMBER_ID))
+    join = expect_call(m, 5_001, "join")  # rejoin at once, as a new member
+    assert isinstance(join.request, JoinRequest)
+    assert join.request.member_id == ""
+    assert m.owned == frozenset()
+    assert not any(isinstance(e, RebalanceCompleted) for e in m.drain_events())
