@@ -825,12 +825,14 @@ class MemberStateMachine:
         return call
 
     def _rule_suspended(self) -> bool:
-        # The coordinator keeps a member in the middle of join/sync alive; a
-        # failed attempt ends the exemption (we may be cut off).
-        if isinstance(self._in_flight, Call) and self._in_flight.api in ("join", "sync"):
-            return True
-        return (self.state is MemberState.SYNCING and self._attempts == 0
-                and self._pending_sync is None)
+        # The coordinator keeps a member whose join or sync is parked alive
+        # (Kafka's shouldKeepAlive). Once the answer is read the rule applies
+        # again, anchored at the join's send time: the coordinator restarted
+        # our session timer when the join phase completed, no earlier. A join
+        # answer read a session timeout after it was sent (a paused process,
+        # or a join phase that lasted that long) therefore loses what we own
+        # before the sync: we cannot tell the two apart.
+        return isinstance(self._in_flight, Call) and self._in_flight.api in ("join", "sync")
 
     def _rebalance_call_timeout(self) -> int:
         # Kafka: a join may park for the whole rebalance timeout.

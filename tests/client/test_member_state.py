@@ -407,14 +407,27 @@ def test_the_rule_is_suspended_while_a_join_is_in_flight() -> None:
     join_as_follower(m, 0, 0, 1)
     expect_call(m, 0, "heartbeat")
     m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
-    expect_call(m, 10, "join")
+    expect_call(m, 500, "join")
     assert m.safety_deadline_ms() is None  # the coordinator keeps a joining member alive
-    m.receive(3_000, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
-    expect_call(m, 3_000, "sync")
-    m.receive(3_010, SyncResponse(None, assignment=assignment(0, 1)))
-    expect_callback(m, 3_010, CallbackKind.ASSIGNED, set())
+    m.receive(1_400, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
+    assert m.safety_deadline_ms() == 500 + SESSION  # anchored at the join's send time
+    expect_call(m, 1_400, "sync")
+    m.receive(1_410, SyncResponse(None, assignment=assignment(0, 1)))
+    expect_callback(m, 1_410, CallbackKind.ASSIGNED, set())
     assert m.owned == frozenset(res(0, 1))
-    assert m.safety_deadline_ms() == 3_000 + SESSION  # the sync's send time
+    assert m.safety_deadline_ms() == 1_400 + SESSION  # the sync's send time
+
+
+def test_a_join_answer_read_after_the_session_timeout_loses_first() -> None:
+    m = make()
+    join_as_follower(m, 0, 0, 1)
+    expect_call(m, 0, "heartbeat")
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    expect_call(m, 10, "join")
+    # paused with the answer in the socket: the coordinator may have expired
+    # us since it completed the join phase
+    m.receive(3_000, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
+    expect_callback(m, 3_000, CallbackKind.LOST, res(0, 1))
 
 
 # ---------------------------------------------------------------- cooperative flows
