@@ -35,7 +35,7 @@ class Claims:
     ``contested[g]``: members whose claim on ``g`` was not honoured.
     """
 
-    __slots__ = ("contested", "counts", "kept", "owner")
+    __slots__ = ("contested", "counts", "kept", "owner", "owned_total")
 
     def __init__(
         self,
@@ -48,12 +48,14 @@ class Claims:
         self.kept = kept
         self.counts = counts
         self.contested = contested
+        # Resources with an owner; fixed here, as planners change `counts`.
+        self.owned_total = sum(counts)
 
     def free_ids(self) -> list[int]:
         """Ascending global ids of the resources nobody keeps."""
         owner = self.owner
         total = len(owner)
-        n_free = total - sum(self.counts)
+        n_free = total - self.owned_total
         if n_free == total:
             return list(range(total))
         if n_free == 0:

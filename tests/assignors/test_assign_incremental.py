@@ -199,3 +199,17 @@ def test_random_churn_stays_valid_and_settles(seed: int) -> None:
     # Left alone long enough, the group ends complete and balanced.
     now += 2 * DELAY
     settle(g, now)
+
+
+def test_state_survives_a_copy_holder_leaving() -> None:
+    """Only a few members carry the group state; losing one of them (here
+    the first in identity order) still leaves a copy."""
+    g = Group(assignor(), [f"m{k}" for k in range(7)])
+    settle(g, 0)
+    holders = [m for m, a in g.last.items() if a.user_data and b'"group"' in a.user_data]
+    assert 1 <= len(holders) <= 3
+    gone = flat(g.last["m0"])
+    g.leave("m0")
+    r = g.round(100)
+    assert r["m1"].delay_ms == DELAY
+    assert not any(flat(a) & gone for a in r.values())
