@@ -54,6 +54,7 @@ async def run_all(args: argparse.Namespace) -> list[SeedResult]:
                 print(f"    VIOLATION {violation}", flush=True)
             if result.violations:
                 print("    schedule:\n      " + "\n      ".join(result.schedule), flush=True)
+                print("    notes: " + "; ".join(result.notes), flush=True)
             elif not args.keep:
                 shutil.rmtree(workdir, ignore_errors=True)
 

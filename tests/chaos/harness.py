@@ -327,6 +327,8 @@ class Run:
         self.coordinator_lock = asyncio.Lock()
         self.session: aiohttp.ClientSession | None = None
         self.schedule: list[Fault] = []
+        self.max_loop_lag: tuple[float, float] = (0.0, 0.0)
+        self.lag_watch: asyncio.Task[None] | None = None
         self.last_crash = 0.0
 
     # ------------------------------------------------------------ helpers
@@ -495,7 +497,7 @@ class Run:
         finally:
             # Signals first (no await in between), so an interrupted cleanup
             # still leaves no process behind.
-            for task in list(self.pending):
+            for task in [*self.pending, *([self.lag_watch] if self.lag_watch else [])]:
                 task.cancel()
             for slot in self.slots.values():
                 slot.signal(signal.SIGCONT)
@@ -509,8 +511,37 @@ class Run:
             await self.coordinator.kill()
             await self.session.close()
 
+    async def _watch_loop_lag(self) -> None:
+        """The harness's own event loop runs every proxy: a stall here stalls the
+        network of every worker, so it is measured and reported."""
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(0.05)
+            lag = time.monotonic() - before - 0.05
+            if lag > self.max_loop_lag[0]:
+                self.max_loop_lag = (lag, before)
+
+    async def _slow_commits(self) -> str:
+        """Storage transactions over 0.5 s, from the coordinator's own histogram."""
+        assert self.session is not None
+        try:
+            async with self.session.get(f"{self.coordinator.url}/metrics") as resp:
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return "?"
+        below = total = 0.0
+        for line in text.splitlines():
+            if line.startswith("groupcoord_storage_commit_duration_seconds_bucket"):
+                value = float(line.rsplit(" ", 1)[1])
+                if 'le="0.5"' in line:
+                    below = value
+                elif 'le="+Inf"' in line:
+                    total = value
+        return f"{int(total - below)} of {int(total)}"
+
     async def _run(self, started: float) -> SeedResult:
         c = self.config
+        self.lag_watch = asyncio.create_task(self._watch_loop_lag())
         await self.coordinator.start()
         for name, partitions in c.catalog:
             if not await self.put_catalog(name, partitions):
@@ -534,6 +565,12 @@ class Run:
         observed_until = check_at + c.convergence_s
         await asyncio.sleep(observed_until - time.monotonic())
         catalog_at_check = dict(self.catalog)
+        self.notes.append(f"storage commits over 0.5 s since the last restart: "
+                          f"{await self._slow_commits()}")
+        lag, lag_at = self.max_loop_lag
+        self.notes.append(f"harness loop lag max {lag * 1000:.0f} ms at "
+                          f"t{lag_at - quiet_at:+.1f}s "
+                          "(relative to the end of the faults)")
         # Stop the workers cleanly, then one last crash of the coordinator.
         for slot in self.slots.values():
             slot.signal(signal.SIGTERM)
@@ -548,8 +585,10 @@ class Run:
         for task in list(self.pending):
             await task
         final_crash = self.stored[-1][0]
-        violations, check = self.check(quiet_at, check_at, observed_until, catalog_at_check,
-                                       final_crash)
+        # In a thread: reading ledgers and checking takes a while, and this
+        # loop also runs the proxies of any other seed running alongside.
+        violations, check = await asyncio.to_thread(
+            self.check, quiet_at, check_at, observed_until, catalog_at_check, final_crash)
         await self.coordinator.terminate()
         return SeedResult(self.seed, [f.describe() for f in self.schedule], self.faults,
                           violations, check, time.monotonic() - started, self.workdir,

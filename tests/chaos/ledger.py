@@ -257,17 +257,46 @@ def converged_since(intervals: list[Interval], start: float, end: float,
                     group_of: Mapping[Owner, str]) -> float | None:
     """When ownership became exactly-once and stayed so until ``end``, or None.
 
-    Ownership only changes at interval boundaries, so it is enough to look
-    at ``start`` and at every boundary in between.
+    A sweep over the interval boundaries in ``(start, end)``, keeping owner
+    counts per (group, resource): linear in the number of intervals, so the
+    harness can afford it (a quadratic scan stalled its event loop).
     """
-    points = sorted({start, *(x for iv in intervals for x in (iv.start, iv.end)
-                              if start < x < end)})
-    converged: float | None = None
-    for point in points:
-        if check_converged(intervals, point, expected, group_of):
+    counts: dict[tuple[str, Resource], int] = defaultdict(int)
+    bad = {(g, r) for g, rs in expected.items() for r in rs}
+
+    def apply(group: str, r: Resource, delta: int) -> None:
+        key = (group, r)
+        counts[key] += delta
+        wanted = r in expected.get(group, set())
+        if (counts[key] != 1) if wanted else (counts[key] > 0):
+            bad.add(key)
+        else:
+            bad.discard(key)
+
+    changes: list[tuple[float, int, str, Resource]] = []
+    for iv in intervals:
+        group = group_of.get(iv.owner)
+        if group is None or iv.end <= start or iv.start >= end or iv.end <= iv.start:
+            continue
+        if iv.start <= start:
+            apply(group, iv.resource, +1)
+        else:
+            changes.append((iv.start, +1, group, iv.resource))
+        if iv.end < end:
+            changes.append((iv.end, -1, group, iv.resource))
+    converged: float | None = start if not bad else None
+    changes.sort(key=lambda c: c[0])
+    i = 0
+    while i < len(changes):
+        at = changes[i][0]
+        while i < len(changes) and changes[i][0] == at:
+            _, delta, group, r = changes[i]
+            apply(group, r, delta)
+            i += 1
+        if bad:
             converged = None
         elif converged is None:
-            converged = point
+            converged = at
     return converged
 
 
