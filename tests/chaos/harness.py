@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import random
@@ -61,6 +62,16 @@ from ledger import (
 from proxy import FaultProxy
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
+
+
+def _die_with_parent() -> None:
+    """Run in each child before exec: SIGKILL it when the harness goes away.
+
+    Linux's PR_SET_PDEATHSIG: however the harness ends (an interrupted run,
+    a crash, a cancelled spawn), no worker or coordinator outlives it.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 GROUPCOORD = str(Path(sys.executable).with_name("groupcoord"))
 
 
@@ -225,7 +236,7 @@ class Coordinator:
                 "--min-session-timeout-ms", "100",
                 "--initial-rebalance-delay-ms", str(c.initial_rebalance_delay_ms),
                 "--log-level", "WARNING",
-                stdout=asyncio.subprocess.PIPE, stderr=log)
+                stdout=asyncio.subprocess.PIPE, stderr=log, preexec_fn=_die_with_parent)
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -296,7 +307,7 @@ class Slot:
                 "--request-timeout-ms", str(config.request_timeout_ms),
                 "--commit-interval-ms", str(config.commit_interval_ms),
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=log)
+                stderr=log, preexec_fn=_die_with_parent)
         self.stopped = False
 
     def signal(self, sig: signal.Signals) -> bool:
