@@ -11,9 +11,16 @@ DESIGN.md practices 4 and 5, after Kafka's group coordinator runtime:
 - A ``Reply`` is released only after every write emitted before it — by this
   command or any earlier one — is committed. A reply that follows no pending
   write goes out at once.
-- Timers are keyed by strings; arming a key again replaces it, cancelling an
-  unknown key is a no-op, and a firing whose key was re-armed or cancelled
-  since is dropped before it reaches the core.
+- Timers are keyed by strings; arming a key again replaces its deadline,
+  cancelling an unknown key is a no-op, and a firing whose key was re-armed or
+  cancelled since is dropped before it reaches the core.
+- Timers are lazy: every heartbeat pushes its member's session deadline
+  later, and cancelling plus re-creating a loop timer for each one was a
+  visible share of a heartbeat's cost. Re-arming a key for a deadline no
+  earlier than its loop timer's only records the new deadline; when the loop
+  timer fires before the recorded deadline it re-schedules itself for it. So
+  the core sees ``TimerFired(key)`` once, at or after the latest deadline
+  armed for the key, exactly as if every re-arm had replaced the loop timer.
 - A storage failure leaves memory ahead of disk. Rather than serve from a
   state that a restart would not reproduce, the runtime fails every waiting
   reply with ``COORDINATOR_NOT_AVAILABLE``, stops serving (``/readyz`` 503)
@@ -131,6 +138,20 @@ class _Batch:
     replies: list[Reply] = field(default_factory=list)
 
 
+@dataclass(slots=True, eq=False)
+class _Timer:
+    """One armed key: the deadline the core asked for and the loop timer serving it.
+
+    ``handle_deadline_ms`` (when the loop timer fires) is never later than
+    ``deadline_ms``: an earlier deadline replaces the loop timer, a later one
+    is only recorded (see the module docs).
+    """
+
+    deadline_ms: int
+    handle_deadline_ms: int
+    handle: TimerHandle | None = None
+
+
 @dataclass(slots=True)
 class _Waiter:
     future: asyncio.Future[Answer]
@@ -153,7 +174,7 @@ class Runtime:
         self._stopping = False
         self._ids = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}
-        self._timers: dict[str, tuple[object, TimerHandle]] = {}
+        self._timers: dict[str, _Timer] = {}
         self._open = _Batch()
         self._inflight: _Batch | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -180,9 +201,7 @@ class Runtime:
         self.ready = False
         if self.metrics is not None:
             self.metrics.ready.set(0)
-        for _, handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._cancel_timers()
         while self._flusher is not None:
             await asyncio.shield(self._flusher)
         self._fail_waiters(ErrorCode.COORDINATOR_NOT_AVAILABLE)
@@ -248,9 +267,9 @@ class Runtime:
                 case ScheduleTimer(key=key, deadline_ms=deadline_ms):
                     self._arm(key, deadline_ms)
                 case CancelTimer(key=key):
-                    entry = self._timers.pop(key, None)
-                    if entry is not None:
-                        entry[1].cancel()
+                    timer = self._timers.pop(key, None)
+                    if timer is not None and timer.handle is not None:
+                        timer.handle.cancel()
                 case GroupStateChanged():
                     self._state_changed(effect)
                 case RebalanceCompleted():
@@ -294,19 +313,35 @@ class Runtime:
     # ------------------------------------------------------------ timers
 
     def _arm(self, key: str, deadline_ms: int) -> None:
-        previous = self._timers.pop(key, None)
-        if previous is not None:
-            previous[1].cancel()
-        token = object()
-        handle = self.clock.call_at(deadline_ms, functools.partial(self._fire, key, token))
-        self._timers[key] = (token, handle)
+        timer = self._timers.get(key)
+        if timer is not None and timer.handle_deadline_ms <= deadline_ms:
+            # Lazy re-arm (a heartbeat pushing its session deadline later): the
+            # loop timer fires first and re-schedules itself for this deadline.
+            timer.deadline_ms = deadline_ms
+            return
+        if timer is not None and timer.handle is not None:
+            timer.handle.cancel()
+        timer = _Timer(deadline_ms, deadline_ms)
+        timer.handle = self.clock.call_at(deadline_ms, functools.partial(self._fire, key, timer))
+        self._timers[key] = timer
 
-    def _fire(self, key: str, token: object) -> None:
-        current = self._timers.get(key)
-        if current is None or current[0] is not token or not self.ready:
-            return  # re-armed, cancelled or stopped since: a stale firing
+    def _fire(self, key: str, timer: _Timer) -> None:
+        if self._timers.get(key) is not timer or not self.ready:
+            return  # cancelled, replaced or stopped since: a stale firing
+        if self.clock.now_ms() < timer.deadline_ms:
+            # Re-armed for later since this loop timer was set: wait for that.
+            timer.handle_deadline_ms = timer.deadline_ms
+            timer.handle = self.clock.call_at(timer.deadline_ms,
+                                              functools.partial(self._fire, key, timer))
+            return
         del self._timers[key]
         self._apply(TimerFired(key))
+
+    def _cancel_timers(self) -> None:
+        for timer in self._timers.values():
+            if timer.handle is not None:
+                timer.handle.cancel()
+        self._timers.clear()
 
     def timer_keys(self) -> list[str]:
         """Keys of the armed timers (for tests and diagnostics)."""
@@ -340,9 +375,7 @@ class Runtime:
         if self.metrics is not None:
             self.metrics.storage_failures.inc()
             self.metrics.ready.set(0)
-        for _, handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._cancel_timers()
         self._open = _Batch()
         self._fail_waiters(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         self.failed.set()
