@@ -33,6 +33,9 @@ from typing import Any
 import msgpack
 
 Resource = tuple[str, int]
+#: Inside :class:`GroupHistory` a resource is one int, ``set number << 32 | index``
+#: (set numbers are per group): hashing ints is what keeps the set algebra cheap.
+ResourceId = int
 
 PROTOCOL_TYPE = "resources"
 
@@ -148,6 +151,12 @@ def decode_resources(data: bytes) -> frozenset[Resource]:
     return frozenset(out)
 
 
+def decode_ids(data: bytes, set_numbers: dict[str, int]) -> frozenset[ResourceId]:
+    """:func:`decode_resources`, as resource ids (new set names get the next number)."""
+    return frozenset((set_numbers.setdefault(name, len(set_numbers)) << 32) | i
+                     for name, i in decode_resources(data))
+
+
 class GroupHistory:
     """Walks one group's journal rows in order and yields one facts tuple per row.
 
@@ -166,30 +175,40 @@ class GroupHistory:
         self._cooperative: dict[int, bool] = {}
         self._reset_chain()
         self._last_generation: int | None = None
-        self._decoded: dict[bytes, frozenset[Resource]] = {}
+        self._decoded: dict[bytes, frozenset[ResourceId]] = {}
+        self._set_numbers: dict[str, int] = {}
+        self._states: dict[bytes, tuple[dict[str, bytes], dict[str, frozenset[ResourceId]],
+                                        frozenset[ResourceId]]] = {}
+        self._eager: dict[tuple[bytes, bytes], tuple[int, int, int]] = {}
 
     def _reset_chain(self) -> None:
-        self._owned: dict[str, frozenset[Resource]] = {}   # A_{i-1}: member -> resources
+        self._owned: dict[str, frozenset[ResourceId]] = {}  # A_{i-1}: member -> resources
+        self._owned_all: frozenset[ResourceId] = frozenset()  # their union
+        self._blob = b""                                    # A_{i-1} as stored
         self._raw: dict[str, bytes] = {}                   # A_{i-1}: member -> bytes
-        self._pending: dict[Resource, tuple[_Open, str]] = {}  # revoked, not owned again
+        # Revoked and not owned again yet: per revoking rebalance, per previous
+        # owner, the resources. Set algebra per member keeps the cost per row
+        # in C (frozenset operations), not in a Python loop per resource.
+        self._pending: list[tuple[_Open, dict[str, set[ResourceId]]]] = []
         self._chain_end_ms = 0
 
-    def _resources(self, data: bytes) -> frozenset[Resource]:
+    def _resources(self, data: bytes) -> frozenset[ResourceId]:
         found = self._decoded.get(data)
         if found is None:
             if len(self._decoded) > 4096:
                 self._decoded.clear()
-            found = decode_resources(data)
+            found = decode_ids(data, self._set_numbers)
             self._decoded[data] = found
         return found
 
     def _close_chain(self) -> None:
         """The history breaks here: what is still unowned stays so until the
         end of the last rebalance we know of (docs/pipeline.md)."""
-        for _r, (rec, _owner) in self._pending.items():
-            rec.unavailable_ms += max(0, self._chain_end_ms - rec.row.started_ms)
-            rec.unowned_at_end += 1
-            rec.pending -= 1
+        for rec, by_owner in self._pending:
+            n = sum(len(x) for x in by_owner.values())
+            rec.unavailable_ms += n * max(0, self._chain_end_ms - rec.row.started_ms)
+            rec.unowned_at_end += n
+            rec.pending -= n
         self._reset_chain()
 
     def _emit_ready(self) -> Iterator[tuple[Any, ...]]:
@@ -226,8 +245,7 @@ class GroupHistory:
             yield from self._emit_ready()
             return
         try:
-            raw = decode_assignments(row.assignments)
-            current = {m: self._resources(b) for m, b in raw.items()}
+            raw, current, owned_all = self._state(row.assignments or b"")
         except (ValueError, TypeError, msgpack.UnpackException):
             # Unreadable bytes: no ownership figures for this row, and the
             # chain restarts after it (we cannot tell what moved).
@@ -237,61 +255,133 @@ class GroupHistory:
             self._chain_end_ms = row.ended_ms
             yield from self._emit_ready()
             return
-        self._account(rec, cooperative, raw, current)
+        self._account(rec, cooperative, raw, current, owned_all, row.assignments or b"")
         yield from self._emit_ready()
 
+    def _state(self, blob: bytes) -> tuple[dict[str, bytes], dict[str, frozenset[ResourceId]],
+                                           frozenset[ResourceId]]:
+        """A row's assignments decoded: per member bytes and resources, and their
+        union. Groups go back to the same assignment often (a member restarts,
+        a follow-up), so whole states are cached by their bytes."""
+        found = self._states.get(blob)
+        if found is None:
+            if len(self._states) > 1024:
+                self._states.clear()
+                self._eager.clear()
+            raw = decode_assignments(blob)
+            current = {m: self._resources(b) for m, b in raw.items()}
+            owned_all: set[ResourceId] = set()
+            for x in current.values():
+                owned_all |= x
+            found = (raw, current, frozenset(owned_all))
+            self._states[blob] = found
+        return found
+
     def _account(self, rec: _Open, cooperative: bool, raw: Mapping[str, bytes],
-                 current: Mapping[str, frozenset[Resource]]) -> None:
+                 current: Mapping[str, frozenset[ResourceId]],
+                 owned_all: frozenset[ResourceId], blob: bytes) -> None:
         row = rec.row
         prev_owned, prev_raw, pending = self._owned, self._raw, self._pending
-        duration = row.ended_ms - row.started_ms
+        duration = max(0, row.ended_ms - row.started_ms)
         rec.is_follow_up = cooperative and bool(pending)
-        rec.owned_before = sum(len(s) for s in prev_owned.values())
-        rec.owned_after = sum(len(s) for s in current.values())
-        pending_before = set(pending) if pending else set()
+        rec.owned_before = len(self._owned_all)
+        pending_before: set[ResourceId] = set()
+        for _, by_owner in pending:
+            for x in by_owner.values():
+                pending_before |= x
 
-        # Members whose assignment bytes differ (or who came or went): only
-        # their resources can change owner. Unchanged members keep theirs.
+        # Members whose assignment bytes differ (or who are new): only they
+        # can gain resources. A member with the same bytes keeps the same.
+        rec.owned_after = len(owned_all)
+
+        if not cooperative and not pending:
+            # Eager, nothing waiting (the common case), in set algebra: all of
+            # A_{i-1} is revoked at the start; what A_i owns is back at the end.
+            prev_all = self._owned_all
+            key = (self._blob, blob)
+            figures = self._eager.get(key)
+            if figures is None:
+                back = len(prev_all & owned_all)
+                same = 0
+                for m, before in prev_owned.items():
+                    after = current.get(m)
+                    if after is not None:
+                        same += len(before & after)
+                figures = (back, same, len(owned_all - prev_all))
+                self._eager[key] = figures
+            back, same, first = figures
+            rec.revoked = len(prev_all)
+            rec.moved = back - same
+            rec.unavailable_ms = back * duration
+            rec.first_assigned = first
+            if back < len(prev_all):  # not owned again: waits for a later rebalance
+                lost = {m: set(before - owned_all) for m, before in prev_owned.items()}
+                lost = {m: x for m, x in lost.items() if x}
+                rec.pending = sum(len(x) for x in lost.values())
+                pending.append((rec, lost))
+            self._finish_row(row, raw, current, owned_all, blob)
+            return
+
         changed = [m for m in current if prev_raw.get(m) != raw[m]]
 
         # Revocations at started_ms.
+        revoked: dict[str, set[ResourceId]] = {}
         for m, before in prev_owned.items():
+            if not before:
+                continue
             after = current.get(m)
             if after is not None and prev_raw[m] == raw[m]:
-                if not cooperative and before:
-                    # Eager: revoked at the start and given back to the same
+                if not cooperative:
+                    # Eager: revoked at the start, given back to the same
                     # member at the end: unowned for the whole rebalance.
                     rec.revoked += len(before)
-                    rec.unavailable_ms += len(before) * max(0, duration)
+                    rec.unavailable_ms += len(before) * duration
                 continue
             # Gone, or eager: everything it had; cooperative: what it lost.
-            lost = before if (after is None or not cooperative) else before - after
-            for r in lost:
-                pending[r] = (rec, m)
-                rec.revoked += 1
-                rec.pending += 1
+            lost_m = set(before) if (after is None or not cooperative) else set(before - after)
+            if lost_m:
+                revoked[m] = lost_m
+                rec.revoked += len(lost_m)
+                rec.pending += len(lost_m)
+        if revoked:
+            pending.append((rec, revoked))
 
-        # Assignments at ended_ms: resources gained by a changed member.
-        prev_owner_any = None
-        for m in changed:
-            gained = current[m] if (not cooperative or m not in prev_owned) \
-                else current[m] - prev_owned[m]
-            for r in gained:
-                entry = pending.pop(r, None)
-                if entry is not None:
-                    owner_rec, old_owner = entry
-                    owner_rec.unavailable_ms += max(0, row.ended_ms - owner_rec.row.started_ms)
-                    owner_rec.pending -= 1
-                    if old_owner != m:
-                        owner_rec.moved += 1
+        # Assignments at ended_ms: what changed members own now.
+        gained: frozenset[ResourceId] | set[ResourceId]
+        if len(changed) == len(current):
+            gained = owned_all
+        else:
+            gained = set()
+            for m in changed:
+                gained |= current[m]
+        if gained and pending:
+            for owner_rec, by_owner in pending:
+                for m, waiting in by_owner.items():
+                    got = waiting & gained
+                    if not got:
+                        continue
+                    now_m = current.get(m)
+                    kept = len(got & now_m) if now_m is not None else 0
+                    owner_rec.moved += len(got) - kept
+                    owner_rec.unavailable_ms += len(got) * max(
+                        0, row.ended_ms - owner_rec.row.started_ms)
+                    owner_rec.pending -= len(got)
+                    waiting -= got
                     if rec.seq > owner_rec.seq:
                         owner_rec.follow_ups = max(owner_rec.follow_ups, rec.seq - owner_rec.seq)
                         owner_rec.converged_ms = max(owner_rec.converged_ms, row.ended_ms)
-                elif r not in pending_before:
-                    if prev_owner_any is None:
-                        prev_owner_any = {x for s in prev_owned.values() for x in s}
-                    if r not in prev_owner_any:
-                        rec.first_assigned += 1
+            self._pending = [(r, {m: w for m, w in b.items() if w}) for r, b in pending
+                             if any(b.values())]
+        if gained:
+            new = gained - self._owned_all
+            rec.first_assigned += len(new - pending_before) if pending_before else len(new)
+        self._finish_row(row, raw, current, owned_all, blob)
+
+    def _finish_row(self, row: JournalRow, raw: Mapping[str, bytes],
+                    current: Mapping[str, frozenset[ResourceId]],
+                    owned_all: frozenset[ResourceId], blob: bytes) -> None:
+        self._blob = blob
+        self._owned_all = owned_all
         self._owned = dict(current)
         self._raw = dict(raw)
         self._chain_end_ms = row.ended_ms
