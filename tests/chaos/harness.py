@@ -47,6 +47,7 @@ from protocol import codec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ledger import (
+    INFINITY,
     CheckResult,
     Owner,
     Resource,
@@ -329,6 +330,8 @@ class Run:
         self.coordinator = Coordinator(workdir, config)
         self.slots: dict[str, Slot] = {}
         self.deaths: dict[Owner, float] = {}
+        #: (SIGSTOP, SIGCONT) times of each incarnation
+        self.frozen: dict[Owner, list[tuple[float, float]]] = {}
         self.faults: Counter[str] = Counter()
         self.notes: list[str] = []
         #: (crash time, {group: {resource: value}}) read after each restart
@@ -397,6 +400,9 @@ class Run:
         if slot.stopped:
             slot.signal(signal.SIGCONT)
             slot.stopped = False
+            periods = self.frozen.get(slot.owner, [])
+            if periods and periods[-1][1] == INFINITY:
+                periods[-1] = (periods[-1][0], time.monotonic())
 
     async def restart_coordinator(self, crash_at: float) -> None:
         async with self.coordinator_lock:
@@ -426,6 +432,7 @@ class Run:
         elif fault.kind == "zombie" and slot is not None and slot.running and not slot.stopped:
             slot.signal(signal.SIGSTOP)
             slot.stopped = True
+            self.frozen.setdefault(slot.owner, []).append((time.monotonic(), INFINITY))
             self.later(fault.duration, self.cont, slot)
         elif fault.kind == "kill_coordinator" and self.coordinator.up:
             await self.crash_coordinator(fault.duration)
@@ -605,8 +612,25 @@ class Run:
                           violations, check, time.monotonic() - started, self.workdir,
                           self.notes)
 
+    def save(self, quiet_at: float, check_at: float, observed_until: float,
+             catalog: dict[str, int], final_crash: float) -> None:
+        """What the harness knows that the ledgers do not, for ``recheck``."""
+        doc = {
+            "seed": self.seed, "quiet_at": quiet_at, "check_at": check_at,
+            "observed_until": observed_until, "catalog": catalog, "final_crash": final_crash,
+            "deaths": [[list(o), t] for o, t in self.deaths.items()],
+            "frozen": [[list(o), [[a, min(b, 1e300)] for a, b in p]]
+                       for o, p in self.frozen.items()],
+            "stored": [[crash, {g: [[r[0], r[1], v] for r, v in m.items()]
+                                for g, m in stored.items()}] for crash, stored in self.stored],
+            "slots": {n: s.group for n, s in self.slots.items()},
+            "schedule": [f.describe() for f in self.schedule], "notes": self.notes,
+        }
+        (self.workdir / "harness.json").write_text(json.dumps(doc))
+
     def check(self, quiet_at: float, check_at: float, observed_until: float,
               catalog: dict[str, int], final_crash: float) -> tuple[list[str], CheckResult]:
+        self.save(quiet_at, check_at, observed_until, catalog, final_crash)
         result = CheckResult()
         events: dict[Owner, list[dict[str, Any]]] = {}
         group_of: dict[Owner, str] = {}
@@ -617,7 +641,7 @@ class Run:
                 owner = (e["w"], e["inc"])
                 events.setdefault(owner, []).append(e)
                 group_of[owner] = slot.group
-        intervals = ownership_intervals(events, self.deaths)
+        intervals = ownership_intervals(events, self.deaths, self.frozen)
         result.intervals = len(intervals)
         violations: list[str] = []
         for group, _ in self.config.groups:
@@ -650,6 +674,21 @@ class Run:
                     commits, crash_at, stored.get(group, {}), final=crash_at == final_crash)]
         result.violations = violations
         return violations, result
+
+
+def recheck(workdir: Path, config: ChaosConfig | None = None) -> tuple[list[str], CheckResult]:
+    """Check a kept work directory again (after a change to the checker)."""
+    doc = json.loads((workdir / "harness.json").read_text())
+    run = Run(doc["seed"], workdir, config or ChaosConfig())
+    run.deaths = {(o[0], o[1]): t for o, t in doc["deaths"]}
+    run.frozen = {(o[0], o[1]): [(a, b) for a, b in p] for o, p in doc["frozen"]}
+    run.stored = [(crash, {g: {(r[0], r[1]): r[2] for r in rows} for g, rows in st.items()})
+                  for crash, st in doc["stored"]]
+    for name, group in doc["slots"].items():
+        run.slots[name] = Slot(name, group, "", FaultProxy("127.0.0.1", 1),
+                               workdir / f"ledger-{name}.jsonl", workdir / f"worker-{name}.log")
+    return run.check(doc["quiet_at"], doc["check_at"], doc["observed_until"], doc["catalog"],
+                     doc["final_crash"])
 
 
 def intervals_of(intervals: list[Any], group_of: dict[Owner, str], group: str) -> list[Any]:

@@ -28,9 +28,10 @@ Invariants (issue 6, "Safety under faults"):
 1. *Exclusive ownership*: no two incarnations own one resource at the same
    moment. An incarnation's ownership of a resource runs from its ``assigned``
    to the first of: its ``revoked``/``lost``, its death (SIGKILL), the end of
-   its ledger, and the moment its own safety deadline passed without being
-   renewed (a SIGSTOPped worker cannot run ``on_lost``, but its rule says it
-   must have stopped by then).
+   its ledger, and -- while it was frozen (SIGSTOP) -- the moment its own
+   safety deadline passed without being renewed: a frozen worker cannot run
+   ``on_lost``, but its rule says it must have stopped by then. (A running
+   worker's rule shows in its own ``lost`` events.)
 2. *Convergence*: at the check time (faults over + 2 session timeouts + the
    rebalance timeout) every resource of every group is owned exactly once,
    and nothing outside the catalog is owned.
@@ -158,13 +159,19 @@ def _deadline_expiries(events: list[dict[str, Any]], end: float) -> list[float]:
     return expiries
 
 
-def _incarnation_intervals(owner: Owner, events: list[dict[str, Any]],
-                           death: float) -> list[Interval]:
+def _incarnation_intervals(owner: Owner, events: list[dict[str, Any]], death: float,
+                           frozen: list[tuple[float, float]]) -> list[Interval]:
     events = sorted(events, key=lambda e: e["t"])
     ledger_end = events[-1]["t"] if events else 0.0
     exited = any(e["ev"] == "exit" for e in events)
     hard_end = min(death, ledger_end if exited else INFINITY)
-    expiries = _deadline_expiries(events, hard_end)
+    # The rule's deadline ends ownership when the worker could not act on it
+    # itself: it passed while the process was frozen. A running worker calls
+    # on_lost at its deadline (logged), unless an answer renewing its lease
+    # arrived first -- then its ownership really was continuous: that request
+    # reset its session on the coordinator before the old deadline.
+    expiries = [x for x in _deadline_expiries(events, hard_end)
+                if any(stop <= x < cont for stop, cont in frozen)]
     opened: dict[Resource, float] = {}
     out: list[Interval] = []
 
@@ -197,11 +204,17 @@ def _incarnation_intervals(owner: Owner, events: list[dict[str, Any]],
 
 
 def ownership_intervals(worker_events: Mapping[Owner, list[dict[str, Any]]],
-                        deaths: Mapping[Owner, float]) -> list[Interval]:
-    """Invariant 1's intervals, per incarnation and resource."""
+                        deaths: Mapping[Owner, float],
+                        frozen: Mapping[Owner, list[tuple[float, float]]] | None = None,
+                        ) -> list[Interval]:
+    """Invariant 1's intervals, per incarnation and resource.
+
+    ``frozen``: the (SIGSTOP, SIGCONT) periods of each incarnation.
+    """
     intervals: list[Interval] = []
     for owner, events in worker_events.items():
-        intervals += _incarnation_intervals(owner, events, deaths.get(owner, INFINITY))
+        intervals += _incarnation_intervals(owner, events, deaths.get(owner, INFINITY),
+                                            (frozen or {}).get(owner, []))
     return intervals
 
 

@@ -52,12 +52,16 @@ def test_safety_deadline_ends_a_frozen_owners_interval() -> None:
          ev(1.6, "deadline", until=3.5), ev(6, "deadline", until=None),
          ev(6, "lost", res=[R]), ev(7, "exit")]
     b = [ev(4, "assigned", res=[R]), ev(7, "revoked", res=[R]), ev(7.1, "exit")]
-    intervals = ownership_intervals({A: a, B: b}, {})
+    frozen = {A: [(2.0, 6.0)]}
+    intervals = ownership_intervals({A: a, B: b}, {}, frozen)
     mine = [iv for iv in intervals if iv.owner == A]
     assert [(iv.end, iv.why) for iv in mine] == [(3.5, "deadline")]
     assert check_exclusive(intervals) == []
     # Had B started before A's deadline, that is a violation.
     b[0] = ev(3.0, "assigned", res=[R])
+    assert len(check_exclusive(ownership_intervals({A: a, B: b}, {}, frozen))) == 1
+    # Not frozen: A's own on_lost (at 6) is what counts.
+    b[0] = ev(4, "assigned", res=[R])
     assert len(check_exclusive(ownership_intervals({A: a, B: b}, {}))) == 1
 
 
@@ -68,11 +72,12 @@ def test_a_renewal_logged_late_is_dated_by_its_answer() -> None:
          ev(1.1, "deadline", until=3.0),
          ev(2.95, "call", api="heartbeat", sent=2.0, error=None),
          ev(3.01, "deadline", until=3.5), ev(3.4, "revoked", res=[R]), ev(4, "exit")]
-    intervals = ownership_intervals({A: a}, {})
+    frozen = {A: [(2.9, 3.005)]}
+    intervals = ownership_intervals({A: a}, {}, frozen)
     assert [(iv.end, iv.why) for iv in intervals] == [(3.4, "revoked")]
     # Without the call record the late log looks like an expiry at 3.0.
     late = [e for e in a if e["ev"] != "call"]
-    assert [iv.why for iv in ownership_intervals({A: late}, {})] == ["deadline"]
+    assert [iv.why for iv in ownership_intervals({A: late}, {}, frozen)] == ["deadline"]
 
 
 def test_a_suspended_deadline_does_not_end_ownership() -> None:
