@@ -134,10 +134,13 @@ def progress(spark: Any, label: str, enabled: bool = True) -> Iterator[None]:
 
 
 def _poll(spark: Any, label: str, stop: threading.Event) -> None:
+    """A tqdm bar on a terminal; elsewhere (CI logs, files) a line every 15 s."""
     from tqdm import tqdm
     tracker = spark.sparkContext.statusTracker()
     seen: dict[int, tuple[int, int]] = {}
     bar: Any = None
+    tty = sys.stderr.isatty()
+    last_line = time.monotonic()
     try:
         while not stop.wait(0.5):
             for sid in tracker.getActiveStageIds():
@@ -148,6 +151,11 @@ def _poll(spark: Any, label: str, stop: threading.Event) -> None:
                 continue
             total = sum(t for t, _ in seen.values())
             done = sum(d for _, d in seen.values())
+            if not tty:
+                if time.monotonic() - last_line >= 15:
+                    last_line = time.monotonic()
+                    print(f"  {label}: {done}/{total} tasks", file=sys.stderr, flush=True)
+                continue
             if bar is None:
                 bar = tqdm(total=total, desc=f"  {label}", unit="task", file=sys.stderr,
                            leave=False, dynamic_ncols=True)
