@@ -13,6 +13,13 @@ Time comes from an injected ``clock`` (monotonic milliseconds); the driver
 only sleeps until the deadlines the machine names, or until it is poked by
 ``subscribe``, ``commit`` or ``close``.
 
+While the machine is rebalancing (a join or sync in flight, or waiting to
+send one), the driver also runs the machine's side channel: heartbeats with
+the generation the member still has (KIP-62's heartbeat thread, here a
+second request future watched by the same task), and it wakes at the safety
+deadline to abandon a join or sync that outlasts it. Callbacks still block
+heartbeats: the side channel is only serviced while the driver waits.
+
 Fatal outcomes (FENCED_INSTANCE_ID, INCONSISTENT_GROUP_PROTOCOL,
 GROUP_MAX_SIZE_REACHED, ...) stop the member after ``on_lost``; they surface
 as the exception from ``wait_assigned()``, ``wait_closed()``, ``commit()``,
@@ -22,7 +29,6 @@ as the exception from ``wait_assigned()``, ``wait_closed()``, ``commit()``,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import time
@@ -119,6 +125,8 @@ class GroupMember:
         self._stopped = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        #: the side channel's heartbeat in flight (see _background).
+        self._bg: asyncio.Future[Any] | None = None
 
     # ------------------------------------------------------------ what a worker reads
 
@@ -301,6 +309,7 @@ class GroupMember:
             self._failure = FatalMemberError(f"internal error in the member driver: {exc!r}",
                                              ErrorCode.UNKNOWN_SERVER_ERROR)
         finally:
+            await self._stop_background()
             self._drain_events()
             self.metrics.owned(len(machine.owned))
             self._stopped.set()
@@ -311,27 +320,27 @@ class GroupMember:
         call = asyncio.ensure_future(self._transport.call(action.api, action.request))
         deadline = self._clock() + action.timeout_ms
         try:
-            while True:
-                remaining = deadline - self._clock()
-                if remaining <= 0:
+            while not call.done():
+                # Cleared before the machine is consulted: whatever poked us
+                # changed the machine first, so no wake-up is lost.
+                self._wakeup.clear()
+                bg_due = self._background()
+                now = self._clock()
+                if call.done():
+                    break
+                if machine.wants_interrupt(now):
+                    # Poked (close, a revocation, a rejoin), a side-channel
+                    # answer that reset the member, or the safety deadline.
+                    await _cancel(call)
+                    machine.call_abandoned(self._clock())
+                    return
+                if now >= deadline:
                     await _cancel(call)
                     machine.call_failed(self._clock(), CoordinatorUnavailableError(
                         f"{action.api}: no answer within {action.timeout_ms} ms"))
                     return
-                poke = asyncio.ensure_future(self._wakeup.wait())
-                try:
-                    done, _ = await asyncio.wait({call, poke}, timeout=remaining / 1000,
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    poke.cancel()
-                if call in done:
-                    break
-                if poke in done:
-                    self._wakeup.clear()
-                    if machine.wants_interrupt(self._clock()):
-                        await _cancel(call)
-                        machine.call_abandoned(self._clock())
-                        return
+                await self._wait(call, _earliest(deadline, bg_due,
+                                                 machine.safety_deadline_ms()))
         except asyncio.CancelledError:
             call.cancel()
             raise
@@ -369,9 +378,74 @@ class GroupMember:
             self._assigned_once.set()
 
     async def _sleep(self, until_ms: int | None) -> None:
-        timeout = None if until_ms is None else max(0, until_ms - self._clock()) / 1000
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
+        """Wait until ``until_ms``, a poke, or a side-channel answer (which
+        may have changed what the machine wants next)."""
+        while True:
+            bg_due = self._background()
+            if self._wakeup.is_set() or (until_ms is not None and self._clock() >= until_ms):
+                return
+            bg = self._bg
+            await self._wait(None, _earliest(until_ms, bg_due))
+            if bg is not None and bg.done():
+                self._background()  # report it now; the main loop asks what is next
+                return
+
+    # ------------------------------------------------------------ the side channel (KIP-62)
+
+    def _background(self) -> int | None:
+        """Report a finished side-channel heartbeat, send the next one if it
+        is due; returns when the next one is due (None: nothing scheduled,
+        or one is in flight and its completion wakes the waiter)."""
+        machine = self._machine
+        bg = self._bg
+        if bg is not None:
+            if not bg.done():
+                return None
+            self._bg = None
+            now = self._clock()
+            exc = bg.exception() if not bg.cancelled() else asyncio.CancelledError()
+            if exc is None:
+                machine.background_received(now, bg.result())
+            elif isinstance(exc, GroupCoordError):
+                machine.background_failed(now, exc)
+            elif isinstance(exc, TimeoutError):
+                machine.background_failed(now, CoordinatorUnavailableError(
+                    "heartbeat: no answer in time"))
+            else:
+                log.warning("member %s: background heartbeat raised %r", self.client_id, exc)
+                machine.background_failed(now, CoordinatorUnavailableError(repr(exc)))
+        action = machine.background_heartbeat(self._clock())
+        if isinstance(action, Call):
+            self._bg = asyncio.ensure_future(asyncio.wait_for(
+                self._transport.call(action.api, action.request), action.timeout_ms / 1000))
+            return None
+        if isinstance(action, Wait):
+            return action.until_ms
+        return None
+
+    async def _stop_background(self) -> None:
+        bg, self._bg = self._bg, None
+        if bg is not None:
+            await _cancel(bg)
+            self._machine.background_abandoned(self._clock())
+
+    async def _wait(self, call: asyncio.Future[Any] | None, until_ms: int | None) -> None:
+        """Wait for the first of: ``call`` done, a poke, the side channel's
+        heartbeat done, ``until_ms``."""
+        waiters: set[asyncio.Future[Any]] = set()
+        poke = asyncio.ensure_future(self._wakeup.wait())
+        waiters.add(poke)
+        if call is not None:
+            waiters.add(call)
+        if self._bg is not None:
+            waiters.add(self._bg)
+        # At least 1 ms: a deadline already due is handled by the caller's
+        # next check, never by spinning here.
+        timeout = None if until_ms is None else max(1, until_ms - self._clock()) / 1000
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            poke.cancel()
 
     def _drain_events(self) -> None:
         for event in self._machine.drain_events():
@@ -394,6 +468,11 @@ class GroupMember:
             aclose = getattr(self._transport, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+def _earliest(*times: int | None) -> int | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
 
 
 async def _cancel(task: asyncio.Future[Any]) -> None:

@@ -36,13 +36,31 @@ COORDINATOR_NOT_AVAILABLE,.. RETRY: same step again after backoff + jitter
 ===========================  ===============================================
 
 The safety rule: a member never believes it owns a resource past the moment
-the coordinator may have given it away. The coordinator expires a member one
-session timeout after the last request that reset its session timer, so the
-member measures from when its last successful heartbeat (or sync) was
-*sent*; when a session timeout has passed since then it calls ``on_lost`` on
-everything before anything else. A join or sync in flight suspends the rule:
-the coordinator keeps a member that is in the middle of a rebalance alive
-(Kafka's ``shouldKeepAlive``), and a successful sync moves the anchor.
+the coordinator may have given it away. The coordinator removes a member in
+three ways (docs/coordinator-semantics.md): one session timeout after the
+last request that re-armed its session timer, at the join deadline of a
+rebalance it did not rejoin (rebalance start + the group's largest
+rebalance timeout), and at the sync deadline of a generation it did not
+sync (formation + that timeout). So what the member owns ends at the
+earliest of
+
+- ``anchor + session_timeout``, the anchor being the *send* time of the
+  last answer that proved the coordinator still knew the member with its
+  generation (a heartbeat answered without error or REBALANCE_IN_PROGRESS,
+  a completed join or sync);
+- while JOINING or STABLE: ``settled + rebalance_timeout``, ``settled`` being
+  the send time of the last answer that proved no join phase was in progress
+  (a heartbeat answered without error, a completed sync): any rebalance
+  started later, so its join deadline is no earlier;
+- while SYNCING: ``join_sent + rebalance_timeout``, ``join_sent`` being the
+  send time of the first join since the last successful one (the generation
+  formed after it, so its sync deadline is no earlier).
+
+When that moment passes, ``on_lost`` comes before anything else, and a join
+or sync in flight is abandoned for it (``wants_interrupt``). The member
+keeps heartbeating while it rejoins (Kafka's KIP-62 heartbeat thread), on a
+side channel (:meth:`MemberStateMachine.background_heartbeat`), so a healthy
+member's session anchor stays fresh during a long rebalance.
 """
 
 from __future__ import annotations
@@ -314,8 +332,22 @@ class MemberStateMachine:
         self._rejoin_at_ms = 0
         self._rejoin_reason = ""
         self._join_reason = "initial join"
-        #: send time of the last request that proved our membership.
+        #: send time of the last answer that proved our membership.
         self._anchor_ms: int | None = None
+        #: send time of the last answer that proved no join phase was in
+        #: progress at the coordinator (a no-error heartbeat, a completed sync).
+        self._settled_ms: int | None = None
+        #: send time of the first join since the last successful one, and the
+        #: value it had when the current generation's join answer arrived.
+        self._join_first_sent_ms: int | None = None
+        self._sync_base_ms: int | None = None
+        #: the main call in flight was overtaken by a side-channel outcome
+        #: (reset, fatal): its answer means nothing any more.
+        self._in_flight_stale = False
+        # The side channel: heartbeats while a rebalance is in progress (KIP-62).
+        self._bg_call: Call | None = None
+        self._bg_sent_ms = 0
+        self._bg_next_ms = 0
         # SYNCING
         self._join_members: tuple[JoinMember, ...] = ()
         self._skip_assignment = False
@@ -352,22 +384,41 @@ class MemberStateMachine:
         return self._closing
 
     def safety_deadline_ms(self) -> int | None:
-        """When the member must stop believing it owns anything (or None)."""
-        if not self._owned or self._anchor_ms is None or self._rule_suspended():
+        """When the member must stop believing it owns anything (or None).
+        See the module docstring: the session bound and the rebalance bound."""
+        if not self._owned or self._anchor_ms is None:
             return None
-        return self._anchor_ms + self.config.session_timeout_ms
+        return self._lease_end(self._anchor_ms, self._rebalance_base())
+
+    def _rebalance_base(self) -> int | None:
+        if self.state is MemberState.SYNCING:
+            return self._sync_base_ms
+        return self._settled_ms
+
+    def _lease_end(self, anchor_ms: int, base_ms: int | None) -> int:
+        end = anchor_ms + self.config.session_timeout_ms
+        if base_ms is not None:
+            end = min(end, base_ms + self.config.rebalance_timeout_ms)
+        return end
 
     def drain_events(self) -> list[RebalanceEvent]:
         events, self._events = self._events, []
         return events
 
     def wants_interrupt(self, now_ms: int) -> bool:
-        """Should the driver abandon the call in flight (it was poked)?"""
+        """Should the driver abandon the call in flight? Asked whenever the
+        driver wakes: it was poked, a side-channel answer arrived, or the
+        safety deadline (which it also waits for) passed."""
         if not isinstance(self._in_flight, Call):
             return False
         if self._in_flight.api == "leave":
             return False
-        if self._closing:
+        if self._closing or self._in_flight_stale or self.state is MemberState.FAILED:
+            return True
+        deadline = self.safety_deadline_ms()
+        if deadline is not None and now_ms >= deadline:
+            # A join or sync may park for the whole rebalance timeout; the
+            # safety rule cannot wait for it (on_lost comes first).
             return True
         if not self._in_flight.interruptible:
             return False
@@ -455,8 +506,13 @@ class MemberStateMachine:
         # The safety rule comes before anything else.
         deadline = self.safety_deadline_ms()
         if deadline is not None and now_ms >= deadline:
-            self._lose_all("no successful heartbeat for a session timeout")
-            self._request_rejoin(now_ms, "session timed out locally")
+            assert self._anchor_ms is not None  # a deadline needs an anchor
+            if now_ms >= self._anchor_ms + self.config.session_timeout_ms:
+                self._lose_all("no successful heartbeat for a session timeout")
+                self._request_rejoin(now_ms, "session timed out locally")
+            else:
+                self._lose_all("the rebalance outlasted the rebalance timeout")
+                self._request_rejoin(now_ms, "rebalance timed out locally")
         if self._callbacks:
             return self._emit_callback()
         if self.state in (MemberState.CLOSED, MemberState.FAILED):
@@ -477,12 +533,15 @@ class MemberStateMachine:
     def receive(self, now_ms: int, response: object) -> None:
         call = self._take_call()
         sent = self._in_flight_sent_ms
+        if self._drop_stale(now_ms):
+            return
         if call.api == "join" and isinstance(response, JoinResponse):
             self._on_join(now_ms, sent, response)
         elif call.api == "sync" and isinstance(response, SyncResponse):
             self._on_sync(now_ms, sent, response)
-        elif call.api == "heartbeat" and isinstance(response, HeartbeatResponse):
-            self._on_heartbeat(now_ms, sent, response)
+        elif (call.api == "heartbeat" and isinstance(response, HeartbeatResponse)
+              and isinstance(call.request, HeartbeatRequest)):
+            self._on_heartbeat(now_ms, sent, call.request, response)
         elif call.api == CATALOG_API and isinstance(response, CatalogResponse):
             self._on_catalog(now_ms, response)
         elif call.api == "leave" and isinstance(response, LeaveResponse):
@@ -497,6 +556,8 @@ class MemberStateMachine:
         if isinstance(error, FatalMemberError):
             self._fail(error)
             return
+        if self._drop_stale(now_ms):
+            return
         self.last_error = f"{call.api}: {error}"
         if call.api == "leave":
             # The session timeout will remove us; do not hang on close.
@@ -505,14 +566,19 @@ class MemberStateMachine:
         self._retry_later(now_ms, call.api, str(error))
 
     def call_abandoned(self, now_ms: int) -> None:
-        """The driver cancelled an interruptible call (a parked heartbeat)."""
+        """The driver cancelled a call: a parked heartbeat when there is other
+        work, any call for close() or when the safety deadline passed."""
         call = self._take_call()
+        if self._drop_stale(now_ms):
+            return
         if call.api == "heartbeat":
             self._next_send_ms = now_ms
         elif self.state is MemberState.LEAVING:
             self._finish_close()
         else:
-            # A join/sync abandoned because of close(): the close step follows.
+            # A join/sync abandoned because of close() (the close step
+            # follows) or the safety deadline (on_lost follows, then the same
+            # step again: a join rebuilt owning nothing, a sync re-sent).
             self._next_send_ms = now_ms
 
     def listener_done(self, now_ms: int) -> None:
@@ -530,6 +596,148 @@ class MemberStateMachine:
             self._rebalance_started_ms = None
             self._events.append(RebalanceCompleted(
                 now_ms, now_ms - started if started is not None else 0, self.generation_id))
+
+    # ------------------------------------------------------------ the side channel (KIP-62)
+
+    def background_heartbeat(self, now_ms: int) -> Call | Wait | None:
+        """The heartbeat to send alongside the main channel while a rebalance
+        is in progress (JOINING, SYNCING), as Kafka's heartbeat thread keeps
+        heartbeating while the consumer rejoins (KIP-62): ``Call`` to send
+        now, ``Wait`` until the next one is due, ``None`` when none applies
+        (not rebalancing, no generation to heartbeat with, closing). At most
+        one is outstanding; report it with :meth:`background_received`,
+        :meth:`background_failed` or :meth:`background_abandoned`.
+
+        The heartbeat carries the generation the member still has (the old one
+        while joining, the new one while syncing). REBALANCE_IN_PROGRESS and
+        no-error answers prove the coordinator still knows the member and
+        move the session anchor; a no-error answer also proves no join phase
+        was in progress."""
+        if self._bg_call is not None:
+            raise RuntimeError(f"background_heartbeat with {self._bg_call!r} still outstanding")
+        if not self._bg_applies():
+            return None
+        if now_ms < self._bg_next_ms:
+            return Wait(self._bg_next_ms)
+        request = HeartbeatRequest(self.config.group_id, self.member_id, self.generation_id,
+                                   self.config.group_instance_id, 0)
+        # Answered at once (wait_ms 0); an answer later than half a session
+        # is worth little, and the next heartbeat should not wait behind it.
+        timeout = min(self.config.request_timeout_ms,
+                      max(self.config.heartbeat_interval_ms, self.config.session_timeout_ms // 2))
+        call = Call("heartbeat", request, max(1, timeout), interruptible=True)
+        self._bg_call = call
+        self._bg_sent_ms = now_ms
+        self._bg_next_ms = now_ms + self.config.heartbeat_interval_ms
+        return call
+
+    def background_received(self, now_ms: int, response: object) -> None:
+        call = self._take_bg()
+        if not isinstance(response, HeartbeatResponse):
+            raise RuntimeError(f"response {type(response).__name__} to a background heartbeat")
+        request = call.request
+        assert isinstance(request, HeartbeatRequest)
+        sent = self._bg_sent_ms
+        if (request.member_id != self.member_id or request.generation_id != self.generation_id
+                or self._closing or self.state not in (MemberState.JOINING, MemberState.SYNCING,
+                                                       MemberState.STABLE)):
+            # Superseded: the join answer gave a new generation (or the member
+            # id was reset) since it was sent; an answer about an older
+            # generation says nothing about this one (an old-generation
+            # ILLEGAL_GENERATION must not reset a member that just joined).
+            return
+        code = response.error
+        if code is None:
+            # The coordinator was in CompletingRebalance or Stable with our
+            # generation: we are known, and no join phase was in progress.
+            self._anchor_ms = max(self._anchor_ms or sent, sent)
+            self._settled_ms = max(self._settled_ms or sent, sent)
+            self.last_resources_epoch = max(self.last_resources_epoch, response.resources_epoch)
+            return
+        action = ERROR_ACTIONS.get(code, ErrorAction.RETRY)
+        if action is ErrorAction.REJOIN:
+            # PreparingRebalance re-armed our session: we are known. We are
+            # rejoining already (or our sync will be told to rejoin).
+            self._anchor_ms = max(self._anchor_ms or sent, sent)
+            return
+        if action is ErrorAction.RETRY:
+            self._bg_next_ms = now_ms + min(self.config.retry_backoff_ms,
+                                            self.config.heartbeat_interval_ms)
+            return
+        if (code is ErrorCode.ILLEGAL_GENERATION and self.state is MemberState.JOINING
+                and isinstance(self._in_flight, Call) and self._in_flight.api == "join"):
+            # Member validation passed, so the coordinator formed a newer
+            # generation *with us* (a member that did not rejoin is removed,
+            # and answered UNKNOWN_MEMBER_ID): the join phase completed and
+            # our join's answer is on its way. That generation was assigned
+            # from the claims our join carried, so nothing we own moved;
+            # the join's answer decides, and the rule's bounds hold meanwhile.
+            return
+        self._apply_side(now_ms, code, action)
+
+    def background_failed(self, now_ms: int, error: Exception) -> None:
+        """A background heartbeat got no answer (network, timeout, 5xx). It
+        proves nothing; the next one goes out after a short backoff. A fatal
+        transport error (401/403) stops the member as on the main channel."""
+        self._take_bg()
+        if isinstance(error, FatalMemberError):
+            if self.state not in (MemberState.CLOSED, MemberState.FAILED):
+                self._mark_stale()
+                self._fail(error)
+            return
+        self._bg_next_ms = now_ms + min(self.config.retry_backoff_ms,
+                                        self.config.heartbeat_interval_ms)
+
+    def background_abandoned(self, now_ms: int) -> None:
+        """The driver cancelled the background heartbeat (it is stopping)."""
+        self._take_bg()
+
+    def _bg_applies(self) -> bool:
+        if self.state not in (MemberState.JOINING, MemberState.SYNCING):
+            return False
+        if self._closing or self.failure is not None:
+            return False
+        if not self.member_id or self.generation_id < 0:
+            return False  # nothing to heartbeat with (a new or reset member)
+        if self._pending_sync is not None:
+            return False  # the main channel is verifying a late sync answer by heartbeat
+        return not (isinstance(self._in_flight, Call) and self._in_flight.api == "heartbeat")
+
+    def _take_bg(self) -> Call:
+        call = self._bg_call
+        if call is None:
+            raise RuntimeError("no background heartbeat outstanding")
+        self._bg_call = None
+        return call
+
+    def _apply_side(self, now_ms: int, code: ErrorCode, action: ErrorAction) -> None:
+        """The table's action for a background heartbeat's answer: like the
+        main channel's, and the join or sync in flight is abandoned (its
+        answer would be about a member or generation we no longer have)."""
+        self._mark_stale()
+        self._fail_rebalance(now_ms, f"heartbeat: {code.value}")
+        if action is ErrorAction.FATAL:
+            self._fail(fatal_error_for(code, "heartbeat"))
+            return
+        # RESET_GENERATION, RESET_MEMBER, SET_MEMBER_ID (KIP-429 step 1.4)
+        self._lose_all(f"heartbeat: {code.value}")
+        self.generation_id = -1
+        self._owned_generation = -1
+        if action is not ErrorAction.RESET_GENERATION:
+            self.member_id = ""
+            self._join_first_sent_ms = None
+        self._enter_joining(now_ms, f"heartbeat: {code.value}", at_ms=now_ms)
+
+    def _mark_stale(self) -> None:
+        if isinstance(self._in_flight, Call):
+            self._in_flight_stale = True
+
+    def _drop_stale(self, now_ms: int) -> bool:
+        if not self._in_flight_stale:
+            return False
+        self._in_flight_stale = False
+        self._next_send_ms = now_ms
+        return True
 
     # ------------------------------------------------------------ steps
 
@@ -583,6 +791,9 @@ class MemberStateMachine:
             timeout = min(timeout, deadline - now_ms)
         request = HeartbeatRequest(self.config.group_id, self.member_id, self.generation_id,
                                    self.config.group_instance_id, wait_ms)
+        # Should this heartbeat start a rebalance, the side channel carries on
+        # one interval later.
+        self._bg_next_ms = now_ms + self.config.heartbeat_interval_ms
         return self._send(now_ms, Call("heartbeat", request, max(1, timeout), interruptible=True))
 
     def _joining_step(self, now_ms: int) -> Action:
@@ -614,11 +825,15 @@ class MemberStateMachine:
             group_instance_id=self.config.group_instance_id,
             client_id=self.config.client_id, reason=self._join_reason,
         )
+        if self._join_first_sent_ms is None:
+            self._join_first_sent_ms = now_ms
         return self._send(now_ms, Call("join", request, self._rebalance_call_timeout()))
 
     def _syncing_step(self, now_ms: int) -> Action:
         if now_ms < self._next_send_ms:
-            return Wait(self._next_send_ms)
+            deadline = self.safety_deadline_ms()
+            return Wait(self._next_send_ms if deadline is None
+                        else min(self._next_send_ms, deadline))
         if self._pending_sync is not None:
             request = HeartbeatRequest(self.config.group_id, self.member_id, self.generation_id,
                                        self.config.group_instance_id, 0)
@@ -678,6 +893,14 @@ class MemberStateMachine:
         # The coordinator restarts our session timer when the join phase
         # completes, which is no earlier than when we sent the join.
         self._anchor_ms = max(self._anchor_ms or sent_ms, sent_ms)
+        # The generation formed after the join that put us in it reached the
+        # coordinator; that may be an earlier join of ours than this one (a
+        # join whose answer we never read, answered now "current generation"
+        # at once), so the sync deadline is no earlier than the first join's
+        # send time + the rebalance timeout.
+        first = self._join_first_sent_ms
+        self._sync_base_ms = sent_ms if first is None else min(first, sent_ms)
+        self._join_first_sent_ms = None
         self.member_id = resp.member_id or self.member_id
         self.generation_id = resp.generation_id
         self.protocol_name = resp.protocol_name
@@ -700,22 +923,28 @@ class MemberStateMachine:
             return
         self._attempts = 0
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
-        if now_ms >= sent_ms + self.config.session_timeout_ms:
-            # The answer was read a whole session timeout after the sync went
-            # out: the process was paused, or the answer sat in its socket.
-            # The coordinator may have expired us meanwhile and given these
-            # resources to someone else (chaos seed 0). Nothing is delivered
-            # until a heartbeat of this generation, sent now, succeeds; the
-            # safety rule treats what we own as lost first (the anchor stays
-            # before the sync). A sync that legitimately parked this long
-            # (a leader slower than the session timeout) costs the same check.
+        anchor = max(self._anchor_ms or sent_ms, sent_ms)
+        if now_ms >= self._lease_end(anchor, max(self._settled_ms or sent_ms, sent_ms)):
+            # The lease this answer would start is over already: the answer
+            # was read a session timeout after our last proven contact (the
+            # process was paused, or the answer sat in its socket), or a
+            # rebalance timeout after the sync went out. The coordinator may
+            # have removed us meanwhile and given these resources to someone
+            # else (chaos seed 0). Nothing is delivered until a heartbeat of
+            # this generation, sent now, succeeds; the safety rule treats
+            # what we own as lost first. (Background heartbeats during a
+            # slow sync keep the anchor fresh, so a slow leader alone does
+            # not trigger this.)
             self._pending_sync = resp
             self._next_send_ms = now_ms
             return
-        self._anchor_ms = sent_ms
-        self._deliver(now_ms, resp)
+        self._deliver(now_ms, resp, sent_ms)
 
-    def _deliver(self, now_ms: int, resp: SyncResponse) -> None:
+    def _deliver(self, now_ms: int, resp: SyncResponse, proof_ms: int) -> None:
+        # The coordinator answered a sync (or a heartbeat after it) sent at
+        # proof_ms: we were a member then, and the join phase was over.
+        self._anchor_ms = max(self._anchor_ms or proof_ms, proof_ms)
+        self._settled_ms = max(self._settled_ms or proof_ms, proof_ms)
         self._pending_sync = None
         self.state = MemberState.STABLE
         self._next_send_ms = now_ms  # start the heartbeat long-poll at once
@@ -753,19 +982,30 @@ class MemberStateMachine:
             elif resp.resources_epoch > self._assigned_epoch:
                 self._request_rejoin(now_ms, "resource catalog changed during the rebalance")
 
-    def _on_heartbeat(self, now_ms: int, sent_ms: int, resp: HeartbeatResponse) -> None:
+    def _on_heartbeat(self, now_ms: int, sent_ms: int, request: HeartbeatRequest,
+                      resp: HeartbeatResponse) -> None:
+        if (request.member_id != self.member_id
+                or request.generation_id != self.generation_id):
+            # A commit's refusal reset the member while this was in flight:
+            # the answer is about a generation we no longer have.
+            self._next_send_ms = now_ms
+            return
         if resp.error is not None:
+            if resp.error is ErrorCode.REBALANCE_IN_PROGRESS:
+                # The coordinator re-armed our session: proven contact.
+                self._anchor_ms = max(self._anchor_ms or sent_ms, sent_ms)
             self._apply(now_ms, "heartbeat", resp.error)
             return
         self._attempts = 0
-        self._anchor_ms = sent_ms
+        self._anchor_ms = max(self._anchor_ms or sent_ms, sent_ms)
+        self._settled_ms = max(self._settled_ms or sent_ms, sent_ms)
         pending = self._pending_sync
         if pending is not None and self.state is MemberState.SYNCING:
             # We are still in this generation as of the heartbeat's send time.
-            if now_ms >= sent_ms + self.config.session_timeout_ms:
+            if now_ms >= self._lease_end(sent_ms, sent_ms):
                 self._next_send_ms = now_ms  # late again: check again
                 return
-            self._deliver(now_ms, pending)
+            self._deliver(now_ms, pending, sent_ms)
             return
         self._next_send_ms = max(now_ms, sent_ms + self.config.heartbeat_interval_ms)
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
@@ -823,16 +1063,6 @@ class MemberStateMachine:
             raise RuntimeError(f"no call outstanding (have {call!r})")
         self._in_flight = None
         return call
-
-    def _rule_suspended(self) -> bool:
-        # The coordinator keeps a member whose join or sync is parked alive
-        # (Kafka's shouldKeepAlive). Once the answer is read the rule applies
-        # again, anchored at the join's send time: the coordinator restarted
-        # our session timer when the join phase completed, no earlier. A join
-        # answer read a session timeout after it was sent (a paused process,
-        # or a join phase that lasted that long) therefore loses what we own
-        # before the sync: we cannot tell the two apart.
-        return isinstance(self._in_flight, Call) and self._in_flight.api in ("join", "sync")
 
     def _rebalance_call_timeout(self) -> int:
         # Kafka: a join may park for the whole rebalance timeout.

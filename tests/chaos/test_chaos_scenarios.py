@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 import aiohttp
-import pytest
 from server_harness import StartServer
 
 from client.errors import CoordinatorUnavailableError
@@ -67,8 +66,6 @@ class LosesJoins:
         await self.inner.aclose()
 
 
-@pytest.mark.xfail(strict=True, reason="client/member_state.py suspends the safety rule while "
-                   "a join is in flight, also when the join never reached the coordinator")
 async def test_a_member_whose_join_is_lost_gives_up_before_its_resources_move(
         start_server: StartServer) -> None:
     """Cooperative member A owns everything; B joins; A learns of the

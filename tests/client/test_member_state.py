@@ -402,15 +402,19 @@ def test_a_paused_member_loses_everything_before_sending_anything() -> None:
     expect_callback(m, 5_000, CallbackKind.LOST, res(5))
 
 
-def test_the_rule_is_suspended_while_a_join_is_in_flight() -> None:
+def test_the_rule_holds_while_a_join_is_in_flight() -> None:
     m = make()
     join_as_follower(m, 0, 0, 1)
     expect_call(m, 0, "heartbeat")
     m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
     expect_call(m, 500, "join")
-    assert m.safety_deadline_ms() is None  # the coordinator keeps a joining member alive
-    m.receive(1_400, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
+    # no longer suspended (the join may never have reached the coordinator):
+    # the REBALANCE_IN_PROGRESS answer sent at 0 proved contact
+    assert m.safety_deadline_ms() == 0 + SESSION
+    assert m.wants_interrupt(SESSION)  # the driver abandons the join for on_lost
+    m.receive(900, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
     assert m.safety_deadline_ms() == 500 + SESSION  # anchored at the join's send time
+    assert m.state is MemberState.SYNCING
     expect_call(m, 1_400, "sync")
     m.receive(1_410, SyncResponse(None, assignment=assignment(0, 1)))
     expect_callback(m, 1_410, CallbackKind.ASSIGNED, set())
