@@ -39,15 +39,19 @@ def decode(data: bytes) -> Any:
     return obj
 
 
+_CONTAINERS = (dict, list)
+
+
 def _check_depth(obj: Any) -> None:
+    # Only containers are visited (a heartbeat's map of scalars costs one pass
+    # over its values); a container found at a depth over the limit is refused.
+    if not isinstance(obj, _CONTAINERS):
+        return
     stack: list[tuple[Any, int]] = [(obj, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            if depth > MAX_NESTING_DEPTH:
-                raise DecodeError(f"body nests deeper than {MAX_NESTING_DEPTH} levels")
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            if depth > MAX_NESTING_DEPTH:
-                raise DecodeError(f"body nests deeper than {MAX_NESTING_DEPTH} levels")
-            stack.extend((v, depth + 1) for v in item)
+        if depth > MAX_NESTING_DEPTH:
+            raise DecodeError(f"body nests deeper than {MAX_NESTING_DEPTH} levels")
+        for value in (item.values() if isinstance(item, dict) else item):
+            if isinstance(value, _CONTAINERS):
+                stack.append((value, depth + 1))
