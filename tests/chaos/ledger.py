@@ -90,6 +90,9 @@ class CheckResult:
     durability_checks: int = 0
     #: seconds from the end of the faults to exactly-once ownership (-1: never)
     convergence_s: float = -1.0
+    #: times exactly-once ownership was lost again after convergence, without
+    #: an injected fault (a stalled process or storage on a loaded machine)
+    disturbances: int = 0
 
     @property
     def ok(self) -> bool:
@@ -268,11 +271,34 @@ def check_converged(intervals: list[Interval], t: float,
 def converged_since(intervals: list[Interval], start: float, end: float,
                     expected: Mapping[str, set[Resource]],
                     group_of: Mapping[Owner, str]) -> float | None:
-    """When ownership became exactly-once and stayed so until ``end``, or None.
+    """When ownership became exactly-once and stayed so until ``end``, or None."""
+    segments = exactly_once_segments(intervals, start, end, expected, group_of)
+    if segments and segments[-1][1] >= end:
+        return segments[-1][0]
+    return None
 
-    A sweep over the interval boundaries in ``(start, end)``, keeping owner
-    counts per (group, resource): linear in the number of intervals, so the
-    harness can afford it (a quadratic scan stalled its event loop).
+
+def first_stable_convergence(intervals: list[Interval], start: float, end: float,
+                             expected: Mapping[str, set[Resource]],
+                             group_of: Mapping[Owner, str],
+                             hold: float) -> tuple[float | None, int]:
+    """(When ownership first became exactly-once for at least ``hold`` seconds
+    (or until ``end``), how many times it was disturbed after that)."""
+    segments = exactly_once_segments(intervals, start, end, expected, group_of)
+    for i, (a, b) in enumerate(segments):
+        if b - a >= hold or b >= end:
+            return a, len(segments) - i - 1 + (0 if segments[-1][1] >= end else 1)
+    return None, 0
+
+
+def exactly_once_segments(intervals: list[Interval], start: float, end: float,
+                          expected: Mapping[str, set[Resource]],
+                          group_of: Mapping[Owner, str]) -> list[tuple[float, float]]:
+    """The stretches of ``[start, end)`` in which ownership was exactly-once.
+
+    A sweep over the interval boundaries, keeping owner counts per (group,
+    resource): linear in the number of intervals, so the harness can afford
+    it (a quadratic scan stalled its event loop).
     """
     counts: dict[tuple[str, Resource], int] = defaultdict(int)
     bad = {(g, r) for g, rs in expected.items() for r in rs}
@@ -297,7 +323,8 @@ def converged_since(intervals: list[Interval], start: float, end: float,
             changes.append((iv.start, +1, group, iv.resource))
         if iv.end < end:
             changes.append((iv.end, -1, group, iv.resource))
-    converged: float | None = start if not bad else None
+    segments: list[tuple[float, float]] = []
+    good_since: float | None = start if not bad else None
     changes.sort(key=lambda c: c[0])
     i = 0
     while i < len(changes):
@@ -306,11 +333,14 @@ def converged_since(intervals: list[Interval], start: float, end: float,
             _, delta, group, r = changes[i]
             apply(group, r, delta)
             i += 1
-        if bad:
-            converged = None
-        elif converged is None:
-            converged = at
-    return converged
+        if bad and good_since is not None:
+            segments.append((good_since, at))
+            good_since = None
+        elif not bad and good_since is None:
+            good_since = at
+    if good_since is not None:
+        segments.append((good_since, end))
+    return segments
 
 
 def commits_of(worker_events: Mapping[Owner, list[dict[str, Any]]]) -> list[Commit]:

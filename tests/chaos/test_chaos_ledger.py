@@ -16,6 +16,7 @@ from ledger import (
     check_fencing,
     commits_of,
     converged_since,
+    first_stable_convergence,
     ownership_intervals,
     read_ledger,
 )
@@ -126,7 +127,11 @@ def test_convergence_time_is_when_ownership_became_and_stayed_exactly_once() -> 
     assert converged_since(intervals, 7, 20, expected, groups) == 7
     events[B] = [ev(3, "assigned", res=[list(r2)]), ev(15, "lost", res=[list(r2)]),
                  ev(30, "exit")]
-    assert converged_since(ownership_intervals(events, {}), 0, 20, expected, groups) is None
+    disturbed = ownership_intervals(events, {})
+    assert converged_since(disturbed, 0, 20, expected, groups) is None
+    # It did converge at 3 and held for 12 s; the loss at 15 is one disturbance.
+    assert first_stable_convergence(disturbed, 0, 20, expected, groups, 1.5) == (3, 1)
+    assert first_stable_convergence(disturbed, 0, 20, expected, groups, 15) == (None, 0)
 
 
 def _commit(t_sent: float, t: float, value: int, outcome: str) -> dict[str, Any]:
