@@ -12,6 +12,10 @@ ceiling; the ratio shows what the coordinator costs on top of HTTP + msgpack.
 Target (issue 2): >= 8,000 heartbeats/s at p99 < 20 ms on one core. wrk is a
 closed-loop generator (no coordinated-omission correction): latency is
 measured at the throughput the server sustains with ``--connections`` open.
+Runs against groupcoord and the echo endpoint alternate (``--repeat``), so
+both see the same background load; medians are printed, with the range, and
+the server's CPU time per request (from /proc, so time spent waiting for a
+CPU is not counted).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import asyncio
 import os
 import re
+import statistics
 import struct
 import subprocess
 import sys
@@ -88,14 +93,25 @@ def run_wrk(server: Server, bodies: str, args: argparse.Namespace) -> dict[str, 
     return result
 
 
-def summary(label: str, r: dict[str, int]) -> tuple[str, str, float]:
-    rps = r["requests"] / (r["duration_us"] / 1e6)
-    line = (f"{label:<28} {rps:>10,.0f}/s  p50 {r['p50_us'] / 1000:6.2f} ms  "
-            f"p90 {r['p90_us'] / 1000:6.2f} ms  p99 {r['p99_us'] / 1000:6.2f} ms  "
-            f"max {r['max_us'] / 1000:7.2f} ms  server CPU {r['cpu_us_per_request']} us/request"
-            f" (= {1e6 / max(1, r['cpu_us_per_request']):,.0f}/s per core)  "
-            f"failures {r['failures']}  socket errors {r['socket_errors']}")
-    return label, line, rps
+def rate(r: dict[str, int]) -> float:
+    return r["requests"] / (r["duration_us"] / 1e6)
+
+
+def summary(label: str, runs: list[dict[str, int]]) -> str:
+    """Medians over the runs (each figure's own median), plus the run-to-run range."""
+    med = statistics.median
+    rps = [rate(r) for r in runs]
+    cpu = [r["cpu_us_per_request"] for r in runs]
+    return (f"{label:<28} {med(rps):>8,.0f}/s ({min(rps):,.0f}-{max(rps):,.0f})  "
+            f"p50 {med(r['p50_us'] for r in runs) / 1000:6.2f} ms  "
+            f"p90 {med(r['p90_us'] for r in runs) / 1000:6.2f} ms  "
+            f"p99 {med(r['p99_us'] for r in runs) / 1000:6.2f} ms "
+            f"({min(r['p99_us'] for r in runs) / 1000:.2f}-"
+            f"{max(r['p99_us'] for r in runs) / 1000:.2f})  "
+            f"server CPU {med(cpu):.0f} us/request ({min(cpu)}-{max(cpu)}; "
+            f"= {1e6 / max(1.0, med(cpu)):,.0f}/s per core)  "
+            f"failures {sum(r['failures'] for r in runs)}  "
+            f"socket errors {sum(r['socket_errors'] for r in runs)}")
 
 
 def main() -> int:
@@ -104,6 +120,8 @@ def main() -> int:
     parser.add_argument("--group-size", type=int, default=100)
     parser.add_argument("--parallel-groups", type=int, default=20)
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="wrk runs per server, alternating groupcoord and echo")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--server-cpu", type=int, default=0)
@@ -111,37 +129,48 @@ def main() -> int:
     args = parser.parse_args()
 
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}  wrk -t{args.threads} -c{args.connections} "
-          f"-d{args.duration}s; server on CPU {args.server_cpu}, wrk on CPU {args.wrk_cpu}")
-    with tempfile.TemporaryDirectory() as tmp:
-        bodies = os.path.join(tmp, "bodies.bin")
-        results: list[tuple[str, str, float]] = []
-        for n in args.members:
-            server, db_dir = start_groupcoord(args.server_cpu, initial_rebalance_delay_ms=1000,
-                                              min_session_timeout_ms=1000)
-            try:
-                t0 = time.perf_counter()
-                members = asyncio.run(form_groups(server.url, n, args.group_size,
-                                                  args.parallel_groups))
-                print(f"# {n} members in {len(members) // args.group_size} groups formed in "
-                      f"{time.perf_counter() - t0:.1f} s")
-                write_bodies(members, bodies)
-                results.append(summary(f"groupcoord, {n:,} members",
-                                       run_wrk(server, bodies, args)))
-                print(results[-1][1], flush=True)
-            finally:
-                status = server.stop()
-                db_dir.cleanup()
-                if status != 0:
-                    print(f"# server exited with status {status}")
-        echo = Server([sys.executable, str(HERE / "server_echo.py")], args.server_cpu)
-        try:
-            _, echo_line, echo_rps = summary("bare aiohttp msgpack echo",
-                                          run_wrk(echo, bodies, args))
-        finally:
-            echo.stop()
-        print(echo_line)
-        for label, _, rps in results:
-            print(f"ratio {label}: {rps / echo_rps:.2f} of the bare echo endpoint's throughput")
+          f"-d{args.duration}s x {args.repeat}, alternating with the echo endpoint; "
+          f"server on CPU {args.server_cpu}, wrk on CPU {args.wrk_cpu}; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    echo = Server([sys.executable, str(HERE / "server_echo.py")], args.server_cpu)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            bodies = os.path.join(tmp, "bodies.bin")
+            for n in args.members:
+                server, db_dir = start_groupcoord(args.server_cpu,
+                                                  initial_rebalance_delay_ms=1000,
+                                                  min_session_timeout_ms=1000)
+                ours: list[dict[str, int]] = []
+                bare: list[dict[str, int]] = []
+                try:
+                    t0 = time.perf_counter()
+                    members = asyncio.run(form_groups(server.url, n, args.group_size,
+                                                      args.parallel_groups))
+                    print(f"# {n} members in {len(members) // args.group_size} groups "
+                          f"formed in {time.perf_counter() - t0:.1f} s")
+                    write_bodies(members, bodies)
+                    # Alternate, so both servers see the same background load.
+                    for _ in range(args.repeat):
+                        ours.append(run_wrk(server, bodies, args))
+                        bare.append(run_wrk(echo, bodies, args))
+                finally:
+                    status = server.stop()
+                    db_dir.cleanup()
+                    if status != 0:
+                        print(f"# server exited with status {status}")
+                print(summary(f"groupcoord, {n:,} members", ours))
+                print(summary("bare aiohttp msgpack echo", bare), flush=True)
+                ratios = [rate(a) / rate(b) for a, b in zip(ours, bare, strict=True)]
+                cpu_ratios = [b["cpu_us_per_request"] / max(1, a["cpu_us_per_request"])
+                              for a, b in zip(ours, bare, strict=True)]
+                print(f"ratio to the bare echo endpoint, {n:,} members: throughput "
+                      f"{statistics.median(ratios):.2f} "
+                      f"(runs: {', '.join(f'{x:.2f}' for x in ratios)}); "
+                      f"CPU per request (echo/ours) {statistics.median(cpu_ratios):.2f} "
+                      f"(runs: {', '.join(f'{x:.2f}' for x in cpu_ratios)})", flush=True)
+    finally:
+        echo.stop()
+    print(f"# load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 
 

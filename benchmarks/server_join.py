@@ -8,7 +8,8 @@ answer arrives, every follower syncs as soon as its own arrives. Measured from
 the moment the last join request's headers were written on its socket (aiohttp
 trace) to the moment the last member holds its sync answer. The load is
 generated from this process (Python client), so the figure includes
-client-side overhead.
+client-side overhead; the server's CPU time in the same span (from /proc,
+sampled as the last join is written) shows what the server itself spent.
 
     .venv/bin/python benchmarks/server_join.py --members 1000 --rounds 5
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -41,26 +43,31 @@ from _server_common import (
 SESSION_MS = 120_000
 
 
-async def run(server: Server, n: int, rounds: int) -> list[tuple[float, float, float]]:
-    """Per round: last join -> all synced, first join -> all synced, server CPU seconds."""
+Round = tuple[float, float, float, float]
+
+
+async def run(server: Server, n: int, rounds: int) -> list[Round]:
+    """Per round: last join -> all synced, first join -> all synced, server CPU seconds
+    in the round, server CPU seconds from the last join to all synced."""
     async with client_session() as http:
         members = await form_group(http, server.url, "bench-join", n, SESSION_MS)
     out = []
-    sent: list[float] = []
     for _ in range(rounds):
         cpu = server.cpu_seconds()
-        after_last, after_first = await one_round(server.url, members, sent)
-        out.append((after_last, after_first, server.cpu_seconds() - cpu))
+        after_last, after_first, cpu_after_last = await one_round(server, members)
+        out.append((after_last, after_first, server.cpu_seconds() - cpu, cpu_after_last))
     return out
 
 
-async def one_round(url: str, members: list[BenchMember], sent: list[float]
-                    ) -> tuple[float, float]:
+async def one_round(server: Server, members: list[BenchMember]) -> tuple[float, float, float]:
+    url = server.url
     trace = aiohttp.TraceConfig()
+    #: (time, server CPU seconds) as each join's headers were written.
+    sent: list[tuple[float, float]] = []
 
     async def on_headers(_s: Any, _ctx: SimpleNamespace, params: Any) -> None:
         if params.url.path.endswith("/join"):
-            sent.append(time.perf_counter())
+            sent.append((time.perf_counter(), server.cpu_seconds()))
 
     trace.on_request_headers_sent.append(on_headers)
     sent.clear()
@@ -85,8 +92,10 @@ async def one_round(url: str, members: list[BenchMember], sent: list[float]
             synced.append(time.perf_counter())
 
         await asyncio.gather(*(rebalance(m) for m in members))
-    first_join = min(sent)
-    return max(synced) - max(sent), max(synced) - first_join
+        cpu_end = server.cpu_seconds()
+    last_join, cpu_at_last_join = max(sent)
+    first_join = min(sent)[0]
+    return max(synced) - last_join, max(synced) - first_join, cpu_end - cpu_at_last_join
 
 
 def main() -> int:
@@ -103,14 +112,16 @@ def main() -> int:
         server.stop()
         db_dir.cleanup()
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {args.members} members, "
-          f"server on CPU {args.server_cpu}")
-    for i, (after_last, after_first, cpu) in enumerate(results, 1):
+          f"server on CPU {args.server_cpu}; load average {os.getloadavg()[0]:.1f}")
+    for i, (after_last, after_first, cpu, cpu_after_last) in enumerate(results, 1):
         print(f"round {i}: last join -> all synced {after_last * 1000:7.1f} ms   "
-              f"(first join -> all synced {after_first * 1000:7.1f} ms; "
-              f"server CPU {cpu * 1000:.0f} ms for the round)")
+              f"(server CPU in that span {cpu_after_last * 1000:.0f} ms; "
+              f"first join -> all synced {after_first * 1000:7.1f} ms; "
+              f"server CPU {cpu * 1000:.0f} ms for the whole round)")
     lasts = [r[0] * 1000 for r in results]
     print(f"last join -> all synced: median {statistics.median(lasts):.1f} ms, "
-          f"max {max(lasts):.1f} ms")
+          f"max {max(lasts):.1f} ms; server CPU in that span: median "
+          f"{statistics.median(r[3] * 1000 for r in results):.0f} ms")
     return 0
 
 
