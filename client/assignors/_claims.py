@@ -35,7 +35,7 @@ class Claims:
     ``contested[g]``: members whose claim on ``g`` was not honoured.
     """
 
-    __slots__ = ("contested", "counts", "kept", "owner", "owned_total")
+    __slots__ = ("contested", "counts", "kept", "owned_total", "owner")
 
     def __init__(
         self,

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from client.assignors import Assignment, Subscription, get_assignor, validate_assignment
 from client.assignors.incremental_cooperative import IncrementalCooperativeAssignor
 
-FAST = settings(max_examples=150, derandomize=True, deadline=None, database=None)
+FAST = settings(max_examples=100, derandomize=True, deadline=None, database=None)
 
 
 def settle(name: str, case: Case) -> tuple[dict[str, Assignment], dict[str, Subscription], int]:
@@ -153,7 +153,7 @@ def tiny_cases(draw: st.DrawFn) -> Case:
 
 
 @pytest.mark.parametrize("name", STICKY)
-@settings(max_examples=120, derandomize=True, deadline=None, database=None)
+@settings(max_examples=80, derandomize=True, deadline=None, database=None)
 @given(case=tiny_cases())
 def test_general_best_balance_with_fewest_moves(name: str, case: Case) -> None:
     """Against brute force: the most even loads any assignment reaches
