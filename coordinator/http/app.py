@@ -290,6 +290,9 @@ async def put_resource(request: web.Request) -> web.StreamResponse:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise Refused(400, f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # json.loads recurses once per nesting level: a deep body is bad input, not a bug.
+        raise Refused(400, "body nests too deeply") from None
     if not isinstance(doc, dict):
         raise Refused(400, 'body: expected an object {"partitions": N}')
     try:

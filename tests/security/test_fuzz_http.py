@@ -411,8 +411,6 @@ def test_fuzz_admin_calls(harness: Harness) -> None:
     fuzz()
 
 
-@pytest.mark.xfail(strict=True, reason="coordinator/http/app.py put_resource lets "
-                   "json.loads' RecursionError escape (500); fix: catch RecursionError")
 def test_deeply_nested_json_is_400(harness: Harness) -> None:
     async def put() -> tuple[int, Any]:
         # json.loads recurses once per level: 5,000 levels exceed Python's limit.
