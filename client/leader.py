@@ -1,8 +1,10 @@
 """The leader's side of a rebalance: decode, assign, validate, encode.
 
 A pure function (no I/O, no clock): the member state machine calls it with the
-join response's member list and the catalog it read from
-``GET /v1/resources``, and sends the result in its sync request.
+join response's member list, the catalog it read from ``GET /v1/resources``
+and the time (``now_ms``, handed to assignors that take it: KIP-415's
+deferred imbalance resolution keeps deadlines), and sends the result in its
+sync request.
 
 Steps (KIP-429, "For the leader", adapted):
 
@@ -25,8 +27,11 @@ Steps (KIP-429, "For the leader", adapted):
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 from client.assignors import (
     Assignment,
@@ -40,7 +45,39 @@ from protocol.messages import JoinMember
 from protocol.resources import MemberMetadata, ResourceAssignment
 from protocol.validate import ValidationError
 
-__all__ = ["AssignmentFailed", "LeaderResult", "hold_back_moving", "perform_assignment"]
+__all__ = [
+    "AssignmentFailed",
+    "LeaderResult",
+    "TimedAssignor",
+    "accepts_now",
+    "hold_back_moving",
+    "perform_assignment",
+]
+
+
+class TimedAssignor(Protocol):
+    """An assignor whose ``assign`` takes the time explicitly (e.g.
+    ``incremental-cooperative``; without it that assignor reads the wall clock)."""
+
+    def assign(self, resources: Mapping[str, int], subscriptions: Mapping[str, Subscription],
+               now_ms: int | None = None) -> dict[str, Assignment]: ...
+
+
+@functools.cache
+def _assign_takes_now(assignor_type: type[Assignor]) -> bool:
+    try:
+        params = inspect.signature(assignor_type.assign).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    param = params.get("now_ms")
+    return param is not None and param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                inspect.Parameter.KEYWORD_ONLY)
+
+
+def accepts_now(assignor: Assignor) -> bool:
+    """Does ``assignor.assign`` declare a ``now_ms`` keyword? (Inspected once
+    per assignor class.)"""
+    return _assign_takes_now(type(assignor))
 
 
 class AssignmentFailed(Exception):
@@ -78,8 +115,12 @@ def hold_back_moving(subscriptions: Mapping[str, Subscription],
 
 
 def perform_assignment(assignor: Assignor, catalog: Mapping[str, int],
-                       members: Sequence[JoinMember]) -> LeaderResult:
-    """Assign ``catalog`` over ``members``; raise :class:`AssignmentFailed`."""
+                       members: Sequence[JoinMember], *,
+                       now_ms: int | None = None) -> LeaderResult:
+    """Assign ``catalog`` over ``members``; raise :class:`AssignmentFailed`.
+
+    ``now_ms`` is passed to assignors whose ``assign`` declares it (see
+    :func:`accepts_now`); the others are called without it."""
     subscriptions: dict[str, Subscription] = {}
     undecodable: dict[str, str] = {}
     for m in members:
@@ -97,7 +138,10 @@ def perform_assignment(assignor: Assignor, catalog: Mapping[str, int],
             group_instance_id=m.group_instance_id,
         )
     try:
-        result = assignor.assign(catalog, subscriptions)
+        if now_ms is not None and accepts_now(assignor):
+            result = cast(TimedAssignor, assignor).assign(catalog, subscriptions, now_ms=now_ms)
+        else:
+            result = assignor.assign(catalog, subscriptions)
     except Exception as exc:  # an assignor bug must fail the rebalance, not the member
         raise AssignmentFailed(f"assignor {assignor.name!r} raised {exc!r}") from exc
     cooperative = RebalanceProtocol.COOPERATIVE in assignor.protocols

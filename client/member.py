@@ -11,7 +11,10 @@ rebalance after a cooperative one) waits for them; see
 
 Time comes from an injected ``clock`` (monotonic milliseconds); the driver
 only sleeps until the deadlines the machine names, or until it is poked by
-``subscribe``, ``commit`` or ``close``.
+``subscribe``, ``commit`` or ``close``. The leader's assignor gets its own
+time, ``wall_clock`` (wall-clock milliseconds by default): an assignor that
+keeps deadlines in ``user_data`` (incremental-cooperative) needs a time base
+every member shares, since the next leader may be another process or host.
 
 While the machine is rebalancing (a join or sync in flight, or waiting to
 send one), the driver also runs the machine's side channel: heartbeats with
@@ -60,13 +63,17 @@ from client.transport import AiohttpTransport, Transport
 from protocol.errors import ErrorCode
 from protocol.messages import FetchRequest, FetchResponse, Scalar
 
-__all__ = ["GroupMember", "monotonic_ms"]
+__all__ = ["GroupMember", "monotonic_ms", "wall_ms"]
 
 log = logging.getLogger("groupcoord.client")
 
 
 def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class GroupMember:
@@ -98,6 +105,7 @@ class GroupMember:
         retry_backoff_max_ms: int = 1_000,
         request_timeout_ms: int = 30_000,
         assignor_settings: Mapping[str, Mapping[str, object]] | None = None,
+        wall_clock: Callable[[], int] | None = None,
     ) -> None:
         self.client_id = client_id or f"member-{uuid.uuid4().hex[:12]}"
         self.config = MemberConfig(
@@ -109,7 +117,11 @@ class GroupMember:
             retry_backoff_max_ms=retry_backoff_max_ms, request_timeout_ms=request_timeout_ms,
             leave_on_close=leave_on_close, assignor_settings=dict(assignor_settings or {}),
         )
-        self._machine = MemberStateMachine(self.config, rng=rng)
+        if wall_clock is None:
+            # An injected (test) clock drives the assignor too, so one fake
+            # clock moves everything; the real default is the wall clock.
+            wall_clock = wall_ms if clock is monotonic_ms else clock
+        self._machine = MemberStateMachine(self.config, rng=rng, assignor_clock=wall_clock)
         if isinstance(coordinator, str):
             headers = {"Authorization": f"Bearer {token}"} if token else None
             self._transport: Transport = AiohttpTransport(coordinator, headers=headers)

@@ -306,8 +306,14 @@ class MemberStateMachine:
     """One group member's protocol logic. See the module docstring."""
 
     def __init__(self, config: MemberConfig, *,
-                 rng: Callable[[], float] | None = None) -> None:
+                 rng: Callable[[], float] | None = None,
+                 assignor_clock: Callable[[], int] | None = None) -> None:
+        """``assignor_clock``: the time handed to the leader's assignor as
+        ``now_ms`` (wall-clock milliseconds: incremental-cooperative keeps
+        absolute deadlines in ``user_data``, read by whichever member leads
+        next); None hands it the machine's own ``now_ms``."""
         self.config = config
+        self._assignor_clock = assignor_clock
         self._assignors: dict[str, Assignor] = {
             name: get_assignor(name, **dict(config.assignor_settings.get(name, {})))
             for name in config.assignors
@@ -322,6 +328,12 @@ class MemberStateMachine:
         self.leader_id = ""
         self._owned: set[Resource] = set()
         self._owned_generation = -1
+        #: the user_data of the last assignment received and the protocol
+        #: (assignor) of its generation: echoed in that protocol's metadata
+        #: at the next join, so an assignor keeps state between rounds
+        #: without keeping any itself (incremental-cooperative, KIP-415).
+        self._echo_user_data: bytes | None = None
+        self._echo_protocol: str | None = None
         self._callbacks: deque[InvokeListener] = deque()
         self._in_flight: Call | InvokeListener | None = None
         self._in_flight_sent_ms = 0
@@ -809,17 +821,10 @@ class MemberStateMachine:
         if self._rebalance_started_ms is None:
             self._events.append(RebalanceStarted(now_ms, self._join_reason))
             self._rebalance_started_ms = now_ms
-        metadata = MemberMetadata(
-            sets=self.sets,
-            owned=to_index_map(self._owned),
-            generation=self._owned_generation if self._owned else -1,
-            rack=self.config.rack,
-            user_data=self.config.user_data,
-        ).encode()
         request = JoinRequest(
             group_id=self.config.group_id, member_id=self.member_id,
             protocol_type=PROTOCOL_TYPE,
-            protocols=tuple((name, metadata) for name in self.config.assignors),
+            protocols=self._join_protocols(),
             session_timeout_ms=self.config.session_timeout_ms,
             rebalance_timeout_ms=self.config.rebalance_timeout_ms,
             group_instance_id=self.config.group_instance_id,
@@ -828,6 +833,25 @@ class MemberStateMachine:
         if self._join_first_sent_ms is None:
             self._join_first_sent_ms = now_ms
         return self._send(now_ms, Call("join", request, self._rebalance_call_timeout()))
+
+    def _join_protocols(self) -> tuple[tuple[str, bytes], ...]:
+        """Each protocol's metadata: the same subscription and claims; the
+        protocol of the last assignment carries that assignment's
+        ``user_data`` back, the others ``config.user_data``."""
+        def metadata(user_data: bytes | None) -> bytes:
+            return MemberMetadata(
+                sets=self.sets,
+                owned=to_index_map(self._owned),
+                generation=self._owned_generation if self._owned else -1,
+                rack=self.config.rack,
+                user_data=user_data,
+            ).encode()
+
+        plain = metadata(self.config.user_data)
+        echoed = self._echo_protocol
+        return tuple(
+            (name, metadata(self._echo_user_data) if name == echoed else plain)
+            for name in self.config.assignors)
 
     def _syncing_step(self, now_ms: int) -> Action:
         if now_ms < self._next_send_ms:
@@ -860,7 +884,9 @@ class MemberStateMachine:
                 m.member_id: ResourceAssignment(error=failure) for m in self._join_members}
         else:
             try:
-                result = perform_assignment(assignor, catalog.resources, self._join_members)
+                clock = self._assignor_clock
+                result = perform_assignment(assignor, catalog.resources, self._join_members,
+                                            now_ms=now_ms if clock is None else clock())
             except AssignmentFailed as exc:
                 failure = str(exc)
                 assignments = {m.member_id: ResourceAssignment(error=failure)
@@ -960,6 +986,11 @@ class MemberStateMachine:
             self._fail_rebalance(now_ms, self.last_error)
             self._request_rejoin(now_ms, "previous rebalance failed", self._backoff_ms())
             return
+        if assignment.user_data is not None:
+            # The assignor owns its protocol's user_data from now on
+            # (docs/client.md): echoed at the next join.
+            self._echo_user_data = assignment.user_data
+            self._echo_protocol = self.protocol_name
         new = from_index_map(assignment.assigned)
         revoked = frozenset(self._owned - new)
         added = frozenset(new - self._owned)
@@ -1106,6 +1137,10 @@ class MemberStateMachine:
         # are no longer part of.
         self._callbacks.clear()
         self._complete_on_assigned = False
+        # Out of the group (or no longer sure to be in it): the assignor's
+        # state we carried belongs to a membership we lost, like what we own.
+        self._echo_user_data = None
+        self._echo_protocol = None
         if self._owned:
             self._callbacks.append(InvokeListener(CallbackKind.LOST, frozenset(self._owned)))
         self.last_error = reason
