@@ -11,27 +11,32 @@ from the second core.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from pipeline_cpu import run_measured
 
 
 def run(inputs: list[str], master: str, out: Path, conf: list[str]) -> float:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "coordinator.cli", "analyze", *inputs, "-o", str(out),
-           "--master", master]
+           "--master", master]  # progress lines (not a terminal): the phase times
     for c in conf:
         cmd += ["--conf", c]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    proc, wall, cpu = run_measured(cmd)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-3000:])
         raise SystemExit(f"analyze on {master} failed ({proc.returncode})")
-    print(f"  {master}: {wall:.1f} s   ({proc.stdout.strip()})", flush=True)
+    # CPU seconds of the JVM, the driver and the Python workers: on a shared
+    # machine (load average below) wall time alone says little.
+    print(f"  {master}: {wall:.1f} s wall, {cpu:.1f} s CPU, load average "
+          f"{os.getloadavg()[0]:.1f}   ({proc.stdout.strip()})", flush=True)
+    for line in proc.stderr.splitlines():
+        if "done in" in line:
+            print(f"    {line.strip()}", flush=True)
     return wall
 
 

@@ -11,12 +11,13 @@ not one long assignor call. docs/bench-pipeline.md has the figures.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from pipeline_cpu import run_measured
 
 SWEEP = """
 name = "bench_1000"
@@ -85,16 +86,14 @@ def main() -> int:
     times = {}
     for master in args.masters.split(","):
         out = work / master.replace("[", "").replace("]", "")
-        start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "coordinator.cli", "simulate", str(sweep),
-                               "-o", str(out), "--master", master], capture_output=True,
-                              text=True)
-        wall = time.perf_counter() - start
+        proc, wall, cpu = run_measured([sys.executable, "-m", "coordinator.cli", "simulate",
+                                        str(sweep), "-o", str(out), "--master", master])
         if proc.returncode != 0:
             sys.stderr.write(proc.stderr[-3000:])
             raise SystemExit(f"simulate on {master} failed ({proc.returncode})")
         times[master] = wall
-        print(f"  {master}: {wall:.1f} s   ({proc.stdout.strip()})", flush=True)
+        print(f"  {master}: {wall:.1f} s wall, {cpu:.1f} s CPU, load average "
+              f"{os.getloadavg()[0]:.1f}   ({proc.stdout.strip()})", flush=True)
     if "local[1]" in times and "local[2]" in times:
         print(f"  speed-up from the second core: {times['local[1]'] / times['local[2]']:.2f}x")
     shutil.rmtree(work, ignore_errors=True)
