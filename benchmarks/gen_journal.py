@@ -46,7 +46,7 @@ from pipeline.sources import JOURNAL_SCHEMA, MEMBER_TYPE
 from protocol.codec import encode
 from protocol.resources import ResourceAssignment
 
-START_MS = 1_795_132_800_000  # 2026-11-15 00:00:00 UTC
+START_MS = 1_795_132_800_000  # 2026-11-20 00:00:00 UTC
 WEEK_MS = 7 * 24 * 3_600_000
 ASSIGNORS = ("range", "sticky", "cooperative-sticky")
 
