@@ -8,7 +8,7 @@ The journal is meant to look like a fleet's week:
 
 * ``--groups`` groups spread over ``--sources`` coordinators, ``--rows``
   rebalances in all (the same number per group), over 7 days from
-  2026-11-15 00:00 UTC;
+  2026-11-20 00:00 UTC (a group that storms uses up its rows sooner);
 * each group has 2-12 members (a pool of two more that come and go), one or
   two resource sets of 4-64 partitions, and an assignor: range, sticky or
   cooperative-sticky (a third each);
