@@ -49,10 +49,10 @@ def _grouped_bars(rows: list[dict[str, Any]], xkey: str, value: str, title: str,
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(xs))], [str(x) for x in xs],
                   rotation=15, ha="right", fontsize=8)
     if log:
-        ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_yscale("log")  # bars of 0 are simply not drawn
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return png(fig)
 
 
