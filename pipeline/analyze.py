@@ -17,7 +17,7 @@ The job (docs/pipeline.md):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,16 +118,6 @@ def run_from_cli(inputs: Sequence[str], out: str, options: AnalyzeOptions,
 # ---------------------------------------------------------------- loading
 
 
-def _facts_schema() -> Any:
-    from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
-    fields = []
-    for name in FACTS_FIELDS:
-        kind = LongType() if name in _LONG_FACTS else \
-            BooleanType() if name in _BOOL_FACTS else StringType()
-        fields.append(StructField(name, kind, True))
-    return StructType(fields)
-
-
 def _arrow_to_spark(spark: Any, tables: Sequence[Any], schema: Any) -> Any:
     """Arrow tables (driver memory) as one DataFrame. Spark cannot take a table
     whose columns have no chunk at all, which is what an empty journal gives:
@@ -166,30 +156,119 @@ def _load_generations(spark: Any, plan: InputPlan) -> Any:
     return df.dropDuplicates(["source", "group_id", "generation_id"])
 
 
-def _facts_partition(window_ms: int, cooperative: tuple[str, ...],
-                     rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
-    """Runs on the executors: one partition's rows, sorted by group then journal id."""
-    journal = (JournalRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10],
-                          r[11], r[12]) for r in rows)
-    yield from facts_for_rows(journal, cooperative_names(cooperative), window_ms)
+_FACT_INPUT = ("source", "group_id", "id", "generation_id", "protocol_type", "protocol_name",
+               "reason", "started_ms", "ended_ms", "member_count", "joined_count", "left_count",
+               "assignments")
 
 
-def rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions) -> Any:
-    """The per-rebalance DataFrame (schema: FACTS_FIELDS)."""
+def _facts_arrow_schema() -> Any:
+    import pyarrow as pa
+    return pa.schema([(n, pa.int64() if n in _LONG_FACTS else
+                       pa.bool_() if n in _BOOL_FACTS else pa.string()) for n in FACTS_FIELDS])
+
+
+def _journal_rows(uri: str) -> Iterator[JournalRow]:
+    """The rows of one sorted partition file, read with pyarrow a batch at a time."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    fs, path = pafs.FileSystem.from_uri(uri)
+    with fs.open_input_file(path) as fh:
+        for batch in pq.ParquetFile(fh).iter_batches(batch_size=65_536,
+                                                     columns=list(_FACT_INPUT)):
+            cols = [batch.column(i).to_pylist() for i in range(len(_FACT_INPUT))]
+            yield from map(JournalRow, *cols)
+
+
+def _facts_file(window_ms: int, cooperative: tuple[str, ...], out_dir: str,
+                task: tuple[int, str]) -> int:
+    """Runs on an executor: one sorted partition file in, one facts file out.
+
+    Arrow on both sides: no row crosses between the JVM and Python (pickling
+    rows through an RDD cost several times the accounting itself).
+    """
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    number, uri = task
+    schema = _facts_arrow_schema()
+    fs, base = pafs.FileSystem.from_uri(out_dir)
+    path = f"{base.rstrip('/')}/part-{number:05d}.parquet"
+    count = 0
+    with pq.ParquetWriter(path, schema, filesystem=fs, compression="zstd") as writer:
+        chunk: list[tuple[Any, ...]] = []
+
+        def flush() -> None:
+            columns = list(zip(*chunk, strict=True)) if chunk else [()] * len(FACTS_FIELDS)
+            writer.write_table(pa.Table.from_arrays(
+                [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
+                schema=schema))
+            chunk.clear()
+
+        for fact in facts_for_rows(_journal_rows(uri), cooperative_names(cooperative),
+                                   window_ms):
+            chunk.append(fact)
+            count += 1
+            if len(chunk) >= 65_536:
+                flush()
+        if chunk or count == 0:
+            flush()
+    return count
+
+
+def _uri(path: str | Path) -> str:
+    text = str(path)
+    return text if "://" in text else Path(text).absolute().as_uri()
+
+
+def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
+                          out: str | Path) -> int:
+    """Write the per-rebalance table (FACTS_FIELDS) to ``out``; returns its rows.
+
+    Spark repartitions the journal by group and sorts each partition by
+    journal id into temporary Parquet files (JVM only); then one task per file
+    walks its groups in order in Python (pipeline/ownership.py) and writes its
+    facts file with pyarrow.
+    """
+    import pyarrow.fs as pafs
     from pyspark.sql import functions as F
     cols = journal.select(
-        "source", "group_id", F.col("id").cast("long"), F.col("generation_id").cast("long"),
-        "protocol_type", "protocol_name", "reason", F.col("started_ms").cast("long"),
-        F.col("ended_ms").cast("long"), F.col("member_count").cast("long"),
-        F.coalesce(F.size("joined"), F.lit(0)).cast("long"),
-        F.coalesce(F.size("left"), F.lit(0)).cast("long"), "assignments")
+        "source", "group_id", F.col("id").cast("long").alias("id"),
+        F.col("generation_id").cast("long").alias("generation_id"),
+        "protocol_type", "protocol_name", "reason",
+        F.col("started_ms").cast("long").alias("started_ms"),
+        F.col("ended_ms").cast("long").alias("ended_ms"),
+        F.col("member_count").cast("long").alias("member_count"),
+        F.coalesce(F.size("joined"), F.lit(0)).cast("long").alias("joined_count"),
+        F.coalesce(F.size("left"), F.lit(0)).cast("long").alias("left_count"),
+        "assignments")
     parts = max(1, spark.sparkContext.defaultParallelism * 2)
-    ordered = cols.repartition(parts, "source", "group_id") \
-        .sortWithinPartitions("source", "group_id", "id")
-    fn: Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]] = functools.partial(
-        _facts_partition, options.storm_window_ms, options.cooperative)
-    rdd = ordered.rdd.mapPartitions(fn)
-    return spark.createDataFrame(rdd, _facts_schema(), verifySchema=False)
+    sorted_dir = f"{str(out).rstrip('/')}_sorted_input"
+    cols.repartition(parts, "source", "group_id") \
+        .sortWithinPartitions("source", "group_id", "id") \
+        .write.mode("overwrite").parquet(sorted_dir)
+    files = sorted(spark.read.schema(cols.schema).parquet(sorted_dir).inputFiles())
+    out_uri = _uri(out)
+    fs, base = pafs.FileSystem.from_uri(out_uri)
+    fs.delete_dir_contents(base, missing_dir_ok=True)
+    fs.create_dir(base, recursive=True)
+    fn = functools.partial(_facts_file, options.storm_window_ms, options.cooperative, out_uri)
+    if files:
+        total = sum(spark.sparkContext.parallelize(list(enumerate(files)), len(files))
+                    .map(fn).collect())
+    else:  # an empty journal: an empty table with the right columns
+        total = _empty_facts(out_uri)
+    sfs, sbase = pafs.FileSystem.from_uri(_uri(sorted_dir))
+    sfs.delete_dir(sbase)
+    return int(total)
+
+
+def _empty_facts(out_uri: str) -> int:
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    fs, base = pafs.FileSystem.from_uri(out_uri)
+    pq.write_table(_facts_arrow_schema().empty_table(), f"{base}/part-00000.parquet",
+                   filesystem=fs)
+    return 0
 
 
 # ---------------------------------------------------------------- aggregates
@@ -305,8 +384,7 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
     with progress(spark, "analyze [1/4] reading journals and per-rebalance accounting", show):
         journal = _load_journal(spark, plan)
         try:
-            facts = rebalance_facts(spark, journal, opts)
-            facts.write.mode("overwrite").parquet(str(tables["rebalances"]))
+            write_rebalance_facts(spark, journal, opts, tables["rebalances"])
         except Exception as exc:
             raise _spark_input_error(exc, plan) from exc
     rebal = spark.read.parquet(str(tables["rebalances"]))
