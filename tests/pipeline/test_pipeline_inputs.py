@@ -110,3 +110,14 @@ def test_cli_journal_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["journal", "export", str(db), "-o", str(tmp_path / "x")]) == 0
     assert "4 journal rows" in capsys.readouterr().out
     assert (tmp_path / "x" / "journal" / "coord-7-1-4.parquet").exists()
+
+
+def test_missing_java_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pipeline.spark import java_problem
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    problem = java_problem()
+    assert problem is not None
+    assert "Java 17+" in problem and "no-jdk has no bin/java" in problem
+    monkeypatch.delenv("JAVA_HOME")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert "no `java` on PATH" in (java_problem() or "")
