@@ -42,7 +42,12 @@ from typing import Any, Self
 
 from prometheus_client import CollectorRegistry
 
-from client.errors import CoordinatorUnavailableError, FatalMemberError, GroupCoordError
+from client.errors import (
+    CoordinatorUnavailableError,
+    FatalMemberError,
+    GroupCoordError,
+    NotOwnedError,
+)
 from client.listener import RebalanceListener
 from client.member_state import (
     Call,
@@ -266,7 +271,18 @@ class GroupMember:
         by generation on the coordinator (PROTOCOL.md, commit)."""
         self._raise_failure()
         request = self._machine.build_commit(checkpoints)
-        response = await self._user_call("commit", request)
+        # The safety rule bounds a commit too: past the member's safety
+        # deadline the coordinator may have handed the resources on, so a
+        # commit (e.g. the final one in on_revoked) must not keep the caller
+        # believing it owns them any longer.
+        timeout_ms = self.config.request_timeout_ms
+        deadline = self._machine.safety_deadline_ms()
+        if deadline is not None:
+            timeout_ms = min(timeout_ms, deadline - self._clock())
+            if timeout_ms <= 0:
+                # Nothing is sent: by the safety rule it no longer owns them.
+                raise NotOwnedError(sorted(checkpoints))
+        response = await self._user_call("commit", request, timeout_ms)
         error = self._machine.commit_result(self._clock(), request, response.error)
         self._wakeup.set()
         if error is not None:
@@ -282,10 +298,10 @@ class GroupMember:
             raise CoordinatorUnavailableError(f"fetch: {response.error.value}")
         return {(s, i): v for s, i, v in response.checkpoints}
 
-    async def _user_call(self, api: str, request: Any) -> Any:
+    async def _user_call(self, api: str, request: Any, timeout_ms: int | None = None) -> Any:
+        limit_ms = self.config.request_timeout_ms if timeout_ms is None else timeout_ms
         try:
-            return await asyncio.wait_for(self._transport.call(api, request),
-                                          self.config.request_timeout_ms / 1000)
+            return await asyncio.wait_for(self._transport.call(api, request), limit_ms / 1000)
         except TimeoutError as exc:
             raise CoordinatorUnavailableError(f"{api}: timed out") from exc
 

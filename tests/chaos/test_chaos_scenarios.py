@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import aiohttp
-import pytest
 from server_harness import StartServer
 
 from client.errors import CoordinatorUnavailableError, GroupCoordError
@@ -142,8 +141,6 @@ class CommitsOnRevoke(Recorder):
         self.events.append((time.monotonic(), "revoked", frozenset(resources)))
 
 
-@pytest.mark.xfail(strict=True, reason="client: a commit() from on_revoked is not bounded by the "
-                   "member's safety deadline, so the hand-over outlives the lease")
 async def test_a_revocation_stuck_in_its_final_commit_ends_before_the_resources_move(
         start_server: StartServer) -> None:
     """Chaos seed 45 (third run): eager member A is told to rebalance and runs
