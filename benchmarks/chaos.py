@@ -99,6 +99,9 @@ def main() -> int:
           f"{args.fault_seconds:g}s of faults each, {time.monotonic() - started:.0f}s total)")
     print(f"faults injected:  {sum(faults.values())} ("
           + ", ".join(f"{k} {v}" for k, v in sorted(faults.items())) + ")")
+    print(f"reordered:        {sum(r.check.reordered_commits for r in results)} pairs of one "
+          "worker's concurrent commits answered out of send order; "
+          f"{sum(r.check.disturbances for r in results)} disturbances after convergence")
     print(f"commits acked:    {sum(r.check.commits_ok for r in results)}; zombie commits "
           f"{zombies}, refused {refused}; durability checks "
           f"{sum(r.check.durability_checks for r in results)}")

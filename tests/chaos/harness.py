@@ -59,6 +59,7 @@ from ledger import (
     first_stable_convergence,
     ownership_intervals,
     read_ledger,
+    reordered_commits,
 )
 from proxy import FaultProxy
 
@@ -672,6 +673,7 @@ class Run:
         for group, _ in self.config.groups:
             commits = [c for c in commits_of(events) if group_of[c.owner] == group]
             result.commits_ok += sum(c.outcome == "ok" for c in commits)
+            result.reordered_commits += reordered_commits(commits)
             violations += [f"group {group}: {v}"
                            for v in check_fencing(intervals_of(intervals, group_of, group),
                                                   commits, result)]
@@ -714,7 +716,8 @@ def summary_line(result: SeedResult) -> str:
             f"{sum(result.faults.values())} faults ({faults}); {c.intervals} ownership "
             f"intervals, {c.commits_ok} commits acknowledged, {c.zombie_commits} zombie "
             f"commits ({c.zombie_commits_refused} refused), {c.durability_checks} durability "
-            f"checks; converged {c.convergence_s:.2f}s after the faults"
+            f"checks, {c.reordered_commits} same-owner commits answered out of order; "
+            f"converged {c.convergence_s:.2f}s after the faults"
             f"{f' (disturbed {c.disturbances}x later)' if c.disturbances else ''}; "
             f"{result.seconds:.1f}s")
 

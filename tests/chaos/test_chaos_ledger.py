@@ -19,6 +19,7 @@ from ledger import (
     first_stable_convergence,
     ownership_intervals,
     read_ledger,
+    reordered_commits,
 )
 
 A: Owner = ("w-a", 0)
@@ -165,7 +166,7 @@ def test_acknowledged_checkpoints_must_survive_a_crash() -> None:
     lost = check_durability(commits, 3.0, {}, final=False)
     assert len(lost) == 1 and "lost" in lost[0]
     older = check_durability(commits, 3.0, {key: 10}, final=False)
-    assert len(older) == 1 and "older" in older[0]
+    assert len(older) == 1 and "superseded" in older[0]
     # Before the second ack, the first value is enough.
     assert check_durability(commits, 1.5, {key: 10}, final=False) == []
     invented = check_durability(commits, 3.0, {key: 25}, final=True)
@@ -174,6 +175,21 @@ def test_acknowledged_checkpoints_must_survive_a_crash() -> None:
     refused = commits_of({A: [*a, _commit(4.0, 4.1, 40, "refused")]})
     assert any("never committed" in p
                for p in check_durability(refused, 3.0, {key: 40}, final=True))
+
+
+def test_concurrent_commits_of_one_owner_are_unordered() -> None:
+    # Two commits in flight at once (the work loop's and on_revoked's): the
+    # later-sent one is answered first, so either value may be the last applied.
+    a = [ev(1, "assigned", res=[R]), _commit(2.0, 2.3, 20, "ok"), _commit(2.1, 2.2, 21, "ok")]
+    commits = commits_of({A: a})
+    key = ("orders", 0)
+    assert check_durability(commits, 3.0, {key: 20}, final=True) == []
+    assert check_durability(commits, 3.0, {key: 21}, final=True) == []
+    assert reordered_commits(commits) == 1
+    # A commit sent after both were answered supersedes them.
+    later = commits_of({A: [*a, _commit(2.5, 2.6, 25, "ok")]})
+    assert check_durability(later, 3.0, {key: 20}, final=True) != []
+    assert reordered_commits(later) == 1
 
 
 def test_read_ledger_skips_a_torn_last_line(tmp_path: Path) -> None:
