@@ -17,14 +17,12 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from coordinator.core.config import CoreConfig
+from coordinator.core.coordinator import GroupCoordinator
 from coordinator.http import app as app_module
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import WallClock
 from coordinator.runtime.runtime import Runtime
 from coordinator.storage.sqlite import Storage
-
-core_module = pytest.importorskip("coordinator.core.coordinator")
-GroupCoordinator = core_module.GroupCoordinator
 
 HEARTBEAT = msgpack.packb({"group_id": "g", "member_id": "m", "generation_id": 1})
 

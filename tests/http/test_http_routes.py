@@ -17,15 +17,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from coordinator.core.config import CoreConfig
+from coordinator.core.coordinator import GroupCoordinator
 from coordinator.http.app import build_app
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import WallClock
 from coordinator.runtime.runtime import Runtime
 from coordinator.storage.sqlite import Storage
 from protocol.resources import ResourceAssignment
-
-core_module = pytest.importorskip("coordinator.core.coordinator")
-GroupCoordinator = core_module.GroupCoordinator
 
 MSGPACK = {"Content-Type": "application/msgpack"}
 MAX_BODY = 4096

@@ -18,6 +18,7 @@ import pytest
 
 from coordinator.core.commands import Cancelled, Command, Commit, Heartbeat, Join, Sync
 from coordinator.core.config import CoreConfig
+from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.records import Record, Snapshot
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import FakeClock
@@ -32,9 +33,6 @@ from protocol.messages import (
     SyncAssignment,
     SyncRequest,
 )
-
-core_module = pytest.importorskip("coordinator.core.coordinator")
-GroupCoordinator = core_module.GroupCoordinator
 
 CONFIG = CoreConfig(min_session_timeout_ms=100, max_session_timeout_ms=60_000,
                     initial_rebalance_delay_ms=0)

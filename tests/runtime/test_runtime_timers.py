@@ -14,10 +14,9 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import pytest
-
 from coordinator.core.commands import Command, Heartbeat, Join, Sync, TimerFired
 from coordinator.core.config import CoreConfig
+from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.effects import CancelTimer, Effect, ScheduleTimer
 from coordinator.core.records import Record, Snapshot
 from coordinator.core.views import GroupSummary, GroupView
@@ -33,9 +32,6 @@ from protocol.messages import (
     SyncAssignment,
     SyncRequest,
 )
-
-core_module = pytest.importorskip("coordinator.core.coordinator")
-GroupCoordinator = core_module.GroupCoordinator
 
 T0 = 1_700_000_000_000
 POKE = "poke"  # a command key that only makes the scripted core emit its next effects

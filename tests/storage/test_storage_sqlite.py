@@ -17,6 +17,7 @@ from coordinator.core.records import (
     Record,
     Snapshot,
 )
+from coordinator.core.replay import fold
 from coordinator.storage.schema import SCHEMA_VERSION
 from coordinator.storage.sqlite import Storage, StorageError
 
@@ -221,7 +222,6 @@ async def test_a_committed_write_survives_without_close(tmp_path: Path) -> None:
 
 async def test_replay_round_trip_matches_fold(tmp_path: Path) -> None:
     """records -> storage -> load gives what the core's own fold of them gives."""
-    replay = pytest.importorskip("coordinator.core.replay")
     records: list[Record] = [
         CatalogChanged("orders", 4, 1),
         group("g1", "CompletingRebalance", 1, member("m1"), member("m2")),
@@ -240,7 +240,7 @@ async def test_replay_round_trip_matches_fold(tmp_path: Path) -> None:
         loaded = await storage.load()
     finally:
         await storage.close()
-    folded = replay.fold(records)
+    folded = fold(records)
     assert sorted(loaded.groups, key=lambda g: g.group_id) == sorted(
         folded.groups, key=lambda g: g.group_id)
     assert {k: dict(v) for k, v in loaded.checkpoints.items() if v} == {
