@@ -49,18 +49,20 @@ class Recorder(RebalanceListener):
         return None
 
 
-class LosesJoins:
-    """A transport on which join requests vanish (the network ate them)."""
+class HangsCalls:
+    """A transport on which calls of one API hang until healed, then fail
+    (the network ate them): ``hang`` turns it on."""
 
-    def __init__(self, inner: AiohttpTransport) -> None:
+    def __init__(self, inner: AiohttpTransport, api: str) -> None:
         self.inner = inner
-        self.lose_joins = False
+        self.api = api
+        self.hang = False
         self.heal = asyncio.Event()
 
     async def call(self, api: str, request: Any) -> Any:
-        if api == "join" and self.lose_joins:
+        if api == self.api and self.hang:
             await self.heal.wait()
-            raise CoordinatorUnavailableError("join: connection reset (the test healed it)")
+            raise CoordinatorUnavailableError(f"{api}: connection reset (the test healed it)")
         return await self.inner.call(api, request)
 
     async def aclose(self) -> None:
@@ -82,14 +84,14 @@ async def test_a_member_whose_join_is_lost_gives_up_before_its_resources_move(
     settings: dict[str, Any] = dict(assignors=["cooperative-sticky"], session_timeout_ms=1_000,
                                     heartbeat_interval_ms=200, rebalance_timeout_ms=1_500,
                                     request_timeout_ms=3_000)
-    lossy = LosesJoins(AiohttpTransport(server.url))
+    lossy = HangsCalls(AiohttpTransport(server.url), "join")
     rec_a, rec_b = Recorder(), Recorder()
     a = GroupMember(lossy, "g", ["s"], listener=rec_a, **settings)
     b = GroupMember(server.url, "g", ["s"], listener=rec_b, **settings)
     a.start()
     try:
         assert len(await a.wait_assigned(10)) == 4
-        lossy.lose_joins = True
+        lossy.hang = True
         b.start()
         deadline = time.monotonic() + 15
         while rec_b.first_assigned() is None and time.monotonic() < deadline:
@@ -103,30 +105,12 @@ async def test_a_member_whose_join_is_lost_gives_up_before_its_resources_move(
                 f"{r} given to B at {t_b:.3f} while A still owned it "
                 f"(A released it at {released})")
     finally:
-        lossy.lose_joins = False
+        lossy.hang = False
         lossy.heal.set()
         await asyncio.gather(a.close(timeout_s=5), b.close(timeout_s=5),
                              return_exceptions=True)
         await lossy.aclose()
     assert server.terminate() == 0
-
-
-class SlowCommits:
-    """A transport whose commits hang until healed (a partition mid-commit)."""
-
-    def __init__(self, inner: AiohttpTransport) -> None:
-        self.inner = inner
-        self.hang_commits = False
-        self.heal = asyncio.Event()
-
-    async def call(self, api: str, request: Any) -> Any:
-        if api == "commit" and self.hang_commits:
-            await self.heal.wait()
-            raise CoordinatorUnavailableError("commit: connection reset (the test healed it)")
-        return await self.inner.call(api, request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 class CommitsOnRevoke(Recorder):
@@ -157,7 +141,7 @@ async def test_a_revocation_stuck_in_its_final_commit_ends_before_the_resources_
     settings: dict[str, Any] = dict(assignors=["range"], session_timeout_ms=1_000,
                                     heartbeat_interval_ms=200, rebalance_timeout_ms=1_500,
                                     request_timeout_ms=10_000)
-    slow = SlowCommits(AiohttpTransport(server.url))
+    slow = HangsCalls(AiohttpTransport(server.url), "commit")
     rec_a, rec_b = CommitsOnRevoke(), Recorder()
     a = GroupMember(slow, "g", ["s"], listener=rec_a, **settings)
     rec_a.member = a
@@ -165,7 +149,7 @@ async def test_a_revocation_stuck_in_its_final_commit_ends_before_the_resources_
     a.start()
     try:
         assert len(await a.wait_assigned(10)) == 4
-        slow.hang_commits = True
+        slow.hang = True
         b.start()
         deadline = time.monotonic() + 15
         while rec_b.first_assigned() is None and time.monotonic() < deadline:
@@ -182,7 +166,7 @@ async def test_a_revocation_stuck_in_its_final_commit_ends_before_the_resources_
                 f"{r} given to B at {t_b:.3f} while A's on_revoked still ran "
                 f"(it ended at {released})")
     finally:
-        slow.hang_commits = False
+        slow.hang = False
         slow.heal.set()
         await asyncio.gather(a.close(timeout_s=5), b.close(timeout_s=5),
                              return_exceptions=True)
