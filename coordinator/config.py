@@ -35,6 +35,12 @@ class ServerConfig:
     #: 0: unlimited.
     group_max_size: int = 0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: groups the coordinator holds at once (issue 6 limits); 0: unlimited.
+    max_groups: int = 100_000
+    #: bytes of one protocol's metadata in a join, or one member's assignment in a sync.
+    max_metadata_bytes: int = 256 * 1024
+    #: joins, syncs and waiting heartbeats parked at once; 0: unlimited.
+    max_parked_requests: int = 100_000
     log_level: str = "INFO"
     #: tokens file (coordinator.auth); empty: authentication off.
     auth_tokens: str = ""
@@ -48,6 +54,7 @@ class ServerConfig:
             max_session_timeout_ms=self.max_session_timeout_ms,
             initial_rebalance_delay_ms=self.initial_rebalance_delay_ms,
             group_max_size=self.group_max_size,
+            max_groups=self.max_groups,
         )
 
 
@@ -104,6 +111,12 @@ SETTINGS: tuple[Setting, ...] = (
             _int_range(0, 2**31 - 1)),
     Setting("max_body_bytes", int, "largest request body accepted (larger: 413)",
             _int_range(1024, 2**31 - 1)),
+    Setting("max_groups", int, "most groups held at once; a join that would create one more "
+            "is answered COORDINATOR_NOT_AVAILABLE; 0 is unlimited", _int_range(0, 2**31 - 1)),
+    Setting("max_metadata_bytes", int, "largest metadata of one protocol in a join, or "
+            "assignment of one member in a sync (larger: 400)", _int_range(1, 2**31 - 1)),
+    Setting("max_parked_requests", int, "most joins, syncs and waiting heartbeats parked at "
+            "once; 0 is unlimited", _int_range(0, 2**31 - 1)),
     Setting("log_level", str, "DEBUG, INFO, WARNING, ERROR or CRITICAL", _log_level),
     Setting("auth_tokens", str, "tokens file for bearer authentication (empty: off)", _any),
     Setting("tls_cert", str, "PEM certificate chain for HTTPS (empty: plain HTTP)", _any),

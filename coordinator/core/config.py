@@ -12,3 +12,5 @@ class CoreConfig:
     initial_rebalance_delay_ms: int = 3_000
     #: 0 means unlimited.
     group_max_size: int = 0
+    #: groups held at once (``--max-groups``); 0 means unlimited.
+    max_groups: int = 0
