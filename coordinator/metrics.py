@@ -75,6 +75,10 @@ class Metrics:
         self.storage_failures = Counter("groupcoord_storage_failures",
                                         "Failed storage transactions (the server stops serving)",
                                         registry=r)
+        # reason: "max_groups" or "max_parked_requests" (a fixed, small set).
+        self.requests_refused = Counter("groupcoord_requests_refused",
+                                        "Requests refused by a server limit, by limit",
+                                        ["reason"], registry=r)
         self.ready = Gauge("groupcoord_ready", "1 when state is loaded and requests are served",
                            registry=r)
         # Children by label values, cached: labels() costs a lock and a dict

@@ -34,6 +34,11 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
         if not req.checkpoints:
             k.reply(rid, CommitResponse(None))
             return
+        if k.at_group_limit():
+            # --max-groups bounds every way a group comes to be held, simple commits included.
+            k.refuse(rid, req.group_id, "max_groups",
+                     CommitResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+            return
         g = k.create_group(req.group_id)
     state = g.state
     error: ErrorCode | None = None

@@ -66,6 +66,8 @@ class GroupCoordinator:
                              f"{config.initial_rebalance_delay_ms}")
         if config.group_max_size < 0:
             raise ValueError(f"group_max_size: must be >= 0, got {config.group_max_size}")
+        if config.max_groups < 0:
+            raise ValueError(f"max_groups: must be >= 0, got {config.max_groups}")
         self._k = Kernel(config)
 
     @property

@@ -80,5 +80,17 @@ class MemberExpired:
     member_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class RequestRefused:
+    """A request was refused by a server limit (``reason``: e.g. ``"max_groups"``).
+
+    The runtime counts it (``groupcoord_requests_refused_total``) and logs a
+    warning now and then; the refusal itself is the ``Reply`` next to it.
+    """
+
+    group_id: str
+    reason: str
+
+
 Effect = (Reply | Persist | ScheduleTimer | CancelTimer | GroupStateChanged
-          | RebalanceCompleted | MemberExpired)
+          | RebalanceCompleted | MemberExpired | RequestRefused)

@@ -23,6 +23,7 @@ from coordinator.core.effects import (
     GroupStateChanged,
     Persist,
     Reply,
+    RequestRefused,
     ScheduleTimer,
 )
 from coordinator.core.group import Group, Member, heartbeat_key, pending_key
@@ -92,6 +93,16 @@ class Kernel:
             self.out.append(CancelTimer(key))
 
     # ------------------------------------------------------------ groups
+
+    def at_group_limit(self) -> bool:
+        """Whether creating one more group would exceed ``max_groups`` (0: unlimited)."""
+        limit = self.config.max_groups
+        return limit > 0 and len(self.groups) >= limit
+
+    def refuse(self, request_id: int, group_id: str, reason: str, response: Response) -> None:
+        """Answer a request refused by a server limit, and say so (metric, log)."""
+        self.out.append(RequestRefused(group_id, reason))
+        self.reply(request_id, response)
 
     def create_group(self, group_id: str) -> Group:
         group = Group(group_id, self.now)

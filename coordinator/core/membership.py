@@ -69,6 +69,11 @@ def handle_join(k: Kernel, cmd: Join) -> None:
         if req.member_id:
             k.reply(rid, JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id=req.member_id))
             return
+        if k.at_group_limit():
+            # --max-groups: nothing is created; the client retries with backoff.
+            k.refuse(rid, req.group_id, "max_groups",
+                     JoinResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=req.member_id))
+            return
         g = k.create_group(req.group_id)
     if g.state is DEAD:
         k.reply(rid, JoinResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=req.member_id))
