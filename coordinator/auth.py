@@ -86,18 +86,23 @@ __all__ = [
     "DEFAULT_OPEN_PATHS",
     "MIN_TOKEN_LENGTH",
     "REQUEST_KEY",
+    "UNAUTHORIZED_MESSAGE",
+    "WWW_AUTHENTICATE",
     "TokenEntry",
     "TokenFileError",
     "TokenStore",
     "auth_middleware",
     "authorize",
+    "entry_for_header",
     "forbidden",
+    "forbidden_message",
     "hash_token",
     "member_bound",
     "new_member_id",
     "require_group",
     "startup_warning",
     "token_of",
+    "unauthorized_msgpack",
 ]
 
 #: shortest token ``hash``/``new`` accept: 128 bits as hex is 32 characters.
@@ -316,12 +321,37 @@ def _error(path: str, status: int, code: ErrorCode, message: str,
     return web.json_response(doc, status=status, headers=headers)
 
 
+def forbidden_message(entry: TokenEntry | None, group_id: str) -> str:
+    """The message of the 403 ``GROUP_AUTHORIZATION_FAILED`` answer for ``group_id``."""
+    who = entry.name if entry is not None else "caller"
+    return f"token {who!r} is not granted group {group_id!r}"
+
+
 def forbidden(request: web.Request, group_id: str) -> web.Response:
     """The 403 ``GROUP_AUTHORIZATION_FAILED`` answer for ``group_id``."""
-    entry = token_of(request)
-    who = entry.name if entry is not None else "caller"
     return _error(request.path, 403, ErrorCode.GROUP_AUTHORIZATION_FAILED,
-                  f"token {who!r} is not granted group {group_id!r}")
+                  forbidden_message(token_of(request), group_id))
+
+
+# Framework-free pieces for the lean HTTP path of the protocol calls
+# (coordinator.http.fast), which has no aiohttp request to hand over.
+
+#: the message of the 401 answer (the middleware's and the lean path's).
+UNAUTHORIZED_MESSAGE = "missing or invalid bearer token (Authorization: Bearer <token>)"
+#: RFC 6750 section 3: a 401 names the scheme; the reason is in the body.
+WWW_AUTHENTICATE = 'Bearer realm="groupcoord"'
+
+
+def entry_for_header(tokens: TokenStore, authorization: str | None) -> TokenEntry | None:
+    """The entry of the bearer token in an ``Authorization`` header value, or ``None``."""
+    token = _bearer(authorization)
+    return tokens.lookup(token) if token is not None else None
+
+
+def unauthorized_msgpack() -> bytes:
+    """The msgpack body of the 401 answer to a protocol call."""
+    return codec.encode({"error": ErrorCode.GROUP_AUTHORIZATION_FAILED.value,
+                         "message": UNAUTHORIZED_MESSAGE})
 
 
 def token_of(request: web.Request) -> TokenEntry | None:
@@ -374,13 +404,10 @@ def auth_middleware(tokens: TokenStore,
         path = request.path
         if path in open_set:
             return await handler(request)
-        token = _bearer(request.headers.get("Authorization"))
-        entry = tokens.lookup(token) if token is not None else None
+        entry = entry_for_header(tokens, request.headers.get("Authorization"))
         if entry is None:
-            # RFC 6750 section 3: a 401 names the scheme; the reason is in the body.
             return _error(path, 401, ErrorCode.GROUP_AUTHORIZATION_FAILED,
-                          "missing or invalid bearer token (Authorization: Bearer <token>)",
-                          headers={"WWW-Authenticate": 'Bearer realm="groupcoord"'})
+                          UNAUTHORIZED_MESSAGE, headers={"WWW-Authenticate": WWW_AUTHENTICATE})
         request[REQUEST_KEY] = entry
         if _is_admin_call(path) and not _catalog_read(request.method, path):
             if not entry.admin:

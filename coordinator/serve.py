@@ -91,7 +91,8 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     metrics = Metrics()
     metrics.watch_core(core.state_counts, core.member_count)
     runtime = Runtime(core, storage, WallClock(), metrics)
-    app = build_app(runtime, metrics, max_body_bytes=config.max_body_bytes, tokens=tokens)
+    app = build_app(runtime, metrics, max_body_bytes=config.max_body_bytes,
+                    max_metadata_bytes=config.max_metadata_bytes, tokens=tokens)
     # handler_cancellation: a client that disconnects while its join/sync/heartbeat
     # is parked cancels the handler, and the runtime tells the core (Cancelled).
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,

@@ -2,11 +2,13 @@
 
 Protocol calls: ``POST /v1/{join,sync,heartbeat,leave,commit,fetch}``, msgpack
 both ways. Each handler reads the body (415 for another content type, 413 over
-``--max-body-bytes``), decodes it and validates it into the request's frozen
-dataclass (400 ``INVALID_REQUEST`` naming the field), submits one command to
-the runtime and encodes the answer. A refused request never reaches the core,
-so it changes no state. Error bodies use the call's encoding: msgpack here,
-JSON for the admin API.
+``--max-body-bytes``) and hands it to :class:`coordinator.http.calls.Calls`,
+which decodes and validates it (400 ``INVALID_REQUEST`` naming the field),
+submits one command to the runtime and encodes the answer; ``groupcoord
+serve`` answers most of these calls on its lean path
+(:mod:`coordinator.http.fast`) with the same :class:`Calls`. A refused request
+never reaches the core, so it changes no state. Error bodies use the call's
+encoding: msgpack here, JSON for the admin API.
 
 With authentication on (``--auth-tokens``), the middleware of
 :mod:`coordinator.auth` checks the token; the handlers check, after decoding,
@@ -27,45 +29,36 @@ from aiohttp import hdrs, web
 
 from coordinator import auth
 from coordinator.core.commands import (
-    Command,
-    Commit,
     DeleteGroup,
     DeleteResource,
-    Fetch,
-    Heartbeat,
-    Join,
-    Leave,
     PutResource,
-    Sync,
 )
 from coordinator.core.effects import AdminResult
 from coordinator.core.views import GroupView, MemberView
+from coordinator.http import calls as calls_module
+from coordinator.http.calls import (
+    DEFAULT_MAX_METADATA_BYTES,
+    SERVER_FAILED,
+    Calls,
+)
 from coordinator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from coordinator.metrics import Metrics
-from coordinator.runtime.runtime import Answer, Runtime, error_answer
+from coordinator.runtime.runtime import Answer, Runtime
 from protocol import codec
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_PARTITIONS
-from protocol.messages import (
-    CommitRequest,
-    FetchRequest,
-    HeartbeatRequest,
-    JoinRequest,
-    LeaveRequest,
-    SyncRequest,
-)
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import ResourceAssignment
 from protocol.validate import Fields, ValidationError, check_string
 
 log = logging.getLogger("groupcoord.http")
 
-MSGPACK_TYPES = frozenset({codec.CONTENT_TYPE, "application/x-msgpack"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 RUNTIME_KEY: web.AppKey[Runtime] = web.AppKey("groupcoord.runtime", Runtime)
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("groupcoord.metrics", Metrics)
 MAX_BODY_KEY: web.AppKey[int] = web.AppKey("groupcoord.max_body_bytes", int)
+CALLS_KEY: web.AppKey[Calls] = web.AppKey("groupcoord.calls", Calls)
 
 
 class Refused(Exception):
@@ -75,11 +68,6 @@ class Refused(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-def msgpack_error(status: int, code: ErrorCode, message: str) -> web.Response:
-    return web.Response(status=status, content_type=codec.CONTENT_TYPE,
-                        body=codec.encode({"error": code.value, "message": message}))
 
 
 def json_error(status: int, code: str, message: str | None = None) -> web.Response:
@@ -111,86 +99,43 @@ async def read_body(request: web.Request, content_types: frozenset[str],
 # ---------------------------------------------------------------- protocol calls
 
 
-def _member_ids(msg: Any) -> list[str]:
-    if isinstance(msg, LeaveRequest):
-        return [m.member_id for m in msg.members]
-    member_id = getattr(msg, "member_id", "")
-    return [member_id] if member_id else []
-
-
 _MSGPACK_HEADERS = {hdrs.CONTENT_TYPE: codec.CONTENT_TYPE}
 
 
-def protocol_handler(api: str, parse: Callable[[object], Any],
-                     command: Callable[[web.Request, Any, int], Command],
-                     runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
-                     auth_on: bool) -> Handler:
-    """The handler of ``POST /v1/<api>``, bound to one app's runtime and settings.
+def protocol_handler(api: str, calls: Calls) -> Handler:
+    """The handler of ``POST /v1/<api>``: read the body, answer with :class:`Calls`.
 
-    This is the hot path (every heartbeat), so it takes what it needs from the
-    closure rather than from ``request.app``, skips the token checks when
-    authentication is off (they allow everything then), and answers its own
-    failures (no error middleware in front of it).
+    The lean path (:mod:`coordinator.http.fast`) serves these calls on most
+    connections; this one serves them on a connection that went to aiohttp
+    for an admin request, and in tests that mount the app alone. It answers
+    its own failures (no error middleware in front of it).
     """
     perf_counter = time.perf_counter
-    observe = metrics.observe_request
-    encode = codec.encode
-    decode = codec.decode
 
     async def handle(request: web.Request) -> web.StreamResponse:
         started = perf_counter()
         try:
-            try:
-                body = await read_body(request, MSGPACK_TYPES, max_body_bytes)
+            content_type = request.headers.get(hdrs.CONTENT_TYPE)
+            result = calls.early_refusal(api, content_type, request.content_length, started)
+            if result is None:
                 try:
-                    msg = parse(decode(body))
-                except (codec.DecodeError, ValidationError) as exc:
-                    raise Refused(400, str(exc)) from None
-            except Refused as refused:
-                observe(api, ErrorCode.INVALID_REQUEST, perf_counter() - started)
-                return msgpack_error(refused.status, ErrorCode.INVALID_REQUEST,
-                                     refused.message)
-            answer: Answer
-            if not auth_on:
-                answer = await runtime.call(lambda rid: command(request, msg, rid))
-            else:
-                if (denied := auth.require_group(request, msg.group_id)) is not None:
-                    observe(api, ErrorCode.GROUP_AUTHORIZATION_FAILED,
-                            perf_counter() - started)
-                    return denied
-                token = auth.token_of(request)
-                if all(auth.member_bound(token, msg.group_id, m) for m in _member_ids(msg)):
-                    answer = await runtime.call(lambda rid: command(request, msg, rid))
+                    body = await request.read()
+                except web.HTTPRequestEntityTooLarge:
+                    result = calls.refuse(api, 413, f"body is over the limit of "
+                                          f"{calls.max_body_bytes} bytes", started)
                 else:
-                    answer = error_answer(command(request, msg, 0),
-                                          ErrorCode.UNKNOWN_MEMBER_ID)
-            assert not isinstance(answer, AdminResult)
-            observe(api, answer.error, perf_counter() - started)
-            return web.Response(body=encode(answer.to_wire()), headers=_MSGPACK_HEADERS)
-        except web.HTTPException:
-            raise
+                    result = await calls.call(api, body, content_type, request.remote or "",
+                                              auth.token_of(request), started)
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
-            observe(api, ErrorCode.UNKNOWN_SERVER_ERROR, 0.0)
-            return msgpack_error(500, ErrorCode.UNKNOWN_SERVER_ERROR, _SERVER_FAILED)
+            result = calls.server_error(api)
+        status, payload = result
+        return web.Response(status=status, body=payload, headers=_MSGPACK_HEADERS)
     return handle
 
 
-def _join(request: web.Request, msg: JoinRequest, rid: int) -> Command:
-    member_id = auth.new_member_id(msg.client_id, msg.group_id, auth.token_of(request))
-    return Join(rid, msg, request.remote or "", member_id)
-
-
-#: api -> (parse the wire map, make the command).
-PROTOCOL_APIS: dict[str, tuple[Callable[[object], Any],
-                               Callable[[web.Request, Any, int], Command]]] = {
-    "join": (JoinRequest.from_wire, _join),
-    "sync": (SyncRequest.from_wire, lambda _r, m, i: Sync(i, m)),
-    "heartbeat": (HeartbeatRequest.from_wire, lambda _r, m, i: Heartbeat(i, m)),
-    "leave": (LeaveRequest.from_wire, lambda _r, m, i: Leave(i, m)),
-    "commit": (CommitRequest.from_wire, lambda _r, m, i: Commit(i, m)),
-    "fetch": (FetchRequest.from_wire, lambda _r, m, i: Fetch(i, m)),
-}
+#: api -> (parse the wire map, make the command); read when an app is built.
+PROTOCOL_APIS = calls_module.PROTOCOL_APIS
 
 
 # ---------------------------------------------------------------- admin (JSON)
@@ -335,9 +280,6 @@ async def metrics_page(request: web.Request) -> web.StreamResponse:
 # ---------------------------------------------------------------- errors, app
 
 
-_SERVER_FAILED = "the server failed on this request; see its log"
-
-
 def guarded(handler: Handler) -> Handler:
     """An admin/health handler whose refusals answer JSON and whose bugs answer 500.
 
@@ -353,12 +295,15 @@ def guarded(handler: Handler) -> Handler:
             raise
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
-            return json_error(500, ErrorCode.UNKNOWN_SERVER_ERROR.value, _SERVER_FAILED)
+            return json_error(500, ErrorCode.UNKNOWN_SERVER_ERROR.value, SERVER_FAILED)
     return guard
 
 
 def build_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
+              max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
               tokens: auth.TokenStore | None = None) -> web.Application:
+    """The aiohttp app of every route; its :class:`Calls` is ``app[CALLS_KEY]``
+    (the lean path of :mod:`coordinator.http.fast` answers with the same one)."""
     middlewares: list[Any] = []
     if tokens is not None:
         # A caller without a valid token learns nothing else.
@@ -367,10 +312,11 @@ def build_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
     app[RUNTIME_KEY] = runtime
     app[METRICS_KEY] = metrics
     app[MAX_BODY_KEY] = max_body_bytes
-    for api, (parse, command) in PROTOCOL_APIS.items():
-        app.router.add_post(f"/v1/{api}", protocol_handler(
-            api, parse, command, runtime, metrics, max_body_bytes=max_body_bytes,
-            auth_on=tokens is not None))
+    calls = Calls(runtime, metrics, max_body_bytes=max_body_bytes,
+                  max_metadata_bytes=max_metadata_bytes, tokens=tokens, apis=PROTOCOL_APIS)
+    app[CALLS_KEY] = calls
+    for api in PROTOCOL_APIS:
+        app.router.add_post(f"/v1/{api}", protocol_handler(api, calls))
     app.router.add_get("/v1/groups", guarded(list_groups))
     app.router.add_get("/v1/groups/{group_id:.+}", guarded(describe_group))
     app.router.add_delete("/v1/groups/{group_id:.+}", guarded(delete_group))

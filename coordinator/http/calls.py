@@ -1,0 +1,209 @@
+"""One protocol call, without an HTTP framework (PROTOCOL.md, "Transport", "Calls").
+
+Both HTTP front ends use this: the aiohttp handler of :mod:`coordinator.http.app`
+and the lean path of :mod:`coordinator.http.fast`. Given the call's name, its
+raw body, its ``Content-Type`` header, the caller's address and token entry,
+:meth:`Calls.call` returns the HTTP status and the msgpack body to send, so
+the two front ends cannot disagree on an answer.
+
+What a call goes through, in order (a refused request never reaches the
+core, so it changes no state):
+
+1. 415 for another content type, 413 for a body over ``--max-body-bytes``
+   (``{error: INVALID_REQUEST, message}``);
+2. decode and validate into the request's dataclass; 400 ``INVALID_REQUEST``
+   naming the field, also for a join's protocol metadata or a sync's
+   per-member assignment over ``--max-metadata-bytes``;
+3. with authentication on: 403 ``GROUP_AUTHORIZATION_FAILED`` for a group the
+   token is not granted, ``UNKNOWN_MEMBER_ID`` for a member id not minted for
+   the token (:func:`coordinator.auth.member_bound`);
+4. :meth:`Runtime.call`, and the answer encoded.
+
+Every call is counted in ``groupcoord_requests`` by outcome; a bug is logged
+and answered 500 ``UNKNOWN_SERVER_ERROR``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from coordinator import auth
+from coordinator.auth import TokenEntry, TokenStore
+from coordinator.core.commands import Command, Commit, Fetch, Heartbeat, Join, Leave, Sync
+from coordinator.core.effects import AdminResult
+from coordinator.metrics import Metrics
+from coordinator.runtime.runtime import Answer, Runtime, error_answer
+from protocol import codec
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    CommitRequest,
+    FetchRequest,
+    HeartbeatRequest,
+    JoinRequest,
+    LeaveRequest,
+    SyncRequest,
+)
+from protocol.validate import ValidationError
+
+log = logging.getLogger("groupcoord.http")
+
+#: the default of ``--max-metadata-bytes`` (``ServerConfig.max_metadata_bytes``).
+DEFAULT_MAX_METADATA_BYTES = 256 * 1024
+MSGPACK_TYPES = frozenset({codec.CONTENT_TYPE, "application/x-msgpack"})
+SERVER_FAILED = "the server failed on this request; see its log"
+
+#: (HTTP status, msgpack body).
+Result = tuple[int, bytes]
+#: make the command of a validated request: (request, request id, remote address, token).
+MakeCommand = Callable[[Any, int, str, TokenEntry | None], Command]
+
+
+def _join(msg: JoinRequest, rid: int, remote: str, token: TokenEntry | None) -> Command:
+    return Join(rid, msg, remote, auth.new_member_id(msg.client_id, msg.group_id, token))
+
+
+#: api -> (parse the wire map, make the command).
+PROTOCOL_APIS: dict[str, tuple[Callable[[object], Any], MakeCommand]] = {
+    "join": (JoinRequest.from_wire, _join),
+    "sync": (SyncRequest.from_wire, lambda m, i, _r, _t: Sync(i, m)),
+    "heartbeat": (HeartbeatRequest.from_wire, lambda m, i, _r, _t: Heartbeat(i, m)),
+    "leave": (LeaveRequest.from_wire, lambda m, i, _r, _t: Leave(i, m)),
+    "commit": (CommitRequest.from_wire, lambda m, i, _r, _t: Commit(i, m)),
+    "fetch": (FetchRequest.from_wire, lambda m, i, _r, _t: Fetch(i, m)),
+}
+
+
+def media_type(content_type: str | None) -> str:
+    """The media type of a ``Content-Type`` value: lower case, parameters dropped."""
+    if not content_type:
+        return ""
+    return content_type.partition(";")[0].strip().lower()
+
+
+def error_body(code: ErrorCode, message: str) -> bytes:
+    return codec.encode({"error": code.value, "message": message})
+
+
+def _member_ids(msg: Any) -> list[str]:
+    if isinstance(msg, LeaveRequest):
+        return [m.member_id for m in msg.members]
+    member_id = getattr(msg, "member_id", "")
+    return [member_id] if member_id else []
+
+
+def check_metadata(msg: object, limit: int) -> None:
+    """Refuse (:class:`ValidationError`) a join's protocol metadata or a sync's
+    per-member assignment longer than ``limit`` (``--max-metadata-bytes``).
+
+    The body limit alone would let one member park a megabyte of metadata in
+    the group, which every join answer to the leader and every stored
+    generation then repeats (issue 6 limits).
+    """
+    if isinstance(msg, JoinRequest):
+        for i, (_name, metadata) in enumerate(msg.protocols):
+            if len(metadata) > limit:
+                raise ValidationError(f"protocols[{i}].metadata", f"{len(metadata)} bytes is "
+                                      f"over --max-metadata-bytes ({limit})")
+    elif isinstance(msg, SyncRequest):
+        for i, a in enumerate(msg.assignments):
+            if len(a.assignment) > limit:
+                raise ValidationError(f"assignments[{i}].assignment", f"{len(a.assignment)} "
+                                      f"bytes is over --max-metadata-bytes ({limit})")
+
+
+class Calls:
+    """The protocol calls of one server: its runtime, metrics, limits and tokens."""
+
+    __slots__ = ("_apis", "_observe", "max_body_bytes", "max_metadata_bytes", "metrics",
+                 "runtime", "tokens")
+
+    def __init__(self, runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
+                 max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
+                 tokens: TokenStore | None = None,
+                 apis: Mapping[str, tuple[Callable[[object], Any], MakeCommand]] | None = None
+                 ) -> None:
+        self.runtime = runtime
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.max_metadata_bytes = max_metadata_bytes
+        #: ``None``: authentication off (every caller may do anything).
+        self.tokens = tokens
+        self._apis = dict(PROTOCOL_APIS if apis is None else apis)
+        self._observe = metrics.observe_request
+
+    @property
+    def apis(self) -> frozenset[str]:
+        return frozenset(self._apis)
+
+    def authenticate(self, authorization: str | None) -> TokenEntry | None:
+        """The caller's entry for an ``Authorization`` value (``None``: refuse with 401).
+
+        Only meaningful with authentication on (``tokens`` set).
+        """
+        assert self.tokens is not None
+        return auth.entry_for_header(self.tokens, authorization)
+
+    def refuse(self, api: str, status: int, message: str, started: float) -> Result:
+        """A counted ``INVALID_REQUEST`` refusal (4xx) of a call that never reached the core."""
+        self._observe(api, ErrorCode.INVALID_REQUEST, time.perf_counter() - started)
+        return status, error_body(ErrorCode.INVALID_REQUEST, message)
+
+    def early_refusal(self, api: str, content_type: str | None, content_length: int | None,
+                      started: float) -> Result | None:
+        """415 or 413 from the headers alone (before the body is read), else ``None``."""
+        # The raw header usually is exactly the media type: skip parsing it then.
+        if content_type not in MSGPACK_TYPES and media_type(content_type) not in MSGPACK_TYPES:
+            return self.refuse(api, 415, f"Content-Type must be "
+                               f"{' or '.join(sorted(MSGPACK_TYPES))}, got "
+                               f"{media_type(content_type)!r}", started)
+        if content_length is not None and content_length > self.max_body_bytes:
+            return self.refuse(api, 413, f"body of {content_length} bytes is over the limit "
+                               f"of {self.max_body_bytes} bytes", started)
+        return None
+
+    def server_error(self, api: str) -> Result:
+        self._observe(api, ErrorCode.UNKNOWN_SERVER_ERROR, 0.0)
+        return 500, error_body(ErrorCode.UNKNOWN_SERVER_ERROR, SERVER_FAILED)
+
+    async def call(self, api: str, body: bytes, content_type: str | None, remote: str,
+                   token: TokenEntry | None, started: float) -> Result:
+        """Answer one call; ``started`` is the ``time.perf_counter()`` of its arrival.
+
+        ``token`` is the caller's entry when authentication is on (the caller
+        has answered 401 already when there is none).
+        """
+        try:
+            refused = self.early_refusal(api, content_type, len(body), started)
+            if refused is not None:
+                return refused
+            parse, command = self._apis[api]
+            try:
+                msg = parse(codec.decode(body))
+                if api == "join" or api == "sync":
+                    check_metadata(msg, self.max_metadata_bytes)
+            except (codec.DecodeError, ValidationError) as exc:
+                return self.refuse(api, 400, str(exc), started)
+            answer: Answer
+            if self.tokens is None:
+                answer = await self.runtime.call(lambda rid: command(msg, rid, remote, None))
+            else:
+                if not auth.authorize(token, msg.group_id):
+                    self._observe(api, ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                  time.perf_counter() - started)
+                    return 403, error_body(ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                           auth.forbidden_message(token, msg.group_id))
+                if all(auth.member_bound(token, msg.group_id, m) for m in _member_ids(msg)):
+                    answer = await self.runtime.call(
+                        lambda rid: command(msg, rid, remote, token))
+                else:
+                    answer = error_answer(command(msg, 0, remote, token),
+                                          ErrorCode.UNKNOWN_MEMBER_ID)
+            assert not isinstance(answer, AdminResult)
+            self._observe(api, answer.error, time.perf_counter() - started)
+            return 200, codec.encode(answer.to_wire())
+        except Exception:
+            log.exception("unhandled error on POST /v1/%s", api)
+            return self.server_error(api)
