@@ -17,12 +17,14 @@ disk move together: either the whole batch is on disk or none of it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 
@@ -36,8 +38,10 @@ from coordinator.core.records import (
     Record,
     Snapshot,
 )
+from coordinator.core.states import GroupState
 from coordinator.storage.schema import MIGRATIONS, SCHEMA_VERSION
-from protocol.codec import decode, encode
+from protocol.codec import DecodeError, decode, encode
+from protocol.limits import MAX_PARTITIONS
 from protocol.validate import Scalar
 
 RESOURCES_EPOCH_KEY = "resources_epoch"
@@ -45,6 +49,28 @@ RESOURCES_EPOCH_KEY = "resources_epoch"
 
 class StorageError(RuntimeError):
     """The database cannot be used (newer schema, unreadable file, failed write)."""
+
+
+class CorruptDatabaseError(StorageError):
+    """A table or row of the database cannot be read back into the state it stands for.
+
+    Raised by :meth:`Storage.open` (missing table or column) and
+    :meth:`Storage.load` (a row that does not decode), before anything is
+    restored, so a server never serves part of a database. ``str()`` is one
+    line naming the file, the table, the row's key and what is wrong.
+    """
+
+    def __init__(self, path: str, table: str, key: str, problem: str) -> None:
+        self.path = path
+        self.table = table
+        self.key = key
+        self.problem = problem
+        where = f"table {table}" + (f", row {key}" if key else "")
+        super().__init__(f"database {path}: {where}: {problem}")
+
+
+class _BadValue(ValueError):
+    """One column of one row is wrong (caught by :meth:`Storage.load`, which adds where)."""
 
 
 # ---------------------------------------------------------------- encoding
@@ -66,9 +92,40 @@ def encode_members(members: Sequence[MemberRecord]) -> bytes:
 
 
 def decode_members(blob: bytes) -> tuple[MemberRecord, ...]:
+    """The inverse of :func:`encode_members`; :class:`ValueError` names what is wrong.
+
+    Every field is type-checked: the blob comes from disk, and a member with,
+    say, a ``None`` session timeout would only fail later, inside the core.
+    """
+    items = decode(blob)
+    if not isinstance(items, list):
+        raise _BadValue(f"expected an array of members, got {type(items).__name__}")
     out = []
-    for (member_id, instance, client_id, client_host, session_ms, rebalance_ms, protocols,
-         assignment) in decode(blob):
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        if not isinstance(item, list) or len(item) != 8:
+            raise _BadValue(f"member {i}: expected an array of 8 fields, got {_short(item)}")
+        (member_id, instance, client_id, client_host, session_ms, rebalance_ms, protocols,
+         assignment) = item
+        where = f"member {i} ({member_id!r})" if isinstance(member_id, str) else f"member {i}"
+        _check(where, "member_id", member_id, str)
+        _check(where, "group_instance_id", instance, str, nullable=True)
+        _check(where, "client_id", client_id, str)
+        _check(where, "client_host", client_host, str)
+        _check(where, "session_timeout_ms", session_ms, int)
+        _check(where, "rebalance_timeout_ms", rebalance_ms, int)
+        _check(where, "assignment", assignment, bytes, nullable=True)
+        if member_id in seen:
+            raise _BadValue(f"{where}: member id listed twice")
+        seen.add(member_id)
+        if not isinstance(protocols, list) or not protocols:
+            raise _BadValue(f"{where}: protocols: expected a non-empty array, "
+                            f"got {_short(protocols)}")
+        for pair in protocols:
+            if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str)
+                    or not isinstance(pair[1], bytes)):
+                raise _BadValue(f"{where}: protocols: expected [name, metadata bytes] pairs, "
+                                f"got {_short(pair)}")
         out.append(MemberRecord(
             member_id=member_id, group_instance_id=instance, client_id=client_id,
             client_host=client_host, session_timeout_ms=session_ms,
@@ -76,6 +133,20 @@ def decode_members(blob: bytes) -> tuple[MemberRecord, ...]:
             protocols=tuple((name, meta) for name, meta in protocols),
             assignment=assignment))
     return tuple(out)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check(where: str, name: str, value: object, kind: type, *, nullable: bool = False) -> None:
+    if value is None and nullable:
+        return
+    # bool is an int subclass: a True timeout is as wrong as a string one.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        expected = kind.__name__ + (" or null" if nullable else "")
+        raise _BadValue(f"{where}: {name}: expected {expected}, got {_short(value)}")
 
 
 def _member_triples(members: Iterable[MemberRecord]) -> str:
@@ -181,6 +252,108 @@ def _statements(record: Record) -> list[tuple[str, tuple[Any, ...]]]:
     raise TypeError(f"not a storage record: {record!r}")
 
 
+# ---------------------------------------------------------------- loading
+
+_T = TypeVar("_T")
+
+_GROUP_COLUMNS = ("group_id", "state", "generation_id", "protocol_type", "protocol_name",
+                  "leader", "state_timestamp_ms", "members")
+_CHECKPOINT_COLUMNS = ("group_id", "resource_set", "idx", "value")
+_STATES = frozenset(state.value for state in GroupState)
+
+
+def _column(name: str, value: object, kind: type, *, nullable: bool = False) -> None:
+    if value is None:
+        if nullable:
+            return
+        raise _BadValue(f"column {name} is NULL")
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise _BadValue(f"column {name}: expected {_SQL_TYPES[kind]}, got "
+                        f"{type(value).__name__} {_short(value)}")
+
+
+_SQL_TYPES: dict[type, str] = {str: "TEXT", int: "INTEGER", bytes: "BLOB"}
+
+
+def _decode_problem(exc: DecodeError) -> str:
+    # protocol.codec speaks of request bodies; here it is a stored blob.
+    text = str(exc).removeprefix("body ")
+    if text.endswith(": ") and exc.__cause__ is not None:
+        # msgpack raises some errors (FormatError, StackError) without a message.
+        text += type(exc.__cause__).__name__
+    return text
+
+
+def _group_row(row: Any) -> GroupRecord:
+    group_id, state, generation_id, protocol_type, protocol_name, leader, timestamp, blob = row
+    _column("group_id", group_id, str)
+    _column("state", state, str)
+    if state not in _STATES:
+        raise _BadValue(f"column state: unknown group state {state!r} "
+                        f"(known: {', '.join(sorted(_STATES))})")
+    _column("generation_id", generation_id, int)
+    if generation_id < 0:
+        raise _BadValue(f"column generation_id: negative ({generation_id})")
+    _column("protocol_type", protocol_type, str, nullable=True)
+    _column("protocol_name", protocol_name, str, nullable=True)
+    _column("leader", leader, str, nullable=True)
+    _column("state_timestamp_ms", timestamp, int)
+    _column("members", blob, bytes)
+    try:
+        members = decode_members(blob)
+    except DecodeError as exc:
+        raise _BadValue(f"column members (generation {generation_id}) "
+                        f"{_decode_problem(exc)}") from exc
+    except _BadValue as exc:
+        raise _BadValue(f"column members (generation {generation_id}): {exc}") from exc
+    if members and state in (GroupState.STABLE.value, GroupState.COMPLETING_REBALANCE.value):
+        # The core answers joins and syncs with the chosen protocol's metadata:
+        # a generation whose protocol some member lacks cannot be served.
+        if protocol_name is None:
+            raise _BadValue(f"column protocol_name is NULL for a {state} group "
+                            f"(generation {generation_id}) with members")
+        for m in members:
+            if all(name != protocol_name for name, _ in m.protocols):
+                raise _BadValue(f"generation {generation_id}: protocol {protocol_name!r} is "
+                                f"not among the protocols of member {m.member_id!r}")
+    return GroupRecord(group_id=group_id, state=state, generation_id=generation_id,
+                       protocol_type=protocol_type, protocol_name=protocol_name, leader=leader,
+                       state_timestamp_ms=timestamp, members=members)
+
+
+def _checkpoint_row(row: Any) -> tuple[str, str, int, Scalar]:
+    group_id, resource_set, idx, blob = row[:4]
+    _column("group_id", group_id, str)
+    _column("resource_set", resource_set, str)
+    _column("idx", idx, int)
+    _column("value", blob, bytes)
+    try:
+        value = decode(blob)
+    except DecodeError as exc:
+        raise _BadValue(f"column value {_decode_problem(exc)}") from exc
+    if value is None or isinstance(value, (list, dict)):
+        # A stored checkpoint is a non-null scalar (None deletes, PROTOCOL.md /v1/commit).
+        raise _BadValue(f"column value: expected a msgpack scalar, got {_short(value)}")
+    return group_id, resource_set, idx, value
+
+
+def _catalog_row(row: Any) -> tuple[str, int]:
+    name, partitions = row
+    _column("name", name, str)
+    _column("partitions", partitions, int)
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise _BadValue(f"column partitions: {partitions} is outside 1..{MAX_PARTITIONS}")
+    return name, partitions
+
+
+def _epoch_row(row: Any) -> int:
+    value = row[1]
+    _column("value", value, int)
+    if value < 0:
+        raise _BadValue(f"column value: negative resources epoch ({value})")
+    return int(value)
+
+
 # ---------------------------------------------------------------- storage
 
 
@@ -196,8 +369,10 @@ class Storage:
     async def open(cls, path: str | Path) -> Storage:
         """Open (creating if missing) and migrate to :data:`SCHEMA_VERSION`.
 
-        Raises :class:`StorageError` for a database of a newer groupcoord: it is
-        never downgraded.
+        Raises :class:`StorageError` for a file that is not an SQLite database
+        and for a database of a newer groupcoord (it is never downgraded), and
+        :class:`CorruptDatabaseError` when a table or column of the schema is
+        missing.
         """
         path = str(path)
         try:
@@ -209,6 +384,11 @@ class Storage:
             await db.execute("PRAGMA synchronous=FULL")
             await db.execute("PRAGMA busy_timeout=5000")
             await _migrate(db, path)
+            await _check_tables(db, path)
+        except sqlite3.Error as exc:
+            # "file is not a database", "database disk image is malformed", ...
+            await db.close()
+            raise StorageError(f"database {path}: cannot use it: {exc}") from exc
         except BaseException:
             await db.close()
             raise
@@ -224,31 +404,51 @@ class Storage:
         return int(row[0])
 
     async def load(self) -> Snapshot:
-        """Everything durable, for ``GroupCoordinator.restore``."""
+        """Everything durable, for ``GroupCoordinator.restore``.
+
+        Every row is checked as it is decoded; the first one that cannot stand
+        for what its table holds raises :class:`CorruptDatabaseError` naming
+        the file, the table, the row's key and the problem, and nothing is
+        returned: a server must not start on part of its state.
+        """
         groups = []
-        async with self._db.execute(
-                "SELECT group_id, state, generation_id, protocol_type, protocol_name, leader, "
-                "state_timestamp_ms, members FROM groups ORDER BY group_id") as cur:
-            async for row in cur:
-                groups.append(GroupRecord(
-                    group_id=row[0], state=row[1], generation_id=row[2], protocol_type=row[3],
-                    protocol_name=row[4], leader=row[5], state_timestamp_ms=row[6],
-                    members=decode_members(row[7])))
+        for row in await self._rows("groups", _GROUP_COLUMNS, "group_id"):
+            groups.append(self._decoded(
+                "groups", f"group_id={row[0]!r} generation_id={row[2]!r}", _group_row, row))
         checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
-        async with self._db.execute(
-                "SELECT group_id, resource_set, idx, value FROM checkpoints "
-                "ORDER BY group_id, resource_set, idx") as cur:
-            async for row in cur:
-                checkpoints.setdefault(row[0], {})[(row[1], row[2])] = decode(row[3])
+        for row in await self._rows("checkpoints", _CHECKPOINT_COLUMNS,
+                                    "group_id, resource_set, idx"):
+            key = f"group_id={row[0]!r} resource_set={row[1]!r} idx={row[2]!r}"
+            group_id, resource_set, idx, value = self._decoded(
+                "checkpoints", key, _checkpoint_row, row)
+            checkpoints.setdefault(group_id, {})[(resource_set, idx)] = value
         catalog: dict[str, int] = {}
-        async with self._db.execute("SELECT name, partitions FROM catalog ORDER BY name") as cur:
-            async for row in cur:
-                catalog[row[0]] = row[1]
-        async with self._db.execute("SELECT value FROM meta WHERE key = ?",
-                                    (RESOURCES_EPOCH_KEY,)) as cur:
-            epoch_row = await cur.fetchone()
+        for row in await self._rows("catalog", ("name", "partitions"), "name"):
+            name, partitions = self._decoded("catalog", f"name={row[0]!r}", _catalog_row, row)
+            catalog[name] = partitions
+        epoch = 0
+        for row in await self._rows("meta", ("key", "value"), "key"):
+            if row[0] == RESOURCES_EPOCH_KEY:
+                epoch = self._decoded("meta", f"key={row[0]!r}", _epoch_row, row)
         return Snapshot(groups=tuple(groups), checkpoints=checkpoints, catalog=catalog,
-                        resources_epoch=int(epoch_row[0]) if epoch_row else 0)
+                        resources_epoch=epoch)
+
+    async def _rows(self, table: str, columns: Sequence[str], order: str) -> list[Any]:
+        """Rows of one table; an SQLite error (a damaged page, a missing column) names it."""
+        sql = f"SELECT {', '.join(columns)} FROM {table} ORDER BY {order}"
+        try:
+            async with self._db.execute(sql) as cur:
+                return list(await cur.fetchall())
+        except sqlite3.Error as exc:
+            raise CorruptDatabaseError(self.path, table, "", f"cannot read it: {exc}") from exc
+
+    def _decoded(self, table: str, key: str, decoder: Callable[[Any], _T], row: Any) -> _T:
+        try:
+            return decoder(row)
+        except _BadValue as exc:
+            raise CorruptDatabaseError(self.path, table, key, str(exc)) from exc
+        except DecodeError as exc:
+            raise CorruptDatabaseError(self.path, table, key, _decode_problem(exc)) from exc
 
     async def write(self, records: Sequence[Record]) -> float:
         """Make ``records`` durable in one transaction; returns the seconds it took.
@@ -333,6 +533,36 @@ async def _migrate(db: aiosqlite.Connection, path: str) -> None:
         except BaseException:
             await db.execute("ROLLBACK")
             raise
+
+
+async def _check_tables(db: aiosqlite.Connection, path: str) -> None:
+    """Every table and column of the current schema is there (a dropped table, say)."""
+    for table, columns in _expected_columns().items():
+        async with db.execute(f"PRAGMA table_info({table})") as cur:
+            present = {row[1] for row in await cur.fetchall()}
+        if not present:
+            raise CorruptDatabaseError(path, table, "", f"the table is missing (schema version "
+                                       f"{SCHEMA_VERSION} has it)")
+        missing = [c for c in columns if c not in present]
+        if missing:
+            raise CorruptDatabaseError(path, table, "", f"column(s) {', '.join(missing)} missing "
+                                       f"(schema version {SCHEMA_VERSION} has them)")
+
+
+@functools.cache
+def _expected_columns() -> dict[str, tuple[str, ...]]:
+    """Tables and columns the migrations create, read from a scratch in-memory database."""
+    con = sqlite3.connect(":memory:")
+    try:
+        for script in MIGRATIONS:
+            for statement in _split(script):
+                con.execute(statement)
+        tables = [r[0] for r in con.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' "
+            "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+        return {t: tuple(r[1] for r in con.execute(f"PRAGMA table_info({t})")) for t in tables}
+    finally:
+        con.close()
 
 
 def _split(script: str) -> list[str]:
