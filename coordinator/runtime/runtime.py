@@ -8,9 +8,19 @@ DESIGN.md practices 4 and 5, after Kafka's group coordinator runtime:
 - ``Persist`` effects are collected into a batch. While one storage
   transaction is in flight, the next batch collects (group commit), so many
   requests share one fsync.
-- A ``Reply`` is released only after every write emitted before it — by this
-  command or any earlier one — is committed. A reply that follows no pending
-  write goes out at once.
+- A ``Reply`` is released only after every write it depends on is committed:
+  every write of its own group (group records, checkpoints, journal entries,
+  whichever command emitted them), every catalog write (heartbeat and sync
+  answers carry ``resources_epoch``; any record not tied to one group counts
+  as catalog), and every write emitted earlier by the same command. A reply
+  that depends on no uncommitted write goes out at once, so a slow commit of
+  group A's records no longer holds group B's heartbeats (docs/reliability.md,
+  finding 5). Because batches commit one at a time in order, "depends on" is
+  tracked as the latest batch holding such a write (see ``_route_reply``).
+- Limits: ``max_parked_requests`` (``--max-parked-requests``) bounds the
+  joins, syncs and long-poll heartbeats parked in the core; ``max_groups`` is
+  enforced by the core. Refusals are counted and logged at most once a minute
+  per limit.
 - Timers are keyed by strings; arming a key again replaces its deadline,
   cancelling an unknown key is a no-op, and a firing whose key was re-armed or
   cancelled since is dropped before it reaches the core.
@@ -35,7 +45,7 @@ import functools
 import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from coordinator.core.commands import (
@@ -61,9 +71,18 @@ from coordinator.core.effects import (
     Persist,
     RebalanceCompleted,
     Reply,
+    RequestRefused,
     ScheduleTimer,
 )
-from coordinator.core.records import Record, Snapshot
+from coordinator.core.records import (
+    CatalogChanged,
+    CheckpointsWritten,
+    GroupDeleted,
+    GroupRecord,
+    JournalEntry,
+    Record,
+    Snapshot,
+)
 from coordinator.core.views import GroupSummary, GroupView
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import Clock, TimerHandle
@@ -81,6 +100,10 @@ from protocol.messages import (
 log = logging.getLogger("groupcoord.runtime")
 
 Answer = Response | AdminResult
+
+#: A refused request is logged at most this often per limit (the metric counts every one).
+REFUSAL_LOG_INTERVAL_MS = 60_000
+_LIMIT_FLAGS = {"max_groups": "--max-groups", "max_parked_requests": "--max-parked-requests"}
 
 
 class Core(Protocol):
@@ -102,6 +125,8 @@ class Core(Protocol):
 
     @property
     def resources_epoch(self) -> int: ...
+
+    def parked_request_count(self) -> int: ...
 
 
 class Store(Protocol):
@@ -132,8 +157,36 @@ def error_answer(command: Command, code: ErrorCode) -> Answer:
     raise TypeError(f"{type(command).__name__} has no answer")
 
 
-@dataclass(slots=True)
+def command_group(command: Command) -> str | None:
+    """The group a command's answer speaks for (``None``: none, e.g. a catalog change)."""
+    match command:
+        case Join(request=r) | Heartbeat(request=r) | Sync(request=r) | Leave(request=r) \
+                | Commit(request=r) | Fetch(request=r):
+            return r.group_id
+        case DeleteGroup(group_id=group_id):
+            return group_id
+    return None
+
+
+def record_group(record: Record) -> str | None:
+    """The one group a record belongs to; ``None`` for the catalog or any record that
+    belongs to no single group (every reply then depends on it)."""
+    match record:
+        case GroupRecord(group_id=g) | CheckpointsWritten(group_id=g) | GroupDeleted(group_id=g) \
+                | JournalEntry(group_id=g):
+            return g
+        case CatalogChanged():
+            return None
+    return None
+
+
+@dataclass(slots=True, eq=False)
 class _Batch:
+    """Records written in one transaction, and the replies waiting for it.
+
+    Compared by identity: a batch is the unit a reply waits for.
+    """
+
     records: list[Record] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
 
@@ -162,7 +215,9 @@ class _Waiter:
 
 class Runtime:
     def __init__(self, core: Core, storage: Store, clock: Clock,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, *, max_parked_requests: int = 0) -> None:
+        if max_parked_requests < 0:
+            raise ValueError(f"max_parked_requests: must be >= 0, got {max_parked_requests}")
         self.core = core
         self.storage = storage
         self.clock = clock
@@ -175,9 +230,19 @@ class Runtime:
         self._ids = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}
         self._timers: dict[str, _Timer] = {}
+        #: 0: unlimited.
+        self.max_parked_requests = max_parked_requests
         self._open = _Batch()
         self._inflight: _Batch | None = None
         self._flusher: asyncio.Task[None] | None = None
+        #: group id -> the uncommitted batch (open or in flight) holding the group's
+        #: latest write; an entry goes when that batch commits.
+        self._group_writes: dict[str, _Batch] = {}
+        #: the uncommitted batch holding the latest write every reply depends on (catalog).
+        self._global_write: _Batch | None = None
+        #: per limit: when a refusal was last logged, and refusals since then.
+        self._refusal_logged_ms: dict[str, int] = {}
+        self._refusals_unlogged: dict[str, int] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -227,6 +292,22 @@ class Runtime:
             code = (ErrorCode.COORDINATOR_NOT_AVAILABLE if self._stopping or self.failed.is_set()
                     else ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
             return error_answer(command, code)
+        if self.max_parked_requests and isinstance(command, (Join, Sync, Heartbeat)) \
+                and self.core.parked_request_count() >= self.max_parked_requests:
+            if isinstance(command, Heartbeat):
+                # At the limit a long-poll heartbeat is answered at once, as if
+                # wait_ms were 0: it still renews the session (PROTOCOL.md, heartbeat).
+                if command.request.wait_ms > 0:
+                    command = Heartbeat(command.request_id, replace(command.request, wait_ms=0))
+            else:
+                # Whether a join or sync would park depends on the group's state and
+                # changing that state is what parking does; deciding it without
+                # applying would duplicate the core. So at the limit every join and
+                # sync is refused before it reaches the core (it changes nothing);
+                # the client retries COORDINATOR_NOT_AVAILABLE with backoff, and the
+                # parked requests drain within their rebalance timeouts.
+                self._refused("max_parked_requests", command_group(command) or "")
+                return error_answer(command, ErrorCode.COORDINATOR_NOT_AVAILABLE)
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(future, command)
         self._waiters[request_id] = waiter
@@ -258,12 +339,20 @@ class Runtime:
         self._execute(effects)
 
     def _execute(self, effects: list[Effect]) -> None:
+        #: this command emitted a write (into the open batch) before the current effect.
+        wrote = False
         for effect in effects:
             match effect:
                 case Persist(record=record):
                     self._open.records.append(record)
+                    group_id = record_group(record)
+                    if group_id is None:
+                        self._global_write = self._open
+                    else:
+                        self._group_writes[group_id] = self._open
+                    wrote = True
                 case Reply():
-                    self._route_reply(effect)
+                    self._route_reply(effect, wrote)
                 case ScheduleTimer(key=key, deadline_ms=deadline_ms):
                     self._arm(key, deadline_ms)
                 case CancelTimer(key=key):
@@ -281,21 +370,52 @@ class Runtime:
                              effect.group_id, effect.member_id)
                     if self.metrics is not None:
                         self.metrics.session_expiries.inc()
+                case RequestRefused(group_id=group_id, reason=reason):
+                    self._refused(reason, group_id)
         if self._open.records and self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
-    def _route_reply(self, reply: Reply) -> None:
+    def _route_reply(self, reply: Reply, wrote: bool) -> None:
         waiter = self._waiters.get(reply.request_id)
-        if waiter is not None:
-            waiter.in_core = False
-        # Reply after commit: wait for the batch holding the latest write
-        # emitted before this reply, if any is still uncommitted.
-        if self._open.records:
+        if waiter is None:
+            return  # the caller went away: nothing to release
+        waiter.in_core = False
+        # Reply after commit, per group: wait for the latest uncommitted batch
+        # holding a write this reply depends on. At most two batches are
+        # uncommitted, the open one being the later, so "latest" is: the open
+        # batch if any dependency is in it, else the one in flight if any is
+        # there, else none (release now).
+        if wrote:
+            # Written by this very command, before this reply: in the open batch.
             self._open.replies.append(reply)
-        elif self._inflight is not None:
-            self._inflight.replies.append(reply)
+            return
+        group_id = command_group(waiter.command)
+        group_write = self._group_writes.get(group_id) if group_id is not None else None
+        global_write = self._global_write
+        if group_write is self._open or global_write is self._open:
+            self._open.replies.append(reply)
+        elif group_write is not None or global_write is not None:
+            batch = self._inflight
+            assert batch is not None and (group_write is batch or global_write is batch)
+            batch.replies.append(reply)
         else:
             self._resolve(reply.request_id, reply.response)
+
+    def _refused(self, reason: str, group_id: str) -> None:
+        """Count a request refused by a limit; log it at most once per interval per limit."""
+        if self.metrics is not None:
+            self.metrics.requests_refused.labels(reason).inc()
+        now = self.clock.now_ms()
+        last = self._refusal_logged_ms.get(reason)
+        if last is not None and now - last < REFUSAL_LOG_INTERVAL_MS:
+            self._refusals_unlogged[reason] = self._refusals_unlogged.get(reason, 0) + 1
+            return
+        earlier = self._refusals_unlogged.pop(reason, 0)
+        self._refusal_logged_ms[reason] = now
+        log.warning("%s reached: refused a request for group %r with COORDINATOR_NOT_AVAILABLE "
+                    "(%d more refused since the last such warning; "
+                    "groupcoord_requests_refused_total counts them all)",
+                    _LIMIT_FLAGS.get(reason, reason), group_id, earlier)
 
     def _resolve(self, request_id: int, answer: Answer) -> None:
         waiter = self._waiters.pop(request_id, None)
@@ -360,6 +480,7 @@ class Runtime:
                     self._storage_failed(exc)
                     return
                 self._inflight = None
+                self._forget_committed(batch)
                 if self.metrics is not None:
                     self.metrics.observe_commit(seconds, len(batch.records))
                 for reply in batch.replies:
@@ -367,6 +488,15 @@ class Runtime:
         finally:
             self._flusher = None
             self._inflight = None
+
+    def _forget_committed(self, batch: _Batch) -> None:
+        """Drop the dependency entries that point at ``batch``, now committed."""
+        if self._global_write is batch:
+            self._global_write = None
+        for record in batch.records:
+            group_id = record_group(record)
+            if group_id is not None and self._group_writes.get(group_id) is batch:
+                del self._group_writes[group_id]
 
     def _storage_failed(self, exc: Exception) -> None:
         log.critical("storage write failed, memory is now ahead of disk; stopping service "
@@ -377,6 +507,8 @@ class Runtime:
             self.metrics.ready.set(0)
         self._cancel_timers()
         self._open = _Batch()
+        self._group_writes.clear()
+        self._global_write = None
         self._fail_waiters(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         self.failed.set()
 

@@ -9,140 +9,20 @@ service instead of serving state that a restart would not reproduce.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from runtime_kit import CONFIG, SESSION_MS, Harness, SpyCore, make_harness, settle
 
-from coordinator.core.commands import Cancelled, Command, Commit, Heartbeat, Join, Sync
-from coordinator.core.config import CoreConfig
+from coordinator.core.commands import Cancelled, Command, Heartbeat, Join
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.core.records import Record, Snapshot
-from coordinator.metrics import Metrics
 from coordinator.runtime.clock import FakeClock
-from coordinator.runtime.runtime import Answer, Runtime
+from coordinator.runtime.runtime import Runtime
 from coordinator.storage.sqlite import Storage, StorageError
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    CommitRequest,
-    HeartbeatRequest,
-    JoinRequest,
-    JoinResponse,
-    SyncAssignment,
-    SyncRequest,
-)
-
-CONFIG = CoreConfig(min_session_timeout_ms=100, max_session_timeout_ms=60_000,
-                    initial_rebalance_delay_ms=0)
-SESSION_MS = 10_000
-
-
-class HeldStorage:
-    """The real storage, with a gate: writes wait until the test opens it."""
-
-    def __init__(self, inner: Storage) -> None:
-        self.inner = inner
-        self.gate = asyncio.Event()
-        self.gate.set()
-        self.batches: list[list[Record]] = []
-        self.fail_with: Exception | None = None
-        self.waiting = asyncio.Event()
-
-    async def load(self) -> Snapshot:
-        return await self.inner.load()
-
-    async def write(self, records: Sequence[Record]) -> float:
-        self.batches.append(list(records))
-        self.waiting.set()
-        await self.gate.wait()
-        self.waiting.clear()
-        if self.fail_with is not None:
-            raise self.fail_with
-        return await self.inner.write(records)
-
-
-class SpyCore:
-    """The real core; remembers every command it was given."""
-
-    def __init__(self, core: Any) -> None:
-        self.core = core
-        self.commands: list[Command] = []
-
-    def handle(self, now_ms: int, command: Command) -> Any:
-        self.commands.append(command)
-        return self.core.handle(now_ms, command)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.core, name)
-
-
-@dataclass
-class Harness:
-    runtime: Runtime
-    clock: FakeClock
-    storage: HeldStorage
-    core: SpyCore
-    metrics: Metrics
-
-    def join(self, member_id: str = "", group: str = "g", instance: str | None = None
-             ) -> asyncio.Task[Answer]:
-        req = JoinRequest(group_id=group, member_id=member_id, protocol_type="resources",
-                          protocols=(("range", b"meta"),), session_timeout_ms=SESSION_MS,
-                          rebalance_timeout_ms=SESSION_MS, group_instance_id=instance,
-                          client_id="test")
-        return asyncio.ensure_future(self.runtime.call(
-            lambda rid: Join(rid, req, "127.0.0.1", f"test-{rid:032x}")))
-
-    def sync(self, member_id: str, generation: int, assignments: dict[str, bytes] | None = None,
-             group: str = "g") -> asyncio.Task[Answer]:
-        req = SyncRequest(group_id=group, member_id=member_id, generation_id=generation,
-                          assignments=tuple(SyncAssignment(m, a)
-                                            for m, a in (assignments or {}).items()))
-        return asyncio.ensure_future(self.runtime.call(lambda rid: Sync(rid, req)))
-
-    def heartbeat(self, member_id: str, generation: int, group: str = "g") -> asyncio.Task[Answer]:
-        req = HeartbeatRequest(group_id=group, member_id=member_id, generation_id=generation)
-        return asyncio.ensure_future(self.runtime.call(lambda rid: Heartbeat(rid, req)))
-
-    def commit(self, member_id: str, generation: int, value: int,
-               group: str = "g") -> asyncio.Task[Answer]:
-        req = CommitRequest(group_id=group, member_id=member_id, generation_id=generation,
-                            checkpoints=(("orders", 0, value),))
-        return asyncio.ensure_future(self.runtime.call(lambda rid: Commit(rid, req)))
-
-    async def stable_member(self, group: str = "g") -> tuple[str, int]:
-        """One dynamic member through join, rejoin and sync: (member_id, generation)."""
-        first = await self.join(group=group)
-        assert isinstance(first, JoinResponse)
-        assert first.error is ErrorCode.MEMBER_ID_REQUIRED
-        joining = self.join(first.member_id, group=group)
-        await settle()
-        self.clock.advance(0)  # the (zero) initial rebalance delay
-        joined = await asyncio.wait_for(joining, 5)
-        assert isinstance(joined, JoinResponse) and joined.error is None, joined
-        synced = await asyncio.wait_for(
-            self.sync(joined.member_id, joined.generation_id, {joined.member_id: b"A"},
-                      group=group), 5)
-        assert synced.error is None, synced
-        return joined.member_id, joined.generation_id
-
-
-async def settle() -> None:
-    """Let ready tasks run (the runtime's steps are synchronous between awaits)."""
-    for _ in range(5):
-        await asyncio.sleep(0)
-
-
-async def make_harness(path: Path) -> Harness:
-    storage = HeldStorage(await Storage.open(path))
-    clock = FakeClock()
-    core = SpyCore(GroupCoordinator(CONFIG))
-    metrics = Metrics()
-    runtime = Runtime(core, storage, clock, metrics)
-    await runtime.start()
-    return Harness(runtime, clock, storage, core, metrics)
+from protocol.messages import HeartbeatRequest, JoinRequest
 
 
 @pytest.fixture
@@ -197,8 +77,8 @@ async def test_writes_during_a_commit_share_the_next_transaction(harness: Harnes
     later = [harness.commit(member, generation, v) for v in (2, 3, 4)]
     await settle()
     assert not first.done() and not any(t.done() for t in later)
-    # A heartbeat issued now depends on nothing new, but it follows writes
-    # that are not committed yet: it waits for them too.
+    # A heartbeat issued now changes nothing, but its group has writes that
+    # are not committed yet: it waits for them too.
     beat = harness.heartbeat(member, generation)
     await settle()
     assert not beat.done()

@@ -66,6 +66,9 @@ class ScriptedCore:
     def describe_group(self, group_id: str) -> GroupView | None:
         return None
 
+    def parked_request_count(self) -> int:
+        return 0
+
     def catalog(self) -> Mapping[str, int]:
         return {}
 
