@@ -18,6 +18,8 @@ from protocol.limits import DEFAULT_MAX_BODY_BYTES, MAX_TIMEOUT_MS
 
 ENV_PREFIX = "GROUPCOORD_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: 100 years: beyond any useful retention, far from int64 overflow in deadline arithmetic.
+MAX_RETENTION_MS = 100 * 365 * 86_400_000
 
 
 class ConfigError(ValueError):
@@ -41,6 +43,8 @@ class ServerConfig:
     max_metadata_bytes: int = 256 * 1024
     #: joins, syncs and waiting heartbeats parked at once; 0: unlimited.
     max_parked_requests: int = 100_000
+    #: KIP-211: an Empty group and its checkpoints go this long after it emptied; 0: never.
+    group_retention_ms: int = 604_800_000
     log_level: str = "INFO"
     #: tokens file (coordinator.auth); empty: authentication off.
     auth_tokens: str = ""
@@ -55,6 +59,7 @@ class ServerConfig:
             initial_rebalance_delay_ms=self.initial_rebalance_delay_ms,
             group_max_size=self.group_max_size,
             max_groups=self.max_groups,
+            group_retention_ms=self.group_retention_ms,
         )
 
 
@@ -117,6 +122,10 @@ SETTINGS: tuple[Setting, ...] = (
             "assignment of one member in a sync (larger: 400)", _int_range(1, 2**31 - 1)),
     Setting("max_parked_requests", int, "most joins, syncs and waiting heartbeats parked at "
             "once; 0 is unlimited", _int_range(0, 2**31 - 1)),
+    Setting("group_retention_ms", int, "how long an Empty group and its checkpoints are kept "
+            "after it became Empty (after the last commit, for a group that never had "
+            "members); 0 keeps them forever (Kafka's offsets.retention.minutes)",
+            _int_range(0, MAX_RETENTION_MS)),
     Setting("log_level", str, "DEBUG, INFO, WARNING, ERROR or CRITICAL", _log_level),
     Setting("auth_tokens", str, "tokens file for bearer authentication (empty: off)", _any),
     Setting("tls_cert", str, "PEM certificate chain for HTTPS (empty: plain HTTP)", _any),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from coordinator.core.commands import DeleteGroup, DeleteResource, PutResource
 from coordinator.core.effects import AdminResult
+from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel
 from coordinator.core.records import CatalogChanged, GroupDeleted
 from coordinator.core.states import GroupState
@@ -27,9 +28,15 @@ def handle_delete_group(k: Kernel, cmd: DeleteGroup) -> None:
     if g.state is not GroupState.EMPTY:
         k.reply(cmd.request_id, AdminResult(ErrorCode.NON_EMPTY_GROUP, k.resources_epoch))
         return
-    k.persist(GroupDeleted(cmd.group_id))
-    k.drop_group(g, "deleted")
+    delete_group(k, g, "deleted")
     k.reply(cmd.request_id, AdminResult(None, k.resources_epoch))
+
+
+def delete_group(k: Kernel, g: Group, reason: str) -> None:
+    """Empty -> Dead, durably: the group's record, generations and checkpoints go
+    (Kafka deletes a group's offsets with it); the rebalance journal stays."""
+    k.persist(GroupDeleted(g.group_id))
+    k.drop_group(g, reason)
 
 
 def _invalid(k: Kernel, request_id: int, message: str) -> None:

@@ -63,9 +63,15 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
         return
     if req.checkpoints:
         apply_checkpoints(k, req.group_id, req.checkpoints)
-        k.persist(CheckpointsWritten(req.group_id, tuple(req.checkpoints)))
+        k.persist(CheckpointsWritten(req.group_id, tuple(req.checkpoints), k.now))
     k.reply(rid, CommitResponse(None))
     k.forget_if_vacant(g)
+    if req.checkpoints and g.generation_id == 0 and g.state is GroupState.EMPTY \
+            and req.group_id in k.groups:
+        # KIP-211: checkpoints of a group that never formed a generation (simple
+        # commits) expire group_retention_ms after the last commit; a group that had
+        # members counts from when it became Empty (Kernel.transition).
+        k.renew_retention(req.group_id)
 
 
 def apply_checkpoints(k: Kernel, group_id: str, checkpoints: tuple[Checkpoint, ...]) -> None:

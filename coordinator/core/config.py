@@ -14,3 +14,7 @@ class CoreConfig:
     group_max_size: int = 0
     #: groups held at once (``--max-groups``); 0 means unlimited.
     max_groups: int = 0
+    #: KIP-211 (Kafka's ``offsets.retention.minutes``): an Empty group and its
+    #: checkpoints are deleted this long after it became Empty (a group that never
+    #: formed a generation: after its last commit); 0 keeps them forever.
+    group_retention_ms: int = 604_800_000

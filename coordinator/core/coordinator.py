@@ -68,6 +68,8 @@ class GroupCoordinator:
             raise ValueError(f"group_max_size: must be >= 0, got {config.group_max_size}")
         if config.max_groups < 0:
             raise ValueError(f"max_groups: must be >= 0, got {config.max_groups}")
+        if config.group_retention_ms < 0:
+            raise ValueError(f"group_retention_ms: must be >= 0, got {config.group_retention_ms}")
         self._k = Kernel(config)
 
     @property
@@ -90,7 +92,12 @@ class GroupCoordinator:
         Stable groups resume as they were with every session re-armed from
         ``now_ms``; a group persisted mid-rebalance (CompletingRebalance)
         restarts its rebalance (PreparingRebalance, reason ``restart``); Empty
-        groups stay Empty. Only a fresh coordinator can be restored.
+        groups stay Empty, with their retention (KIP-211) re-armed from the
+        persisted time they became Empty (the record's ``state_timestamp_ms``)
+        or, for groups known only by their checkpoints, from their last commit
+        (``Snapshot.last_commit_ms``; ``now_ms`` when unknown, e.g. rows written
+        before schema version 2). A retention already over fires at once.
+        Only a fresh coordinator can be restored.
         """
         k = self._k
         if k.groups or k.catalog or k.checkpoints or k.resources_epoch:
@@ -106,7 +113,9 @@ class GroupCoordinator:
             group = Group.from_record(record)
             k.groups[group.group_id] = group
             if not group.members:
-                continue  # Empty
+                # Empty: it became Empty when this record was written.
+                k.arm_retention(group.group_id, record.state_timestamp_ms or now_ms)
+                continue
             for member in group.members.values():
                 k.arm_session(group, member)
             if record.state == GroupState.STABLE.value:
@@ -122,6 +131,7 @@ class GroupCoordinator:
         for group_id in k.checkpoints:
             if group_id not in k.groups:
                 k.groups[group_id] = Group(group_id, now_ms)
+                k.arm_retention(group_id, snapshot.last_commit_ms.get(group_id, now_ms))
         return k.take()
 
     # ------------------------------------------------------------ read-only views

@@ -34,8 +34,12 @@ from protocol.messages import HeartbeatResponse, JoinResponse, Response, SyncRes
 from protocol.validate import Scalar
 
 
+def retention_key(group_id: str) -> str:
+    return f"retention:{group_id}"
+
+
 class TimerTarget(NamedTuple):
-    #: "session", "pending", "join", "sync" or "heartbeat".
+    #: "session", "pending", "join", "sync", "heartbeat" or "retention".
     kind: str
     group_id: str
     #: the member id (session, pending) or "" (join, sync, heartbeat).
@@ -62,6 +66,8 @@ class Kernel:
         self.parked: dict[int, Parked] = {}
         #: parked heartbeats only (answered all at once when the resources epoch moves).
         self.heartbeats: dict[int, Parked] = {}
+        #: Empty group id -> when it and its checkpoints expire (KIP-211; timers.py).
+        self.retention: dict[str, int] = {}
         self.now = 0
         self.out: list[Effect] = []
 
@@ -117,6 +123,34 @@ class Kernel:
         group.state_timestamp_ms = self.now
         self.out.append(GroupStateChanged(group.group_id, old.value, new.value,
                                           group.generation_id, reason))
+        # KIP-211: retention counts from the moment a group becomes Empty, and
+        # stops when a member joins (or the group dies).
+        if new is GroupState.EMPTY:
+            self.arm_retention(group.group_id, self.now)
+        elif old is GroupState.EMPTY:
+            self.disarm_retention(group.group_id)
+
+    def arm_retention(self, group_id: str, since_ms: int) -> None:
+        """Expire an Empty group ``group_retention_ms`` after ``since_ms`` (0: never)."""
+        retention_ms = self.config.group_retention_ms
+        if retention_ms <= 0:
+            return
+        deadline = since_ms + retention_ms
+        self.retention[group_id] = deadline
+        self.arm(retention_key(group_id), deadline, TimerTarget("retention", group_id))
+
+    def renew_retention(self, group_id: str) -> None:
+        """Restart an Empty group's retention from now (a commit to a group without a
+        generation). An armed timer is not re-armed: its firing finds the later
+        deadline and re-arms then (timers.py), so a busy committer costs no timer churn."""
+        if group_id in self.retention:
+            self.retention[group_id] = self.now + self.config.group_retention_ms
+        else:
+            self.arm_retention(group_id, self.now)
+
+    def disarm_retention(self, group_id: str) -> None:
+        if self.retention.pop(group_id, None) is not None:
+            self.disarm(retention_key(group_id))
 
     def drop_group(self, group: Group, reason: str) -> None:
         """Empty -> Dead, and forget it with its checkpoints (the caller persists, if needed)."""

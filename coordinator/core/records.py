@@ -60,6 +60,10 @@ class CheckpointsWritten:
 
     group_id: str
     checkpoints: tuple[tuple[str, int, Scalar], ...]
+    #: wall-clock ms of the commit; 0 if unknown. Retention (KIP-211) of a group
+    #: that never formed a generation runs from its last commit. Bookkeeping, not
+    #: content: two records writing the same values compare equal whatever their time.
+    committed_ms: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +125,6 @@ class Snapshot:
     checkpoints: Mapping[str, Mapping[tuple[str, int], Scalar]] = field(default_factory=dict)
     catalog: Mapping[str, int] = field(default_factory=dict)
     resources_epoch: int = 0
+    #: group id -> wall-clock ms of its last commit, for groups with checkpoints whose
+    #: last commit time is known (KIP-211 retention of groups without a generation).
+    last_commit_ms: Mapping[str, int] = field(default_factory=dict)

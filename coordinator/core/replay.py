@@ -2,7 +2,8 @@
 
 This is the reference for what storage keeps (records.py): the latest
 :class:`GroupRecord` per group, checkpoints with ``None`` deleting, the catalog
-and its epoch; :class:`GroupDeleted` drops a group and its checkpoints;
+and its epoch, the last commit time of each group holding checkpoints;
+:class:`GroupDeleted` drops a group and its checkpoints;
 :class:`JournalEntry` is analysis-only and not part of the snapshot. Storage
 tests can compare their load result with ``fold`` of the same records, and the
 core tests use it for the replay round-trip (records -> snapshot -> restore).
@@ -36,17 +37,20 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
     checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
     catalog: dict[str, int] = {}
     epoch = 0
+    last_commit: dict[str, int] = {}
     if base is not None:
         groups = {g.group_id: g for g in base.groups}
         checkpoints = {gid: dict(values) for gid, values in base.checkpoints.items()}
         catalog = dict(base.catalog)
         epoch = base.resources_epoch
+        last_commit = dict(base.last_commit_ms)
     for record in records:
         if isinstance(record, GroupRecord):
             groups[record.group_id] = record
         elif isinstance(record, GroupDeleted):
             groups.pop(record.group_id, None)
             checkpoints.pop(record.group_id, None)
+            last_commit.pop(record.group_id, None)
         elif isinstance(record, CheckpointsWritten):
             store = checkpoints.setdefault(record.group_id, {})
             for resource_set, index, value in record.checkpoints:
@@ -56,6 +60,9 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
                     store[(resource_set, index)] = value
             if not store:
                 del checkpoints[record.group_id]
+            if record.committed_ms > 0:
+                last_commit[record.group_id] = max(record.committed_ms,
+                                                   last_commit.get(record.group_id, 0))
         elif isinstance(record, CatalogChanged):
             if record.partitions is None:
                 catalog.pop(record.name, None)
@@ -66,4 +73,6 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
             continue
         else:
             raise TypeError(f"not a record: {record!r}")
-    return Snapshot(tuple(groups[gid] for gid in sorted(groups)), checkpoints, catalog, epoch)
+    # Like storage, a last commit time only for groups that still hold checkpoints.
+    return Snapshot(tuple(groups[gid] for gid in sorted(groups)), checkpoints, catalog, epoch,
+                    {gid: ms for gid, ms in last_commit.items() if gid in checkpoints})

@@ -8,11 +8,13 @@ disagreeing by a hair, or a re-arm racing the firing) re-arms the timer for the
 recorded deadline rather than being lost.
 
 Timer keys: ``session:{group}:{member}``, ``pending:{group}:{member}``,
-``join:{group}``, ``sync:{group}``, ``heartbeat:{request_id}``.
+``join:{group}``, ``sync:{group}``, ``heartbeat:{request_id}``,
+``retention:{group}``.
 """
 
 from __future__ import annotations
 
+from coordinator.core.admin import delete_group
 from coordinator.core.commands import Cancelled, TimerFired
 from coordinator.core.effects import MemberExpired
 from coordinator.core.group import Group, heartbeat_key
@@ -48,6 +50,8 @@ def handle_timer(k: Kernel, cmd: TimerFired) -> None:
         _sync_deadline(k, group, cmd.key, target)
     elif kind == "pending":
         _pending_expired(k, group, cmd.key, target)
+    elif kind == "retention":
+        _retention_expired(k, group, cmd.key, target)
     else:
         raise ValueError(f"unknown timer kind {kind!r} for key {cmd.key!r}")
 
@@ -134,6 +138,30 @@ def _pending_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None
     del g.pending[target.member_id]
     maybe_complete_join(k, g)
     k.forget_if_vacant(g)
+
+
+def _retention_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+    """KIP-211: an Empty group's checkpoints expire, and the group with them (Empty -> Dead).
+
+    Kafka expires the offsets of a group ``offsets.retention.minutes`` after it
+    became Empty, then removes the group once it holds none. Here the two go
+    together, durably (a ``GroupDeleted`` record, as the admin delete writes).
+    """
+    deadline = k.retention.get(g.group_id)
+    if deadline is None or g.state is not GroupState.EMPTY:
+        return
+    if k.now < deadline:
+        # Renewed by a commit since the timer was armed (Kernel.renew_retention).
+        k.arm(key, deadline, target)
+        return
+    latest_pending = max(g.pending.values(), default=0)
+    if latest_pending > k.now:
+        # A KIP-394 pending member is between MEMBER_ID_REQUIRED and its real join:
+        # let it join (that stops the retention) or expire first.
+        k.retention[g.group_id] = latest_pending
+        k.arm(key, latest_pending, target)
+        return
+    delete_group(k, g, "retention_expired")
 
 
 def handle_cancelled(k: Kernel, cmd: Cancelled) -> None:

@@ -22,6 +22,14 @@ Tables (version 1):
     ``members``, ``joined`` and ``left`` are JSON arrays (members as
     ``[member_id, group_instance_id, client_id]``); ``assignments`` is a
     msgpack map ``member_id -> assignment bytes``; times are Unix ms.
+
+Version 2 adds:
+
+``last_commits``
+    ``group_id -> committed_ms``, the Unix ms of the group's latest accepted
+    commit (the largest seen). The retention of an Empty group that never
+    formed a generation counts from it (KIP-211; the retention of a group that
+    had members counts from ``groups.state_timestamp_ms`` of its Empty row).
 """
 
 from __future__ import annotations
@@ -83,6 +91,15 @@ MIGRATIONS: tuple[str, ...] = (
         assignments BLOB NOT NULL
     );
     CREATE INDEX rebalance_journal_group ON rebalance_journal (group_id, generation_id);
+    """,
+    # 2: the last commit time of each group, for the retention of groups that never
+    # formed a generation (KIP-211). Groups committed to under version 1 have no row:
+    # their retention counts from the first start on version 2.
+    """
+    CREATE TABLE last_commits (
+        group_id TEXT PRIMARY KEY,
+        committed_ms INTEGER NOT NULL
+    );
     """,
 )
 

@@ -185,6 +185,13 @@ INSERT INTO checkpoints (group_id, resource_set, idx, value) VALUES (?, ?, ?, ?)
 ON CONFLICT (group_id, resource_set, idx) DO UPDATE SET value = excluded.value
 """
 
+# The largest time wins: a wall-clock step back must not bring an expiry forward.
+_UPSERT_LAST_COMMIT = """
+INSERT INTO last_commits (group_id, committed_ms) VALUES (?, ?)
+ON CONFLICT (group_id) DO UPDATE SET
+    committed_ms = MAX(last_commits.committed_ms, excluded.committed_ms)
+"""
+
 _INSERT_JOURNAL = """
 INSERT INTO rebalance_journal (group_id, generation_id, protocol_type, protocol_name, leader,
                                member_count, members, joined, left, reason, started_ms,
@@ -222,7 +229,7 @@ def _statements(record: Record) -> list[tuple[str, tuple[Any, ...]]]:
             # group created again under the same id restart, so its old generation
             # rows go too. The rebalance journal keeps the history.
             return [(f"DELETE FROM {table} WHERE group_id = ?", (record.group_id,))
-                    for table in ("groups", "generations", "checkpoints")]
+                    for table in ("groups", "generations", "checkpoints", "last_commits")]
         case CheckpointsWritten():
             out: list[tuple[str, tuple[Any, ...]]] = []
             for resource_set, idx, value in record.checkpoints:
@@ -233,6 +240,8 @@ def _statements(record: Record) -> list[tuple[str, tuple[Any, ...]]]:
                 else:
                     out.append((_UPSERT_CHECKPOINT,
                                 (record.group_id, resource_set, idx, encode(value))))
+            if record.committed_ms > 0:
+                out.append((_UPSERT_LAST_COMMIT, (record.group_id, record.committed_ms)))
             return out
         case CatalogChanged():
             change: tuple[str, tuple[Any, ...]] = (
@@ -346,6 +355,13 @@ def _catalog_row(row: Any) -> tuple[str, int]:
     return name, partitions
 
 
+def _last_commit_row(row: Any) -> tuple[str, int]:
+    group_id, committed_ms = row
+    _column("group_id", group_id, str)
+    _column("committed_ms", committed_ms, int)
+    return group_id, committed_ms
+
+
 def _epoch_row(row: Any) -> int:
     value = row[1]
     _column("value", value, int)
@@ -430,8 +446,16 @@ class Storage:
         for row in await self._rows("meta", ("key", "value"), "key"):
             if row[0] == RESOURCES_EPOCH_KEY:
                 epoch = self._decoded("meta", f"key={row[0]!r}", _epoch_row, row)
+        last_commit: dict[str, int] = {}
+        for row in await self._rows("last_commits", ("group_id", "committed_ms"), "group_id"):
+            group_id, committed_ms = self._decoded("last_commits", f"group_id={row[0]!r}",
+                                                   _last_commit_row, row)
+            # A group whose checkpoints were all deleted keeps its row; it has
+            # nothing left to expire.
+            if group_id in checkpoints:
+                last_commit[group_id] = committed_ms
         return Snapshot(groups=tuple(groups), checkpoints=checkpoints, catalog=catalog,
-                        resources_epoch=epoch)
+                        resources_epoch=epoch, last_commit_ms=last_commit)
 
     async def _rows(self, table: str, columns: Sequence[str], order: str) -> list[Any]:
         """Rows of one table; an SQLite error (a damaged page, a missing column) names it."""

@@ -6,6 +6,7 @@ import pytest
 from coretest_kit import G, Harness, reply, scheduled, transitions
 
 from coordinator.core.coordinator import GroupCoordinator
+from coordinator.core.effects import ScheduleTimer
 from coordinator.core.records import (
     CatalogChanged,
     CheckpointsWritten,
@@ -111,7 +112,11 @@ def test_empty_group_and_commit_only_group_come_back_empty() -> None:
     assert r.state() == "Empty" and r.state("offsets-only") == "Empty"
     assert r.coord.describe_group(G).generation_id == 2  # type: ignore[union-attr]
     assert r.coord.checkpoints("offsets-only") == {("s", 3): 9}
-    assert list(r.effects) == []
+    # Nothing but their retention timers (KIP-211): from when G emptied, and from
+    # the last commit of the group that never had members.
+    retention = h.config.group_retention_ms
+    assert list(r.effects) == [ScheduleTimer(f"retention:{G}", h.now + retention),
+                               ScheduleTimer("retention:offsets-only", h.now + retention)]
 
 
 def test_deleted_group_stays_deleted() -> None:
