@@ -22,7 +22,7 @@ from coordinator.config import SETTINGS, ConfigError, ServerConfig, resolve
 
 log = logging.getLogger("groupcoord.serve")
 
-#: seconds aiohttp waits for open connections to finish after the runtime stopped.
+#: seconds open connections get to finish after the runtime stopped.
 SHUTDOWN_GRACE_S = 2.0
 EXIT_CONFIG = 2
 EXIT_STORAGE = 1
@@ -67,7 +67,8 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
 
     from coordinator import auth, tls
     from coordinator.core import GroupCoordinator
-    from coordinator.http.app import build_app
+    from coordinator.http.app import CALLS_KEY, build_app
+    from coordinator.http.fast import KEEPALIVE_TIMEOUT_S, FastServer
     from coordinator.metrics import Metrics
     from coordinator.runtime.clock import WallClock
     from coordinator.runtime.runtime import Runtime
@@ -93,26 +94,29 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     runtime = Runtime(core, storage, WallClock(), metrics)
     app = build_app(runtime, metrics, max_body_bytes=config.max_body_bytes,
                     max_metadata_bytes=config.max_metadata_bytes, tokens=tokens)
-    # handler_cancellation: a client that disconnects while its join/sync/heartbeat
-    # is parked cancels the handler, and the runtime tells the core (Cancelled).
+    # The lean path (coordinator.http.fast) answers the protocol calls and hands
+    # every other request to this runner's aiohttp handlers. handler_cancellation:
+    # a client that disconnects while its join/sync/heartbeat is parked cancels
+    # the handler, and the runtime tells the core (Cancelled); the lean path
+    # does the same.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=SHUTDOWN_GRACE_S)
+                           shutdown_timeout=SHUTDOWN_GRACE_S,
+                           keepalive_timeout=KEEPALIVE_TIMEOUT_S)
     await runner.setup()
+    fast = FastServer(app, runner, app[CALLS_KEY])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     status = 0
     try:
-        site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
-        await site.start()
+        # What was actually bound (``--port 0`` picks a port).
+        _, port = await fast.start(config.host, config.port, ssl_context)
         await runtime.start()
         # Everything alive now (modules, the restored groups) lives as long as the
         # process: keep it out of the cyclic GC's full scans, which would otherwise
         # walk it on every gen-2 collection and show up as latency spikes.
         gc.freeze()
-        # runner.addresses: what was actually bound (``--port 0`` picks a port).
-        port = int(runner.addresses[0][1])
         host = config.host
         scheme = "https" if ssl_context is not None else "http"
         log.info("ready: database %s, listening on %s://%s:%d", config.db, scheme, host, port)
@@ -136,8 +140,13 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        # No new connections; parked requests answered COORDINATOR_NOT_AVAILABLE;
+        # lean connections answer what is in flight and close; then aiohttp's.
+        fast.close_listener()
         await runtime.stop()
+        await fast.shutdown(SHUTDOWN_GRACE_S)
         await runner.cleanup()
+        await fast.finish()
         await storage.close()
     return status
 
