@@ -17,13 +17,13 @@ The job (docs/pipeline.md):
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.ownership import FACTS_FIELDS, JournalRow, cooperative_names, facts_for_rows
+from pipeline.ownership import cooperative_names
 from pipeline.sources import (
     GENERATIONS_SCHEMA,
     JOURNAL_SCHEMA,
@@ -43,13 +43,6 @@ REASONS: tuple[str, ...] = (
     "initial", "join", "rejoin", "metadata_change", "leave", "session_expiry", "join_timeout",
     "sync_timeout", "restart", "static_change",
 )
-
-_LONG_FACTS = {"journal_id", "generation_id", "started_ms", "ended_ms", "duration_ms",
-               "member_count", "joined", "left", "owned_before", "owned_after", "revoked",
-               "moved", "first_assigned", "unavailable_ms", "unowned_at_end", "follow_ups",
-               "converged_ms", "window_count"}
-_BOOL_FACTS = {"cooperative", "is_follow_up", "assignment_error"}
-
 
 @dataclass(frozen=True)
 class AnalyzeOptions:
@@ -156,62 +149,33 @@ def _load_generations(spark: Any, plan: InputPlan) -> Any:
     return df.dropDuplicates(["source", "group_id", "generation_id"])
 
 
-_FACT_INPUT = ("source", "group_id", "id", "generation_id", "protocol_type", "protocol_name",
-               "reason", "started_ms", "ended_ms", "member_count", "joined_count", "left_count",
-               "assignments")
-
-
-def _facts_arrow_schema() -> Any:
-    import pyarrow as pa
-    return pa.schema([(n, pa.int64() if n in _LONG_FACTS else
-                       pa.bool_() if n in _BOOL_FACTS else pa.string()) for n in FACTS_FIELDS])
-
-
-def _journal_rows(uri: str) -> Iterator[JournalRow]:
-    """The rows of one sorted partition file, read with pyarrow a batch at a time."""
-    import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
-    fs, path = pafs.FileSystem.from_uri(uri)
-    with fs.open_input_file(path) as fh:
-        for batch in pq.ParquetFile(fh).iter_batches(batch_size=65_536,
-                                                     columns=list(_FACT_INPUT)):
-            cols = [batch.column(i).to_pylist() for i in range(len(_FACT_INPUT))]
-            yield from map(JournalRow, *cols)
-
-
 def _facts_file(window_ms: int, cooperative: tuple[str, ...], out_dir: str,
                 task: tuple[int, str]) -> int:
     """Runs on an executor: one sorted partition file in, one facts file out.
 
-    Arrow on both sides: no row crosses between the JVM and Python (pickling
-    rows through an RDD cost several times the accounting itself).
+    Arrow on both sides (no row crosses between the JVM and Python); the
+    facts of whole groups at a time, in numpy (pipeline/facts.py).
     """
-    import pyarrow as pa
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
+
+    from pipeline.facts import INPUT_COLUMNS, facts_for_chunk, facts_schema, iter_group_chunks
     number, uri = task
-    schema = _facts_arrow_schema()
+    is_coop = cooperative_names(cooperative)
     fs, base = pafs.FileSystem.from_uri(out_dir)
     path = f"{base.rstrip('/')}/part-{number:05d}.parquet"
     count = 0
-    with pq.ParquetWriter(path, schema, filesystem=fs, compression="zstd") as writer:
-        chunk: list[tuple[Any, ...]] = []
-
-        def flush() -> None:
-            columns = list(zip(*chunk, strict=True)) if chunk else [()] * len(FACTS_FIELDS)
-            writer.write_table(pa.Table.from_arrays(
-                [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
-                schema=schema))
-            chunk.clear()
-
-        for fact in facts_for_rows(_journal_rows(uri), cooperative_names(cooperative),
-                                   window_ms):
-            chunk.append(fact)
-            count += 1
-            if len(chunk) >= 65_536:
-                flush()
-        if chunk or count == 0:
-            flush()
+    in_fs, in_path = pafs.FileSystem.from_uri(uri)
+    with in_fs.open_input_file(in_path) as fh, \
+            pq.ParquetWriter(path, facts_schema(), filesystem=fs, compression="zstd") as writer:
+        batches = pq.ParquetFile(fh).iter_batches(batch_size=131_072,
+                                                  columns=list(INPUT_COLUMNS))
+        for chunk in iter_group_chunks(batches):
+            facts = facts_for_chunk(chunk, is_coop, window_ms)
+            writer.write_table(facts)
+            count += facts.num_rows
+        if count == 0:
+            writer.write_table(facts_schema().empty_table())
     return count
 
 
@@ -224,15 +188,18 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
                           out: str | Path) -> int:
     """Write the per-rebalance table (FACTS_FIELDS) to ``out``; returns its rows.
 
-    Spark repartitions the journal by group and sorts each partition by
-    journal id into temporary Parquet files (JVM only); then one task per file
-    walks its groups in order in Python (pipeline/ownership.py) and writes its
-    facts file with pyarrow.
+    Spark lays each group out in one partition file (JVM only): the group's
+    distinct assignments once each (a journal row refers to its assignment by
+    an ``xxhash64``, so the blobs, most of the journal's bytes, are not
+    shuffled once per row), then its rows in journal order. One Python task
+    per file computes the facts (pipeline/facts.py) and writes them with
+    pyarrow.
     """
     import pyarrow.fs as pafs
     from pyspark.sql import functions as F
-    cols = journal.select(
-        "source", "group_id", F.col("id").cast("long").alias("id"),
+    blob = F.coalesce(F.col("assignments"), F.lit(bytearray()))
+    rows = journal.select(
+        "source", "group_id", F.lit(1).alias("kind"), F.col("id").cast("long").alias("id"),
         F.col("generation_id").cast("long").alias("generation_id"),
         "protocol_type", "protocol_name", "reason",
         F.col("started_ms").cast("long").alias("started_ms"),
@@ -240,13 +207,25 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
         F.col("member_count").cast("long").alias("member_count"),
         F.coalesce(F.size("joined"), F.lit(0)).cast("long").alias("joined_count"),
         F.coalesce(F.size("left"), F.lit(0)).cast("long").alias("left_count"),
-        "assignments")
+        F.xxhash64(blob).alias("h"), F.lit(None).cast("binary").alias("assignments"))
+    states = journal.select("source", "group_id", blob.alias("assignments")) \
+        .dropDuplicates(["source", "group_id", "assignments"])
+    states = states.select(
+        "source", "group_id", F.lit(0).alias("kind"), *[
+            F.lit(None).cast(rows.schema[c].dataType).alias(c)
+            for c in ("id", "generation_id", "protocol_type", "protocol_name", "reason",
+                      "started_ms", "ended_ms", "member_count", "joined_count", "left_count")],
+        F.xxhash64("assignments").alias("h"), "assignments")
+    both = rows.unionByName(states)
     parts = max(1, spark.sparkContext.defaultParallelism * 2)
     sorted_dir = f"{str(out).rstrip('/')}_sorted_input"
-    cols.repartition(parts, "source", "group_id") \
-        .sortWithinPartitions("source", "group_id", "id") \
+    # xxhash64 of the group first: a long sort prefix (group names share long
+    # prefixes, which makes string comparisons the sort's whole cost).
+    both.repartition(parts, "source", "group_id") \
+        .sortWithinPartitions(F.xxhash64("source", "group_id"), "source", "group_id", "kind",
+                              F.when(F.col("kind") == 0, F.col("h")).otherwise(F.col("id"))) \
         .write.mode("overwrite").parquet(sorted_dir)
-    files = sorted(spark.read.schema(cols.schema).parquet(sorted_dir).inputFiles())
+    files = sorted(spark.read.schema(both.schema).parquet(sorted_dir).inputFiles())
     out_uri = _uri(out)
     fs, base = pafs.FileSystem.from_uri(out_uri)
     fs.delete_dir_contents(base, missing_dir_ok=True)
@@ -266,7 +245,8 @@ def _empty_facts(out_uri: str) -> int:
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
     fs, base = pafs.FileSystem.from_uri(out_uri)
-    pq.write_table(_facts_arrow_schema().empty_table(), f"{base}/part-00000.parquet",
+    from pipeline.facts import facts_schema
+    pq.write_table(facts_schema().empty_table(), f"{base}/part-00000.parquet",
                    filesystem=fs)
     return 0
 

@@ -1,0 +1,566 @@
+"""Per-rebalance facts for many groups at once, in numpy (docs/pipeline.md).
+
+The same rules as :class:`pipeline.ownership.GroupHistory` (the row-at-a-time
+reference the unit tests also run), computed over a matrix instead of a loop:
+row ``i`` of a group, column ``r`` one of the group's resources, the cell the
+member that owns ``r`` at the end of rebalance ``i`` (``-1``: nobody). With
+``P`` the same matrix shifted down a row (``A_{i-1}``; ``-1`` where the
+history restarts):
+
+* revoked at ``i``: ``P >= 0`` and (eager, or ``O != P``) (KIP-429);
+* it is owned again at ``j``, the first row ``>= i`` of the same history with
+  ``O[j, r] >= 0`` (a backwards running minimum over row numbers), moved when
+  ``O[j, r] != P[i, r]``; unowned ``E_j - S_i`` ms; booked on row ``i``;
+* never owned again before the history breaks: counted until the break's last
+  ``ended_ms`` and in ``unowned_at_end``;
+* a row starts while something is waiting exactly when a resource it did not
+  inherit was owned earlier in the same history (a running count per
+  column): that gives ``is_follow_up`` and keeps waiting resources out of
+  ``first_assigned``.
+
+Only distinct assignments are decoded (a group goes back to the same
+assignment often, and different assignments share most members' bytes); the
+Spark job ships each distinct ``(group, assignments)`` once, with an
+``xxhash64`` the journal rows refer to (pipeline/analyze.py). Matrices are
+processed in blocks of at most :data:`BLOCK_CELLS` cells, carrying the state
+of the open history from one block to the next, so a group with thousands of
+resources and rows needs no more memory than a small one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.errors import PipelineError
+from pipeline.ownership import FACTS_FIELDS, PROTOCOL_TYPE
+
+#: Cells (rows x resources) of one owner matrix: 4M int32 = 16 MB, a few of
+#: them alive at once.
+BLOCK_CELLS = 4_000_000
+
+#: Columns of the combined input (one file per Spark partition): kind 0 rows
+#: are the distinct assignments of a group (``h``, ``assignments``), kind 1
+#: rows the journal rows (``h`` only). Sorted by group, kind, then ``h``
+#: (states) or ``id`` (rows).
+INPUT_COLUMNS: tuple[str, ...] = (
+    "source", "group_id", "kind", "id", "generation_id", "protocol_type", "protocol_name",
+    "reason", "started_ms", "ended_ms", "member_count", "joined_count", "left_count", "h",
+    "assignments")
+
+_LONG = {"journal_id", "generation_id", "started_ms", "ended_ms", "duration_ms",
+         "member_count", "joined", "left", "owned_before", "owned_after", "revoked",
+         "moved", "first_assigned", "unavailable_ms", "unowned_at_end", "follow_ups",
+         "converged_ms", "window_count"}
+_BOOL = {"cooperative", "is_follow_up", "assignment_error"}
+
+#: The figures that are null on a row whose assignments cannot be read.
+_OWNERSHIP = ("owned_before", "owned_after", "revoked", "moved", "first_assigned",
+              "unavailable_ms", "unowned_at_end", "is_follow_up", "follow_ups", "converged_ms")
+
+
+def facts_schema() -> pa.Schema:
+    return pa.schema([(n, pa.int64() if n in _LONG else pa.bool_() if n in _BOOL
+                       else pa.string()) for n in FACTS_FIELDS])
+
+
+# ---------------------------------------------------------------- decoding
+
+
+class _GroupDecoder:
+    """Member and resource numbering of one group, and its decoded member
+    assignments (cached by their bytes: members keep the same bytes across
+    many of the group's assignments)."""
+
+    __slots__ = ("inner", "members", "resources")
+
+    def __init__(self) -> None:
+        self.members: dict[str, int] = {}
+        self.resources: dict[tuple[str, int], int] = {}
+        self.inner: dict[bytes, np.ndarray] = {}
+
+    def columns(self, data: bytes) -> np.ndarray:
+        """Column numbers of the resources in one ``ResourceAssignment``'s
+        ``assigned`` (protocol/resources.py; validated as
+        :func:`pipeline.ownership.decode_resources` does)."""
+        found = self.inner.get(data)
+        if found is not None:
+            return found
+        cols: list[int] = []
+        if data:
+            obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+            if not isinstance(obj, dict):
+                raise ValueError("assignment is not a map")
+            assigned = obj.get("assigned") or {}
+            if not isinstance(assigned, dict):
+                raise ValueError("assignment.assigned is not a map")
+            res = self.resources
+            for name, indexes in assigned.items():
+                if not isinstance(name, str) or not isinstance(indexes, list):
+                    raise ValueError("assignment.assigned is not a map of set name to indexes")
+                for i in indexes:
+                    if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+                        raise ValueError(f"assignment.assigned.{name} has a bad index {i!r}")
+                    cols.append(res.setdefault((name, i), len(res)))
+        found = np.array(cols, dtype=np.int32)
+        self.inner[data] = found
+        return found
+
+    def state(self, blob: bytes, members_out: list[int], cols_out: list[np.ndarray],
+              lens_out: list[int]) -> int:
+        """One journal ``assignments`` blob (a msgpack map member id -> bytes):
+        appends each member's number, resource columns and their count; returns
+        how many members it appended."""
+        if not blob:
+            return 0
+        obj = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+        if not isinstance(obj, dict):
+            raise ValueError("assignments is not a map")
+        members = self.members
+        inner = self.inner
+        for m, v in obj.items():
+            if not isinstance(m, str) or not isinstance(v, (bytes, type(None))):
+                raise ValueError("assignments is not a map of member id to bytes")
+            c = inner.get(v) if v else None
+            if c is None:
+                c = self.columns(v or b"")
+            members_out.append(members.setdefault(m, len(members)))
+            cols_out.append(c)
+            lens_out.append(len(c))
+        return len(obj)
+
+
+@dataclass
+class _States:
+    """The decoded distinct assignments of a chunk's groups, flattened."""
+
+    group: np.ndarray            # per state: group number in the chunk
+    error: np.ndarray            # per state: could not be read
+    flat_state: np.ndarray       # per (state, member, resource)
+    flat_col: np.ndarray
+    flat_owner: np.ndarray
+    width: np.ndarray            # per group: resources seen (matrix columns)
+
+
+def _decode_states(group: np.ndarray, blobs: Sequence[bytes | None], groups: int) -> _States:
+    n = len(blobs)
+    error = np.zeros(n, dtype=bool)
+    per_state = np.zeros(n, dtype=np.int64)      # members appended per state
+    members: list[int] = []
+    cols: list[np.ndarray] = []
+    lens: list[int] = []
+    width = np.zeros(groups, dtype=np.int64)
+    decoder = _GroupDecoder()
+    current = -1
+    for k in range(n):
+        g = int(group[k])
+        if g != current:
+            if current >= 0:
+                width[current] = len(decoder.resources)
+            decoder, current = _GroupDecoder(), g
+        mark = len(members)
+        try:
+            per_state[k] = decoder.state(blobs[k] or b"", members, cols, lens)
+        except (ValueError, TypeError, msgpack.UnpackException):
+            error[k] = True
+            del members[mark:], cols[mark:], lens[mark:]
+    if current >= 0:
+        width[current] = len(decoder.resources)
+    counts = np.array(lens, dtype=np.int64)
+    member_state = np.repeat(np.arange(n, dtype=np.int64), per_state)
+    return _States(group, error, np.repeat(member_state, counts), _cat(cols, np.int32),
+                   np.repeat(np.array(members, dtype=np.int32), counts), width)
+
+
+def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+# ---------------------------------------------------------------- the matrix
+
+
+@dataclass
+class _Carry:
+    """State of the open history at the end of a block, per column."""
+
+    prev: np.ndarray
+    pend_row: np.ndarray
+    pend_owner: np.ndarray
+    ever: np.ndarray
+    last_end: int = 0
+
+    @classmethod
+    def empty(cls, width: int) -> _Carry:
+        return cls(np.full(width, -1, np.int32), np.full(width, -1, np.int64),
+                   np.full(width, -1, np.int32), np.zeros(width, bool))
+
+
+@dataclass
+class _Out:
+    """Per-row figures of one bucket of rows."""
+
+    n: int
+    owned_before: np.ndarray = field(init=False)
+    owned_after: np.ndarray = field(init=False)
+    revoked: np.ndarray = field(init=False)
+    moved: np.ndarray = field(init=False)
+    first: np.ndarray = field(init=False)
+    unavailable: np.ndarray = field(init=False)
+    unowned_end: np.ndarray = field(init=False)
+    follow_ups: np.ndarray = field(init=False)
+    converged: np.ndarray = field(init=False)
+    is_follow_up: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("owned_before", "owned_after", "revoked", "moved", "first",
+                     "unavailable", "unowned_end", "follow_ups", "converged"):
+            setattr(self, name, np.zeros(self.n, np.int64))
+        self.is_follow_up = np.zeros(self.n, bool)
+
+
+def _block(o: np.ndarray, restart: np.ndarray, coop: np.ndarray, s: np.ndarray,
+           e: np.ndarray, off: int, carry: _Carry, out: _Out, s_all: np.ndarray) -> None:
+    """Rows ``off .. off + len(o)`` of a bucket: ``o`` their owner matrix."""
+    n, width = o.shape
+    p = np.empty_like(o)
+    p[0] = carry.prev[:width]
+    p[1:] = o[:-1]
+    p[restart] = -1
+    owned = o >= 0
+    owned_prev = p >= 0
+    rows = np.arange(n, dtype=np.int32)
+
+    # Histories inside the block: chain c starts at starts[c - 1]; chain 0
+    # (when the block does not start with a restart) continues the carried one.
+    cid = np.cumsum(restart)
+    starts = np.flatnonzero(restart)
+    chain_first = (np.where(cid > 0, starts[np.maximum(cid - 1, 0)], 0) if len(starts)
+                   else np.zeros(n, np.int64))
+    ends = np.append(starts, n) - 1          # last row of chain c is ends[c]
+    chain_last = ends[cid]
+    open_chain = cid == cid[-1]              # may go on in the next block
+
+    # Owned earlier in the same history (before row i).
+    cs = np.cumsum(owned, axis=0, dtype=np.int32)
+    cs_ex = np.zeros_like(cs)
+    cs_ex[1:] = cs[:-1]
+    ever = (cs_ex - cs_ex[chain_first]) > 0
+    if not restart[0]:
+        ever[cid == 0] |= carry.ever[:width]
+
+    changed = o != p
+    rev = owned_prev & (~coop[:, None] | changed)
+    out.owned_before[off:off + n] = owned_prev.sum(1)
+    out.owned_after[off:off + n] = owned.sum(1)
+    out.revoked[off:off + n] = rev.sum(1)
+    now = rev & owned                          # owned again at the end of row i
+    out.unavailable[off:off + n] += now.sum(1) * np.maximum(0, e - s)
+    out.moved[off:off + n] += (now & changed).sum(1)
+    waiting = ~owned_prev & ever
+    out.first[off:off + n] = (owned & ~owned_prev & ~ever).sum(1)
+    out.is_follow_up[off:off + n] = coop & waiting.any(1)
+
+    # Next row (>= i) owning each resource.
+    idx = np.where(owned, rows[:, None], np.int32(n))
+    nxt = np.minimum.accumulate(idx[::-1], axis=0)[::-1]
+
+    ii, rr = np.nonzero(rev & ~owned)
+    jj = nxt[ii, rr]
+    ok = jj <= chain_last[ii]
+    gi, gj, gr = ii[ok], jj[ok], rr[ok]
+    np.add.at(out.moved, off + gi, (o[gj, gr] != p[gi, gr]).astype(np.int64))
+    np.add.at(out.unavailable, off + gi, np.maximum(0, e[gj] - s[gi]))
+    np.maximum.at(out.follow_ups, off + gi, gj - gi)
+    np.maximum.at(out.converged, off + gi, e[gj])
+    bad = ~ok
+    closed = bad & ~open_chain[ii]
+    ci = ii[closed]
+    np.add.at(out.unavailable, off + ci, np.maximum(0, e[chain_last[ci]] - s[ci]))
+    np.add.at(out.unowned_end, off + ci, 1)
+    new_pending = bad & open_chain[ii]
+
+    # Resources revoked in earlier blocks and still waiting.
+    (pr,) = np.nonzero(carry.pend_row[:width] >= 0)
+    if len(pr):
+        prow = carry.pend_row[pr]
+        if restart[0]:
+            _close(out, prow, carry.last_end, s_all)
+            carry.pend_row[pr] = -1
+        else:
+            j = nxt[0, pr]
+            got = j <= chain_last[0]
+            gp, gprow, gjj = pr[got], prow[got], j[got]
+            np.add.at(out.moved, gprow, (o[gjj, gp] != carry.pend_owner[gp]).astype(np.int64))
+            np.add.at(out.unavailable, gprow, np.maximum(0, e[gjj] - s_all[gprow]))
+            np.maximum.at(out.follow_ups, gprow, off + gjj - gprow)
+            np.maximum.at(out.converged, gprow, e[gjj])
+            carry.pend_row[gp] = -1
+            if not open_chain[0]:               # the history broke inside this block
+                rest = ~got
+                _close(out, prow[rest], int(e[chain_last[0]]), s_all)
+                carry.pend_row[pr[rest]] = -1
+    carry.pend_row[rr[new_pending]] = off + ii[new_pending]
+    carry.pend_owner[rr[new_pending]] = p[ii[new_pending], rr[new_pending]]
+
+    carry.prev[:width] = o[-1]
+    open_ever = (cs[-1] - cs_ex[chain_first[-1]]) > 0
+    if cid[-1] == 0:                             # no restart in the block
+        open_ever |= carry.ever[:width]
+    carry.ever[:width] = open_ever
+    carry.last_end = int(e[-1])
+
+
+def _close(out: _Out, prow: np.ndarray, end: int, s_all: np.ndarray) -> None:
+    np.add.at(out.unavailable, prow, np.maximum(0, end - s_all[prow]))
+    np.add.at(out.unowned_end, prow, 1)
+
+
+# ---------------------------------------------------------------- a chunk of groups
+
+
+def _np(col: Any, dtype: Any = np.int64) -> np.ndarray:
+    """An Arrow integer column as numpy (nulls as 0)."""
+    arr = pc.fill_null(col, 0) if col.null_count else col
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _flag(col: Any) -> np.ndarray:
+    out: np.ndarray = np.asarray(pc.fill_null(col, False).to_numpy(zero_copy_only=False),
+                                 dtype=bool)
+    return out
+
+
+def _shift_differs(col: Any) -> np.ndarray:
+    """Row k differs from row k - 1 (row 0: True)."""
+    n = len(col)
+    out = np.ones(n, dtype=bool)
+    if n > 1:
+        out[1:] = _flag(pc.not_equal(col.slice(1), col.slice(0, n - 1)).fill_null(True))
+    return out
+
+
+def _window_counts(group: np.ndarray, started: np.ndarray, window_ms: int) -> np.ndarray:
+    """Rebalances of the same group started in ``(S_i - W, S_i]`` among rows
+    ``<= i`` (the storm counter of GroupHistory: a queue of start times)."""
+    n = len(started)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    values = np.concatenate([started, started - window_ms])
+    _, rank = np.unique(values, return_inverse=True)
+    key = (group.astype(np.int64) << 32) | rank[:n]
+    lo = np.searchsorted(key, (group.astype(np.int64) << 32) | rank[n:], side="right")
+    counts: np.ndarray = np.maximum(0, np.arange(n) - lo + 1)
+    backwards = np.flatnonzero((group[1:] == group[:-1]) & (started[1:] < started[:-1]))
+    for g in np.unique(group[backwards + 1]):
+        # Start times out of journal order: replay the queue exactly.
+        (rows,) = np.nonzero(group == g)
+        queue: list[int] = []
+        head = 0
+        for k in rows:
+            queue.append(int(started[k]))
+            while head < len(queue) and queue[head] <= started[k] - window_ms:
+                head += 1
+            counts[k] = len(queue) - head
+    return counts
+
+
+def _bucket_width(width: int) -> int:
+    return max(8, 1 << max(0, int(width) - 1).bit_length())
+
+
+def facts_for_chunk(table: pa.Table, is_cooperative: Callable[[str | None], bool],
+                    window_ms: int) -> pa.Table:
+    """The facts (``facts_schema()``) of every journal row in ``table``.
+
+    ``table`` has :data:`INPUT_COLUMNS` and holds whole groups, each group's
+    rows contiguous: its distinct assignments first (kind 0, sorted by ``h``),
+    then its journal rows (kind 1, sorted by ``id``; a row given twice counts
+    once).
+    """
+    table = table.combine_chunks()
+    n_all = table.num_rows
+    if n_all == 0:
+        return facts_schema().empty_table()
+    new_group = _shift_differs(table["source"]) | _shift_differs(table["group_id"])
+    group_all = np.cumsum(new_group) - 1
+    groups = int(group_all[-1]) + 1
+    kind = _np(table["kind"], np.int8)
+    h_all = _np(table["h"])
+
+    # Distinct assignments of each group: decoded once.
+    (s_idx,) = np.nonzero(kind == 0)
+    s_group, s_h = group_all[s_idx], h_all[s_idx]
+    order = np.lexsort((s_h, s_group))
+    s_idx, s_group, s_h = s_idx[order], s_group[order], s_h[order]
+    clash = np.flatnonzero((s_group[1:] == s_group[:-1]) & (s_h[1:] == s_h[:-1]))
+    if len(clash):
+        k = int(s_idx[clash[0]])
+        raise PipelineError(
+            f"group {table['group_id'][k].as_py()!r}: two different assignments have the "
+            "same 64-bit hash; cannot tell its rebalances apart")
+    states = _decode_states(s_group, table["assignments"].take(pa.array(s_idx)).to_pylist(),
+                            groups)
+    if len(states.flat_state):
+        # A resource given to two members is not a valid assignment
+        # (client.assignors.validate_assignment): no figures for it.
+        key = (states.flat_state << 32) | states.flat_col.astype(np.int64)
+        key.sort()
+        states.error[np.unique(key[1:][key[1:] == key[:-1]] >> 32)] = True
+
+    # Journal rows, in order, once each.
+    (r_idx,) = np.nonzero(kind == 1)
+    group = group_all[r_idx]
+    ids = _np(table["id"].take(pa.array(r_idx)))
+    keep = np.ones(len(r_idx), dtype=bool)
+    keep[1:] = (group[1:] != group[:-1]) | (ids[1:] != ids[:-1])
+    r_idx, group, ids = r_idx[keep], group[keep], ids[keep]
+    rows = table.take(pa.array(r_idx))
+    n = rows.num_rows
+    if n == 0:
+        return facts_schema().empty_table()
+    r_h = h_all[r_idx]
+    _, rank = np.unique(np.concatenate([s_h, r_h]), return_inverse=True)
+    key_s = (s_group.astype(np.int64) << 32) | rank[:len(s_h)]
+    key_r = (group.astype(np.int64) << 32) | rank[len(s_h):]
+    pos = np.minimum(np.searchsorted(key_s, key_r), max(0, len(key_s) - 1))
+    if len(key_s) == 0 or np.any(key_s[pos] != key_r):
+        raise PipelineError("internal: a journal row without its group's assignments")
+    state = pos
+
+    started, ended = _np(rows["started_ms"]), _np(rows["ended_ms"])
+    generation = _np(rows["generation_id"])
+    names = [x for x in pc.unique(rows["protocol_name"]).to_pylist() if is_cooperative(x)]
+    coop = _flag(pc.is_in(rows["protocol_name"], value_set=pa.array(names, pa.string())))
+    readable_type = _flag(pc.equal(rows["protocol_type"], PROTOCOL_TYPE))
+    bad_bytes = states.error[state]
+    null = ~readable_type | bad_bytes
+    first_of_group = np.ones(n, dtype=bool)
+    first_of_group[1:] = group[1:] != group[:-1]
+    restart = first_of_group | _flag(pc.equal(rows["reason"], "initial")) | null
+    restart[1:] |= (generation[1:] <= generation[:-1]) | null[:-1]
+
+    out = _Out(n)
+    out.converged[:] = ended
+    widths = np.array([_bucket_width(w) for w in states.width], dtype=np.int64)
+    row_width = widths[group]
+    state_width = widths[s_group]
+    for width in np.unique(row_width):
+        w = int(width)
+        (rows_b,) = np.nonzero(row_width == width)
+        in_b = state_width == width
+        local = np.cumsum(in_b) - 1
+        matrix = np.full((int(in_b.sum()), w), -1, dtype=np.int32)
+        fm = in_b[states.flat_state]
+        matrix[local[states.flat_state[fm]], states.flat_col[fm]] = states.flat_owner[fm]
+        matrix[states.error[in_b]] = -1
+        st = local[state[rows_b]]
+        nulls = null[rows_b]
+        sub = _Out(len(rows_b))
+        sub.converged[:] = ended[rows_b]
+        carry = _Carry.empty(w)
+        s_b, e_b = started[rows_b], ended[rows_b]
+        step = max(1, BLOCK_CELLS // w)
+        for off in range(0, len(rows_b), step):
+            sl = slice(off, off + step)
+            o = matrix[st[sl]]
+            o[nulls[sl]] = -1
+            _block(o, restart[rows_b][sl], coop[rows_b][sl], s_b[sl], e_b[sl], off, carry,
+                   sub, s_b)
+        (pr,) = np.nonzero(carry.pend_row >= 0)
+        if len(pr):
+            _close(sub, carry.pend_row[pr], carry.last_end, s_b)
+        for name in ("owned_before", "owned_after", "revoked", "moved", "first",
+                     "unavailable", "unowned_end", "follow_ups", "converged", "is_follow_up"):
+            getattr(out, name)[rows_b] = getattr(sub, name)
+
+    figures: dict[str, np.ndarray] = {
+        "owned_before": out.owned_before, "owned_after": out.owned_after,
+        "revoked": out.revoked, "moved": out.moved, "first_assigned": out.first,
+        "unavailable_ms": out.unavailable, "unowned_at_end": out.unowned_end,
+        "is_follow_up": out.is_follow_up, "follow_ups": out.follow_ups,
+        "converged_ms": out.converged}
+    columns: dict[str, Any] = {
+        "source": rows["source"], "group_id": rows["group_id"], "journal_id": pa.array(ids),
+        "generation_id": pa.array(generation), "protocol_type": rows["protocol_type"],
+        "protocol_name": rows["protocol_name"], "cooperative": pa.array(coop),
+        "reason": rows["reason"], "started_ms": pa.array(started),
+        "ended_ms": pa.array(ended), "duration_ms": pa.array(ended - started),
+        "member_count": pa.array(_np(rows["member_count"])),
+        "joined": pa.array(_np(rows["joined_count"])),
+        "left": pa.array(_np(rows["left_count"])),
+        "window_count": pa.array(_window_counts(group, started, window_ms)),
+        "assignment_error": pa.array(readable_type & bad_bytes)}
+    for name, values in figures.items():
+        columns[name] = pa.array(values, mask=null) if null.any() else pa.array(values)
+    schema = facts_schema()
+    return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+def iter_group_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
+                      ) -> Iterator[pa.Table]:
+    """Tables of whole groups (about ``rows`` rows each) from batches sorted by group."""
+    carry: list[pa.Table] = []
+    carried = 0
+    for batch in batches:
+        table = pa.Table.from_batches([batch])
+        carry.append(table)
+        carried += table.num_rows
+        if carried < rows:
+            continue
+        whole = pa.concat_tables(carry).combine_chunks()
+        starts = np.flatnonzero(_shift_differs(whole["source"]) |
+                                _shift_differs(whole["group_id"]))
+        cut = int(starts[-1])
+        if cut == 0:  # one group so far: keep reading
+            carry = [whole]
+            continue
+        yield whole.slice(0, cut)
+        rest = whole.slice(cut)
+        carry, carried = [rest], rest.num_rows
+    if carried:
+        yield pa.concat_tables(carry)
+
+
+# ---------------------------------------------------------------- for tests and tools
+
+
+def combined_input(rows: Iterable[Any]) -> pa.Table:
+    """:data:`INPUT_COLUMNS` from :class:`pipeline.ownership.JournalRow` objects
+    sorted by (source, group_id, journal_id), as the Spark job lays them out
+    (the hash here is blake2b's; the job's is Spark's xxhash64)."""
+    import hashlib
+    by_group: dict[tuple[str, str], list[Any]] = {}
+    for r in rows:
+        by_group.setdefault((r.source, r.group_id), []).append(r)
+    out: list[dict[str, Any]] = []
+
+    def digest(blob: bytes) -> int:
+        return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "big",
+                              signed=True)
+
+    for (source, group_id), rs in by_group.items():
+        blobs = {digest(r.assignments or b""): r.assignments or b"" for r in rs}
+        for h in sorted(blobs):
+            out.append({"source": source, "group_id": group_id, "kind": 0, "h": h,
+                        "assignments": blobs[h]})
+        for r in rs:
+            out.append({"source": source, "group_id": group_id, "kind": 1,
+                        "id": r.journal_id, "generation_id": r.generation_id,
+                        "protocol_type": r.protocol_type, "protocol_name": r.protocol_name,
+                        "reason": r.reason, "started_ms": r.started_ms,
+                        "ended_ms": r.ended_ms, "member_count": r.member_count,
+                        "joined_count": r.joined, "left_count": r.left,
+                        "h": digest(r.assignments or b""), "assignments": None})
+    return pa.Table.from_pylist(out, schema=input_schema())
+
+
+def input_schema() -> pa.Schema:
+    strings = {"source", "group_id", "protocol_type", "protocol_name", "reason"}
+    return pa.schema([(c, pa.string() if c in strings else pa.binary() if c == "assignments"
+                       else pa.int32() if c == "kind" else pa.int64()) for c in INPUT_COLUMNS])
