@@ -21,6 +21,7 @@ from client.errors import (
     MemberClosedError,
     NotOwnedError,
     RebalanceInProgressError,
+    TLSVerificationError,
 )
 from client.listener import RebalanceListener, Resource
 from client.member import GroupMember
@@ -43,4 +44,5 @@ __all__ = [
     "RebalanceInProgressError",
     "RebalanceListener",
     "Resource",
+    "TLSVerificationError",
 ]

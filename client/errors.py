@@ -21,6 +21,7 @@ Hierarchy::
         ├── GroupMaxSizeReachedError
         ├── InvalidSessionTimeoutError
         ├── GroupAuthorizationFailedError
+        ├── TLSVerificationError         the coordinator's certificate could not be verified
         └── InvalidRequestError          the server could not understand a request (a bug)
 """
 
@@ -42,6 +43,7 @@ __all__ = [
     "MemberClosedError",
     "NotOwnedError",
     "RebalanceInProgressError",
+    "TLSVerificationError",
     "fatal_error_for",
 ]
 
@@ -125,6 +127,15 @@ class GroupAuthorizationFailedError(FatalMemberError):
     """Missing or wrong credentials, or a group outside the caller's grant."""
 
     code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
+class TLSVerificationError(FatalMemberError):
+    """The coordinator's TLS certificate could not be verified (unknown CA, wrong
+    host name, expired): a setting to fix (``ca_file=``), not a fault that
+    retrying heals, so the member stops instead of retrying forever. The code
+    is ``COORDINATOR_NOT_AVAILABLE``: no trusted coordinator was reached."""
+
+    code = ErrorCode.COORDINATOR_NOT_AVAILABLE
 
 
 class InvalidRequestError(FatalMemberError):

@@ -34,9 +34,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -111,7 +113,12 @@ class GroupMember:
         request_timeout_ms: int = 30_000,
         assignor_settings: Mapping[str, Mapping[str, object]] | None = None,
         wall_clock: Callable[[], int] | None = None,
+        ca_file: str | Path | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        if not isinstance(coordinator, str) and (ca_file is not None or ssl_context is not None):
+            raise ValueError("ca_file/ssl_context apply to a coordinator URL; configure the "
+                             "transport passed as coordinator instead")
         self.client_id = client_id or f"member-{uuid.uuid4().hex[:12]}"
         self.config = MemberConfig(
             group_id=group_id, sets=tuple(sets), assignors=tuple(assignors),
@@ -129,7 +136,8 @@ class GroupMember:
         self._machine = MemberStateMachine(self.config, rng=rng, assignor_clock=wall_clock)
         if isinstance(coordinator, str):
             headers = {"Authorization": f"Bearer {token}"} if token else None
-            self._transport: Transport = AiohttpTransport(coordinator, headers=headers)
+            self._transport: Transport = AiohttpTransport(
+                coordinator, headers=headers, ca_file=ca_file, ssl_context=ssl_context)
             self._owns_transport = True
         else:
             self._transport = coordinator
@@ -144,6 +152,8 @@ class GroupMember:
         self._failure: BaseException | None = None
         #: the side channel's heartbeat in flight (see _background).
         self._bg: asyncio.Future[Any] | None = None
+        #: one commit at a time, in call order (asyncio.Lock wakes waiters FIFO).
+        self._commit_lock = asyncio.Lock()
 
     # ------------------------------------------------------------ what a worker reads
 
@@ -182,6 +192,23 @@ class GroupMember:
     @property
     def last_error(self) -> str | None:
         return self._machine.last_error
+
+    def safety_deadline_ms(self) -> int | None:
+        """When this member must have stopped working on its resources, on the
+        member's ``clock`` (monotonic milliseconds by default), or ``None``
+        while it owns nothing.
+
+        The coordinator may give the resources to another member from that
+        moment on if it has not heard from this one (a session timeout after
+        the last answered heartbeat, or a rebalance timeout after a rebalance
+        began; the rule is in :mod:`client.member_state`). Every answer from
+        the coordinator that proves the member is still known pushes it
+        later; the member calls ``on_lost`` when it passes. A worker doing
+        long steps should check it between steps (and not start a step that
+        would end after it), because ``on_lost`` cannot interrupt a step in
+        progress. ``commit()`` is already bounded by it.
+        """
+        return self._machine.safety_deadline_ms()
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -268,7 +295,20 @@ class GroupMember:
 
     async def commit(self, checkpoints: Mapping[Resource, Scalar]) -> None:
         """Store ``checkpoints`` (resource -> value) for owned resources; fenced
-        by generation on the coordinator (PROTOCOL.md, commit)."""
+        by generation on the coordinator (PROTOCOL.md, commit).
+
+        Concurrent commits of one member are sent one at a time, in the order
+        they were called, so the coordinator applies them in that order (as
+        Kafka's consumer keeps its commits in order on one connection); the
+        later waits for the earlier's answer (or its timeout) first.
+        """
+        self._raise_failure()
+        async with self._commit_lock:
+            await self._commit_locked(checkpoints)
+
+    async def _commit_locked(self, checkpoints: Mapping[Resource, Scalar]) -> None:
+        # Built now, not at call time: ownership and generation are checked
+        # as of sending, after any commit queued ahead of this one.
         self._raise_failure()
         request = self._machine.build_commit(checkpoints)
         # The safety rule bounds a commit too: past the member's safety

@@ -14,7 +14,9 @@ and nowhere else:
 - network errors, timeouts, HTTP 5xx, an undecodable answer:
   :class:`~client.errors.CoordinatorUnavailableError` (retriable);
 - HTTP 400/413/415: :class:`~client.errors.InvalidRequestError` (a bug);
-- HTTP 401/403: :class:`~client.errors.GroupAuthorizationFailedError`.
+- HTTP 401/403: :class:`~client.errors.GroupAuthorizationFailedError`;
+- a coordinator certificate that does not verify:
+  :class:`~client.errors.TLSVerificationError` (fatal: a setting to fix).
 
 Tests swap in an in-memory transport: any object with this ``call`` method.
 """
@@ -22,8 +24,10 @@ Tests swap in an in-memory transport: any object with this ``call`` method.
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
@@ -32,7 +36,9 @@ from client.errors import (
     CoordinatorUnavailableError,
     GroupAuthorizationFailedError,
     InvalidRequestError,
+    TLSVerificationError,
 )
+from client.tls import client_ssl_context
 from protocol.codec import CONTENT_TYPE, DecodeError, decode, encode
 from protocol.errors import ErrorCode
 from protocol.messages import APIS, Request, Response
@@ -104,15 +110,30 @@ class AiohttpTransport:
     releases it. Cancelling a call closes its connection, which the
     coordinator sees as the caller going away (a parked heartbeat is
     forgotten).
+
+    TLS (an ``https://`` URL): ``ca_file`` trusts that CA and only that CA
+    (:func:`client.tls.client_ssl_context`; a private CA or a self-signed
+    coordinator certificate), ``ssl_context`` takes a context made by the
+    caller (client certificates, other trust settings); with neither, the
+    system trust store. Verification and host-name checks are never turned
+    off. A bad ``ca_file`` raises :class:`ValueError` naming it, here.
     """
 
     def __init__(self, base_url: str, *, headers: Mapping[str, str] | None = None,
-                 connect_timeout_s: float = 5.0) -> None:
+                 connect_timeout_s: float = 5.0, ca_file: str | Path | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"coordinator URL must start with http:// or https://: {base_url!r}")
+        if ca_file is not None and ssl_context is not None:
+            raise ValueError("give ca_file or ssl_context, not both")
+        if (ca_file is not None or ssl_context is not None) and base_url.startswith("http://"):
+            raise ValueError(f"ca_file/ssl_context need an https:// coordinator URL: "
+                             f"{base_url!r}")
         self._base = base_url.rstrip("/")
         self._headers = dict(headers or {})
         self._connect_timeout_s = connect_timeout_s
+        self._ssl: ssl.SSLContext | None = (
+            client_ssl_context(ca_file) if ca_file is not None else ssl_context)
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -124,7 +145,10 @@ class AiohttpTransport:
             # No total timeout: the member bounds every call itself (a parked
             # join may legitimately last a whole rebalance timeout).
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s)
-            self._session = aiohttp.ClientSession(timeout=timeout, headers=self._headers)
+            # ssl=True: aiohttp's default, verifying against the system store.
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True)
+            self._session = aiohttp.ClientSession(timeout=timeout, headers=self._headers,
+                                                  connector=connector)
         return self._session
 
     async def call(self, api: str, request: Any) -> Any:
@@ -144,6 +168,12 @@ class AiohttpTransport:
                 self._check_status(api, resp.status, body, json_body=False)
                 result: Response = response_type.from_wire(decode(body))
                 return result
+        except (aiohttp.ClientConnectorCertificateError, ssl.SSLCertVerificationError) as exc:
+            detail = getattr(exc, "certificate_error", exc)
+            raise TLSVerificationError(
+                f"{api}: the certificate of {self._base} could not be verified ({detail}); "
+                "pass ca_file= (the CA that signed the coordinator's certificate) or "
+                "ssl_context=") from exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise CoordinatorUnavailableError(f"{api}: {type(exc).__name__}: {exc}") from exc
         except (DecodeError, ValidationError, json.JSONDecodeError, UnicodeDecodeError) as exc:
