@@ -1,9 +1,10 @@
-"""The limits that exist today, each answered with a clear error and no state change.
+"""The server's limits, each answered with a clear error and no state change.
 
 Body size (413, ``--max-body-bytes``), name lengths and list sizes (400 naming
 the field), timeouts (400), members per group (``GROUP_MAX_SIZE_REACHED``,
-``--group-max-size``). Limits on groups, metadata size and parked requests
-are not in the server yet (docs/reliability.md, "Limits").
+``--group-max-size``), groups held (``--max-groups``) and parked requests
+(``--max-parked-requests``): ``COORDINATOR_NOT_AVAILABLE`` in an HTTP 200
+body, which clients retry with backoff (docs/reliability.md, "Limits").
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from protocol import codec
-from protocol.messages import HeartbeatRequest, JoinRequest
+from protocol.messages import HeartbeatRequest, JoinRequest, SyncRequest
 from protocol.resources import MemberMetadata
 
 MSGPACK = {"Content-Type": codec.CONTENT_TYPE}
@@ -122,3 +123,76 @@ async def test_group_max_size_refuses_the_third_member(client: Client) -> None:
     assert (status, third["error"]) == (200, "GROUP_MAX_SIZE_REACHED")
     view = await (await client.get("/v1/groups/g")).json()
     assert sorted(m["member_id"] for m in view["members"]) == sorted([a, b])
+
+
+@pytest.fixture
+async def limited(tmp_path: Path) -> AsyncIterator[Client]:
+    """A server holding at most 2 groups and 2 parked requests."""
+    from coordinator.core import GroupCoordinator
+    from coordinator.core.config import CoreConfig
+    from coordinator.http.app import build_app
+    from coordinator.metrics import Metrics
+    from coordinator.runtime.clock import WallClock
+    from coordinator.runtime.runtime import Runtime
+    from coordinator.storage.sqlite import Storage
+
+    storage = await Storage.open(tmp_path / "limited.db")
+    metrics = Metrics()
+    runtime = Runtime(GroupCoordinator(CoreConfig(min_session_timeout_ms=100,
+                                                  initial_rebalance_delay_ms=0,
+                                                  max_groups=2)),
+                      storage, WallClock(), metrics, max_parked_requests=2)
+    await runtime.start()
+    app = build_app(runtime, metrics, max_body_bytes=MAX_BODY)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as tc:
+        yield tc
+    await runtime.stop()
+    await storage.close()
+
+
+async def _refused(client: Client, reason: str) -> str:
+    text = await (await client.get("/metrics")).text()
+    lines = [line for line in text.splitlines()
+             if line.startswith(f'groupcoord_requests_refused_total{{reason="{reason}"}}')]
+    return lines[0].split()[-1] if lines else "0"
+
+
+async def test_max_groups_refuses_a_join_that_would_create_a_group(limited: Client) -> None:
+    for group in ("a", "b"):
+        status, body = await _call(limited, "join", _join(group_id=group))
+        assert (status, body["error"]) == (200, "MEMBER_ID_REQUIRED")
+    status, body = await _call(limited, "join", _join(group_id="c"))
+    assert (status, body["error"]) == (200, "COORDINATOR_NOT_AVAILABLE")
+    assert sorted(g["group_id"] for g in await _groups(limited)) == ["a", "b"]
+    assert await _refused(limited, "max_groups") == "1.0"
+    # A group that exists still takes joins.
+    status, body = await _call(limited, "join", _join(group_id="a"))
+    assert (status, body["error"]) == (200, "MEMBER_ID_REQUIRED")
+
+
+async def test_max_parked_requests_answers_long_polls_at_once_and_refuses_joins(
+        limited: Client) -> None:
+    member = await _new_id(limited)
+    status, joined = await _call(limited, "join", _join(member))
+    assert joined["error"] is None
+    generation = joined["generation_id"]
+    status, synced = await _call(limited, "sync", SyncRequest(
+        "g", member, generation, ()).to_wire())
+    assert synced["error"] is None
+    poll = HeartbeatRequest("g", member, generation, wait_ms=4_000).to_wire()
+    polls = [asyncio.ensure_future(_call(limited, "heartbeat", poll)) for _ in range(2)]
+    try:
+        await asyncio.sleep(0.2)
+        assert not any(p.done() for p in polls)
+        # A third long-poll is answered at once (as if wait_ms were 0)...
+        status, body = await asyncio.wait_for(_call(limited, "heartbeat", poll), 2)
+        assert (status, body["error"]) == (200, None)
+        # ...and a join is refused, creating nothing.
+        status, body = await _call(limited, "join", _join(group_id="other"))
+        assert (status, body["error"]) == (200, "COORDINATOR_NOT_AVAILABLE")
+        assert [g["group_id"] for g in await _groups(limited)] == ["g"]
+        assert await _refused(limited, "max_parked_requests") == "1.0"
+    finally:
+        for p in polls:
+            p.cancel()
+        await asyncio.gather(*polls, return_exceptions=True)
