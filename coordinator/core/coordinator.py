@@ -8,7 +8,8 @@ randomness, no I/O: time comes in as ``now_ms`` and new member ids with the
 
 Effect order is part of the contract: every ``Persist`` a reply depends on
 comes before that ``Reply`` in the list (the runtime replies only after the
-writes emitted before it are committed).
+writes emitted before it by the same command, and every uncommitted write of
+its group or the catalog, are committed).
 """
 
 from __future__ import annotations
