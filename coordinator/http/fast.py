@@ -69,6 +69,12 @@ MAX_HEADERS = 128
 MAX_QUEUED = 32
 #: backlog of the listening socket: a 1,000-member group may connect at once.
 BACKLOG = 1024
+#: seconds a refused request's remaining bytes are read and dropped after the
+#: answer, before closing: closing with unread input sends a TCP reset, which
+#: can destroy the answer before the client reads it (RFC 9112 9.6).
+LINGER_S = 2.0
+#: ...or until this many bytes were dropped.
+MAX_LINGER_BYTES = 4 * 1024 * 1024
 
 _CALL, _SHIM, _REPLY = 0, 1, 2
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -298,7 +304,10 @@ class FastProtocol(asyncio.Protocol):
         #: loop time of the current request's first byte; None between requests.
         self._begun: float | None = None
         self._in_head = False
+        #: head bytes seen in whole reads made while the head was incomplete.
         self._head_bytes = 0
+        #: bytes of the request line's URL and the completed header fields.
+        self._field_bytes = 0
         # -- the connection
         self._queue: deque[_Pending] = deque()
         self._task: asyncio.Task[None] | None = None
@@ -309,6 +318,9 @@ class FastProtocol(asyncio.Protocol):
         self._stopped = False
         #: close once the answers owed are written.
         self._closing = False
+        #: the last answer is written and our side shut: input is read and dropped.
+        self._lingering = False
+        self._lingered = 0
         self._paused_queue = False
         self._paused_shim = False
         self._paused_write = False
@@ -377,7 +389,7 @@ class FastProtocol(asyncio.Protocol):
         if transport is None:
             return
         paused = (self._paused_queue or self._paused_shim or self._paused_write
-                  or self._stopped)
+                  or self._stopped) and not self._lingering
         if paused != self._reading_paused:
             self._reading_paused = paused
             if paused:
@@ -413,7 +425,10 @@ class FastProtocol(asyncio.Protocol):
                     transport.write(response(408, b"request not received in time\n",
                                              server.date, content_type=b"text/plain",
                                              close=True))
-                transport.close()
+                    self._stop()
+                    self._linger_close()
+                else:
+                    transport.close()
                 return
             deadline = min(deadline, self._begun + server.request_timeout_s)
         elif not self.shim_mode and self._task is None and not self._queue:
@@ -427,6 +442,10 @@ class FastProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._stopped:
+            if self._lingering and self._transport is not None:
+                self._lingered += len(data)
+                if self._lingered > MAX_LINGER_BYTES:
+                    self._transport.close()
             return
         was_in_head = self._in_head
         try:
@@ -450,7 +469,7 @@ class FastProtocol(asyncio.Protocol):
             # Bytes buffered for an incomplete head: bounded (slow loris, huge fields).
             if was_in_head:
                 self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES:
+            if self._head_bytes > MAX_HEAD_BYTES or self._field_bytes > MAX_HEAD_BYTES:
                 self._refuse_head()
 
     def on_message_begin(self) -> None:
@@ -470,14 +489,17 @@ class FastProtocol(asyncio.Protocol):
         self._begun = self._loop.time()
         self._in_head = True
         self._head_bytes = 0
+        self._field_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._field_bytes += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         headers = self._headers
         headers.append((name, value))
-        if len(headers) > MAX_HEADERS:
+        self._field_bytes += len(name) + len(value) + 4
+        if len(headers) > MAX_HEADERS or self._field_bytes > MAX_HEAD_BYTES:
             self._refuse_head()
             raise _Stop
         lower = name.lower()
@@ -666,7 +688,7 @@ class FastProtocol(asyncio.Protocol):
             else:
                 self._write(item.raw)
                 if item.close:
-                    self._transport.close()
+                    self._linger_close()
                     return
             item = queue.popleft() if queue else None
         self._drained()
@@ -706,6 +728,21 @@ class FastProtocol(asyncio.Protocol):
             self._run(queue.popleft())
         else:
             self._drained()
+
+    def _linger_close(self) -> None:
+        """Close after a refusal: shut our side, drop the client's input a while, close."""
+        transport = self._transport
+        if transport is None:
+            return
+        if self._lingering or not transport.can_write_eof() or self._shim is not None:
+            transport.close()
+            return
+        transport.write_eof()
+        self._lingering = True
+        self._update_reading()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_later(LINGER_S, transport.close)
 
     def _write(self, data: bytes) -> None:
         transport = self._transport

@@ -1,0 +1,554 @@
+"""The lean HTTP/1.1 path (coordinator.http.fast) over real sockets on 127.0.0.1.
+
+Each test starts the server in-process (real runtime, core and SQLite, as
+``groupcoord serve`` wires them) on a free port and stops it. Raw sockets
+where the wire matters (pipelining, chunked bodies, 100-continue, HTTP/1.0,
+malformed input); aiohttp's client elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgpack
+import pytest
+import trustme
+from aiohttp import web
+
+from coordinator import tls
+from coordinator.auth import TokenEntry, TokenStore
+from coordinator.core.config import CoreConfig
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.http.app import CALLS_KEY, build_app
+from coordinator.http.fast import FastServer
+from coordinator.metrics import Metrics
+from coordinator.runtime.clock import WallClock
+from coordinator.runtime.runtime import Runtime
+from coordinator.storage.sqlite import Storage
+
+MAX_BODY = 4096
+MAX_METADATA = 1000
+CT = b"Content-Type: application/msgpack\r\n"
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False)
+
+
+def join_body(member_id: str = "", group: str = "g", meta: bytes = b"meta",
+              **extra: Any) -> dict[str, Any]:
+    body = {"group_id": group, "member_id": member_id, "protocol_type": "resources",
+            "protocols": [["range", meta]], "session_timeout_ms": 10_000,
+            "rebalance_timeout_ms": 10_000, "client_id": "lean"}
+    body.update(extra)
+    return body
+
+
+def request(path: str, body: bytes = b"", *, method: str = "POST", version: str = "1.1",
+            headers: bytes = CT) -> bytes:
+    return (f"{method} {path} HTTP/{version}\r\nHost: x\r\n".encode() + headers
+            + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+HEARTBEAT_UNKNOWN = pack({"group_id": "g", "member_id": "nobody", "generation_id": 1})
+
+
+class Lean:
+    """A running server: its runtime, lean server and URL."""
+
+    def __init__(self, runtime: Runtime, fast: FastServer, host: str, port: int,
+                 scheme: str) -> None:
+        self.runtime = runtime
+        self.fast = fast
+        self.host = host
+        self.port = port
+        self.url = f"{scheme}://{host}:{port}"
+
+    async def open(self, ssl_context: ssl.SSLContext | None = None
+                   ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(self.host, self.port, ssl=ssl_context)
+
+
+@asynccontextmanager
+async def lean_server(tmp_path: Path, *, tokens: TokenStore | None = None,
+                      ssl_context: ssl.SSLContext | None = None,
+                      **fast_settings: float) -> AsyncIterator[Lean]:
+    storage = await Storage.open(tmp_path / "lean.db")
+    core = GroupCoordinator(CoreConfig(min_session_timeout_ms=100, initial_rebalance_delay_ms=0))
+    metrics = Metrics()
+    runtime = Runtime(core, storage, WallClock(), metrics)
+    app = build_app(runtime, metrics, max_body_bytes=MAX_BODY,
+                    max_metadata_bytes=MAX_METADATA, tokens=tokens)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=1.0)
+    await runner.setup()
+    fast = FastServer(app, runner, app[CALLS_KEY], **fast_settings)
+    host, port = await fast.start("127.0.0.1", 0, ssl_context)
+    await runtime.start()
+    try:
+        yield Lean(runtime, fast, host, port, "https" if ssl_context else "http")
+    finally:
+        fast.close_listener()
+        await runtime.stop()
+        await fast.shutdown(1.0)
+        await runner.cleanup()
+        await fast.finish()
+        await storage.close()
+
+
+@pytest.fixture
+async def lean(tmp_path: Path) -> AsyncIterator[Lean]:
+    async with lean_server(tmp_path) as server:
+        yield server
+
+
+async def read_response(reader: asyncio.StreamReader, timeout: float = 5.0
+                        ) -> tuple[int, dict[str, str], bytes]:
+    """One response: status, headers (lower-case names), body (Content-Length framed)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    body = await asyncio.wait_for(reader.readexactly(length), timeout) if length else b""
+    return status, headers, body
+
+
+async def closed_by_server(reader: asyncio.StreamReader, timeout: float = 5.0) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1), timeout) == b""
+    except ConnectionResetError:
+        return True
+
+
+async def post(http: aiohttp.ClientSession, url: str, api: str, body: Any,
+               headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    async with http.post(f"{url}/v1/{api}", data=pack(body),
+                         headers={"Content-Type": "application/msgpack", **(headers or {})}
+                         ) as resp:
+        assert resp.content_type == "application/msgpack"
+        return resp.status, unpack(await resp.read())
+
+
+async def stable_member(http: aiohttp.ClientSession, url: str, group: str = "g"
+                        ) -> tuple[str, int]:
+    _, first = await post(http, url, "join", join_body(group=group))
+    member = first["member_id"]
+    _, joined = await post(http, url, "join", join_body(member, group=group))
+    assert joined["error"] is None, joined
+    _, synced = await post(http, url, "sync", {
+        "group_id": group, "member_id": member, "generation_id": joined["generation_id"],
+        "assignments": [{"member_id": member, "assignment": b"plan"}]})
+    assert synced["error"] is None
+    return member, joined["generation_id"]
+
+
+# ---------------------------------------------------------------- HTTP/1.1 framing
+
+
+async def test_keep_alive_serves_many_calls_on_one_connection(lean: Lean) -> None:
+    reader, writer = await lean.open()
+    for _ in range(50):
+        writer.write(request("/v1/heartbeat", HEARTBEAT_UNKNOWN))
+        status, headers, body = await read_response(reader)
+        assert status == 200
+        assert headers["content-type"] == "application/msgpack"
+        assert "date" in headers and "connection" not in headers
+        assert unpack(body)["error"] == "UNKNOWN_MEMBER_ID"
+    assert len(lean.fast.connections) == 1
+    writer.close()
+
+
+async def test_http10_closes_unless_keep_alive_is_asked(lean: Lean) -> None:
+    reader, writer = await lean.open()
+    writer.write(request("/v1/heartbeat", HEARTBEAT_UNKNOWN, version="1.0"))
+    status, headers, body = await read_response(reader)
+    assert status == 200 and headers["connection"] == "close"
+    assert unpack(body)["error"] == "UNKNOWN_MEMBER_ID"
+    assert await closed_by_server(reader)
+    writer.close()
+
+    reader, writer = await lean.open()
+    for _ in range(2):
+        writer.write(request("/v1/heartbeat", HEARTBEAT_UNKNOWN, version="1.0",
+                             headers=CT + b"Connection: keep-alive\r\n"))
+        status, headers, _ = await read_response(reader)
+        assert status == 200 and headers["connection"] == "keep-alive"
+    writer.close()
+
+
+async def test_chunked_body(lean: Lean) -> None:
+    reader, writer = await lean.open()
+    half = len(HEARTBEAT_UNKNOWN) // 2
+    parts = (HEARTBEAT_UNKNOWN[:half], HEARTBEAT_UNKNOWN[half:])
+    writer.write(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n" + CT
+                 + b"Transfer-Encoding: chunked\r\n\r\n")
+    for part in parts:
+        writer.write(b"%x\r\n%b\r\n" % (len(part), part))
+        await writer.drain()
+    writer.write(b"0\r\n\r\n")
+    status, _, body = await read_response(reader)
+    assert status == 200 and unpack(body)["error"] == "UNKNOWN_MEMBER_ID"
+    writer.close()
+
+
+async def test_expect_100_continue(lean: Lean) -> None:
+    reader, writer = await lean.open()
+    writer.write(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n" + CT + b"Expect: 100-continue\r\n"
+                 + b"Content-Length: %d\r\n\r\n" % len(HEARTBEAT_UNKNOWN))
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(HEARTBEAT_UNKNOWN)
+    status, _, body = await read_response(reader)
+    assert status == 200 and unpack(body)["error"] == "UNKNOWN_MEMBER_ID"
+    # Over the limit with Expect: refused at once, the body never asked for.
+    writer.write(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n" + CT + b"Expect: 100-continue\r\n"
+                 + b"Content-Length: %d\r\n\r\n" % (MAX_BODY + 1))
+    status, _, body = await read_response(reader)
+    assert status == 413 and unpack(body)["error"] == "INVALID_REQUEST"
+    assert await closed_by_server(reader)
+    writer.close()
+
+
+async def test_body_over_the_limit_is_413_without_reading_it(lean: Lean) -> None:
+    reader, writer = await lean.open()
+    # Only the head is sent: the answer must not wait for the 1 MB announced.
+    writer.write(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n" + CT
+                 + b"Content-Length: 1000000\r\n\r\n")
+    status, headers, body = await read_response(reader)
+    assert status == 413 and headers["connection"] == "close"
+    assert unpack(body) == {"error": "INVALID_REQUEST",
+                            "message": f"body of 1000000 bytes is over the limit of "
+                                       f"{MAX_BODY} bytes"}
+    assert await closed_by_server(reader)
+    writer.close()
+
+    reader, writer = await lean.open()
+    writer.write(b"POST /v1/join HTTP/1.1\r\nHost: x\r\n" + CT
+                 + b"Transfer-Encoding: chunked\r\n\r\n")
+    for _ in range(3):  # 3 x 2000 bytes > 4096, never terminated
+        writer.write(b"%x\r\n%b\r\n" % (2000, b"\x00" * 2000))
+    status, _, body = await read_response(reader)
+    assert status == 413 and "over the limit" in unpack(body)["message"]
+    assert await closed_by_server(reader)
+    writer.close()
+    assert lean.runtime.core.list_groups() == []
+
+
+async def test_wrong_content_type_is_415_and_the_connection_stays(lean: Lean) -> None:
+    reader, writer = await lean.open()
+    writer.write(request("/v1/heartbeat", b'{"group_id": "g"}',
+                         headers=b"Content-Type: application/json\r\n"))
+    status, _, body = await read_response(reader)
+    assert status == 415 and unpack(body)["error"] == "INVALID_REQUEST"
+    writer.write(request("/v1/heartbeat", HEARTBEAT_UNKNOWN,
+                         headers=b"Content-Type: Application/MsgPack; charset=binary\r\n"))
+    status, _, body = await read_response(reader)
+    assert status == 200 and unpack(body)["error"] == "UNKNOWN_MEMBER_ID"
+    writer.close()
+
+
+async def test_bad_body_is_400_naming_the_field(lean: Lean) -> None:
+    async with aiohttp.ClientSession() as http:
+        status, doc = await post(http, lean.url, "heartbeat",
+                                 {"group_id": "g", "member_id": "m", "generation_id": "one"})
+        assert status == 400 and doc["error"] == "INVALID_REQUEST"
+        assert doc["message"].startswith("generation_id:")
+        status, doc = await post(http, lean.url, "join", join_body(protocols=[]))
+        assert status == 400 and doc["message"].startswith("protocols:")
+    assert lean.runtime.core.list_groups() == []
+
+
+async def test_metadata_over_the_limit_is_400_and_changes_nothing(lean: Lean) -> None:
+    core = lean.runtime.core
+    async with aiohttp.ClientSession() as http:
+        big = b"m" * (MAX_METADATA + 1)
+        body = join_body(protocols=[["range", b"ok"], ["sticky", big]])
+        status, doc = await post(http, lean.url, "join", body)
+        assert status == 400
+        assert doc == {"error": "INVALID_REQUEST",
+                       "message": f"protocols[1].metadata: {MAX_METADATA + 1} bytes is over "
+                                  f"--max-metadata-bytes ({MAX_METADATA})"}
+        assert core.list_groups() == []
+        # Exactly at the limit is fine.
+        status, doc = await post(http, lean.url, "join", join_body(meta=b"m" * MAX_METADATA))
+        assert status == 200 and doc["error"] == "MEMBER_ID_REQUIRED"
+
+        # A leader whose plan gives one member too much: refused, group still waiting.
+        member = doc["member_id"]
+        _, joined = await post(http, lean.url, "join", join_body(member))
+        assert joined["error"] is None
+        sync = {"group_id": "g", "member_id": member, "generation_id": joined["generation_id"],
+                "assignments": [{"member_id": member, "assignment": big}]}
+        status, doc = await post(http, lean.url, "sync", sync)
+        assert status == 400
+        assert doc["message"] == (f"assignments[0].assignment: {MAX_METADATA + 1} bytes is "
+                                  f"over --max-metadata-bytes ({MAX_METADATA})")
+        view = core.describe_group("g")
+        assert view is not None and view.state == "CompletingRebalance"
+        sync["assignments"] = [{"member_id": member, "assignment": b"small"}]
+        status, doc = await post(http, lean.url, "sync", sync)
+        assert status == 200 and doc["error"] is None and doc["assignment"] == b"small"
+
+
+# ---------------------------------------------------------------- order, shim, cancellation
+
+
+async def test_pipelined_requests_are_answered_in_order(lean: Lean) -> None:
+    async with aiohttp.ClientSession() as http:
+        member, generation = await stable_member(http, lean.url)
+    parked = pack({"group_id": "g", "member_id": member, "generation_id": generation,
+                   "wait_ms": 300})
+    reader, writer = await lean.open()
+    # A long-poll heartbeat (answered after ~300 ms), then calls answered at once.
+    writer.write(request("/v1/heartbeat", parked) + request("/v1/fetch", pack({"group_id": "g"}))
+                 + request("/v1/heartbeat", b"\xc1") + request("/v1/heartbeat", HEARTBEAT_UNKNOWN)
+                 + request("/healthz", method="GET", headers=b""))
+    answers = [await read_response(reader) for _ in range(5)]
+    assert [a[0] for a in answers] == [200, 200, 400, 200, 200]
+    assert unpack(answers[0][2]) == {"error": None, "resources_epoch": 0}
+    assert "checkpoints" in unpack(answers[1][2])
+    assert unpack(answers[2][2])["error"] == "INVALID_REQUEST"
+    assert unpack(answers[3][2])["error"] == "UNKNOWN_MEMBER_ID"
+    assert json.loads(answers[4][2]) == {"status": "alive"}
+    writer.close()
+
+
+async def test_a_mixed_connection_serves_admin_and_calls(lean: Lean) -> None:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
+        member, generation = await stable_member(http, lean.url)
+        beat = {"group_id": "g", "member_id": member, "generation_id": generation}
+        for epoch in range(2):
+            async with http.get(f"{lean.url}/v1/groups/g") as resp:
+                assert resp.status == 200
+                assert (await resp.json())["members"][0]["member_id"] == member
+            status, doc = await post(http, lean.url, "heartbeat", beat)
+            assert status == 200 and doc == {"error": None, "resources_epoch": epoch}
+            async with http.post(f"{lean.url}/v1/heartbeat", data=b"{}",
+                                 headers={"Content-Type": "application/json"}) as resp:
+                assert resp.status == 415
+            async with http.get(f"{lean.url}/nowhere") as resp:
+                assert resp.status == 404
+            async with http.put(f"{lean.url}/v1/resources/orders", json={"partitions": 4 + epoch}
+                                ) as resp:
+                assert resp.status == 200, await resp.text()
+        # One connection served it all (limit=1 and keep-alive).
+        assert len(lean.fast.connections) == 1
+        assert next(iter(lean.fast.connections)).shim_mode
+
+
+async def test_a_disconnected_parked_heartbeat_is_forgotten(lean: Lean) -> None:
+    core = lean.runtime.core
+    async with aiohttp.ClientSession() as http:
+        member, generation = await stable_member(http, lean.url)
+    _, writer = await lean.open()
+    writer.write(request("/v1/heartbeat", pack({"group_id": "g", "member_id": member,
+                                                  "generation_id": generation,
+                                                  "wait_ms": 5000})))
+    for _ in range(200):
+        if core.parked_request_count() == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert core.parked_request_count() == 1
+    writer.close()
+    for _ in range(200):
+        if core.parked_request_count() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert core.parked_request_count() == 0
+
+
+async def test_a_disconnected_parked_join_is_forgotten(lean: Lean) -> None:
+    async with aiohttp.ClientSession() as http:
+        await stable_member(http, lean.url)
+        _, newcomer = await post(http, lean.url, "join", join_body())
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(post(http, lean.url, "join",
+                                        join_body(newcomer["member_id"])), 0.3)
+    for _ in range(200):
+        if lean.runtime.core.parked_request_count() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert lean.runtime.core.parked_request_count() == 0
+
+
+# ---------------------------------------------------------------- bad input, slow clients
+
+
+@pytest.mark.parametrize("garbage", [
+    b"GARBAGE\r\n\r\n",
+    b"POST /v1/heartbeat HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+    b"POST /v1/heartbeat HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+    b"POST /v1/heartbeat HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\nab",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40,  # a TLS hello
+])
+async def test_a_malformed_request_is_400_and_closed(lean: Lean, garbage: bytes) -> None:
+    reader, writer = await lean.open()
+    writer.write(garbage)
+    status, headers, _ = await read_response(reader)
+    assert status == 400 and headers["connection"] == "close"
+    assert await closed_by_server(reader)
+    writer.close()
+
+
+async def test_malformed_after_a_parked_call_is_answered_after_it(lean: Lean) -> None:
+    async with aiohttp.ClientSession() as http:
+        member, generation = await stable_member(http, lean.url)
+    reader, writer = await lean.open()
+    writer.write(request("/v1/heartbeat", pack({"group_id": "g", "member_id": member,
+                                                  "generation_id": generation,
+                                                  "wait_ms": 200}))
+                 + b"NOT HTTP\r\n\r\n")
+    status, _, body = await read_response(reader)
+    assert status == 200 and unpack(body)["error"] is None
+    status, _, _ = await read_response(reader)
+    assert status == 400
+    assert await closed_by_server(reader)
+    writer.close()
+
+
+async def test_malformed_on_a_shim_connection_is_400_after_its_answers(lean: Lean) -> None:
+    reader, writer = await lean.open()
+    writer.write(request("/healthz", method="GET", headers=b"") + b"NOT HTTP\r\n\r\n")
+    status, _, body = await read_response(reader)
+    assert status == 200 and json.loads(body) == {"status": "alive"}
+    status, _, _ = await read_response(reader)
+    assert status == 400
+    assert await closed_by_server(reader)
+    writer.close()
+
+
+async def test_a_huge_head_is_431(lean: Lean) -> None:
+    reader, writer = await lean.open()
+    writer.write(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nX-Big: ")
+    # One field that never ends: refused within the limit plus one read (256 KiB).
+    for _ in range(100):
+        writer.write(b"a" * 4096)
+        await writer.drain()
+    status, _, _ = await read_response(reader)
+    assert status == 431
+    reader, writer = await lean.open()
+    writer.write(b"POST /v1/heartbeat HTTP/1.1\r\n"
+                 + b"".join(b"X-%d: v\r\n" % i for i in range(200)) + b"\r\n")
+    status, _, _ = await read_response(reader)
+    assert status == 431
+    assert await closed_by_server(reader)
+    writer.close()
+
+
+async def test_slow_and_idle_clients_are_closed(tmp_path: Path) -> None:
+    async with lean_server(tmp_path, request_timeout_s=0.3, keepalive_timeout_s=0.5) as lean:
+        reader, writer = await lean.open()
+        writer.write(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n")  # ...and nothing more
+        status, _, _ = await read_response(reader)
+        assert status == 408
+        assert await closed_by_server(reader)
+        writer.close()
+
+        reader, writer = await lean.open()
+        writer.write(request("/v1/heartbeat", HEARTBEAT_UNKNOWN))
+        assert (await read_response(reader))[0] == 200
+        assert await closed_by_server(reader, timeout=5)  # idle for 0.5 s
+        writer.close()
+
+
+# ---------------------------------------------------------------- TLS, authentication
+
+
+async def test_tls(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    with open(tmp_path / "cert.pem", "wb") as out:
+        for blob in cert.cert_chain_pems:
+            out.write(blob.bytes())
+    server_ctx = tls.server_ssl_context(str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    async with lean_server(tmp_path, ssl_context=server_ctx) as lean:
+        reader, writer = await lean.open(client_ctx)
+        writer.write(request("/v1/heartbeat", HEARTBEAT_UNKNOWN)
+                     + request("/readyz", method="GET", headers=b"")
+                     + request("/v1/heartbeat", HEARTBEAT_UNKNOWN))
+        answers = [await read_response(reader) for _ in range(3)]
+        assert [a[0] for a in answers] == [200, 200, 200]
+        assert unpack(answers[2][2])["error"] == "UNKNOWN_MEMBER_ID"
+        writer.close()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_ctx)) as http:
+            status, doc = await post(http, lean.url, "join", join_body())
+            assert status == 200 and doc["error"] == "MEMBER_ID_REQUIRED"
+
+
+async def test_auth_through_the_lean_path(tmp_path: Path) -> None:
+    def entry(name: str, token: str, prefixes: tuple[str, ...]) -> TokenEntry:
+        return TokenEntry(name, hashlib.sha256(token.encode()).digest(), prefixes, False)
+
+    alice, bob = "a" * 40, "b" * 40
+    tokens = TokenStore([entry("alice", alice, ("orders-",)), entry("bob", bob, ("users-",))])
+    async with lean_server(tmp_path, tokens=tokens) as lean, aiohttp.ClientSession() as http:
+        def bearer(token: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {token}"}
+
+        async with http.post(f"{lean.url}/v1/join", data=pack(join_body(group="orders-eu")),
+                             headers={"Content-Type": "application/msgpack"}) as resp:
+            assert resp.status == 401
+            assert resp.headers["WWW-Authenticate"] == 'Bearer realm="groupcoord"'
+            assert unpack(await resp.read())["error"] == "GROUP_AUTHORIZATION_FAILED"
+        status, doc = await post(http, lean.url, "join", join_body(group="orders-eu"),
+                                 bearer("c" * 40))
+        assert status == 401
+        status, doc = await post(http, lean.url, "join", join_body(group="orders-eu"),
+                                 bearer(bob))
+        assert status == 403 and doc == {
+            "error": "GROUP_AUTHORIZATION_FAILED",
+            "message": "token 'bob' is not granted group 'orders-eu'"}
+        status, doc = await post(http, lean.url, "join", join_body(group="orders-eu"),
+                                 bearer(alice))
+        assert status == 200 and doc["error"] == "MEMBER_ID_REQUIRED"
+        minted = doc["member_id"]
+        # A member id minted for alice is unknown to anyone else.
+        status, doc = await post(http, lean.url, "heartbeat",
+                                 {"group_id": "users-x", "member_id": minted,
+                                  "generation_id": 1}, bearer(bob))
+        assert status == 200 and doc["error"] == "UNKNOWN_MEMBER_ID"
+        # Health stays open; admin needs a token.
+        async with http.get(f"{lean.url}/healthz") as resp:
+            assert resp.status == 200
+        async with http.get(f"{lean.url}/v1/groups") as resp:
+            assert resp.status == 401
+
+
+async def test_shutdown_answers_parked_calls_and_closes(tmp_path: Path) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with lean_server(tmp_path) as lean:
+            member, generation = await stable_member(http, lean.url)
+            parked = lean.runtime.core.parked_request_count
+            task = asyncio.ensure_future(post(http, lean.url, "heartbeat", {
+                "group_id": "g", "member_id": member, "generation_id": generation,
+                "wait_ms": 5000}))
+            for _ in range(200):
+                if parked() == 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert parked() == 1
+            connections = lean.fast.connections
+        # Leaving the block stopped the server: the parked call was answered first.
+        status, doc = await asyncio.wait_for(task, 5)
+        assert status == 200 and doc["error"] == "COORDINATOR_NOT_AVAILABLE"
+        assert not connections
