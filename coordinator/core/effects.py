@@ -4,8 +4,9 @@
 writes every :class:`Persist` of the call in one storage transaction, and sends
 every :class:`Reply` only after the writes it depends on are committed
 (DESIGN.md practice 5: reply after commit): those of its group and of the
-catalog, whenever emitted, and those its own command emitted before it. Timers are keyed by strings:
-arming a key again replaces its deadline; cancelling an unknown key is a no-op.
+catalog, whenever emitted, and those its own command emitted before it.
+Timers are keyed by strings: arming a key again replaces its deadline;
+cancelling an unknown key is a no-op.
 """
 
 from __future__ import annotations
