@@ -17,11 +17,13 @@ The job (docs/pipeline.md):
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import shutil
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.aggregates import HOUR_MS, REASONS
 from pipeline.errors import PipelineError
 from pipeline.ownership import cooperative_names
 from pipeline.sources import (
@@ -35,14 +37,6 @@ from pipeline.sources import (
     unique_sources,
 )
 
-HOUR_MS = 3_600_000
-
-#: Known reasons get a column each (coordinator/core/records.py
-#: REBALANCE_REASONS); anything else is counted in ``reason_other``.
-REASONS: tuple[str, ...] = (
-    "initial", "join", "rejoin", "metadata_change", "leave", "session_expiry", "join_timeout",
-    "sync_timeout", "restart", "static_change",
-)
 
 @dataclass(frozen=True)
 class AnalyzeOptions:
@@ -149,34 +143,55 @@ def _load_generations(spark: Any, plan: InputPlan) -> Any:
     return df.dropDuplicates(["source", "group_id", "generation_id"])
 
 
-def _facts_file(window_ms: int, cooperative: tuple[str, ...], out_dir: str,
-                task: tuple[int, str]) -> int:
-    """Runs on an executor: one sorted partition file in, one facts file out.
+def _facts_file(window_ms: int, cooperative: tuple[str, ...], threshold: int,
+                out_dirs: tuple[str, str, str], task: tuple[int, str]) -> int:
+    """Runs on an executor: one sorted partition file in; its part of
+    ``rebalances/``, ``group_hours/`` and of the per-group table out.
 
     Arrow on both sides (no row crosses between the JVM and Python); the
-    facts of whole groups at a time, in numpy (pipeline/facts.py).
+    facts of whole groups at a time, in numpy (pipeline/facts.py,
+    pipeline/aggregates.py).
     """
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
+    from pipeline.aggregates import aggregate, group_hours_schema, groups_schema
     from pipeline.facts import INPUT_COLUMNS, facts_for_chunk, facts_schema, iter_group_chunks
     number, uri = task
     is_coop = cooperative_names(cooperative)
-    fs, base = pafs.FileSystem.from_uri(out_dir)
-    path = f"{base.rstrip('/')}/part-{number:05d}.parquet"
+    schemas = (facts_schema(), group_hours_schema(), groups_schema())
+    writers = []
+    for out_dir, schema in zip(out_dirs, schemas, strict=True):
+        fs, base = pafs.FileSystem.from_uri(out_dir)
+        writers.append(pq.ParquetWriter(f"{base.rstrip('/')}/part-{number:05d}.parquet",
+                                        schema, filesystem=fs, compression="zstd"))
     count = 0
-    in_fs, in_path = pafs.FileSystem.from_uri(uri)
-    with in_fs.open_input_file(in_path) as fh, \
-            pq.ParquetWriter(path, facts_schema(), filesystem=fs, compression="zstd") as writer:
-        batches = pq.ParquetFile(fh).iter_batches(batch_size=131_072,
-                                                  columns=list(INPUT_COLUMNS))
-        for chunk in iter_group_chunks(batches):
+    try:
+        for chunk in _group_chunks(uri, INPUT_COLUMNS, iter_group_chunks):
             facts = facts_for_chunk(chunk, is_coop, window_ms)
-            writer.write_table(facts)
+            hours, groups = aggregate(facts, threshold)
+            for writer, table in zip(writers, (facts, hours, groups), strict=True):
+                writer.write_table(table)
             count += facts.num_rows
         if count == 0:
-            writer.write_table(facts_schema().empty_table())
+            for writer, schema in zip(writers, schemas, strict=True):
+                writer.write_table(schema.empty_table())
+    finally:
+        for writer in writers:
+            writer.close()
     return count
+
+
+def _group_chunks(uri: str, columns: Sequence[str], chunks: Any) -> Iterator[Any]:
+    """Whole groups of one sorted partition file ("": no file, an empty journal)."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    if not uri:
+        return
+    fs, path = pafs.FileSystem.from_uri(uri)
+    with fs.open_input_file(path) as fh:
+        yield from chunks(pq.ParquetFile(fh).iter_batches(batch_size=131_072,
+                                                          columns=list(columns)))
 
 
 def _uri(path: str | Path) -> str:
@@ -185,8 +200,9 @@ def _uri(path: str | Path) -> str:
 
 
 def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
-                          out: str | Path) -> int:
-    """Write the per-rebalance table (FACTS_FIELDS) to ``out``; returns its rows.
+                          outs: tuple[str | Path, str | Path, str | Path]) -> int:
+    """Write ``rebalances`` (FACTS_FIELDS), ``group_hours`` and the per-group
+    aggregates to the three directories ``outs``; returns the rebalances.
 
     Spark lays each group out in one partition file (JVM only): the group's
     distinct assignments once each (a journal row refers to its assignment by
@@ -218,7 +234,7 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
         F.xxhash64("assignments").alias("h"), "assignments")
     both = rows.unionByName(states)
     parts = max(1, spark.sparkContext.defaultParallelism * 2)
-    sorted_dir = f"{str(out).rstrip('/')}_sorted_input"
+    sorted_dir = f"{str(outs[0]).rstrip('/')}_sorted_input"
     # xxhash64 of the group first: a long sort prefix (group names share long
     # prefixes, which makes string comparisons the sort's whole cost).
     both.repartition(parts, "source", "group_id") \
@@ -226,99 +242,69 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
                               F.when(F.col("kind") == 0, F.col("h")).otherwise(F.col("id"))) \
         .write.mode("overwrite").parquet(sorted_dir)
     files = sorted(spark.read.schema(both.schema).parquet(sorted_dir).inputFiles())
-    out_uri = _uri(out)
-    fs, base = pafs.FileSystem.from_uri(out_uri)
-    fs.delete_dir_contents(base, missing_dir_ok=True)
-    fs.create_dir(base, recursive=True)
-    fn = functools.partial(_facts_file, options.storm_window_ms, options.cooperative, out_uri)
-    if files:
-        total = sum(spark.sparkContext.parallelize(list(enumerate(files)), len(files))
-                    .map(fn).collect())
-    else:  # an empty journal: an empty table with the right columns
-        total = _empty_facts(out_uri)
+    out_uris = (_uri(outs[0]), _uri(outs[1]), _uri(outs[2]))
+    for out_uri in out_uris:
+        fs, base = pafs.FileSystem.from_uri(out_uri)
+        fs.delete_dir_contents(base, missing_dir_ok=True)
+        fs.create_dir(base, recursive=True)
+    fn = functools.partial(_facts_file, options.storm_window_ms, options.cooperative,
+                           options.storm_threshold, out_uris)
+    if not files:  # an empty journal: one task writes empty tables with the right columns
+        files = [""]
+    total = sum(spark.sparkContext.parallelize(list(enumerate(files)), len(files))
+                .map(fn).collect())
     sfs, sbase = pafs.FileSystem.from_uri(_uri(sorted_dir))
     sfs.delete_dir(sbase)
     return int(total)
 
 
-def _empty_facts(out_uri: str) -> int:
-    import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
-    fs, base = pafs.FileSystem.from_uri(out_uri)
-    from pipeline.facts import facts_schema
-    pq.write_table(facts_schema().empty_table(), f"{base}/part-00000.parquet",
-                   filesystem=fs)
-    return 0
-
-
 # ---------------------------------------------------------------- aggregates
+#
+# group_hours/ and the per-group sums are written by the facts tasks (exact
+# percentiles, pipeline/aggregates.py); Spark adds what needs every group.
+
+#: ``percentile_approx`` accuracy of the fleet-wide percentiles: the value
+#: returned has a rank within n / ACCURACY of the exact one (Spark's
+#: documentation), i.e. within 0.01% of the rebalances of that hour.
+FLEET_ACCURACY = 10_000
 
 
-def _duration_stats(prefix: str = "duration") -> list[Any]:
+def _approx_durations(prefix: str = "duration") -> list[Any]:
     from pyspark.sql import functions as F
-    pct = F.expr("percentile(duration_ms, array(0.5, 0.95, 0.99))")
-    return [pct.alias("_pct"), F.max("duration_ms").alias(f"{prefix}_max_ms")]
+    pct = F.percentile_approx("duration_ms", [0.5, 0.95, 0.99], FLEET_ACCURACY)
+    return [pct[0].cast("double").alias(f"{prefix}_p50_ms"),
+            pct[1].cast("double").alias(f"{prefix}_p95_ms"),
+            pct[2].cast("double").alias(f"{prefix}_p99_ms"),
+            F.max("duration_ms").alias(f"{prefix}_max_ms")]
 
 
-def _split_pct(df: Any, prefix: str = "duration") -> Any:
+_SUM_COLUMNS = ("rebalances", "joined", "left", "revoked", "moved", "unavailable_ms",
+                "unowned_at_end", "follow_up_rebalances",
+                *(f"reason_{r}" for r in (*REASONS, "other")))
+
+
+def fleet_hours(rebal: Any, hours: Any) -> Any:
+    """Per hour over all groups: sums from ``group_hours``, approximate
+    percentiles from the rebalances (one column read)."""
     from pyspark.sql import functions as F
-    return df.withColumn(f"{prefix}_p50_ms", F.col("_pct")[0]) \
-        .withColumn(f"{prefix}_p95_ms", F.col("_pct")[1]) \
-        .withColumn(f"{prefix}_p99_ms", F.col("_pct")[2]).drop("_pct")
+    sums = hours.groupBy("hour_start_ms").agg(
+        *[F.sum(c).cast("long").alias(c) for c in _SUM_COLUMNS],
+        F.count(F.lit(1)).alias("groups"),
+        F.sum(F.when(F.col("storm_rebalances") > 0, 1).otherwise(0)).cast("long")
+        .alias("storming_groups"))
+    pct = rebal.select((F.col("started_ms") - F.pmod("started_ms", F.lit(HOUR_MS)))
+                       .alias("hour_start_ms"), "duration_ms") \
+        .groupBy("hour_start_ms").agg(*_approx_durations())
+    return sums.join(pct, ["hour_start_ms"])
 
 
-def _sums() -> list[Any]:
+def groups_table(per_group: Any, generations: Any) -> Any:
     from pyspark.sql import functions as F
-    out = [F.count(F.lit(1)).alias("rebalances")]
-    out += [F.coalesce(F.sum(c), F.lit(0)).cast("long").alias(c)
-            for c in ("joined", "left", "revoked", "moved", "unavailable_ms", "unowned_at_end")]
-    out.append(F.sum(F.col("is_follow_up").cast("long")).alias("follow_up_rebalances"))
-    out += [F.sum(F.when(F.col("reason") == r, 1).otherwise(0)).cast("long")
-            .alias(f"reason_{r}") for r in REASONS]
-    out.append(F.sum(F.when(F.col("reason").isin(*REASONS), 0).otherwise(1)).cast("long")
-               .alias("reason_other"))
-    return out
-
-
-def group_hours(rebal: Any) -> Any:
-    from pyspark.sql import functions as F
-    df = rebal.withColumn("hour_start_ms", F.col("started_ms") - F.pmod("started_ms",
-                                                                        F.lit(HOUR_MS)))
-    agg = df.groupBy("source", "group_id", "hour_start_ms").agg(*_sums(), *_duration_stats())
-    return _split_pct(agg)
-
-
-def fleet_hours(rebal: Any, threshold: int) -> Any:
-    from pyspark.sql import functions as F
-    df = rebal.withColumn("hour_start_ms", F.col("started_ms") - F.pmod("started_ms",
-                                                                        F.lit(HOUR_MS)))
-    storming = F.when(F.col("window_count") >= threshold,
-                      F.concat_ws("\u0000", "source", "group_id"))
-    agg = df.groupBy("hour_start_ms").agg(
-        *_sums(), *_duration_stats(),
-        F.countDistinct("source", "group_id").alias("groups"),
-        F.countDistinct(storming).alias("storming_groups"))
-    return _split_pct(agg)
-
-
-def groups_table(rebal: Any, generations: Any, threshold: int) -> Any:
-    from pyspark.sql import functions as F
-    agg = rebal.groupBy("source", "group_id").agg(
-        *_sums(), *_duration_stats(),
-        F.min("started_ms").alias("first_started_ms"),
-        F.max("ended_ms").alias("last_ended_ms"),
-        F.max("window_count").alias("peak_window_rebalances"),
-        F.sum(F.when(F.col("window_count") >= threshold, 1).otherwise(0)).cast("long")
-        .alias("storm_rebalances"),
-        F.max_by("protocol_name", "journal_id").alias("protocol_name"),
-        F.max(F.col("cooperative").cast("int")).cast("boolean").alias("cooperative"),
-        F.max("member_count").alias("max_members"),
-        F.max("follow_ups").alias("max_follow_ups"))
     gens = generations.groupBy("source", "group_id").agg(
         F.count(F.lit(1)).alias("generations_formed"),
         F.sum(F.when(F.col("has_assignments"), 0).otherwise(1)).cast("long")
         .alias("generations_without_assignment"))
-    return _split_pct(agg).join(gens, ["source", "group_id"], "left")
+    return per_group.join(gens, ["source", "group_id"], "left")
 
 
 def duration_histogram(rebal: Any) -> list[tuple[int, int]]:
@@ -329,19 +315,25 @@ def duration_histogram(rebal: Any) -> list[tuple[int, int]]:
     return [(int(r["b"]), int(r["count"])) for r in rows]
 
 
-def totals(rebal: Any) -> dict[str, Any]:
+def totals(rebal: Any, groups: Any) -> dict[str, Any]:
     from pyspark.sql import functions as F
-    row = _split_pct(rebal.agg(
-        *_sums(), *_duration_stats(),
-        F.countDistinct("source", "group_id").alias("groups"),
-        F.countDistinct("source").alias("sources"),
+    row = rebal.agg(
+        *[F.coalesce(F.sum(c), F.lit(0)).cast("long").alias(c)
+          for c in ("joined", "left", "revoked", "moved", "unavailable_ms", "unowned_at_end")],
+        F.count(F.lit(1)).alias("rebalances"),
+        F.sum(F.col("is_follow_up").cast("long")).alias("follow_up_rebalances"),
+        *_approx_durations(),
         F.min("started_ms").alias("first_started_ms"),
         F.max("ended_ms").alias("last_ended_ms"),
         F.sum(F.col("assignment_error").cast("long")).alias("assignment_errors"),
         F.sum(F.when(F.col("revoked").isNull(), 1).otherwise(0)).alias("unreadable"),
         F.sum(F.when(F.col("cooperative"), 1).otherwise(0)).alias("cooperative_rebalances"),
-    )).collect()[0]
-    return {k: (v if v is not None else 0) for k, v in row.asDict().items()}
+    ).collect()[0].asDict()
+    g = groups.agg(F.count(F.lit(1)).alias("groups"),
+                   F.countDistinct("source").alias("sources"),
+                   *[F.sum(f"reason_{r}").cast("long").alias(f"reason_{r}")
+                     for r in (*REASONS, "other")]).collect()[0].asDict()
+    return {k: (v if v is not None else 0) for k, v in (row | g).items()}
 
 
 # ---------------------------------------------------------------- the job
@@ -361,38 +353,41 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
     tables = {name: out_dir / name for name in ("rebalances", "group_hours", "groups",
                                                 "fleet_hours")}
     show = opts.progress
-    with progress(spark, "analyze [1/4] reading journals and per-rebalance accounting", show):
+    per_group = out_dir / "groups_by_task"
+    with progress(spark, "analyze [1/4] reading journals, per-rebalance accounting, "
+                  "per group and hour", show):
         journal = _load_journal(spark, plan)
         try:
-            write_rebalance_facts(spark, journal, opts, tables["rebalances"])
+            write_rebalance_facts(spark, journal, opts, (tables["rebalances"],
+                                                        tables["group_hours"], per_group))
         except Exception as exc:
             raise _spark_input_error(exc, plan) from exc
     rebal = spark.read.parquet(str(tables["rebalances"]))
+    hours = spark.read.parquet(str(tables["group_hours"]))
     generations = _load_generations(spark, plan)
-    with progress(spark, "analyze [2/4] aggregating per group and hour", show):
+    with progress(spark, "analyze [2/4] aggregating per group and fleet-wide", show):
         # Small tables go out as one file, in a useful order (no global sort job).
-        group_hours(rebal).write.mode("overwrite").parquet(str(tables["group_hours"]))
-        groups_table(rebal, generations, opts.storm_threshold).coalesce(1) \
+        groups_table(spark.read.parquet(str(per_group)), generations).coalesce(1) \
             .sortWithinPartitions(F.desc("peak_window_rebalances"), F.desc("rebalances"),
                                   "source", "group_id") \
             .write.mode("overwrite").parquet(str(tables["groups"]))
-        fleet_hours(rebal, opts.storm_threshold).coalesce(1) \
+        fleet_hours(rebal, hours).coalesce(1) \
             .sortWithinPartitions("hour_start_ms") \
             .write.mode("overwrite").parquet(str(tables["fleet_hours"]))
+        shutil.rmtree(per_group, ignore_errors=True)
     with progress(spark, "analyze [3/4] collecting figures for the report", show):
-        tot = totals(rebal)
+        groups = spark.read.parquet(str(tables["groups"]))
+        tot = totals(rebal, groups)
         fleet = [r.asDict() for r in spark.read.parquet(str(tables["fleet_hours"]))
                  .orderBy("hour_start_ms").collect()]
-        groups = spark.read.parquet(str(tables["groups"]))
         worst = [r.asDict() for r in groups.orderBy(
             F.desc("peak_window_rebalances"), F.desc("rebalances"), "source", "group_id")
             .limit(opts.top).collect()]
         keys = [(w["source"], w["group_id"]) for w in worst]
         heat: list[dict[str, Any]] = []
         if keys:
-            gh = spark.read.parquet(str(tables["group_hours"]))
             wanted = spark.createDataFrame(keys, "source string, group_id string")
-            heat = [r.asDict() for r in gh.join(F.broadcast(wanted), ["source", "group_id"])
+            heat = [r.asDict() for r in hours.join(F.broadcast(wanted), ["source", "group_id"])
                     .select("source", "group_id", "hour_start_ms", "rebalances").collect()]
         hist = duration_histogram(rebal)
     with progress(spark, "analyze [4/4] writing report.html", show):

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.analyze import HOUR_MS, REASONS
+from pipeline.aggregates import HOUR_MS, REASONS
 from pipeline.report import cards, esc, figure, num, page, png, seconds, table, utc
 
 
