@@ -204,18 +204,15 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
     """Write ``rebalances`` (FACTS_FIELDS), ``group_hours`` and the per-group
     aggregates to the three directories ``outs``; returns the rebalances.
 
-    Spark lays each group out in one partition file (JVM only): the group's
-    distinct assignments once each (a journal row refers to its assignment by
-    an ``xxhash64``, so the blobs, most of the journal's bytes, are not
-    shuffled once per row), then its rows in journal order. One Python task
-    per file computes the facts (pipeline/facts.py) and writes them with
-    pyarrow.
+    Spark lays each group out in one partition file, its rows in journal
+    order (JVM only); one Python task per file computes the facts
+    (pipeline/facts.py) and the per-group aggregates (pipeline/aggregates.py)
+    and writes them with pyarrow.
     """
     import pyarrow.fs as pafs
     from pyspark.sql import functions as F
-    blob = F.coalesce(F.col("assignments"), F.lit(bytearray()))
     rows = journal.select(
-        "source", "group_id", F.lit(1).alias("kind"), F.col("id").cast("long").alias("id"),
+        "source", "group_id", F.col("id").cast("long").alias("id"),
         F.col("generation_id").cast("long").alias("generation_id"),
         "protocol_type", "protocol_name", "reason",
         F.col("started_ms").cast("long").alias("started_ms"),
@@ -223,25 +220,15 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
         F.col("member_count").cast("long").alias("member_count"),
         F.coalesce(F.size("joined"), F.lit(0)).cast("long").alias("joined_count"),
         F.coalesce(F.size("left"), F.lit(0)).cast("long").alias("left_count"),
-        F.xxhash64(blob).alias("h"), F.lit(None).cast("binary").alias("assignments"))
-    states = journal.select("source", "group_id", blob.alias("assignments")) \
-        .dropDuplicates(["source", "group_id", "assignments"])
-    states = states.select(
-        "source", "group_id", F.lit(0).alias("kind"), *[
-            F.lit(None).cast(rows.schema[c].dataType).alias(c)
-            for c in ("id", "generation_id", "protocol_type", "protocol_name", "reason",
-                      "started_ms", "ended_ms", "member_count", "joined_count", "left_count")],
-        F.xxhash64("assignments").alias("h"), "assignments")
-    both = rows.unionByName(states)
+        "assignments")
     parts = max(1, spark.sparkContext.defaultParallelism * 2)
     sorted_dir = f"{str(outs[0]).rstrip('/')}_sorted_input"
     # xxhash64 of the group first: a long sort prefix (group names share long
     # prefixes, which makes string comparisons the sort's whole cost).
-    both.repartition(parts, "source", "group_id") \
-        .sortWithinPartitions(F.xxhash64("source", "group_id"), "source", "group_id", "kind",
-                              F.when(F.col("kind") == 0, F.col("h")).otherwise(F.col("id"))) \
+    rows.repartition(parts, "source", "group_id") \
+        .sortWithinPartitions(F.xxhash64("source", "group_id"), "source", "group_id", "id") \
         .write.mode("overwrite").parquet(sorted_dir)
-    files = sorted(spark.read.schema(both.schema).parquet(sorted_dir).inputFiles())
+    files = sorted(spark.read.schema(rows.schema).parquet(sorted_dir).inputFiles())
     out_uris = (_uri(outs[0]), _uri(outs[1]), _uri(outs[2]))
     for out_uri in out_uris:
         fs, base = pafs.FileSystem.from_uri(out_uri)

@@ -38,20 +38,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.errors import PipelineError
 from pipeline.ownership import FACTS_FIELDS, PROTOCOL_TYPE
 
 #: Cells (rows x resources) of one owner matrix: 4M int32 = 16 MB, a few of
 #: them alive at once.
 BLOCK_CELLS = 4_000_000
 
-#: Columns of the combined input (one file per Spark partition): kind 0 rows
-#: are the distinct assignments of a group (``h``, ``assignments``), kind 1
-#: rows the journal rows (``h`` only). Sorted by group, kind, then ``h``
-#: (states) or ``id`` (rows).
+#: Columns of the input: journal rows sorted by group, then ``id``.
 INPUT_COLUMNS: tuple[str, ...] = (
-    "source", "group_id", "kind", "id", "generation_id", "protocol_type", "protocol_name",
-    "reason", "started_ms", "ended_ms", "member_count", "joined_count", "left_count", "h",
+    "source", "group_id", "id", "generation_id", "protocol_type", "protocol_name",
+    "reason", "started_ms", "ended_ms", "member_count", "joined_count", "left_count",
     "assignments")
 
 _LONG = {"journal_id", "generation_id", "started_ms", "ended_ms", "duration_ms",
@@ -379,59 +375,35 @@ def facts_for_chunk(table: pa.Table, is_cooperative: Callable[[str | None], bool
     """The facts (``facts_schema()``) of every journal row in ``table``.
 
     ``table`` has :data:`INPUT_COLUMNS` and holds whole groups, each group's
-    rows contiguous: its distinct assignments first (kind 0, sorted by ``h``),
-    then its journal rows (kind 1, sorted by ``id``; a row given twice counts
-    once).
+    rows contiguous and in journal order (a row given twice counts once).
     """
     table = table.combine_chunks()
-    n_all = table.num_rows
-    if n_all == 0:
+    if table.num_rows == 0:
         return facts_schema().empty_table()
     new_group = _shift_differs(table["source"]) | _shift_differs(table["group_id"])
-    group_all = np.cumsum(new_group) - 1
-    groups = int(group_all[-1]) + 1
-    kind = _np(table["kind"], np.int8)
-    h_all = _np(table["h"])
+    group = np.cumsum(new_group) - 1
+    ids = _np(table["id"])
+    keep = np.ones(len(ids), dtype=bool)
+    keep[1:] = (group[1:] != group[:-1]) | (ids[1:] != ids[:-1])
+    if not keep.all():
+        table, group, ids = table.filter(pa.array(keep)), group[keep], ids[keep]
+    rows = table
+    n = rows.num_rows
+    groups = int(group[-1]) + 1
 
-    # Distinct assignments of each group: decoded once.
-    (s_idx,) = np.nonzero(kind == 0)
-    s_group, s_h = group_all[s_idx], h_all[s_idx]
-    order = np.lexsort((s_h, s_group))
-    s_idx, s_group, s_h = s_idx[order], s_group[order], s_h[order]
-    clash = np.flatnonzero((s_group[1:] == s_group[:-1]) & (s_h[1:] == s_h[:-1]))
-    if len(clash):
-        k = int(s_idx[clash[0]])
-        raise PipelineError(
-            f"group {table['group_id'][k].as_py()!r}: two different assignments have the "
-            "same 64-bit hash; cannot tell its rebalances apart")
-    states = _decode_states(s_group, table["assignments"].take(pa.array(s_idx)).to_pylist(),
-                            groups)
+    # Distinct assignments of each group (Arrow hashes the bytes): decoded once.
+    blobs = pc.dictionary_encode(pc.fill_null(rows["assignments"].combine_chunks(), b""))
+    codes = _np(blobs.indices)
+    keys, state = np.unique((group.astype(np.int64) << 32) | codes, return_inverse=True)
+    s_group = keys >> 32
+    states = _decode_states(s_group, blobs.dictionary.take(pa.array(keys & 0xFFFFFFFF))
+                            .to_pylist(), groups)
     if len(states.flat_state):
         # A resource given to two members is not a valid assignment
         # (client.assignors.validate_assignment): no figures for it.
         key = (states.flat_state << 32) | states.flat_col.astype(np.int64)
         key.sort()
         states.error[np.unique(key[1:][key[1:] == key[:-1]] >> 32)] = True
-
-    # Journal rows, in order, once each.
-    (r_idx,) = np.nonzero(kind == 1)
-    group = group_all[r_idx]
-    ids = _np(table["id"].take(pa.array(r_idx)))
-    keep = np.ones(len(r_idx), dtype=bool)
-    keep[1:] = (group[1:] != group[:-1]) | (ids[1:] != ids[:-1])
-    r_idx, group, ids = r_idx[keep], group[keep], ids[keep]
-    rows = table.take(pa.array(r_idx))
-    n = rows.num_rows
-    if n == 0:
-        return facts_schema().empty_table()
-    r_h = h_all[r_idx]
-    _, rank = np.unique(np.concatenate([s_h, r_h]), return_inverse=True)
-    key_s = (s_group.astype(np.int64) << 32) | rank[:len(s_h)]
-    key_r = (group.astype(np.int64) << 32) | rank[len(s_h):]
-    pos = np.minimum(np.searchsorted(key_s, key_r), max(0, len(key_s) - 1))
-    if len(key_s) == 0 or np.any(key_s[pos] != key_r):
-        raise PipelineError("internal: a journal row without its group's assignments")
-    state = pos
 
     started, ended = _np(rows["started_ms"]), _np(rows["ended_ms"])
     generation = _np(rows["generation_id"])
@@ -530,37 +502,19 @@ def iter_group_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
 # ---------------------------------------------------------------- for tests and tools
 
 
-def combined_input(rows: Iterable[Any]) -> pa.Table:
+def input_table(rows: Iterable[Any]) -> pa.Table:
     """:data:`INPUT_COLUMNS` from :class:`pipeline.ownership.JournalRow` objects
-    sorted by (source, group_id, journal_id), as the Spark job lays them out
-    (the hash here is blake2b's; the job's is Spark's xxhash64)."""
-    import hashlib
-    by_group: dict[tuple[str, str], list[Any]] = {}
-    for r in rows:
-        by_group.setdefault((r.source, r.group_id), []).append(r)
-    out: list[dict[str, Any]] = []
-
-    def digest(blob: bytes) -> int:
-        return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "big",
-                              signed=True)
-
-    for (source, group_id), rs in by_group.items():
-        blobs = {digest(r.assignments or b""): r.assignments or b"" for r in rs}
-        for h in sorted(blobs):
-            out.append({"source": source, "group_id": group_id, "kind": 0, "h": h,
-                        "assignments": blobs[h]})
-        for r in rs:
-            out.append({"source": source, "group_id": group_id, "kind": 1,
-                        "id": r.journal_id, "generation_id": r.generation_id,
-                        "protocol_type": r.protocol_type, "protocol_name": r.protocol_name,
-                        "reason": r.reason, "started_ms": r.started_ms,
-                        "ended_ms": r.ended_ms, "member_count": r.member_count,
-                        "joined_count": r.joined, "left_count": r.left,
-                        "h": digest(r.assignments or b""), "assignments": None})
-    return pa.Table.from_pylist(out, schema=input_schema())
+    (sorted by source, group_id, journal_id), for tests and tools."""
+    return pa.Table.from_pylist([
+        {"source": r.source, "group_id": r.group_id, "id": r.journal_id,
+         "generation_id": r.generation_id, "protocol_type": r.protocol_type,
+         "protocol_name": r.protocol_name, "reason": r.reason, "started_ms": r.started_ms,
+         "ended_ms": r.ended_ms, "member_count": r.member_count, "joined_count": r.joined,
+         "left_count": r.left, "assignments": r.assignments} for r in rows],
+        schema=input_schema())
 
 
 def input_schema() -> pa.Schema:
     strings = {"source", "group_id", "protocol_type", "protocol_name", "reason"}
     return pa.schema([(c, pa.string() if c in strings else pa.binary() if c == "assignments"
-                       else pa.int32() if c == "kind" else pa.int64()) for c in INPUT_COLUMNS])
+                       else pa.int64()) for c in INPUT_COLUMNS])
