@@ -1,0 +1,96 @@
+"""The numpy facts (pipeline/facts.py) against the row-at-a-time reference
+(pipeline/ownership.py), on the hand-made journals and on seeded random ones,
+including matrices cut into blocks of a few cells (the state carried between
+blocks); and the numpy aggregates against figures worked out by hand."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from pipeline_journal_builder import COOP, EAGER, T0, Row, journal_rows
+
+import pipeline.facts as facts_mod
+from pipeline.aggregates import aggregate
+from pipeline.facts import facts_for_chunk, input_table
+from pipeline.ownership import FACTS_FIELDS, JournalRow, cooperative_names, facts_for_rows
+
+IS_COOP = cooperative_names()
+
+
+def _key(d: dict[str, Any]) -> tuple[Any, ...]:
+    return (d["source"], d["group_id"], d["journal_id"])
+
+
+def reference(rows: list[JournalRow], window_ms: int) -> list[dict[str, Any]]:
+    return sorted((dict(zip(FACTS_FIELDS, f, strict=True))
+                   for f in facts_for_rows(rows, IS_COOP, window_ms)), key=_key)
+
+
+def vectorised(rows: list[JournalRow], window_ms: int) -> list[dict[str, Any]]:
+    return sorted(facts_for_chunk(input_table(rows), IS_COOP, window_ms).to_pylist(), key=_key)
+
+
+def _random_journal(rnd: random.Random) -> list[Row]:
+    rows: list[Row] = []
+    t, generation = T0, 0
+    for _ in range(rnd.randint(1, 25)):
+        members = [f"m{i}" for i in range(rnd.randint(0, 4))]
+        owned: dict[str, dict[str, list[int]]] = {m: {} for m in members}
+        for r in range(rnd.randint(0, 6)):
+            if members and rnd.random() < 0.8:
+                owned[rnd.choice(members)].setdefault(rnd.choice("ab"), []).append(r)
+        generation = generation + 1 if rnd.random() < 0.9 else max(0, generation - 2)
+        t += rnd.randint(-100, 3000)  # start times sometimes out of journal order
+        rows.append(Row(
+            "g", generation,
+            rnd.choice(["join", "leave", "initial", "rejoin"]) if rnd.random() < 0.3 else "join",
+            t, t + rnd.randint(0, 500), owned,
+            protocol_name=rnd.choice(["range", "cooperative-sticky"]),
+            protocol_type="resources" if rnd.random() < 0.9 else "custom",
+            raw_assignments=b"\xc1bad" if rnd.random() < 0.05 else None))
+    return rows
+
+
+@pytest.mark.parametrize("cells", [4_000_000, 8, 3])
+def test_matches_the_reference_on_the_hand_made_journals(
+        cells: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(facts_mod, "BLOCK_CELLS", cells)
+    rows = sorted(journal_rows(EAGER + COOP), key=lambda r: (r.group_id, r.journal_id))
+    assert vectorised(rows, 10_000) == reference(rows, 10_000)
+    doubled = sorted(rows + rows, key=lambda r: (r.group_id, r.journal_id))
+    assert vectorised(doubled, 10_000) == reference(rows, 10_000)  # counted once
+
+
+@pytest.mark.parametrize("cells", [4_000_000, 8, 16])
+def test_matches_the_reference_on_random_journals(
+        cells: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(facts_mod, "BLOCK_CELLS", cells)
+    rnd = random.Random(5)
+    for _ in range(100):
+        rows = journal_rows(_random_journal(rnd))
+        assert vectorised(rows, 2_000) == reference(rows, 2_000)
+
+
+def test_a_resource_given_to_two_members_is_an_assignment_error() -> None:
+    rows = journal_rows([
+        Row("g", 1, "initial", T0, T0 + 10, {"m1": {"a": [0]}}),
+        Row("g", 2, "join", T0 + 20, T0 + 30, {"m1": {"a": [0]}, "m2": {"a": [0]}}),
+    ])
+    out = vectorised(rows, 1_000)
+    assert [(r["revoked"], r["assignment_error"]) for r in out] == [(0, False), (None, True)]
+
+
+def test_aggregates_per_group_hour_are_exact() -> None:
+    rows = sorted(journal_rows(EAGER + COOP), key=lambda r: (r.group_id, r.journal_id))
+    hours, groups = aggregate(facts_for_chunk(input_table(rows), IS_COOP, 600_000), 3)
+    gh = {(r["group_id"], r["hour_start_ms"]): r for r in hours.to_pylist()}
+    e = gh["eager", T0]  # durations 100, 300, 50, 10
+    assert (e["rebalances"], e["revoked"], e["moved"], e["unavailable_ms"]) == (4, 12, 4, 1440)
+    assert (e["duration_p50_ms"], e["duration_p95_ms"], e["duration_max_ms"]) == \
+        (pytest.approx(75), pytest.approx(270), 300)
+    by = {r["group_id"]: r for r in groups.to_pylist()}
+    assert (by["eager"]["peak_window_rebalances"], by["eager"]["storm_rebalances"],
+            by["coop"]["max_follow_ups"], by["coop"]["protocol_name"]) == \
+        (4, 2, 1, "cooperative-sticky")
