@@ -6,11 +6,14 @@ The job (docs/pipeline.md):
    ``sqlite3`` -> Arrow -> Spark (pipeline/sources.py), export directories
    straight from Parquet;
 2. per-rebalance facts: rows are partitioned by group and sorted by journal
-   id, and each partition walks its groups in order through
-   :class:`pipeline.ownership.GroupHistory` (moved resources, unavailability,
-   follow-ups, the storm counter) -> ``rebalances/``;
-3. aggregates with Spark SQL: per group and hour (``group_hours/``), per group
-   (``groups/``, worst first) and fleet-wide per hour (``fleet_hours/``);
+   id (JVM only); one Python task per partition computes, in numpy, the facts
+   of whole groups at a time (pipeline/facts.py: moved resources,
+   unavailability, follow-ups, the storm counter) -> ``rebalances/``, and
+   their exact per group-hour and per group aggregates
+   (pipeline/aggregates.py) -> ``group_hours/`` and ``groups/``'s sums;
+3. Spark SQL for what spans groups: ``groups/`` (with the generations, worst
+   first) and ``fleet_hours/`` (sums of ``group_hours``, approximate
+   percentiles);
 4. report.html from the small aggregates (pipeline/analyze_report.py).
 """
 

@@ -1,7 +1,9 @@
 """Per-rebalance accounting of resource ownership, from consecutive journal rows.
 
-Pure Python (no Spark): the analysis job feeds each group's journal rows, in
-journal order, through :class:`GroupHistory`; tests feed it by hand. The rules
+Pure Python (no Spark), one row at a time: the reference implementation of
+the rules. The analysis job computes the same figures in numpy over many groups
+at once (pipeline/facts.py); tests check both, this one by hand and the numpy
+one against this one. The rules
 are spelled out in docs/pipeline.md ("Moved resources and unavailability"); in
 short, with ``A_i`` the assignment that rebalance ``i`` ended with and
 ``A_{i-1}`` the one before it:
