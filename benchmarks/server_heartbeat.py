@@ -4,16 +4,18 @@ For each member count, starts the server pinned to one CPU, forms groups of
 ``--group-size`` members (join, rejoin with the member id, sync), then drives
 heartbeats from wrk (pinned to another CPU, another process) with
 ``wrk_heartbeat.lua``, cycling through every member. The same wrk run against
-``server_echo.py`` (a bare aiohttp msgpack endpoint on the same CPU) gives the
-ceiling; the ratio shows what the coordinator costs on top of HTTP + msgpack.
+``server_echo.py`` on the same CPU gives two floors: a bare aiohttp msgpack
+endpoint (what issue 2 compares with) and a bare httptools one (the least any
+Python HTTP server on this loop costs); the ratios show what the coordinator
+costs on top of HTTP + msgpack.
 
     .venv/bin/python benchmarks/server_heartbeat.py --members 1000 10000
 
 Target (issue 2): >= 8,000 heartbeats/s at p99 < 20 ms on one core. wrk is a
 closed-loop generator (no coordinated-omission correction): latency is
 measured at the throughput the server sustains with ``--connections`` open.
-Runs against groupcoord and the echo endpoint alternate (``--repeat``), so
-both see the same background load; medians are printed, with the range, and
+Runs against groupcoord and the echo endpoints alternate (``--repeat``), so
+all see the same background load; medians are printed, with the range, and
 the server's CPU time per request (from /proc, so time spent waiting for a
 CPU is not counted).
 """
@@ -129,10 +131,12 @@ def main() -> int:
     args = parser.parse_args()
 
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}  wrk -t{args.threads} -c{args.connections} "
-          f"-d{args.duration}s x {args.repeat}, alternating with the echo endpoint; "
+          f"-d{args.duration}s x {args.repeat}, alternating with the echo endpoints; "
           f"server on CPU {args.server_cpu}, wrk on CPU {args.wrk_cpu}; "
           f"load average {os.getloadavg()[0]:.1f}")
     echo = Server([sys.executable, str(HERE / "server_echo.py")], args.server_cpu)
+    lean_echo = Server([sys.executable, str(HERE / "server_echo.py"), "--kind", "httptools"],
+                       args.server_cpu)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             bodies = os.path.join(tmp, "bodies.bin")
@@ -142,6 +146,7 @@ def main() -> int:
                                                   min_session_timeout_ms=1000)
                 ours: list[dict[str, int]] = []
                 bare: list[dict[str, int]] = []
+                lean: list[dict[str, int]] = []
                 try:
                     t0 = time.perf_counter()
                     members = asyncio.run(form_groups(server.url, n, args.group_size,
@@ -153,23 +158,27 @@ def main() -> int:
                     for _ in range(args.repeat):
                         ours.append(run_wrk(server, bodies, args))
                         bare.append(run_wrk(echo, bodies, args))
+                        lean.append(run_wrk(lean_echo, bodies, args))
                 finally:
                     status = server.stop()
                     db_dir.cleanup()
                     if status != 0:
                         print(f"# server exited with status {status}")
                 print(summary(f"groupcoord, {n:,} members", ours))
-                print(summary("bare aiohttp msgpack echo", bare), flush=True)
-                ratios = [rate(a) / rate(b) for a, b in zip(ours, bare, strict=True)]
-                cpu_ratios = [b["cpu_us_per_request"] / max(1, a["cpu_us_per_request"])
-                              for a, b in zip(ours, bare, strict=True)]
-                print(f"ratio to the bare echo endpoint, {n:,} members: throughput "
-                      f"{statistics.median(ratios):.2f} "
-                      f"(runs: {', '.join(f'{x:.2f}' for x in ratios)}); "
-                      f"CPU per request (echo/ours) {statistics.median(cpu_ratios):.2f} "
-                      f"(runs: {', '.join(f'{x:.2f}' for x in cpu_ratios)})", flush=True)
+                print(summary("bare aiohttp msgpack echo", bare))
+                print(summary("bare httptools msgpack echo", lean), flush=True)
+                for label, floor in (("aiohttp", bare), ("httptools", lean)):
+                    ratios = [rate(a) / rate(b) for a, b in zip(ours, floor, strict=True)]
+                    cpu_ratios = [b["cpu_us_per_request"] / max(1, a["cpu_us_per_request"])
+                                  for a, b in zip(ours, floor, strict=True)]
+                    print(f"ratio to the bare {label} echo, {n:,} members: throughput "
+                          f"{statistics.median(ratios):.2f} "
+                          f"(runs: {', '.join(f'{x:.2f}' for x in ratios)}); "
+                          f"CPU per request (echo/ours) {statistics.median(cpu_ratios):.2f} "
+                          f"(runs: {', '.join(f'{x:.2f}' for x in cpu_ratios)})", flush=True)
     finally:
         echo.stop()
+        lean_echo.stop()
     print(f"# load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 

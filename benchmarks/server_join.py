@@ -43,7 +43,9 @@ from _server_common import (
 SESSION_MS = 120_000
 
 
-Round = tuple[float, float, float, float]
+#: last join -> all synced, first join -> all synced, server CPU in the round,
+#: server CPU from the last join to all synced, this (client) process's CPU in that span.
+Round = tuple[float, float, float, float, float]
 
 
 async def run(server: Server, n: int, rounds: int) -> list[Round]:
@@ -54,20 +56,22 @@ async def run(server: Server, n: int, rounds: int) -> list[Round]:
     out = []
     for _ in range(rounds):
         cpu = server.cpu_seconds()
-        after_last, after_first, cpu_after_last = await one_round(server, members)
-        out.append((after_last, after_first, server.cpu_seconds() - cpu, cpu_after_last))
+        after_last, after_first, cpu_after_last, client_cpu = await one_round(server, members)
+        out.append((after_last, after_first, server.cpu_seconds() - cpu, cpu_after_last,
+                    client_cpu))
     return out
 
 
-async def one_round(server: Server, members: list[BenchMember]) -> tuple[float, float, float]:
+async def one_round(server: Server, members: list[BenchMember]
+                    ) -> tuple[float, float, float, float]:
     url = server.url
     trace = aiohttp.TraceConfig()
-    #: (time, server CPU seconds) as each join's headers were written.
-    sent: list[tuple[float, float]] = []
+    #: (time, server CPU seconds, client CPU seconds) as each join's headers were written.
+    sent: list[tuple[float, float, float]] = []
 
     async def on_headers(_s: Any, _ctx: SimpleNamespace, params: Any) -> None:
         if params.url.path.endswith("/join"):
-            sent.append((time.perf_counter(), server.cpu_seconds()))
+            sent.append((time.perf_counter(), server.cpu_seconds(), time.process_time()))
 
     trace.on_request_headers_sent.append(on_headers)
     sent.clear()
@@ -93,9 +97,11 @@ async def one_round(server: Server, members: list[BenchMember]) -> tuple[float, 
 
         await asyncio.gather(*(rebalance(m) for m in members))
         cpu_end = server.cpu_seconds()
-    last_join, cpu_at_last_join = max(sent)
+        client_end = time.process_time()
+    last_join, cpu_at_last_join, client_at_last_join = max(sent)
     first_join = min(sent)[0]
-    return max(synced) - last_join, max(synced) - first_join, cpu_end - cpu_at_last_join
+    return (max(synced) - last_join, max(synced) - first_join, cpu_end - cpu_at_last_join,
+            client_end - client_at_last_join)
 
 
 def main() -> int:
@@ -113,15 +119,17 @@ def main() -> int:
         db_dir.cleanup()
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {args.members} members, "
           f"server on CPU {args.server_cpu}; load average {os.getloadavg()[0]:.1f}")
-    for i, (after_last, after_first, cpu, cpu_after_last) in enumerate(results, 1):
+    for i, (after_last, after_first, cpu, cpu_after_last, client) in enumerate(results, 1):
         print(f"round {i}: last join -> all synced {after_last * 1000:7.1f} ms   "
-              f"(server CPU in that span {cpu_after_last * 1000:.0f} ms; "
+              f"(server CPU in that span {cpu_after_last * 1000:.0f} ms, client CPU "
+              f"{client * 1000:.0f} ms; "
               f"first join -> all synced {after_first * 1000:7.1f} ms; "
               f"server CPU {cpu * 1000:.0f} ms for the whole round)")
     lasts = [r[0] * 1000 for r in results]
     print(f"last join -> all synced: median {statistics.median(lasts):.1f} ms, "
           f"max {max(lasts):.1f} ms; server CPU in that span: median "
-          f"{statistics.median(r[3] * 1000 for r in results):.0f} ms")
+          f"{statistics.median(r[3] * 1000 for r in results):.0f} ms, client CPU "
+          f"{statistics.median(r[4] * 1000 for r in results):.0f} ms")
     return 0
 
 
