@@ -91,7 +91,8 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     core = GroupCoordinator(config.core_config())
     metrics = Metrics()
     metrics.watch_core(core.state_counts, core.member_count)
-    runtime = Runtime(core, storage, WallClock(), metrics)
+    runtime = Runtime(core, storage, WallClock(), metrics,
+                      max_parked_requests=config.max_parked_requests)
     app = build_app(runtime, metrics, max_body_bytes=config.max_body_bytes,
                     max_metadata_bytes=config.max_metadata_bytes, tokens=tokens)
     # The lean path (coordinator.http.fast) answers the protocol calls and hands
@@ -136,6 +137,10 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     except OSError as exc:
         print(f"groupcoord serve: cannot listen on {config.host}:{config.port}: "
               f"{exc.strerror or exc}", file=sys.stderr)
+        status = EXIT_CONFIG
+    except StorageError as exc:
+        # Storage.load found a row it cannot decode: nothing was restored or served.
+        print(f"groupcoord serve: {exc}", file=sys.stderr)
         status = EXIT_CONFIG
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -12,7 +12,6 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-import pytest
 from server_harness import GROUPCOORD
 
 from coordinator.core.records import CheckpointsWritten, GroupRecord, MemberRecord
@@ -72,11 +71,6 @@ def test_serve_refuses_a_database_missing_a_table(tmp_path: Path) -> None:
     _assert_refused(_serve(db), f"database {db}: table catalog: the table is missing")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "coordinator/serve.py catches StorageError only around Storage.open; a row that fails to "
-    "decode is found by runtime.start() (Storage.load) after listening. Needs "
-    "`except StorageError` next to `except OSError` in serve() (reported to the lead); "
-    "remove this marker once it is there"))
 def test_serve_refuses_a_database_with_a_bad_row(tmp_path: Path) -> None:
     db = tmp_path / "g.db"
     _write_database(db)
