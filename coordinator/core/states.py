@@ -107,8 +107,9 @@ class Stable:
 
 
 class Dead:
-    """The group is being deleted (admin delete of an Empty group, or an Empty
-    group that never formed a generation and holds nothing durable).
+    """The group is being deleted (admin delete of an Empty group, an Empty
+    group whose retention expired -- ``--group-retention-ms``, KIP-211 -- or an
+    Empty group that never formed a generation and holds nothing durable).
 
     A Dead group is removed from memory in the same ``handle`` call, so calls
     find no group (``UNKNOWN_MEMBER_ID``); were one to see it, join, sync,
