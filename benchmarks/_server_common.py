@@ -57,9 +57,28 @@ class Server:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def sched_seconds(self) -> tuple[float, float]:
+        """(on a CPU, waiting for a CPU) so far, summed over the server's threads."""
+        return sched_seconds(self.proc.pid)
+
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(30)
+
+
+def sched_seconds(pid: int) -> tuple[float, float]:
+    """Seconds the process ``pid`` ran and waited in a run queue, from the scheduler's
+    per-thread ``/proc/PID/task/TID/schedstat`` (nanoseconds; Linux): on a shared
+    machine the wait says how much of a wall-clock figure was other tenants' time."""
+    ran = waited = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "schedstat").read_text().split()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        ran += int(fields[0])
+        waited += int(fields[1])
+    return ran / 1e9, waited / 1e9
 
 
 def start_groupcoord(cpu: int | None, **settings: object

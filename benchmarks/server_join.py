@@ -14,18 +14,24 @@ otherwise the script exits 1 naming the member and the error.
 Measured span (issue 2, "from the last join"): from the moment the last join
 request was handed to the kernel (its ``write`` returned) to the moment the
 last sync answer was read. Printed with it: the server's CPU time in that
-span (``/proc/PID/stat``) and this process's own CPU time in that span, so it
-is visible which side the wall time belongs to.
+span (``/proc/PID/stat``), the time it ran and waited in a run queue by the
+scheduler's count (``/proc/PID/task/*/schedstat``; the rest of the span it
+was idle: waiting for the load generator or the disk), and this process's own
+CPU time and run-queue wait in that span, so it is visible which side the
+wall time belongs to, and how much of it was other tenants of the machine.
 
 Two load generators (``--client``):
 
 - ``raw`` (default): uvloop, one keep-alive ``asyncio.Protocol`` connection
-  per member opened before the rounds, requests pre-encoded as bytes (the
-  sync body is built once per member, only the generation is appended),
-  answers parsed minimally (end of head, ``Content-Length``, msgpack body),
-  all driven from protocol callbacks (no task per member). Forms the group
-  with the same client (first join -> ``MEMBER_ID_REQUIRED`` -> join with the
-  minted id -> sync).
+  per member opened before the rounds, requests pre-encoded as bytes (a
+  round's 1,000 joins are built before it and written in one loop; the sync
+  body is built once per member, only the generation is appended), answers
+  parsed minimally (end of head, ``Content-Length``, msgpack body), all driven
+  from protocol callbacks (no task per member). Forms the group with the same
+  client (first join -> ``MEMBER_ID_REQUIRED`` -> join with the minted id ->
+  sync). Its CPU in the span is ~50-70 ms for 1,000 members (~25 us per
+  request), a fifth of the server's, so one process is enough: splitting the
+  members over several processes on the one free CPU would not shorten it.
 - ``aiohttp``: the former load generator (aiohttp's client on asyncio's
   default loop, a coroutine per member, the span starting when the last
   join's headers were written: aiohttp trace), kept to compare with the
@@ -60,6 +66,7 @@ from _server_common import (
     client_session,
     form_group,
     post,
+    sched_seconds,
     start_groupcoord,
 )
 
@@ -72,6 +79,33 @@ class BenchFailure(Exception):
     """A member got an error, a connection broke, or a round ran out of time."""
 
 
+@dataclass(frozen=True)
+class Sample:
+    """CPU counters at one instant, seconds."""
+
+    #: user + system time (``/proc/PID/stat``, 10 ms ticks).
+    server_cpu: float
+    #: the scheduler's own accounting (nanoseconds): ran, and waited in a run queue.
+    server_ran: float
+    server_waited: float
+    #: this process (the load generator).
+    client_cpu: float
+    client_waited: float
+
+    @classmethod
+    def take(cls, server: Server) -> Sample:
+        ran, waited = server.sched_seconds()
+        return cls(server.cpu_seconds(), ran, waited, time.process_time(),
+                   sched_seconds(os.getpid())[1])
+
+    def __sub__(self, earlier: Sample) -> Sample:
+        return Sample(self.server_cpu - earlier.server_cpu,
+                      self.server_ran - earlier.server_ran,
+                      self.server_waited - earlier.server_waited,
+                      self.client_cpu - earlier.client_cpu,
+                      self.client_waited - earlier.client_waited)
+
+
 @dataclass
 class Round:
     """One rebalance, times in seconds."""
@@ -80,11 +114,10 @@ class Round:
     span: float
     #: first join sent -> last sync answer read.
     from_first: float
-    #: server CPU in ``span`` and in the whole round (joins written to all synced).
-    server_cpu: float
+    #: CPU counters over ``span``.
+    used: Sample
+    #: server CPU (``/proc/PID/stat``) from the first join sent to all synced.
     server_cpu_round: float
-    #: the load generator's CPU in ``span``.
-    client_cpu: float
     #: last join sent -> first and last join answers read (raw client only).
     first_join_answer: float | None = None
     last_join_answer: float | None = None
@@ -136,8 +169,7 @@ class RebalanceRun:
         self.first_join_ns = 0
         self.last_join_ns = 0
         self.last_sync_ns = 0
-        self.end_server_cpu = 0.0
-        self.end_client_cpu = 0.0
+        self.end: Sample | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         #: the leader's plan, kept to check every member's answer after the round.
         self.plan: dict[str, bytes] = {}
@@ -152,8 +184,7 @@ class RebalanceRun:
             # Sampled here, not after the awaiting task wakes up, so the end of the
             # span is the last answer's arrival.
             self.last_sync_ns = time.monotonic_ns()
-            self.end_client_cpu = time.process_time()
-            self.end_server_cpu = self.server.cpu_seconds()
+            self.end = Sample.take(self.server)
             if not self.done.done():
                 self.done.set_result(None)
 
@@ -374,15 +405,14 @@ async def run_raw(server: Server, n: int, rounds: int, partitions: int,
                 assert m.transport is not None
                 m.transport.write(request)
             last_ns = time.monotonic_ns()
-            cpu_last = server.cpu_seconds()
-            client_last = time.process_time()
+            at_last = Sample.take(server)
             await _wait(run, members, timeout_s, f"round {round_no}")
+            assert run.end is not None
             _check_plan(run, members, f"round {round_no}")
             out.append(Round(span=(run.last_sync_ns - last_ns) / 1e9,
                              from_first=(run.last_sync_ns - first_ns) / 1e9,
-                             server_cpu=run.end_server_cpu - cpu_last,
-                             server_cpu_round=run.end_server_cpu - cpu0,
-                             client_cpu=run.end_client_cpu - client_last,
+                             used=run.end - at_last,
+                             server_cpu_round=run.end.server_cpu - cpu0,
                              first_join_answer=(run.first_join_ns - last_ns) / 1e9,
                              last_join_answer=(run.last_join_ns - last_ns) / 1e9))
         return out
@@ -412,12 +442,12 @@ async def run_aiohttp(server: Server, n: int, rounds: int, timeout_s: float) -> 
 async def _aiohttp_round(server: Server, members: list[BenchMember]) -> Round:
     url = server.url
     trace = aiohttp.TraceConfig()
-    #: (time, server CPU seconds, client CPU seconds) as each join's headers were written.
-    sent: list[tuple[int, float, float]] = []
+    #: (time, CPU counters) as each join's headers were written.
+    sent: list[tuple[int, Sample]] = []
 
     async def on_headers(_s: Any, _ctx: SimpleNamespace, params: Any) -> None:
         if params.url.path.endswith("/join"):
-            sent.append((time.monotonic_ns(), server.cpu_seconds(), time.process_time()))
+            sent.append((time.monotonic_ns(), Sample.take(server)))
 
     trace.on_request_headers_sent.append(on_headers)
     synced: list[int] = []
@@ -444,13 +474,11 @@ async def _aiohttp_round(server: Server, members: list[BenchMember]) -> Round:
             synced.append(time.monotonic_ns())
 
         await asyncio.gather(*(rebalance(m) for m in members))
-        cpu_end = server.cpu_seconds()
-        client_end = time.process_time()
-    last_join, cpu_at_last_join, client_at_last_join = max(sent)
+        end = Sample.take(server)
+    last_join, at_last_join = max(sent, key=lambda s: s[0])
     return Round(span=(max(synced) - last_join) / 1e9,
-                 from_first=(max(synced) - min(sent)[0]) / 1e9,
-                 server_cpu=cpu_end - cpu_at_last_join, server_cpu_round=cpu_end - cpu0,
-                 client_cpu=client_end - client_at_last_join)
+                 from_first=(max(synced) - min(s[0] for s in sent)) / 1e9,
+                 used=end - at_last_join, server_cpu_round=end.server_cpu - cpu0)
 
 
 # --------------------------------------------------------------------------------- main
@@ -502,20 +530,24 @@ def main() -> int:
         print(f"server_join: FAILED: the server exited with status {status}", file=sys.stderr)
         return 1
     for i, r in enumerate(results, 1):
+        u = r.used
         joins = ""
         if r.first_join_answer is not None and r.last_join_answer is not None:
-            joins = (f"join answers read +{r.first_join_answer * 1000:.1f} to "
-                     f"+{r.last_join_answer * 1000:.1f} ms; ")
-        print(f"round {i}: last join -> all synced {r.span * 1000:7.1f} ms   "
-              f"(server CPU in that span {r.server_cpu * 1000:.0f} ms, client CPU "
-              f"{r.client_cpu * 1000:.0f} ms; {joins}first join -> all synced "
-              f"{r.from_first * 1000:.1f} ms; server CPU {r.server_cpu_round * 1000:.0f} ms "
-              f"from the first join)")
+            joins = (f"; join answers read +{r.first_join_answer * 1000:.0f} to "
+                     f"+{r.last_join_answer * 1000:.0f} ms")
+        print(f"round {i}: last join -> all synced {r.span * 1000:6.1f} ms   in that span: "
+              f"server CPU {u.server_cpu * 1000:.0f} ms (scheduler: ran "
+              f"{u.server_ran * 1000:.0f} ms, waited for a CPU {u.server_waited * 1000:.0f} ms, "
+              f"idle {(r.span - u.server_ran - u.server_waited) * 1000:.0f} ms), "
+              f"client CPU {u.client_cpu * 1000:.0f} ms (waited {u.client_waited * 1000:.0f} ms)"
+              f"{joins}; first join -> all synced {r.from_first * 1000:.1f} ms")
     med = statistics.median
     print(f"last join -> all synced: median {med(r.span for r in results) * 1000:.1f} ms, "
-          f"max {max(r.span for r in results) * 1000:.1f} ms; in that span: server CPU median "
-          f"{med(r.server_cpu for r in results) * 1000:.0f} ms, client CPU median "
-          f"{med(r.client_cpu for r in results) * 1000:.0f} ms")
+          f"max {max(r.span for r in results) * 1000:.1f} ms; medians in that span: server "
+          f"CPU {med(r.used.server_cpu for r in results) * 1000:.0f} ms, waited for a CPU "
+          f"{med(r.used.server_waited for r in results) * 1000:.0f} ms; client CPU "
+          f"{med(r.used.client_cpu for r in results) * 1000:.0f} ms, waited "
+          f"{med(r.used.client_waited for r in results) * 1000:.0f} ms")
     return 0
 
 
