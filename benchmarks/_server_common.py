@@ -57,21 +57,24 @@ class Server:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def sched_seconds(self) -> tuple[float, float]:
-        """(on a CPU, waiting for a CPU) so far, summed over the server's threads."""
-        return sched_seconds(self.proc.pid)
+    def sched_seconds(self, main_thread_only: bool = False) -> tuple[float, float]:
+        """(on a CPU, waiting for a CPU) so far, summed over the server's threads, or of
+        its main thread (the event loop's) alone."""
+        return sched_seconds(self.proc.pid, self.proc.pid if main_thread_only else None)
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(30)
 
 
-def sched_seconds(pid: int) -> tuple[float, float]:
-    """Seconds the process ``pid`` ran and waited in a run queue, from the scheduler's
-    per-thread ``/proc/PID/task/TID/schedstat`` (nanoseconds; Linux): on a shared
-    machine the wait says how much of a wall-clock figure was other tenants' time."""
+def sched_seconds(pid: int, tid: int | None = None) -> tuple[float, float]:
+    """Seconds the process ``pid`` (its thread ``tid`` alone if given) ran and waited
+    in a run queue, from the scheduler's per-thread ``/proc/PID/task/TID/schedstat``
+    (nanoseconds; Linux): on a shared machine the wait says how much of a wall-clock
+    figure was other tenants' time."""
     ran = waited = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    tasks = Path(f"/proc/{pid}/task")
+    for task in [tasks / str(tid)] if tid is not None else tasks.iterdir():
         try:
             fields = (task / "schedstat").read_text().split()
         except FileNotFoundError:  # the thread ended meanwhile

@@ -14,9 +14,10 @@ otherwise the script exits 1 naming the member and the error.
 Measured span (issue 2, "from the last join"): from the moment the last join
 request was handed to the kernel (its ``write`` returned) to the moment the
 last sync answer was read. Printed with it: the server's CPU time in that
-span (``/proc/PID/stat``), the time it ran and waited in a run queue by the
-scheduler's count (``/proc/PID/task/*/schedstat``; the rest of the span it
-was idle: waiting for the load generator or the disk), and this process's own
+span (``/proc/PID/stat``), the time its event-loop thread ran and waited in a
+run queue by the scheduler's count (``/proc/PID/task/PID/schedstat``; the
+rest of the span the loop was idle: waiting for the load generator, the disk
+or SQLite's thread), and this process's own
 CPU time and run-queue wait in that span, so it is visible which side the
 wall time belongs to, and how much of it was other tenants of the machine.
 
@@ -85,23 +86,27 @@ class Sample:
 
     #: user + system time (``/proc/PID/stat``, 10 ms ticks).
     server_cpu: float
-    #: the scheduler's own accounting (nanoseconds): ran, and waited in a run queue.
+    #: the scheduler's own accounting (nanoseconds): ran (all threads: the event
+    #: loop and SQLite's); the event loop's thread alone: ran, waited in a run queue.
     server_ran: float
-    server_waited: float
+    loop_ran: float
+    loop_waited: float
     #: this process (the load generator).
     client_cpu: float
     client_waited: float
 
     @classmethod
     def take(cls, server: Server) -> Sample:
-        ran, waited = server.sched_seconds()
-        return cls(server.cpu_seconds(), ran, waited, time.process_time(),
+        ran = server.sched_seconds()[0]
+        loop_ran, loop_waited = server.sched_seconds(main_thread_only=True)
+        return cls(server.cpu_seconds(), ran, loop_ran, loop_waited, time.process_time(),
                    sched_seconds(os.getpid())[1])
 
     def __sub__(self, earlier: Sample) -> Sample:
         return Sample(self.server_cpu - earlier.server_cpu,
                       self.server_ran - earlier.server_ran,
-                      self.server_waited - earlier.server_waited,
+                      self.loop_ran - earlier.loop_ran,
+                      self.loop_waited - earlier.loop_waited,
                       self.client_cpu - earlier.client_cpu,
                       self.client_waited - earlier.client_waited)
 
@@ -537,15 +542,16 @@ def main() -> int:
                      f"+{r.last_join_answer * 1000:.0f} ms")
         print(f"round {i}: last join -> all synced {r.span * 1000:6.1f} ms   in that span: "
               f"server CPU {u.server_cpu * 1000:.0f} ms (scheduler: ran "
-              f"{u.server_ran * 1000:.0f} ms, waited for a CPU {u.server_waited * 1000:.0f} ms, "
-              f"idle {(r.span - u.server_ran - u.server_waited) * 1000:.0f} ms), "
+              f"{u.server_ran * 1000:.0f} ms; its event loop ran {u.loop_ran * 1000:.0f} ms, "
+              f"waited for a CPU {u.loop_waited * 1000:.0f} ms, idle "
+              f"{(r.span - u.loop_ran - u.loop_waited) * 1000:.0f} ms), "
               f"client CPU {u.client_cpu * 1000:.0f} ms (waited {u.client_waited * 1000:.0f} ms)"
               f"{joins}; first join -> all synced {r.from_first * 1000:.1f} ms")
     med = statistics.median
     print(f"last join -> all synced: median {med(r.span for r in results) * 1000:.1f} ms, "
           f"max {max(r.span for r in results) * 1000:.1f} ms; medians in that span: server "
-          f"CPU {med(r.used.server_cpu for r in results) * 1000:.0f} ms, waited for a CPU "
-          f"{med(r.used.server_waited for r in results) * 1000:.0f} ms; client CPU "
+          f"CPU {med(r.used.server_cpu for r in results) * 1000:.0f} ms, its event loop "
+          f"waited for a CPU {med(r.used.loop_waited for r in results) * 1000:.0f} ms; client CPU "
           f"{med(r.used.client_cpu for r in results) * 1000:.0f} ms, waited "
           f"{med(r.used.client_waited for r in results) * 1000:.0f} ms")
     return 0
