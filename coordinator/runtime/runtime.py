@@ -207,8 +207,11 @@ class _Timer:
 
 @dataclass(slots=True)
 class _Waiter:
-    future: asyncio.Future[Answer]
     command: Command
+    #: made only for a call that waits (parked, or its reply held for a commit).
+    future: asyncio.Future[Answer] | None = None
+    #: the answer of a call resolved within its own apply step (no future needed).
+    answer: Answer | None = None
     #: True until the core emitted the Reply (it may still wait for a commit).
     in_core: bool = True
 
@@ -227,6 +230,9 @@ class Runtime:
         #: set when a storage write failed; the server should exit.
         self.failed = asyncio.Event()
         self._stopping = False
+        #: the loop serving this runtime, kept at the first call: asyncio.get_running_loop()
+        #: costs a getpid() system call per call in CPython (its fork check).
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}
         self._timers: dict[str, _Timer] = {}
@@ -308,15 +314,25 @@ class Runtime:
                 # parked requests drain within their rebalance timeouts.
                 self._refused("max_parked_requests", command_group(command) or "")
                 return error_answer(command, ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(future, command)
+        waiter = _Waiter(command)
         self._waiters[request_id] = waiter
         self._apply(command)
+        if waiter.answer is not None:
+            # Answered within the apply step (a heartbeat of a Stable group with no
+            # write of its group or the catalog pending, most fetches): no future.
+            return waiter.answer
+        future = waiter.future = self._running_loop().create_future()
         try:
             return await future
         except asyncio.CancelledError:
             self._abandon(request_id)
             raise
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _abandon(self, request_id: int) -> None:
         waiter = self._waiters.pop(request_id, None)
@@ -373,7 +389,7 @@ class Runtime:
                 case RequestRefused(group_id=group_id, reason=reason):
                     self._refused(reason, group_id)
         if self._open.records and self._flusher is None:
-            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+            self._flusher = self._running_loop().create_task(self._flush())
 
     def _route_reply(self, reply: Reply, wrote: bool) -> None:
         waiter = self._waiters.get(reply.request_id)
@@ -419,8 +435,8 @@ class Runtime:
 
     def _resolve(self, request_id: int, answer: Answer) -> None:
         waiter = self._waiters.pop(request_id, None)
-        if waiter is not None and not waiter.future.done():
-            waiter.future.set_result(answer)
+        if waiter is not None:
+            _settle(waiter, answer)
 
     def _state_changed(self, change: GroupStateChanged) -> None:
         log.info("group %s: %s -> %s (generation %d): %s", change.group_id,
@@ -515,5 +531,14 @@ class Runtime:
     def _fail_waiters(self, code: ErrorCode) -> None:
         waiters, self._waiters = self._waiters, {}
         for waiter in waiters.values():
-            if not waiter.future.done():
-                waiter.future.set_result(error_answer(waiter.command, code))
+            _settle(waiter, error_answer(waiter.command, code))
+
+
+def _settle(waiter: _Waiter, answer: Answer) -> None:
+    """Give a waiter its answer: to its future if it is awaiting one, else to
+    :meth:`Runtime.call` still in its apply step."""
+    future = waiter.future
+    if future is None:
+        waiter.answer = answer
+    elif not future.done():
+        future.set_result(answer)
