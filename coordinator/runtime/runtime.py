@@ -321,7 +321,8 @@ class Runtime:
             # Answered within the apply step (a heartbeat of a Stable group with no
             # write of its group or the catalog pending, most fetches): no future.
             return waiter.answer
-        future = waiter.future = self._running_loop().create_future()
+        future: asyncio.Future[Answer] = self._running_loop().create_future()
+        waiter.future = future
         try:
             return await future
         except asyncio.CancelledError:
