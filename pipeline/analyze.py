@@ -146,55 +146,48 @@ def _load_generations(spark: Any, plan: InputPlan) -> Any:
     return df.dropDuplicates(["source", "group_id", "generation_id"])
 
 
-def _facts_file(window_ms: int, cooperative: tuple[str, ...], threshold: int,
-                out_dirs: tuple[str, str, str], task: tuple[int, str]) -> int:
-    """Runs on an executor: one sorted partition file in; its part of
-    ``rebalances/``, ``group_hours/`` and of the per-group table out.
+def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
+                out_dirs: tuple[str, str, str], batches: Iterator[Any]) -> Iterator[Any]:
+    """Runs on an executor (``mapInArrow``): the Arrow batches of one shuffle
+    partition, its rows grouped by group and in journal order, in; its part of
+    ``rebalances/``, ``group_hours/`` and of the per-group table written with
+    pyarrow; one batch ``(rows)`` out.
 
-    Arrow on both sides (no row crosses between the JVM and Python); the
-    facts of whole groups at a time, in numpy (pipeline/facts.py,
-    pipeline/aggregates.py).
+    No row crosses between the JVM and Python other than as Arrow; the facts
+    of whole groups at a time, in numpy (pipeline/facts.py,
+    pipeline/aggregates.py). A group split over two batches is carried over
+    (pipeline/facts.py ``iter_group_chunks``).
     """
+    import pyarrow as pa
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
+    from pyspark import TaskContext
 
     from pipeline.aggregates import aggregate, group_hours_schema, groups_schema
-    from pipeline.facts import INPUT_COLUMNS, facts_for_chunk, facts_schema, iter_group_chunks
-    number, uri = task
+    from pipeline.facts import facts_for_chunk, facts_schema, iter_group_chunks
+    ctx = TaskContext.get()
+    number = ctx.partitionId() if ctx is not None else 0
     is_coop = cooperative_names(cooperative)
     schemas = (facts_schema(), group_hours_schema(), groups_schema())
-    writers = []
-    for out_dir, schema in zip(out_dirs, schemas, strict=True):
-        fs, base = pafs.FileSystem.from_uri(out_dir)
-        writers.append(pq.ParquetWriter(f"{base.rstrip('/')}/part-{number:05d}.parquet",
-                                        schema, filesystem=fs, compression="zstd"))
+    writers: list[Any] = []
     count = 0
     try:
-        for chunk in _group_chunks(uri, INPUT_COLUMNS, iter_group_chunks):
+        for chunk in iter_group_chunks(b for b in batches if b.num_rows):
+            if not writers:  # only partitions with rows write files
+                for out_dir, schema in zip(out_dirs, schemas, strict=True):
+                    fs, base = pafs.FileSystem.from_uri(out_dir)
+                    writers.append(pq.ParquetWriter(
+                        f"{base.rstrip('/')}/part-{number:05d}.parquet", schema,
+                        filesystem=fs, compression="zstd"))
             facts = facts_for_chunk(chunk, is_coop, window_ms)
             hours, groups = aggregate(facts, threshold)
             for writer, table in zip(writers, (facts, hours, groups), strict=True):
                 writer.write_table(table)
             count += facts.num_rows
-        if count == 0:
-            for writer, schema in zip(writers, schemas, strict=True):
-                writer.write_table(schema.empty_table())
     finally:
         for writer in writers:
             writer.close()
-    return count
-
-
-def _group_chunks(uri: str, columns: Sequence[str], chunks: Any) -> Iterator[Any]:
-    """Whole groups of one sorted partition file ("": no file, an empty journal)."""
-    import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
-    if not uri:
-        return
-    fs, path = pafs.FileSystem.from_uri(uri)
-    with fs.open_input_file(path) as fh:
-        yield from chunks(pq.ParquetFile(fh).iter_batches(batch_size=131_072,
-                                                          columns=list(columns)))
+    yield pa.RecordBatch.from_pydict({"rows": pa.array([count], pa.int64())})
 
 
 def _uri(path: str | Path) -> str:
@@ -202,20 +195,43 @@ def _uri(path: str | Path) -> str:
     return text if "://" in text else Path(text).absolute().as_uri()
 
 
+def _map_in_arrow(df: Any, func: Any, schema: str) -> Any:
+    """``df.mapInArrow(func, schema)`` without pandas.
+
+    PySpark's ``DataFrame.mapInArrow`` builds its UDF with ``pandas_udf``,
+    which insists on pandas being installed although an Arrow map never uses
+    it (the Python worker's SQL_MAP_ARROW_ITER_UDF path is pyarrow only). The
+    same UDF is built here directly, with the same evaluation type.
+    """
+    from pyspark.rdd import PythonEvalType
+    from pyspark.sql import DataFrame
+    from pyspark.sql.udf import UserDefinedFunction
+    udf = UserDefinedFunction(func, returnType=schema,
+                              evalType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+    column = udf(*[df[c] for c in df.columns])
+    return DataFrame(df._jdf.mapInArrow(column._jc, False, None), df.sparkSession)
+
+
 def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
                           outs: tuple[str | Path, str | Path, str | Path]) -> int:
     """Write ``rebalances`` (FACTS_FIELDS), ``group_hours`` and the per-group
     aggregates to the three directories ``outs``; returns the rebalances.
 
-    Spark lays each group out in one partition file, its rows in journal
-    order (JVM only); one Python task per file computes the facts
-    (pipeline/facts.py) and the per-group aggregates (pipeline/aggregates.py)
-    and writes them with pyarrow.
+    Spark shuffles each group into one partition and sorts it by group, then
+    journal id (JVM only); one Python task per partition takes the sorted rows
+    straight from the shuffle as Arrow batches (``mapInArrow``), computes the
+    facts (pipeline/facts.py) and the per-group aggregates
+    (pipeline/aggregates.py) and writes them with pyarrow.
     """
     import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
     from pyspark.sql import functions as F
+
+    from pipeline.aggregates import group_hours_schema, groups_schema
+    from pipeline.facts import GROUP_KEY, facts_schema
     rows = journal.select(
-        "source", "group_id", F.col("id").cast("long").alias("id"),
+        F.xxhash64("source", "group_id").alias(GROUP_KEY), "source", "group_id",
+        F.col("id").cast("long").alias("id"),
         F.col("generation_id").cast("long").alias("generation_id"),
         "protocol_type", "protocol_name", "reason",
         F.col("started_ms").cast("long").alias("started_ms"),
@@ -225,27 +241,27 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
         F.coalesce(F.size("left"), F.lit(0)).cast("long").alias("left_count"),
         "assignments")
     parts = max(1, spark.sparkContext.defaultParallelism * 2)
-    sorted_dir = f"{str(outs[0]).rstrip('/')}_sorted_input"
-    # xxhash64 of the group first: a long sort prefix (group names share long
-    # prefixes, which makes string comparisons the sort's whole cost).
-    rows.repartition(parts, "source", "group_id") \
-        .sortWithinPartitions(F.xxhash64("source", "group_id"), "source", "group_id", "id") \
-        .write.mode("overwrite").parquet(sorted_dir)
-    files = sorted(spark.read.schema(rows.schema).parquet(sorted_dir).inputFiles())
     out_uris = (_uri(outs[0]), _uri(outs[1]), _uri(outs[2]))
     for out_uri in out_uris:
         fs, base = pafs.FileSystem.from_uri(out_uri)
         fs.delete_dir_contents(base, missing_dir_ok=True)
         fs.create_dir(base, recursive=True)
-    fn = functools.partial(_facts_file, options.storm_window_ms, options.cooperative,
+    fn = functools.partial(_facts_task, options.storm_window_ms, options.cooperative,
                            options.storm_threshold, out_uris)
-    if not files:  # an empty journal: one task writes empty tables with the right columns
-        files = [""]
-    total = sum(spark.sparkContext.parallelize(list(enumerate(files)), len(files))
-                .map(fn).collect())
-    sfs, sbase = pafs.FileSystem.from_uri(_uri(sorted_dir))
-    sfs.delete_dir(sbase)
-    return int(total)
+    # Sorted by a 64-bit hash of the group and the id: two longs, no string
+    # comparison (group names share long prefixes; comparing them was half of
+    # the sort's CPU). Colliding hashes are repaired in the task
+    # (pipeline/facts.py iter_group_chunks).
+    ordered = rows.repartition(parts, GROUP_KEY).sortWithinPartitions(GROUP_KEY, "id")
+    total = sum(int(r["rows"]) for r in _map_in_arrow(ordered, fn, "rows long").collect())
+    for out_uri, schema in zip(out_uris, (facts_schema(), group_hours_schema(),
+                                          groups_schema()), strict=True):
+        fs, base = pafs.FileSystem.from_uri(out_uri)
+        if not fs.get_file_info(pafs.FileSelector(base)):
+            # An empty journal: one empty file gives the table its columns.
+            pq.write_table(schema.empty_table(), f"{base.rstrip('/')}/part-00000.parquet",
+                           filesystem=fs)
+    return total
 
 
 # ---------------------------------------------------------------- aggregates

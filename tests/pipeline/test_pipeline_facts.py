@@ -94,3 +94,34 @@ def test_aggregates_per_group_hour_are_exact() -> None:
     assert (by["eager"]["peak_window_rebalances"], by["eager"]["storm_rebalances"],
             by["coop"]["max_follow_ups"], by["coop"]["protocol_name"]) == \
         (4, 2, 1, "cooperative-sticky")
+
+
+@pytest.mark.parametrize("collide", [False, True])
+def test_chunks_from_hash_sorted_batches_keep_groups_whole(collide: bool) -> None:
+    """The Spark job sorts by (hash of the group, id), not by name: groups
+    spanning batch boundaries are carried over, and two groups whose hashes
+    collide (here: forced, interleaved by id) still come out whole."""
+    import dataclasses
+
+    import pyarrow as pa
+    rnd = random.Random(11)
+    per_group = [journal_rows([dataclasses.replace(x, group_id=f"g{g}")
+                               for x in _random_journal(rnd)]) for g in range(6)]
+    # Journal ids interleaved across groups (one coordinator journals them all).
+    order = sorted((k, g) for g in range(6) for k in range(len(per_group[g])))
+    rows = [dataclasses.replace(per_group[g][k], journal_id=i)
+            for i, (k, g) in enumerate(order, start=1)]
+    key = {f"g{g}": (0 if collide and g < 3 else g) for g in range(6)}
+    rows.sort(key=lambda r: (key[r.group_id], r.journal_id))  # what Spark's sort gives
+    table = input_table(rows)
+    table = table.append_column(facts_mod.GROUP_KEY,
+                                pa.array([key[r.group_id] for r in rows], pa.int64()))
+    batches = table.to_batches(max_chunksize=7)
+    got = [r for chunk in facts_mod.iter_group_chunks(batches, rows=10)
+           for r in facts_for_chunk(chunk, IS_COOP, 2_000).to_pylist()]
+    by_group = sorted(rows, key=lambda r: (r.group_id, r.journal_id))
+    assert sorted(got, key=_key) == reference(by_group, 2_000)
+    if collide:  # the colliding groups were re-sorted by name, each contiguous
+        names = [r["group_id"] for r in got]
+        runs = [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
+        assert len(runs) == len(set(runs)) == 6
