@@ -10,6 +10,7 @@ fleet-wide figures (over all groups) are aggregated by Spark.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -153,3 +154,96 @@ def aggregate(facts: pa.Table, threshold: int) -> tuple[pa.Table, pa.Table]:
     groups = pa.table([gs[f.name] if isinstance(gs[f.name], (pa.Array, pa.ChunkedArray))
                        else pa.array(gs[f.name], f.type) for f in gschema], schema=gschema)
     return hours, groups
+
+
+# ---------------------------------------------------------------- fleet-wide durations
+#
+# Fleet-wide percentiles need every duration of an hour, over all groups. The
+# facts tasks send them to the driver compressed: one row per distinct
+# (hour, duration_ms) with how many rebalances had it ("cells"), summed per
+# task. Durations are whole milliseconds and repeat a lot (2M rebalances of
+# the benchmark journal have 470k distinct (hour, duration) pairs), and exact
+# percentiles follow from the counts: no second pass over rebalances/ and no
+# approximation.
+
+
+def cells_schema() -> pa.Schema:
+    return pa.schema([("hour_start_ms", pa.int64()), ("duration_ms", pa.int64()),
+                      ("rebalances", pa.int64()), ("assignment_errors", pa.int64()),
+                      ("unreadable", pa.int64()), ("cooperative", pa.int64())])
+
+
+def _sum_cells(hour: np.ndarray, duration: np.ndarray, counts: Sequence[np.ndarray]
+               ) -> pa.Table:
+    schema = cells_schema()
+    if len(hour) == 0:
+        return schema.empty_table()
+    order = np.lexsort((duration, hour))
+    h, d = hour[order], duration[order]
+    starts = np.flatnonzero(np.r_[True, (h[1:] != h[:-1]) | (d[1:] != d[:-1])])
+    return pa.table([h[starts], d[starts], *(np.add.reduceat(c[order], starts) for c in counts)],
+                    schema=schema)
+
+
+def duration_cells(facts: pa.Table) -> pa.Table:
+    """``cells_schema()`` rows of some facts: per distinct (UTC hour of
+    ``started_ms``, ``duration_ms``), the rebalances, those with an
+    ``assignment_error``, those without ownership figures, the cooperative ones."""
+    started = _col(facts, "started_ms")
+    ones = np.ones(facts.num_rows, np.int64)
+    flags = [np.asarray(pc.fill_null(facts[c], False).to_numpy(zero_copy_only=False),
+                        dtype=np.int64) for c in ("assignment_error", "cooperative")]
+    unreadable = (~_valid(facts, "revoked")).astype(np.int64)
+    return _sum_cells(started - np.mod(started, HOUR_MS), _col(facts, "duration_ms"),
+                      [ones, flags[0], unreadable, flags[1]])
+
+
+def merge_cells(tables: Sequence[pa.Table]) -> pa.Table:
+    """Cells of several tasks as one table, one row per (hour, duration)."""
+    t = pa.concat_tables([x.cast(cells_schema()) for x in tables]) if tables \
+        else cells_schema().empty_table()
+    return _sum_cells(_col(t, "hour_start_ms"), _col(t, "duration_ms"),
+                      [_col(t, c) for c in ("rebalances", "assignment_errors", "unreadable",
+                                            "cooperative")])
+
+
+def cell_percentiles(key: np.ndarray, duration: np.ndarray, count: np.ndarray
+                     ) -> dict[int, dict[str, float | int]]:
+    """Exact duration percentiles per ``key`` from (key, duration, count)
+    rows sorted by key then duration (Spark's ``percentile``: linear
+    interpolation at position ``p x (n - 1)``) and the maximum."""
+    out: dict[int, dict[str, float | int]] = {}
+    if len(key) == 0:
+        return out
+    cum = np.cumsum(count)
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    ends = np.r_[starts[1:], len(key)]
+    base = np.r_[0, cum][starts]                  # rebalances before each key
+    n = cum[ends - 1] - base
+
+    def at(rank: np.ndarray) -> np.ndarray:      # the duration of 0-based rank in the key
+        found: np.ndarray = duration[np.searchsorted(cum, base + rank, side="right")]
+        return found.astype(np.float64)
+
+    figures: dict[str, np.ndarray] = {"duration_max_ms": duration[ends - 1]}
+    for p in PERCENTILES:
+        pos = (n - 1) * p
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, n - 1)
+        a, b = at(lo), at(hi)
+        figures[f"duration_p{round(p * 100)}_ms"] = a + (b - a) * (pos - lo)
+    for i, k in enumerate(key[starts].tolist()):
+        out[int(k)] = {name: (int(v[i]) if name == "duration_max_ms" else float(v[i]))
+                       for name, v in figures.items()}
+    return out
+
+
+def cell_histogram(cells: pa.Table) -> list[tuple[int, int]]:
+    """(bucket, rebalances): bucket b holds durations in [10^(b/5), 10^((b+1)/5)) ms
+    (durations under 1 ms in bucket 0)."""
+    d = np.maximum(_col(cells, "duration_ms"), 1)
+    bucket = np.floor(np.log10(d.astype(np.float64)) * 5).astype(np.int64)
+    counts = _col(cells, "rebalances")
+    found, inverse = np.unique(bucket, return_inverse=True)
+    sums = np.bincount(inverse, weights=counts, minlength=len(found))
+    return [(int(b), int(c)) for b, c in zip(found.tolist(), sums.tolist(), strict=True)]

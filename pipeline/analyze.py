@@ -12,8 +12,8 @@ The job (docs/pipeline.md):
    their exact per group-hour and per group aggregates
    (pipeline/aggregates.py) -> ``group_hours/`` and ``groups/``'s sums;
 3. Spark SQL for what spans groups: ``groups/`` (with the generations, worst
-   first) and ``fleet_hours/`` (sums of ``group_hours``, approximate
-   percentiles);
+   first) and ``fleet_hours/`` (sums of ``group_hours``; exact percentiles
+   from the duration counts the facts tasks return);
 4. report.html from the small aggregates (pipeline/analyze_report.py).
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.aggregates import HOUR_MS, REASONS
+from pipeline.aggregates import REASONS
 from pipeline.errors import PipelineError
 from pipeline.ownership import cooperative_names
 from pipeline.sources import (
@@ -151,26 +151,32 @@ def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
     """Runs on an executor (``mapInArrow``): the Arrow batches of one shuffle
     partition, its rows grouped by group and in journal order, in; its part of
     ``rebalances/``, ``group_hours/`` and of the per-group table written with
-    pyarrow; one batch ``(rows)`` out.
+    pyarrow; the partition's duration cells (pipeline/aggregates.py
+    ``duration_cells``: rebalances per hour and duration) out.
 
     No row crosses between the JVM and Python other than as Arrow; the facts
     of whole groups at a time, in numpy (pipeline/facts.py,
     pipeline/aggregates.py). A group split over two batches is carried over
     (pipeline/facts.py ``iter_group_chunks``).
     """
-    import pyarrow as pa
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
     from pyspark import TaskContext
 
-    from pipeline.aggregates import aggregate, group_hours_schema, groups_schema
+    from pipeline.aggregates import (
+        aggregate,
+        duration_cells,
+        group_hours_schema,
+        groups_schema,
+        merge_cells,
+    )
     from pipeline.facts import facts_for_chunk, facts_schema, iter_group_chunks
     ctx = TaskContext.get()
     number = ctx.partitionId() if ctx is not None else 0
     is_coop = cooperative_names(cooperative)
     schemas = (facts_schema(), group_hours_schema(), groups_schema())
     writers: list[Any] = []
-    count = 0
+    cells: list[Any] = []
     try:
         for chunk in iter_group_chunks(b for b in batches if b.num_rows):
             if not writers:  # only partitions with rows write files
@@ -183,11 +189,11 @@ def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
             hours, groups = aggregate(facts, threshold)
             for writer, table in zip(writers, (facts, hours, groups), strict=True):
                 writer.write_table(table)
-            count += facts.num_rows
+            cells.append(duration_cells(facts))
     finally:
         for writer in writers:
             writer.close()
-    yield pa.RecordBatch.from_pydict({"rows": pa.array([count], pa.int64())})
+    yield from merge_cells(cells).to_batches(max_chunksize=1 << 20)
 
 
 def _uri(path: str | Path) -> str:
@@ -213,9 +219,11 @@ def _map_in_arrow(df: Any, func: Any, schema: str) -> Any:
 
 
 def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
-                          outs: tuple[str | Path, str | Path, str | Path]) -> int:
+                          outs: tuple[str | Path, str | Path, str | Path]) -> Any:
     """Write ``rebalances`` (FACTS_FIELDS), ``group_hours`` and the per-group
-    aggregates to the three directories ``outs``; returns the rebalances.
+    aggregates to the three directories ``outs``; returns the duration cells
+    of all rebalances (an Arrow table, ``aggregates.cells_schema()``, one row
+    per hour and duration).
 
     Spark shuffles each group into one partition and sorts it by group, then
     journal id (JVM only); one Python task per partition takes the sorted rows
@@ -227,7 +235,7 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F
 
-    from pipeline.aggregates import group_hours_schema, groups_schema
+    from pipeline.aggregates import cells_schema, group_hours_schema, groups_schema, merge_cells
     from pipeline.facts import GROUP_KEY, facts_schema
     rows = journal.select(
         F.xxhash64("source", "group_id").alias(GROUP_KEY), "source", "group_id",
@@ -253,7 +261,8 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
     # the sort's CPU). Colliding hashes are repaired in the task
     # (pipeline/facts.py iter_group_chunks).
     ordered = rows.repartition(parts, GROUP_KEY).sortWithinPartitions(GROUP_KEY, "id")
-    total = sum(int(r["rows"]) for r in _map_in_arrow(ordered, fn, "rows long").collect())
+    ddl = ", ".join(f"{f.name} long" for f in cells_schema())
+    cells = merge_cells([_map_in_arrow(ordered, fn, ddl).toArrow()])
     for out_uri, schema in zip(out_uris, (facts_schema(), group_hours_schema(),
                                           groups_schema()), strict=True):
         fs, base = pafs.FileSystem.from_uri(out_uri)
@@ -261,47 +270,61 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
             # An empty journal: one empty file gives the table its columns.
             pq.write_table(schema.empty_table(), f"{base.rstrip('/')}/part-00000.parquet",
                            filesystem=fs)
-    return total
+    return cells
 
 
 # ---------------------------------------------------------------- aggregates
 #
 # group_hours/ and the per-group sums are written by the facts tasks (exact
-# percentiles, pipeline/aggregates.py); Spark adds what needs every group.
-
-#: ``percentile_approx`` accuracy of the fleet-wide percentiles: the value
-#: returned has a rank within n / ACCURACY of the exact one (Spark's
-#: documentation), i.e. within 0.01% of the rebalances of that hour.
-FLEET_ACCURACY = 10_000
-
-
-def _approx_durations(prefix: str = "duration") -> list[Any]:
-    from pyspark.sql import functions as F
-    pct = F.percentile_approx("duration_ms", [0.5, 0.95, 0.99], FLEET_ACCURACY)
-    return [pct[0].cast("double").alias(f"{prefix}_p50_ms"),
-            pct[1].cast("double").alias(f"{prefix}_p95_ms"),
-            pct[2].cast("double").alias(f"{prefix}_p99_ms"),
-            F.max("duration_ms").alias(f"{prefix}_max_ms")]
-
+# percentiles, pipeline/aggregates.py), and the tasks send the driver every
+# rebalance's hour and duration as counts (duration cells): the fleet-wide
+# percentiles, the histogram and the totals come from those and from the
+# small tables; rebalances/ is never read again.
 
 _SUM_COLUMNS = ("rebalances", "joined", "left", "revoked", "moved", "unavailable_ms",
                 "unowned_at_end", "follow_up_rebalances",
                 *(f"reason_{r}" for r in (*REASONS, "other")))
 
+_DURATIONS = ("duration_p50_ms", "duration_p95_ms", "duration_p99_ms", "duration_max_ms")
 
-def fleet_hours(rebal: Any, hours: Any) -> Any:
-    """Per hour over all groups: sums from ``group_hours``, approximate
-    percentiles from the rebalances (one column read)."""
+
+def fleet_schema() -> Any:
+    import pyarrow as pa
+    return pa.schema([("hour_start_ms", pa.int64()),
+                      *((c, pa.int64()) for c in (*_SUM_COLUMNS, "groups", "storming_groups")),
+                      *((c, pa.int64() if c == "duration_max_ms" else pa.float64())
+                        for c in _DURATIONS)])
+
+
+def fleet_hours(hours: Any, cells: Any) -> list[dict[str, Any]]:
+    """One dict per hour over all groups, in time order: sums of
+    ``group_hours`` (Spark), exact duration percentiles from the cells."""
+    import numpy as np
     from pyspark.sql import functions as F
+
+    from pipeline.aggregates import cell_percentiles
     sums = hours.groupBy("hour_start_ms").agg(
         *[F.sum(c).cast("long").alias(c) for c in _SUM_COLUMNS],
         F.count(F.lit(1)).alias("groups"),
         F.sum(F.when(F.col("storm_rebalances") > 0, 1).otherwise(0)).cast("long")
-        .alias("storming_groups"))
-    pct = rebal.select((F.col("started_ms") - F.pmod("started_ms", F.lit(HOUR_MS)))
-                       .alias("hour_start_ms"), "duration_ms") \
-        .groupBy("hour_start_ms").agg(*_approx_durations())
-    return sums.join(pct, ["hour_start_ms"])
+        .alias("storming_groups")).collect()
+    pct = cell_percentiles(*(np.asarray(cells[c].to_numpy(), dtype=np.int64)
+                             for c in ("hour_start_ms", "duration_ms", "rebalances")))
+    empty = dict.fromkeys(_DURATIONS)
+    return sorted(({**r.asDict(), **pct.get(int(r["hour_start_ms"]), empty)} for r in sums),
+                  key=lambda r: int(r["hour_start_ms"]))
+
+
+def write_table(rows: list[dict[str, Any]], schema: Any, out: str | Path) -> None:
+    """A small table the driver computed, as one Parquet file in directory ``out``."""
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    fs, base = pafs.FileSystem.from_uri(_uri(out))
+    fs.delete_dir_contents(base, missing_dir_ok=True)
+    fs.create_dir(base, recursive=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema),
+                   f"{base.rstrip('/')}/part-00000.parquet", filesystem=fs)
 
 
 def groups_table(per_group: Any, generations: Any) -> Any:
@@ -313,33 +336,28 @@ def groups_table(per_group: Any, generations: Any) -> Any:
     return per_group.join(gens, ["source", "group_id"], "left")
 
 
-def duration_histogram(rebal: Any) -> list[tuple[int, int]]:
-    """(bucket, count): bucket b holds durations in [10^(b/5), 10^((b+1)/5)) ms."""
+def totals(fleet: list[dict[str, Any]], cells: Any, groups: Any) -> dict[str, Any]:
+    """The report's headline figures: sums over the fleet's hours, exact
+    percentiles over all durations, counts of the cells, spans of the groups."""
+    import numpy as np
     from pyspark.sql import functions as F
-    b = F.floor(F.log10(F.greatest(F.col("duration_ms"), F.lit(1))) * 5).cast("int")
-    rows = rebal.groupBy(b.alias("b")).count().orderBy("b").collect()
-    return [(int(r["b"]), int(r["count"])) for r in rows]
 
-
-def totals(rebal: Any, groups: Any) -> dict[str, Any]:
-    from pyspark.sql import functions as F
-    row = rebal.agg(
-        *[F.coalesce(F.sum(c), F.lit(0)).cast("long").alias(c)
-          for c in ("joined", "left", "revoked", "moved", "unavailable_ms", "unowned_at_end")],
-        F.count(F.lit(1)).alias("rebalances"),
-        F.sum(F.col("is_follow_up").cast("long")).alias("follow_up_rebalances"),
-        *_approx_durations(),
-        F.min("started_ms").alias("first_started_ms"),
-        F.max("ended_ms").alias("last_ended_ms"),
-        F.sum(F.col("assignment_error").cast("long")).alias("assignment_errors"),
-        F.sum(F.when(F.col("revoked").isNull(), 1).otherwise(0)).alias("unreadable"),
-        F.sum(F.when(F.col("cooperative"), 1).otherwise(0)).alias("cooperative_rebalances"),
-    ).collect()[0].asDict()
+    from pipeline.aggregates import cell_percentiles
+    tot: dict[str, Any] = {c: sum(int(h[c] or 0) for h in fleet) for c in _SUM_COLUMNS}
+    count = np.asarray(cells["rebalances"].to_numpy(), dtype=np.int64)
+    duration = np.asarray(cells["duration_ms"].to_numpy(), dtype=np.int64)
+    order = np.argsort(duration, kind="stable")
+    tot |= cell_percentiles(np.zeros(len(order), np.int64), duration[order],
+                            count[order]).get(0, dict.fromkeys(_DURATIONS))
+    for name, column in (("assignment_errors", "assignment_errors"),
+                         ("unreadable", "unreadable"),
+                         ("cooperative_rebalances", "cooperative")):
+        tot[name] = int(np.asarray(cells[column].to_numpy(), dtype=np.int64).sum())
     g = groups.agg(F.count(F.lit(1)).alias("groups"),
                    F.countDistinct("source").alias("sources"),
-                   *[F.sum(f"reason_{r}").cast("long").alias(f"reason_{r}")
-                     for r in (*REASONS, "other")]).collect()[0].asDict()
-    return {k: (v if v is not None else 0) for k, v in (row | g).items()}
+                   F.min("first_started_ms").alias("first_started_ms"),
+                   F.max("last_ended_ms").alias("last_ended_ms")).collect()[0].asDict()
+    return {k: (v if v is not None else 0) for k, v in (tot | g).items()}
 
 
 # ---------------------------------------------------------------- the job
@@ -350,6 +368,7 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
     """Run the whole analysis with ``spark``; returns where things were written."""
     from pyspark.sql import functions as F
 
+    from pipeline.aggregates import cell_histogram
     from pipeline.analyze_report import ReportData, write_report
     from pipeline.spark import progress
     opts = options or AnalyzeOptions()
@@ -364,11 +383,10 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
                   "per group and hour", show):
         journal = _load_journal(spark, plan)
         try:
-            write_rebalance_facts(spark, journal, opts, (tables["rebalances"],
-                                                        tables["group_hours"], per_group))
+            cells = write_rebalance_facts(spark, journal, opts, (
+                tables["rebalances"], tables["group_hours"], per_group))
         except Exception as exc:
             raise _spark_input_error(exc, plan) from exc
-    rebal = spark.read.parquet(str(tables["rebalances"]))
     hours = spark.read.parquet(str(tables["group_hours"]))
     generations = _load_generations(spark, plan)
     with progress(spark, "analyze [2/4] aggregating per group and fleet-wide", show):
@@ -377,15 +395,12 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
             .sortWithinPartitions(F.desc("peak_window_rebalances"), F.desc("rebalances"),
                                   "source", "group_id") \
             .write.mode("overwrite").parquet(str(tables["groups"]))
-        fleet_hours(rebal, hours).coalesce(1) \
-            .sortWithinPartitions("hour_start_ms") \
-            .write.mode("overwrite").parquet(str(tables["fleet_hours"]))
+        fleet = fleet_hours(hours, cells)
+        write_table(fleet, fleet_schema(), tables["fleet_hours"])
         shutil.rmtree(per_group, ignore_errors=True)
     with progress(spark, "analyze [3/4] collecting figures for the report", show):
         groups = spark.read.parquet(str(tables["groups"]))
-        tot = totals(rebal, groups)
-        fleet = [r.asDict() for r in spark.read.parquet(str(tables["fleet_hours"]))
-                 .orderBy("hour_start_ms").collect()]
+        tot = totals(fleet, cells, groups)
         worst = [r.asDict() for r in groups.orderBy(
             F.desc("peak_window_rebalances"), F.desc("rebalances"), "source", "group_id")
             .limit(opts.top).collect()]
@@ -395,7 +410,7 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
             wanted = spark.createDataFrame(keys, "source string, group_id string")
             heat = [r.asDict() for r in hours.join(F.broadcast(wanted), ["source", "group_id"])
                     .select("source", "group_id", "hour_start_ms", "rebalances").collect()]
-        hist = duration_histogram(rebal)
+        hist = cell_histogram(cells)
     with progress(spark, "analyze [4/4] writing report.html", show):
         report = write_report(out_dir / "report.html", ReportData(
             totals=tot, fleet_hours=fleet, worst_groups=worst, heat=heat, histogram=hist,

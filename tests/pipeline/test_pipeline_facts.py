@@ -125,3 +125,42 @@ def test_chunks_from_hash_sorted_batches_keep_groups_whole(collide: bool) -> Non
         names = [r["group_id"] for r in got]
         runs = [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
         assert len(runs) == len(set(runs)) == 6
+
+
+def test_fleet_percentiles_from_duration_cells_are_exact() -> None:
+    """Fleet-wide percentiles come from (hour, duration) counts summed over
+    tasks; they must equal linear-interpolation percentiles of the raw values."""
+    import numpy as np
+    import pyarrow as pa
+
+    from pipeline.aggregates import (
+        HOUR_MS,
+        _sum_cells,
+        cell_histogram,
+        cell_percentiles,
+        merge_cells,
+    )
+    rnd = np.random.default_rng(3)
+    hour = rnd.integers(0, 3, 5_000) * HOUR_MS
+    duration = rnd.integers(0, 400, 5_000)
+    ones = np.ones(5_000, np.int64)
+    zero = np.zeros(5_000, np.int64)
+    parts = [_sum_cells(hour[i::3], duration[i::3], [ones[i::3], zero[i::3], zero[i::3],
+                                                     ones[i::3]]) for i in range(3)]
+    cells = merge_cells(parts)
+    assert cells.num_rows == len(set(zip(hour.tolist(), duration.tolist(), strict=True)))
+    got = cell_percentiles(*(np.asarray(cells[c].to_numpy()) for c in
+                             ("hour_start_ms", "duration_ms", "rebalances")))
+    for h in range(3):
+        values = duration[hour == h * HOUR_MS]
+        for p, name in ((50, "duration_p50_ms"), (95, "duration_p95_ms"),
+                        (99, "duration_p99_ms")):
+            assert got[h * HOUR_MS][name] == pytest.approx(np.percentile(values, p))
+        assert got[h * HOUR_MS]["duration_max_ms"] == values.max()
+    # p95 of 10, 50, 100, 300 interpolates (270), as group_hours/ does
+    four = cell_percentiles(np.zeros(4, np.int64), np.array([10, 50, 100, 300]),
+                            np.ones(4, np.int64))
+    assert four[0]["duration_p95_ms"] == pytest.approx(270)
+    hist = dict(cell_histogram(pa.table({"duration_ms": [0, 1, 9, 10, 99, 100],
+                                         "rebalances": [1, 1, 2, 1, 1, 3]})))
+    assert hist == {0: 2, 4: 2, 5: 1, 9: 1, 10: 3}
