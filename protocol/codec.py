@@ -7,6 +7,7 @@ is not a well-formed, reasonably shaped document with one clear error type.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import msgpack
@@ -20,9 +21,19 @@ class DecodeError(ValueError):
     """The body is not a msgpack document this protocol can read."""
 
 
+# One Packer per thread, reused: msgpack.packb builds a new Packer (and its
+# buffer) on every call, which cost more than packing a heartbeat's answer.
+# A Packer is not safe to share between threads; after a failed pack it resets.
+_local = threading.local()
+
+
 def encode(obj: Any) -> bytes:
     """Encode a wire document (maps, lists, str, bytes, ints, floats, None)."""
-    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    try:
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    data: bytes = packer.pack(obj)
     return data
 
 
@@ -43,9 +54,15 @@ _CONTAINERS = (dict, list)
 
 
 def _check_depth(obj: Any) -> None:
-    # Only containers are visited (a heartbeat's map of scalars costs one pass
-    # over its values); a container found at a depth over the limit is refused.
-    if not isinstance(obj, _CONTAINERS):
+    # Only containers are visited; a container found at a depth over the limit
+    # is refused. A map of scalars (every heartbeat) is one pass over its values.
+    if type(obj) is dict:
+        for value in obj.values():
+            if isinstance(value, _CONTAINERS):
+                break
+        else:
+            return
+    elif not isinstance(obj, _CONTAINERS):
         return
     stack: list[tuple[Any, int]] = [(obj, 1)]
     while stack:
