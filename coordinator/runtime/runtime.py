@@ -359,7 +359,12 @@ class Runtime:
         #: this command emitted a write (into the open batch) before the current effect.
         wrote = False
         for effect in effects:
+            # The effects of a heartbeat (a session re-arm and a reply) are matched first.
             match effect:
+                case ScheduleTimer(key=key, deadline_ms=deadline_ms):
+                    self._arm(key, deadline_ms)
+                case Reply():
+                    self._route_reply(effect, wrote)
                 case Persist(record=record):
                     self._open.records.append(record)
                     group_id = record_group(record)
@@ -368,10 +373,6 @@ class Runtime:
                     else:
                         self._group_writes[group_id] = self._open
                     wrote = True
-                case Reply():
-                    self._route_reply(effect, wrote)
-                case ScheduleTimer(key=key, deadline_ms=deadline_ms):
-                    self._arm(key, deadline_ms)
                 case CancelTimer(key=key):
                     timer = self._timers.pop(key, None)
                     if timer is not None and timer.handle is not None:
@@ -405,6 +406,10 @@ class Runtime:
         if wrote:
             # Written by this very command, before this reply: in the open batch.
             self._open.replies.append(reply)
+            return
+        if self._global_write is None and not self._group_writes:
+            # Nothing uncommitted anywhere (the steady state of heartbeats): release now.
+            self._resolve(reply.request_id, reply.response)
             return
         group_id = command_group(waiter.command)
         group_write = self._group_writes.get(group_id) if group_id is not None else None
