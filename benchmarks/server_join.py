@@ -255,7 +255,11 @@ class RawMember(asyncio.Protocol):
                 return
             body, buf = buf[:self._need], buf[self._need:]
             self._need = -1
-            self._answer(msgpack.unpackb(body))
+            try:
+                self._answer(msgpack.unpackb(body))
+            except Exception as exc:  # a malformed answer: report it, not just log it
+                self._fatal(f"bad answer {body[:200]!r}: {exc!r}")
+                return
             if not buf:
                 self._buf = b""
                 return
