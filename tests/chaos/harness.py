@@ -410,9 +410,13 @@ class Run:
             if self.coordinator.up:
                 return
             await self.coordinator.start()
+            # Read what survived the crash before any worker can reach the new
+            # instance: the proxies still point at the dead one, so no commit made
+            # after the restart can slip into this snapshot (with a fast server,
+            # workers re-committed between the re-pointing and a later read).
+            self.stored.append((crash_at, await self.fetch_all()))
             for slot in self.slots.values():
                 slot.proxy.set_upstream("127.0.0.1", self.coordinator.port)
-            self.stored.append((crash_at, await self.fetch_all()))
 
     async def crash_coordinator(self, down: float) -> None:
         async with self.coordinator_lock:
