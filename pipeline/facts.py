@@ -69,67 +69,25 @@ def facts_schema() -> pa.Schema:
 # ---------------------------------------------------------------- decoding
 
 
-class _GroupDecoder:
-    """Member and resource numbering of one group, and its decoded member
-    assignments (cached by their bytes: members keep the same bytes across
-    many of the group's assignments)."""
-
-    __slots__ = ("inner", "members", "resources")
-
-    def __init__(self) -> None:
-        self.members: dict[str, int] = {}
-        self.resources: dict[tuple[str, int], int] = {}
-        self.inner: dict[bytes, np.ndarray] = {}
-
-    def columns(self, data: bytes) -> np.ndarray:
-        """Column numbers of the resources in one ``ResourceAssignment``'s
-        ``assigned`` (protocol/resources.py; validated as
-        :func:`pipeline.ownership.decode_resources` does)."""
-        found = self.inner.get(data)
-        if found is not None:
-            return found
-        cols: list[int] = []
-        if data:
-            obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
-            if not isinstance(obj, dict):
-                raise ValueError("assignment is not a map")
-            assigned = obj.get("assigned") or {}
-            if not isinstance(assigned, dict):
-                raise ValueError("assignment.assigned is not a map")
-            res = self.resources
-            for name, indexes in assigned.items():
-                if not isinstance(name, str) or not isinstance(indexes, list):
-                    raise ValueError("assignment.assigned is not a map of set name to indexes")
-                for i in indexes:
-                    if not isinstance(i, int) or isinstance(i, bool) or i < 0:
-                        raise ValueError(f"assignment.assigned.{name} has a bad index {i!r}")
-                    cols.append(res.setdefault((name, i), len(res)))
-        found = np.array(cols, dtype=np.int32)
-        self.inner[data] = found
-        return found
-
-    def state(self, blob: bytes, members_out: list[int], cols_out: list[np.ndarray],
-              lens_out: list[int]) -> int:
-        """One journal ``assignments`` blob (a msgpack map member id -> bytes):
-        appends each member's number, resource columns and their count; returns
-        how many members it appended."""
-        if not blob:
-            return 0
-        obj = msgpack.unpackb(blob, raw=False, strict_map_key=False)
-        if not isinstance(obj, dict):
-            raise ValueError("assignments is not a map")
-        members = self.members
-        inner = self.inner
-        for m, v in obj.items():
-            if not isinstance(m, str) or not isinstance(v, (bytes, type(None))):
-                raise ValueError("assignments is not a map of member id to bytes")
-            c = inner.get(v) if v else None
-            if c is None:
-                c = self.columns(v or b"")
-            members_out.append(members.setdefault(m, len(members)))
-            cols_out.append(c)
-            lens_out.append(len(c))
-        return len(obj)
+def _resource_keys(data: bytes) -> list[tuple[str, int]]:
+    """The resources of one ``ResourceAssignment``'s ``assigned``
+    (protocol/resources.py; validated as
+    :func:`pipeline.ownership.decode_resources` does)."""
+    obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    if not isinstance(obj, dict):
+        raise ValueError("assignment is not a map")
+    assigned = obj.get("assigned") or {}
+    if not isinstance(assigned, dict):
+        raise ValueError("assignment.assigned is not a map")
+    out: list[tuple[str, int]] = []
+    for name, indexes in assigned.items():
+        if not isinstance(name, str) or not isinstance(indexes, list):
+            raise ValueError("assignment.assigned is not a map of set name to indexes")
+        for i in indexes:
+            if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+                raise ValueError(f"assignment.assigned.{name} has a bad index {i!r}")
+            out.append((name, i))
+    return out
 
 
 @dataclass
@@ -145,37 +103,86 @@ class _States:
 
 
 def _decode_states(group: np.ndarray, blobs: Sequence[bytes | None], groups: int) -> _States:
+    """Decodes the distinct assignments ``blobs`` (state ``k`` of group
+    ``group[k]``) of a chunk.
+
+    Only the outer map (member id -> bytes) is unpacked per state, its keys
+    and values gathered with C-level ``extend``; member ids are numbered by
+    Arrow (chunk-wide: a number only has to tell a group's members apart),
+    and each distinct member assignment's bytes are decoded once for the
+    whole chunk. Resource columns are numbered per group (a group's matrix
+    has one column per resource it ever saw; their order does not matter).
+    """
     n = len(blobs)
     error = np.zeros(n, dtype=bool)
-    per_state = np.zeros(n, dtype=np.int64)      # members appended per state
-    members: list[int] = []
-    cols: list[np.ndarray] = []
-    lens: list[int] = []
-    width = np.zeros(groups, dtype=np.int64)
-    decoder = _GroupDecoder()
-    current = -1
+    per_state = np.zeros(n, dtype=np.int64)      # members per state
+    keys: list[Any] = []
+    values: list[Any] = []
+    unpack = msgpack.unpackb
     for k in range(n):
-        g = int(group[k])
-        if g != current:
-            if current >= 0:
-                width[current] = len(decoder.resources)
-            decoder, current = _GroupDecoder(), g
-        mark = len(members)
+        blob = blobs[k]
+        if not blob:
+            continue
         try:
-            per_state[k] = decoder.state(blobs[k] or b"", members, cols, lens)
+            obj = unpack(blob, raw=False, strict_map_key=False)
         except (ValueError, TypeError, msgpack.UnpackException):
             error[k] = True
-            del members[mark:], cols[mark:], lens[mark:]
-    if current >= 0:
-        width[current] = len(decoder.resources)
-    counts = np.array(lens, dtype=np.int64)
-    member_state = np.repeat(np.arange(n, dtype=np.int64), per_state)
-    return _States(group, error, np.repeat(member_state, counts), _cat(cols, np.int32),
-                   np.repeat(np.array(members, dtype=np.int32), counts), width)
-
-
-def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+            continue
+        if not isinstance(obj, dict):
+            error[k] = True
+            continue
+        keys.extend(obj)
+        values.extend(obj.values())
+        per_state[k] = len(obj)
+    entry_state = np.repeat(np.arange(n, dtype=np.int64), per_state)
+    # A member id must be a string, its assignment bytes (or nil): checked for
+    # all entries at once, entry by entry only when some are not.
+    if not set(map(type, keys)) <= {str}:
+        bad = np.fromiter((not isinstance(m, str) for m in keys), bool, len(keys))
+        error[entry_state[bad]] = True
+        keys = [m if isinstance(m, str) else "" for m in keys]
+    if not set(map(type, values)) <= {bytes, type(None)}:
+        bad = np.fromiter((not isinstance(v, (bytes, type(None))) for v in values), bool,
+                          len(values))
+        error[entry_state[bad]] = True
+        values = [v if isinstance(v, (bytes, type(None))) else None for v in values]
+    member = _np(pc.dictionary_encode(pa.array(keys, pa.string())).indices, np.int32)
+    inner = pc.dictionary_encode(pc.fill_null(pa.array(values, pa.binary()), b""))
+    inner_of = _np(inner.indices)
+    # Each distinct member assignment once: its resources as chunk-wide ids.
+    resources: dict[tuple[str, int], int] = {}
+    pool: list[int] = []
+    distinct = inner.dictionary.to_pylist()
+    inner_len = np.zeros(len(distinct), dtype=np.int64)
+    inner_bad = np.zeros(len(distinct), dtype=bool)
+    for d, data in enumerate(distinct):
+        if not data:
+            continue
+        try:
+            found = _resource_keys(data)
+        except (ValueError, TypeError, msgpack.UnpackException):
+            inner_bad[d] = True
+            continue
+        pool.extend([resources.setdefault(r, len(resources)) for r in found])
+        inner_len[d] = len(found)
+    error[entry_state[inner_bad[inner_of]]] = True
+    # Entries of readable states only, expanded to one row per resource.
+    keep = ~error[entry_state]
+    entry_state, member, inner_of = entry_state[keep], member[keep], inner_of[keep]
+    counts = inner_len[inner_of]
+    total = int(counts.sum())
+    inner_start = np.cumsum(inner_len) - inner_len
+    flat_start = np.cumsum(counts) - counts
+    pick = np.repeat(inner_start[inner_of] - flat_start, counts) + np.arange(total)
+    res = np.array(pool, dtype=np.int64)[pick]
+    flat_state = np.repeat(entry_state, counts)
+    # Columns numbered per group: the rank of the resource among the group's.
+    g = group[flat_state].astype(np.int64)
+    uniq, inv = np.unique((g << 32) | res, return_inverse=True)
+    width = np.bincount(uniq >> 32, minlength=groups).astype(np.int64)
+    first_col = np.cumsum(width) - width
+    col = (inv.reshape(-1) - first_col[g]).astype(np.int32)
+    return _States(group, error, flat_state, col, np.repeat(member, counts), width)
 
 
 # ---------------------------------------------------------------- the matrix
