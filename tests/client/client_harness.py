@@ -22,6 +22,7 @@ from typing import Any
 
 from client.errors import CoordinatorUnavailableError
 from client.listener import RebalanceListener, Resource
+from client.member import GroupMember
 from client.transport import CATALOG_API, CatalogResponse
 from coordinator.core.commands import (
     Commit,
@@ -163,6 +164,15 @@ class LedgerListener(RebalanceListener):
 
     async def on_lost(self, resources: set[Resource]) -> None:
         self.ledger.record(self.member, "lost", resources)
+
+
+def owners(members: Iterable[GroupMember]) -> dict[Resource, int]:
+    """How many of ``members`` hold each resource (every one should be 1)."""
+    count: dict[Resource, int] = {}
+    for m in members:
+        for r in m.assignment:
+            count[r] = count.get(r, 0) + 1
+    return count
 
 
 async def eventually(predicate: Any, timeout_s: float = 10.0, interval_s: float = 0.02) -> None:

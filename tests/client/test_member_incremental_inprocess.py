@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from client_harness import InProcessCoordinator, Ledger, eventually
+from client_harness import InProcessCoordinator, Ledger, eventually, owners
 
 from client import GroupMember, Resource
 from client.member_state import MemberState
@@ -31,14 +31,6 @@ def member(coord: InProcessCoordinator, name: str, ledger: Ledger,
                        assignor_settings={IC: {"scheduled_rebalance_max_delay_ms": delay_ms,
                                                "revocation_backoff_ms": 50}},
                        **FAST)
-
-
-def owners(members: list[GroupMember]) -> dict[Resource, int]:
-    count: dict[Resource, int] = {}
-    for m in members:
-        for r in m.assignment:
-            count[r] = count.get(r, 0) + 1
-    return count
 
 
 def settled(members: list[GroupMember], total: int) -> bool:

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from client_harness import InProcessCoordinator, Ledger, eventually
+from client_harness import InProcessCoordinator, Ledger, eventually, owners
 from prometheus_client import CollectorRegistry
 
 from client import (
@@ -35,14 +35,6 @@ def member(coord: InProcessCoordinator, name: str, ledger: Ledger | None = None,
     settings = {**FAST, **kw}
     return GroupMember(coord.transport(), group, list(sets), client_id=name,
                        listener=ledger.listener(name) if ledger else None, **settings)
-
-
-def owners(members: list[GroupMember]) -> dict[Resource, int]:
-    count: dict[Resource, int] = {}
-    for m in members:
-        for r in m.assignment:
-            count[r] = count.get(r, 0) + 1
-    return count
 
 
 def settled(members: list[GroupMember], total: int) -> bool:
