@@ -49,6 +49,27 @@ class Recorder(RebalanceListener):
         return None
 
 
+async def first_assignment(rec: Recorder, timeout_s: float = 15.0
+                           ) -> tuple[float, frozenset[Resource]]:
+    """When ``rec``'s member first got resources, and which (waits up to ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while rec.first_assigned() is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    first = rec.first_assigned()
+    assert first is not None, "B never got anything"
+    return first
+
+
+def assert_released_first(rec_a: Recorder, first: tuple[float, frozenset[Resource]],
+                          why: str) -> None:
+    """Every resource B got first had been released by A by then (one owner at a time)."""
+    t_b, moved = first
+    for r in sorted(moved):
+        released = rec_a.released_at(r, 0)
+        assert released is not None and released <= t_b, (
+            f"{r} given to B at {t_b:.3f} {why} (A released it at {released})")
+
+
 class HangsCalls:
     """A transport on which calls of one API hang until healed, then fail
     (the network ate them): ``hang`` turns it on."""
@@ -93,17 +114,8 @@ async def test_a_member_whose_join_is_lost_gives_up_before_its_resources_move(
         assert len(await a.wait_assigned(10)) == 4
         lossy.hang = True
         b.start()
-        deadline = time.monotonic() + 15
-        while rec_b.first_assigned() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        first = rec_b.first_assigned()
-        assert first is not None, "B never got anything"
-        t_b, moved = first
-        for r in sorted(moved):
-            released = rec_a.released_at(r, 0)
-            assert released is not None and released <= t_b, (
-                f"{r} given to B at {t_b:.3f} while A still owned it "
-                f"(A released it at {released})")
+        first = await first_assignment(rec_b)
+        assert_released_first(rec_a, first, "while A still owned it")
     finally:
         lossy.hang = False
         lossy.heal.set()
@@ -151,20 +163,11 @@ async def test_a_revocation_stuck_in_its_final_commit_ends_before_the_resources_
         assert len(await a.wait_assigned(10)) == 4
         slow.hang = True
         b.start()
-        deadline = time.monotonic() + 15
-        while rec_b.first_assigned() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        first = rec_b.first_assigned()
-        assert first is not None, "B never got anything"
+        first = await first_assignment(rec_b)
         await asyncio.sleep(0.5)
         slow.heal.set()
         await asyncio.sleep(0.2)
-        t_b, moved = first
-        for r in sorted(moved):
-            released = rec_a.released_at(r, 0)
-            assert released is not None and released <= t_b, (
-                f"{r} given to B at {t_b:.3f} while A's on_revoked still ran "
-                f"(it ended at {released})")
+        assert_released_first(rec_a, first, "while A's on_revoked still ran")
     finally:
         slow.hang = False
         slow.heal.set()
