@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 from coordinator.core.config import CoreConfig
-from protocol.limits import DEFAULT_MAX_BODY_BYTES, MAX_TIMEOUT_MS
+from protocol.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METADATA_BYTES, MAX_TIMEOUT_MS
 
 ENV_PREFIX = "GROUPCOORD_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -40,7 +40,7 @@ class ServerConfig:
     #: groups the coordinator holds at once (issue 6 limits); 0: unlimited.
     max_groups: int = 100_000
     #: bytes of one protocol's metadata in a join, or one member's assignment in a sync.
-    max_metadata_bytes: int = 256 * 1024
+    max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES
     #: joins, syncs and waiting heartbeats parked at once; 0: unlimited.
     max_parked_requests: int = 100_000
     #: KIP-211: an Empty group and its checkpoints go this long after it emptied; 0: never.

@@ -21,5 +21,8 @@ MAX_RESOURCE_INDEX = 2**31 - 1
 MAX_PARTITIONS = 1_000_000
 #: request bodies, by default (``--max-body-bytes``).
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+#: default of ``--max-metadata-bytes``: one protocol's metadata in a join, or one
+#: member's assignment in a sync.
+DEFAULT_MAX_METADATA_BYTES = 256 * 1024
 #: nesting depth a decoded body may have; deeper is refused before validation.
 MAX_NESTING_DEPTH = 16

@@ -36,17 +36,13 @@ from coordinator.core.commands import (
 from coordinator.core.effects import AdminResult
 from coordinator.core.views import GroupView, MemberView
 from coordinator.http import calls as calls_module
-from coordinator.http.calls import (
-    DEFAULT_MAX_METADATA_BYTES,
-    SERVER_FAILED,
-    Calls,
-)
+from coordinator.http.calls import SERVER_FAILED, Calls
 from coordinator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from coordinator.metrics import Metrics
 from coordinator.runtime.runtime import Answer, Runtime
 from protocol import codec
 from protocol.errors import ErrorCode
-from protocol.limits import MAX_PARTITIONS
+from protocol.limits import DEFAULT_MAX_METADATA_BYTES, MAX_PARTITIONS
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import ResourceAssignment
 from protocol.validate import Fields, ValidationError, check_string

@@ -38,6 +38,7 @@ from coordinator.metrics import Metrics
 from coordinator.runtime.runtime import Answer, Runtime, error_answer
 from protocol import codec
 from protocol.errors import ErrorCode
+from protocol.limits import DEFAULT_MAX_METADATA_BYTES
 from protocol.messages import (
     CommitRequest,
     FetchRequest,
@@ -50,8 +51,6 @@ from protocol.validate import ValidationError
 
 log = logging.getLogger("groupcoord.http")
 
-#: the default of ``--max-metadata-bytes`` (``ServerConfig.max_metadata_bytes``).
-DEFAULT_MAX_METADATA_BYTES = 256 * 1024
 MSGPACK_TYPES = frozenset({codec.CONTENT_TYPE, "application/x-msgpack"})
 SERVER_FAILED = "the server failed on this request; see its log"
 
