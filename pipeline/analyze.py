@@ -149,15 +149,15 @@ def _load_generations(spark: Any, plan: InputPlan) -> Any:
 def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
                 out_dirs: tuple[str, str, str], batches: Iterator[Any]) -> Iterator[Any]:
     """Runs on an executor (``mapInArrow``): the Arrow batches of one shuffle
-    partition, its rows grouped by group and in journal order, in; its part of
+    partition (every row of its groups, in no particular order) in; its part of
     ``rebalances/``, ``group_hours/`` and of the per-group table written with
     pyarrow; the partition's duration cells (pipeline/aggregates.py
     ``duration_cells``: rebalances per hour and duration) out.
 
     No row crosses between the JVM and Python other than as Arrow; the facts
     of whole groups at a time, in numpy (pipeline/facts.py,
-    pipeline/aggregates.py). A group split over two batches is carried over
-    (pipeline/facts.py ``iter_group_chunks``).
+    pipeline/aggregates.py), in chunks of whole groups ordered by the task
+    (pipeline/facts.py ``partition_chunks``).
     """
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
@@ -170,7 +170,7 @@ def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
         groups_schema,
         merge_cells,
     )
-    from pipeline.facts import facts_for_chunk, facts_schema, iter_group_chunks
+    from pipeline.facts import facts_for_chunk, facts_schema, partition_chunks
     ctx = TaskContext.get()
     number = ctx.partitionId() if ctx is not None else 0
     is_coop = cooperative_names(cooperative)
@@ -178,7 +178,7 @@ def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
     writers: list[Any] = []
     cells: list[Any] = []
     try:
-        for chunk in iter_group_chunks(b for b in batches if b.num_rows):
+        for chunk in partition_chunks(batches):
             if not writers:  # only partitions with rows write files
                 for out_dir, schema in zip(out_dirs, schemas, strict=True):
                     fs, base = pafs.FileSystem.from_uri(out_dir)
@@ -218,6 +218,22 @@ def _map_in_arrow(df: Any, func: Any, schema: str) -> Any:
     return DataFrame(df._jdf.mapInArrow(column._jc, False, None), df.sparkSession)
 
 
+#: Input bytes (Spark's estimate: the Parquet files' sizes) per facts task.
+#: A task holds its partition in memory: for journals like the benchmark's,
+#: about 16 times its share of zstd-compressed Parquet.
+INPUT_BYTES_PER_TASK = 64 << 20
+
+
+def _partitions(spark: Any, journal: Any) -> int:
+    """Facts tasks: two per core, more when the input is big (memory)."""
+    least = max(1, int(spark.sparkContext.defaultParallelism) * 2)
+    try:
+        size = int(str(journal._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+    except Exception:  # an estimate only: the default is still correct
+        return least
+    return max(least, -(-size // INPUT_BYTES_PER_TASK))
+
+
 def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
                           outs: tuple[str | Path, str | Path, str | Path]) -> Any:
     """Write ``rebalances`` (FACTS_FIELDS), ``group_hours`` and the per-group
@@ -225,20 +241,21 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
     of all rebalances (an Arrow table, ``aggregates.cells_schema()``, one row
     per hour and duration).
 
-    Spark shuffles each group into one partition and sorts it by group, then
-    journal id (JVM only); one Python task per partition takes the sorted rows
-    straight from the shuffle as Arrow batches (``mapInArrow``), computes the
-    facts (pipeline/facts.py) and the per-group aggregates
-    (pipeline/aggregates.py) and writes them with pyarrow.
+    Spark shuffles each group into one partition (JVM only, no sort); one
+    Python task per partition takes its rows straight from the shuffle as
+    Arrow batches (``mapInArrow``), orders them by group and journal id
+    (pipeline/facts.py ``partition_chunks``), computes the facts
+    (pipeline/facts.py) and the per-group aggregates (pipeline/aggregates.py)
+    and writes them with pyarrow.
     """
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F
 
     from pipeline.aggregates import cells_schema, group_hours_schema, groups_schema, merge_cells
-    from pipeline.facts import GROUP_KEY, facts_schema
+    from pipeline.facts import facts_schema
     rows = journal.select(
-        F.xxhash64("source", "group_id").alias(GROUP_KEY), "source", "group_id",
+        "source", "group_id",
         F.col("id").cast("long").alias("id"),
         F.col("generation_id").cast("long").alias("generation_id"),
         "protocol_type", "protocol_name", "reason",
@@ -248,7 +265,7 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
         F.coalesce(F.size("joined"), F.lit(0)).cast("long").alias("joined_count"),
         F.coalesce(F.size("left"), F.lit(0)).cast("long").alias("left_count"),
         "assignments")
-    parts = max(1, spark.sparkContext.defaultParallelism * 2)
+    parts = _partitions(spark, journal)
     out_uris = (_uri(outs[0]), _uri(outs[1]), _uri(outs[2]))
     for out_uri in out_uris:
         fs, base = pafs.FileSystem.from_uri(out_uri)
@@ -256,13 +273,12 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
         fs.create_dir(base, recursive=True)
     fn = functools.partial(_facts_task, options.storm_window_ms, options.cooperative,
                            options.storm_threshold, out_uris)
-    # Sorted by a 64-bit hash of the group and the id: two longs, no string
-    # comparison (group names share long prefixes; comparing them was half of
-    # the sort's CPU). Colliding hashes are repaired in the task
-    # (pipeline/facts.py iter_group_chunks).
-    ordered = rows.repartition(parts, GROUP_KEY).sortWithinPartitions(GROUP_KEY, "id")
+    # Not sorted by Spark: its sort copied every row's bytes (the assignments
+    # are most of them) into sort pages, and cost more than ordering the rows
+    # in the task.
+    grouped = rows.repartition(parts, "source", "group_id")
     ddl = ", ".join(f"{f.name} long" for f in cells_schema())
-    cells = merge_cells([_map_in_arrow(ordered, fn, ddl).toArrow()])
+    cells = merge_cells([_map_in_arrow(grouped, fn, ddl).toArrow()])
     for out_uri, schema in zip(out_uris, (facts_schema(), group_hours_schema(),
                                           groups_schema()), strict=True):
         fs, base = pafs.FileSystem.from_uri(out_uri)

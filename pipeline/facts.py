@@ -19,9 +19,10 @@ history restarts):
   ``first_assigned``.
 
 Only distinct assignments are decoded (a group goes back to the same
-assignment often, and different assignments share most members' bytes); the
-Spark job ships each distinct ``(group, assignments)`` once, with an
-``xxhash64`` the journal rows refer to (pipeline/analyze.py). Matrices are
+assignment often, and different assignments share most members' bytes):
+:func:`partition_chunks` numbers a partition's distinct assignment blobs
+with Arrow's dictionary encoding, and each member's assignment bytes are
+decoded once per chunk. Matrices are
 processed in blocks of at most :data:`BLOCK_CELLS` cells, carrying the state
 of the open history from one block to the next, so a group with thousands of
 resources and rows needs no more memory than a small one.
@@ -398,8 +399,11 @@ def facts_for_chunk(table: pa.Table, is_cooperative: Callable[[str | None], bool
     n = rows.num_rows
     groups = int(group[-1]) + 1
 
-    # Distinct assignments of each group (Arrow hashes the bytes): decoded once.
-    blobs = pc.dictionary_encode(pc.fill_null(rows["assignments"].combine_chunks(), b""))
+    # Distinct assignments of each group (Arrow hashes the bytes, unless
+    # partition_chunks did already): decoded once.
+    blobs = rows["assignments"].combine_chunks()
+    if not pa.types.is_dictionary(blobs.type):
+        blobs = pc.dictionary_encode(blobs, null_encoding="encode")
     codes = _np(blobs.indices)
     keys, state = np.unique((group.astype(np.int64) << 32) | codes, return_inverse=True)
     s_group = keys >> 32
@@ -481,57 +485,81 @@ def facts_for_chunk(table: pa.Table, is_cooperative: Callable[[str | None], bool
     return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
 
 
-#: The column the Spark job sorts by before ``id``: ``xxhash64(source, group_id)``.
-GROUP_KEY = "group_key"
+#: String columns of the input: dictionary encoded over a partition, gathered
+#: per chunk as indices.
+_STRINGS = ("source", "group_id", "protocol_type", "protocol_name", "reason")
 
 
-def iter_group_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
-                      ) -> Iterator[pa.Table]:
-    """Tables of whole groups (about ``rows`` rows each), each group's rows
-    contiguous and in ``id`` order, from batches sorted by
-    ``(GROUP_KEY, id)`` (pipeline/analyze.py).
+def _shared_dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
+    """``column`` dictionary encoded over all its chunks: one index per row
+    (nulls get an index of their own) and the distinct values."""
+    encoded = pc.dictionary_encode(column, null_encoding="encode")
+    if encoded.num_chunks == 0:
+        return np.zeros(0, np.int32), pa.array([], column.type)
+    chunks = encoded.chunks
+    # Arrow's encoding of a chunked array shares one dictionary between the
+    # chunks; unify only if that ever stops being so.
+    address = chunks[0].dictionary.buffers()[-1]
+    if any(c.dictionary.buffers()[-1] is None or address is None
+           or c.dictionary.buffers()[-1].address != address.address for c in chunks[1:]):
+        encoded = encoded.unify_dictionaries()
+        chunks = encoded.chunks
+    indices = np.concatenate([np.asarray(c.indices.to_numpy(zero_copy_only=False), np.int32)
+                              for c in chunks])
+    return indices, chunks[0].dictionary
 
-    Sorting by a 64-bit hash of the group, not by its name, keeps Spark's sort
-    on two longs (comparing long group names was half the sort's cost). Two
-    groups whose hashes collide come out interleaved by ``id``: a chunk where
-    that happened (more runs of ``(source, group_id)`` than runs of the key)
-    is sorted again by name, so the result is exact either way. A chunk is
-    cut where the key changes, never inside a key's rows, so a group that
-    spans batches is carried over to the next chunk.
+
+def partition_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
+                     ) -> Iterator[pa.Table]:
+    """Tables of whole groups (about ``rows`` rows each; a bigger group is a
+    chunk of its own), each group's rows contiguous and in ``id`` order, from
+    the record batches of one partition in any order: Spark puts all the
+    rows of a group in one partition (pipeline/analyze.py) but does not sort
+    them; sorting in the JVM copied every row's bytes into sort pages and
+    cost more than this.
+
+    The partition is held in memory (the job sizes its partitions for
+    that). Its string columns are dictionary encoded over the whole
+    partition, groups are numbered exactly from the ``source`` and
+    ``group_id`` codes (no hash that could collide), and the rows ordered by
+    (group, id) in numpy. A chunk's columns are gathered in that order:
+    strings through their codes, the assignments as indices into the
+    partition's distinct blobs (a ``DictionaryArray``: facts_for_chunk then
+    decodes each distinct blob of a group once, without hashing the bytes
+    again).
     """
-    carry: list[pa.Table] = []
-    carried = 0
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        table = pa.Table.from_batches([batch])
-        carry.append(table)
-        carried += table.num_rows
-        if carried < rows:
-            continue
-        whole = pa.concat_tables(carry).combine_chunks()
-        cut = int(np.flatnonzero(_shift_differs(whole[GROUP_KEY]))[-1])
-        if cut == 0:  # one group so far: keep reading
-            carry = [whole]
-            continue
-        yield _contiguous(whole.slice(0, cut))
-        rest = whole.slice(cut)
-        carry, carried = [rest], rest.num_rows
-    if carried:
-        yield _contiguous(pa.concat_tables(carry).combine_chunks())
-
-
-def _contiguous(table: pa.Table) -> pa.Table:
-    """``table`` (sorted by ``GROUP_KEY``, then ``id``) with each group's rows
-    contiguous: re-sorted by name only where two groups share a key."""
-    key_runs = int(_shift_differs(table[GROUP_KEY]).sum())
-    group_runs = int((_shift_differs(table["source"]) | _shift_differs(table["group_id"])).sum())
-    if group_runs == key_runs:
-        return table
-    order = pc.sort_indices(table, sort_keys=[(GROUP_KEY, "ascending"),
-                                              ("source", "ascending"),
-                                              ("group_id", "ascending"), ("id", "ascending")])
-    return table.take(order)
+    full = [b for b in batches if b.num_rows]
+    table = pa.Table.from_batches(full) if full else input_schema().empty_table()
+    n = table.num_rows
+    if n == 0:
+        return
+    codes: dict[str, tuple[np.ndarray, pa.Array]] = {
+        c: _shared_dictionary(table[c]) for c in (*_STRINGS, "assignments")}
+    numbers = {c: table[c].combine_chunks() for c in INPUT_COLUMNS
+               if c not in codes}
+    del table  # the blobs live on in the dictionary of distinct ones only
+    ids = _np(numbers["id"])
+    group = (codes["source"][0].astype(np.int64) * len(codes["group_id"][1])
+             + codes["group_id"][0])
+    order = np.argsort(group, kind="stable")
+    g, i = group[order], ids[order]
+    if ((g[1:] == g[:-1]) & (i[1:] < i[:-1])).any():  # ids not in order within a group
+        order = np.lexsort((ids, group))
+        g = group[order]
+    bounds = np.append(np.flatnonzero(g[1:] != g[:-1]) + 1, n)
+    start = 0
+    while start < n:
+        at = min(int(np.searchsorted(bounds, start + rows)), len(bounds) - 1)
+        end = int(bounds[at])
+        pick = order[start:end]
+        take = pa.array(pick)
+        columns: dict[str, pa.Array] = {c: a.take(take) for c, a in numbers.items()}
+        for c in _STRINGS:
+            columns[c] = codes[c][1].take(pa.array(codes[c][0][pick]))
+        indices, blobs = codes["assignments"]
+        columns["assignments"] = pa.DictionaryArray.from_arrays(pa.array(indices[pick]), blobs)
+        yield pa.table([columns[c] for c in INPUT_COLUMNS], names=list(INPUT_COLUMNS))
+        start = end
 
 
 # ---------------------------------------------------------------- for tests and tools

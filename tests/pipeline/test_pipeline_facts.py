@@ -96,35 +96,42 @@ def test_aggregates_per_group_hour_are_exact() -> None:
         (4, 2, 1, "cooperative-sticky")
 
 
-@pytest.mark.parametrize("collide", [False, True])
-def test_chunks_from_hash_sorted_batches_keep_groups_whole(collide: bool) -> None:
-    """The Spark job sorts by (hash of the group, id), not by name: groups
-    spanning batch boundaries are carried over, and two groups whose hashes
-    collide (here: forced, interleaved by id) still come out whole."""
+@pytest.mark.parametrize("chunk_rows", [10, 1_000_000])
+def test_chunks_from_a_partition_in_any_order_keep_groups_whole(chunk_rows: int) -> None:
+    """Spark does not sort a partition: partition_chunks orders its rows by
+    group and id and cuts chunks between groups. Rows come shuffled over
+    batches, journal ids interleave across groups, two coordinators have
+    groups of the same name, and some rows arrive twice."""
     import dataclasses
 
-    import pyarrow as pa
     rnd = random.Random(11)
-    per_group = [journal_rows([dataclasses.replace(x, group_id=f"g{g}")
-                               for x in _random_journal(rnd)]) for g in range(6)]
+    per_group = [journal_rows([dataclasses.replace(x, group_id=f"g{g % 4}")
+                               for x in _random_journal(rnd)]) for g in range(7)]
     # Journal ids interleaved across groups (one coordinator journals them all).
-    order = sorted((k, g) for g in range(6) for k in range(len(per_group[g])))
-    rows = [dataclasses.replace(per_group[g][k], journal_id=i)
+    order = sorted((k, g) for g in range(7) for k in range(len(per_group[g])))
+    rows = [dataclasses.replace(per_group[g][k], journal_id=i, source=f"c{int(g >= 4)}")
             for i, (k, g) in enumerate(order, start=1)]
-    key = {f"g{g}": (0 if collide and g < 3 else g) for g in range(6)}
-    rows.sort(key=lambda r: (key[r.group_id], r.journal_id))  # what Spark's sort gives
-    table = input_table(rows)
-    table = table.append_column(facts_mod.GROUP_KEY,
-                                pa.array([key[r.group_id] for r in rows], pa.int64()))
-    batches = table.to_batches(max_chunksize=7)
-    got = [r for chunk in facts_mod.iter_group_chunks(batches, rows=10)
-           for r in facts_for_chunk(chunk, IS_COOP, 2_000).to_pylist()]
-    by_group = sorted(rows, key=lambda r: (r.group_id, r.journal_id))
+    arrived = rows + rnd.sample(rows, 5)
+    rnd.shuffle(arrived)
+    batches = input_table(arrived).to_batches(max_chunksize=7)
+    chunks = list(facts_mod.partition_chunks(batches, rows=chunk_rows))
+    groups_of = [{(s, g) for s, g in zip(c["source"].to_pylist(), c["group_id"].to_pylist(),
+                                         strict=True)} for c in chunks]
+    assert sum(len(g) for g in groups_of) == len(set().union(*groups_of)) == 7
+    assert (len(chunks) == 1) if chunk_rows > len(arrived) else (len(chunks) > 1)
+    for c in chunks:  # each group contiguous, in journal order
+        keys = list(zip(c["source"].to_pylist(), c["group_id"].to_pylist(),
+                        c["id"].to_pylist(), strict=True))
+        runs = [k[:2] for i, k in enumerate(keys) if i == 0 or keys[i - 1][:2] != k[:2]]
+        assert len(runs) == len(set(runs))
+        assert keys == sorted(keys, key=lambda k: (runs.index(k[:2]), k[2]))
+    got = [r for c in chunks for r in facts_for_chunk(c, IS_COOP, 2_000).to_pylist()]
+    by_group = sorted(rows, key=lambda r: (r.source, r.group_id, r.journal_id))
     assert sorted(got, key=_key) == reference(by_group, 2_000)
-    if collide:  # the colliding groups were re-sorted by name, each contiguous
-        names = [r["group_id"] for r in got]
-        runs = [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
-        assert len(runs) == len(set(runs)) == 6
+
+
+def test_an_empty_partition_gives_no_chunk() -> None:
+    assert list(facts_mod.partition_chunks(iter([]))) == []
 
 
 def test_fleet_percentiles_from_duration_cells_are_exact() -> None:
