@@ -6,10 +6,13 @@ groups, a duration histogram), never from the per-rebalance table.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from pipeline.aggregates import HOUR_MS, REASONS
 from pipeline.report import cards, esc, figure, num, page, png, seconds, table, utc
@@ -31,23 +34,47 @@ def _hours(rows: list[dict[str, Any]]) -> list[datetime]:
     return [datetime.fromtimestamp(r["hour_start_ms"] / 1000, tz=UTC) for r in rows]
 
 
-def _bar_width(n: int) -> float:
-    return 1 / 24 * 0.9 if n else 0.03  # an hour in matplotlib date units (days)
+def _hourly(fleet: list[dict[str, Any]], keys: Sequence[str]
+            ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Every hour from the first to the last of ``fleet`` (hours without a
+    rebalance are 0) as matplotlib date numbers, one more for the last
+    hour's end, and the values of ``keys`` per hour."""
+    import matplotlib.dates as mdates
+    first = int(fleet[0]["hour_start_ms"]) // HOUR_MS
+    n = int(fleet[-1]["hour_start_ms"]) // HOUR_MS - first + 1
+    at = np.array([int(r["hour_start_ms"]) // HOUR_MS - first for r in fleet], dtype=np.int64)
+    date2num: Callable[[datetime], float] = mdates.date2num  # untyped in matplotlib
+    start = date2num(datetime.fromtimestamp(first * HOUR_MS / 1000, tz=UTC))
+    edges = start + np.arange(n + 1) / 24
+    values = {}
+    for key in keys:
+        v = np.zeros(n, dtype=np.float64)
+        v[at] = [float(r[key] or 0) for r in fleet]
+        values[key] = v
+    return edges, values
+
+
+def _steps(ax: Any, edges: np.ndarray, top: np.ndarray, bottom: np.ndarray | None = None,
+           **style: Any) -> None:
+    """One filled step area per series (hour by hour): a bar per hour was a
+    matplotlib artist each, and most of the report's time."""
+    ax.stairs(top, edges, baseline=bottom if bottom is not None else 0, fill=True, **style)
+    ax.xaxis_date()
 
 
 def _plot_reasons(fleet: list[dict[str, Any]]) -> str:
     fig, ax = figure()
-    x = _hours(fleet)
-    bottom = [0] * len(fleet)
-    for reason in (*REASONS, "other"):
-        ys = [int(r[f"reason_{reason}"] or 0) for r in fleet]
-        if not any(ys):
+    keys = [f"reason_{r}" for r in (*REASONS, "other")]
+    edges, values = _hourly(fleet, keys)
+    bottom = np.zeros(len(edges) - 1)
+    for reason, key in zip((*REASONS, "other"), keys, strict=True):
+        ys = values[key]
+        if not ys.any():
             continue
-        ax.bar(x, ys, bottom=bottom, width=_bar_width(len(x)), align="edge",
-               label=reason.replace("_", " "))
-        bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+        _steps(ax, edges, bottom + ys, bottom, label=reason.replace("_", " "))
+        bottom = bottom + ys
     ax.set_ylabel("rebalances per hour")
-    ax.set_ylim(0, max([*bottom, 1]) * 1.3)  # room for the legend
+    ax.set_ylim(0, max(float(bottom.max(initial=0)), 1) * 1.3)  # room for the legend
     ax.set_title("Rebalances per hour, by why they started (UTC)")
     ax.legend(fontsize=8, ncol=6, loc="upper left")
     fig.autofmt_xdate()
@@ -72,13 +99,11 @@ def _plot_durations(fleet: list[dict[str, Any]]) -> str:
 def _plot_cost(fleet: list[dict[str, Any]]) -> str:
     import matplotlib.pyplot as plt
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 5), dpi=100, sharex=True)
-    x = _hours(fleet)
-    w = _bar_width(len(x))
-    ax1.bar(x, [int(r["moved"] or 0) for r in fleet], width=w, align="edge", color="tab:orange")
+    edges, values = _hourly(fleet, ("moved", "unavailable_ms"))
+    _steps(ax1, edges, values["moved"], color="tab:orange")
     ax1.set_ylabel("resources moved")
     ax1.set_title("What rebalances cost per hour: resources moved, and resource-seconds unowned")
-    ax2.bar(x, [int(r["unavailable_ms"] or 0) / 1000 for r in fleet], width=w, align="edge",
-            color="tab:red")
+    _steps(ax2, edges, values["unavailable_ms"] / 1000, color="tab:red")
     ax2.set_ylabel("unowned resource-s")
     fig.autofmt_xdate()
     return png(fig)
