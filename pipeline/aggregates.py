@@ -247,3 +247,83 @@ def cell_histogram(cells: pa.Table) -> list[tuple[int, int]]:
     found, inverse = np.unique(bucket, return_inverse=True)
     sums = np.bincount(inverse, weights=counts, minlength=len(found))
     return [(int(b), int(c)) for b, c in zip(found.tolist(), sums.tolist(), strict=True)]
+
+
+# ---------------------------------------------------------------- fleet-wide sums
+#
+# fleet_hours/ sums group_hours/ per hour over all groups. A group lives in
+# one task, so each task sums its own groups' hours and the driver adds the
+# tasks' sums up (no Spark job over group_hours/). Nulls as Spark's ``sum``:
+# skipped, and null only where every value of the hour is.
+
+#: The group_hours columns fleet_hours sums, in fleet_hours' order.
+FLEET_SUMS: tuple[str, ...] = ("rebalances", *_SUMMED, "follow_up_rebalances",
+                               *(f"reason_{r}" for r in (*REASONS, "other")))
+
+
+def hour_sums_schema() -> pa.Schema:
+    """Per hour: the FLEET_SUMS, the group-hours (``groups``) and those
+    with a storm rebalance (``storming_groups``)."""
+    return pa.schema([("hour_start_ms", pa.int64()),
+                      *((c, pa.int64()) for c in (*FLEET_SUMS, "groups", "storming_groups"))])
+
+
+def _sum_by_hour(t: pa.Table) -> pa.Table:
+    schema = hour_sums_schema()
+    if t.num_rows == 0:
+        return schema.empty_table()
+    names = schema.names[1:]
+    out = t.group_by("hour_start_ms").aggregate([(c, "sum") for c in names])
+    out = out.rename_columns([n.removesuffix("_sum") for n in out.column_names])
+    return out.select(schema.names).cast(schema).sort_by("hour_start_ms")
+
+
+def hour_sums(hours: pa.Table) -> pa.Table:
+    """``hour_sums_schema()`` of some whole groups' ``group_hours`` rows."""
+    storm = _col(hours, "storm_rebalances") > 0
+    t = hours.select(["hour_start_ms", *FLEET_SUMS]).append_column(
+        "groups", pa.array(np.ones(hours.num_rows, np.int64))).append_column(
+        "storming_groups", pa.array(storm.astype(np.int64)))
+    return _sum_by_hour(t)
+
+
+def merge_hour_sums(tables: Sequence[pa.Table]) -> pa.Table:
+    """Several tasks' hour sums as one table, one row per hour, in time order."""
+    schema = hour_sums_schema()
+    return _sum_by_hour(pa.concat_tables([t.select(schema.names).cast(schema) for t in tables])
+                        if tables else schema.empty_table())
+
+
+# ---------------------------------------------------------------- a task's result
+
+#: ``kind`` of a task result row: a duration cell, or an hour's sums.
+CELL, HOUR = 0, 1
+
+
+def task_result_schema() -> pa.Schema:
+    """What a facts task returns to the driver, as one table (``mapInArrow``
+    has one output schema): its duration cells (``kind`` CELL, the
+    ``cells_schema()`` columns) and its hour sums (``kind`` HOUR, the
+    ``hour_sums_schema()`` columns; ``rebalances`` is in both). A column the
+    row's kind does not have is null."""
+    cells = cells_schema()
+    return pa.schema([("kind", pa.int64()), *cells,
+                      *(f for f in hour_sums_schema() if f.name not in cells.names)])
+
+
+def task_result(cells: pa.Table, sums: pa.Table) -> pa.Table:
+    schema = task_result_schema()
+
+    def widen(t: pa.Table, kind: int) -> pa.Table:
+        return pa.table([pa.array(np.full(t.num_rows, kind, np.int64)) if f.name == "kind"
+                         else t[f.name] if f.name in t.column_names
+                         else pa.nulls(t.num_rows, f.type) for f in schema], schema=schema)
+    return pa.concat_tables([widen(cells, CELL), widen(sums, HOUR)])
+
+
+def split_task_results(t: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Tasks' results as (cells, hour sums), each merged over the tasks."""
+    kind = _col(t, "kind")
+    cells = t.filter(pa.array(kind == CELL)).select(cells_schema().names)
+    sums = t.filter(pa.array(kind == HOUR)).select(hour_sums_schema().names)
+    return merge_cells([cells]), merge_hour_sums([sums])

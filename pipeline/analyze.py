@@ -5,15 +5,17 @@ The job (docs/pipeline.md):
 1. load every input into one DataFrame of journal rows: SQLite files through
    ``sqlite3`` -> Arrow -> Spark (pipeline/sources.py), export directories
    straight from Parquet;
-2. per-rebalance facts: rows are partitioned by group and sorted by journal
-   id (JVM only); one Python task per partition computes, in numpy, the facts
-   of whole groups at a time (pipeline/facts.py: moved resources,
-   unavailability, follow-ups, the storm counter) -> ``rebalances/``, and
-   their exact per group-hour and per group aggregates
-   (pipeline/aggregates.py) -> ``group_hours/`` and ``groups/``'s sums;
-3. Spark SQL for what spans groups: ``groups/`` (with the generations, worst
-   first) and ``fleet_hours/`` (sums of ``group_hours``; exact percentiles
-   from the duration counts the facts tasks return);
+2. per-rebalance facts: rows are partitioned by group (JVM only); one
+   Python task per partition orders its rows by group and journal id and
+   computes, in numpy, the facts of whole groups at a time
+   (pipeline/facts.py: moved resources, unavailability, follow-ups, the
+   storm counter) -> ``rebalances/``, and their exact per group-hour and per
+   group aggregates (pipeline/aggregates.py) -> ``group_hours/`` and
+   ``groups/``'s sums; it returns its duration counts and its groups' sums
+   per hour;
+3. what spans groups: ``groups/`` (Spark SQL: with the generations, worst
+   first) and ``fleet_hours/`` (the tasks' hour sums added up; exact
+   percentiles from the duration counts);
 4. report.html from the small aggregates (pipeline/analyze_report.py).
 """
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.aggregates import REASONS
+from pipeline.aggregates import FLEET_SUMS
 from pipeline.errors import PipelineError
 from pipeline.ownership import cooperative_names
 from pipeline.sources import (
@@ -151,8 +153,8 @@ def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
     """Runs on an executor (``mapInArrow``): the Arrow batches of one shuffle
     partition (every row of its groups, in no particular order) in; its part of
     ``rebalances/``, ``group_hours/`` and of the per-group table written with
-    pyarrow; the partition's duration cells (pipeline/aggregates.py
-    ``duration_cells``: rebalances per hour and duration) out.
+    pyarrow; the partition's duration cells and hour sums (pipeline/aggregates.py
+    ``task_result``) out.
 
     No row crosses between the JVM and Python other than as Arrow; the facts
     of whole groups at a time, in numpy (pipeline/facts.py,
@@ -168,7 +170,10 @@ def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
         duration_cells,
         group_hours_schema,
         groups_schema,
+        hour_sums,
         merge_cells,
+        merge_hour_sums,
+        task_result,
     )
     from pipeline.facts import facts_for_chunk, facts_schema, partition_chunks
     ctx = TaskContext.get()
@@ -177,6 +182,7 @@ def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
     schemas = (facts_schema(), group_hours_schema(), groups_schema())
     writers: list[Any] = []
     cells: list[Any] = []
+    sums: list[Any] = []
     try:
         for chunk in partition_chunks(batches):
             if not writers:  # only partitions with rows write files
@@ -190,10 +196,12 @@ def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
             for writer, table in zip(writers, (facts, hours, groups), strict=True):
                 writer.write_table(table)
             cells.append(duration_cells(facts))
+            sums.append(hour_sums(hours))
     finally:
         for writer in writers:
             writer.close()
-    yield from merge_cells(cells).to_batches(max_chunksize=1 << 20)
+    yield from task_result(merge_cells(cells), merge_hour_sums(sums)).to_batches(
+        max_chunksize=1 << 20)
 
 
 def _uri(path: str | Path) -> str:
@@ -235,11 +243,12 @@ def _partitions(spark: Any, journal: Any) -> int:
 
 
 def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
-                          outs: tuple[str | Path, str | Path, str | Path]) -> Any:
+                          outs: tuple[str | Path, str | Path, str | Path]) -> tuple[Any, Any]:
     """Write ``rebalances`` (FACTS_FIELDS), ``group_hours`` and the per-group
     aggregates to the three directories ``outs``; returns the duration cells
     of all rebalances (an Arrow table, ``aggregates.cells_schema()``, one row
-    per hour and duration).
+    per hour and duration) and the sums of ``group_hours`` per hour
+    (``aggregates.hour_sums_schema()``).
 
     Spark shuffles each group into one partition (JVM only, no sort); one
     Python task per partition takes its rows straight from the shuffle as
@@ -252,7 +261,12 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F
 
-    from pipeline.aggregates import cells_schema, group_hours_schema, groups_schema, merge_cells
+    from pipeline.aggregates import (
+        group_hours_schema,
+        groups_schema,
+        split_task_results,
+        task_result_schema,
+    )
     from pipeline.facts import facts_schema
     rows = journal.select(
         "source", "group_id",
@@ -277,8 +291,8 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
     # are most of them) into sort pages, and cost more than ordering the rows
     # in the task.
     grouped = rows.repartition(parts, "source", "group_id")
-    ddl = ", ".join(f"{f.name} long" for f in cells_schema())
-    cells = merge_cells([_map_in_arrow(grouped, fn, ddl).toArrow()])
+    ddl = ", ".join(f"{f.name} long" for f in task_result_schema())
+    cells, sums = split_task_results(_map_in_arrow(grouped, fn, ddl).toArrow())
     for out_uri, schema in zip(out_uris, (facts_schema(), group_hours_schema(),
                                           groups_schema()), strict=True):
         fs, base = pafs.FileSystem.from_uri(out_uri)
@@ -286,20 +300,17 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
             # An empty journal: one empty file gives the table its columns.
             pq.write_table(schema.empty_table(), f"{base.rstrip('/')}/part-00000.parquet",
                            filesystem=fs)
-    return cells
+    return cells, sums
 
 
 # ---------------------------------------------------------------- aggregates
 #
 # group_hours/ and the per-group sums are written by the facts tasks (exact
 # percentiles, pipeline/aggregates.py), and the tasks send the driver every
-# rebalance's hour and duration as counts (duration cells): the fleet-wide
-# percentiles, the histogram and the totals come from those and from the
-# small tables; rebalances/ is never read again.
-
-_SUM_COLUMNS = ("rebalances", "joined", "left", "revoked", "moved", "unavailable_ms",
-                "unowned_at_end", "follow_up_rebalances",
-                *(f"reason_{r}" for r in (*REASONS, "other")))
+# rebalance's hour and duration as counts (duration cells) and their groups'
+# sums per hour: fleet_hours/, the fleet-wide percentiles, the histogram and
+# the totals come from those and from the small tables; rebalances/ is never
+# read again.
 
 _DURATIONS = ("duration_p50_ms", "duration_p95_ms", "duration_p99_ms", "duration_max_ms")
 
@@ -307,28 +318,22 @@ _DURATIONS = ("duration_p50_ms", "duration_p95_ms", "duration_p99_ms", "duration
 def fleet_schema() -> Any:
     import pyarrow as pa
     return pa.schema([("hour_start_ms", pa.int64()),
-                      *((c, pa.int64()) for c in (*_SUM_COLUMNS, "groups", "storming_groups")),
+                      *((c, pa.int64()) for c in (*FLEET_SUMS, "groups", "storming_groups")),
                       *((c, pa.int64() if c == "duration_max_ms" else pa.float64())
                         for c in _DURATIONS)])
 
 
-def fleet_hours(hours: Any, cells: Any) -> list[dict[str, Any]]:
-    """One dict per hour over all groups, in time order: sums of
-    ``group_hours`` (Spark), exact duration percentiles from the cells."""
+def fleet_hours(sums: Any, cells: Any) -> list[dict[str, Any]]:
+    """One dict per hour over all groups, in time order: the tasks' sums of
+    ``group_hours`` (``aggregates.hour_sums_schema()``, in time order),
+    exact duration percentiles from the cells."""
     import numpy as np
-    from pyspark.sql import functions as F
 
     from pipeline.aggregates import cell_percentiles
-    sums = hours.groupBy("hour_start_ms").agg(
-        *[F.sum(c).cast("long").alias(c) for c in _SUM_COLUMNS],
-        F.count(F.lit(1)).alias("groups"),
-        F.sum(F.when(F.col("storm_rebalances") > 0, 1).otherwise(0)).cast("long")
-        .alias("storming_groups")).collect()
     pct = cell_percentiles(*(np.asarray(cells[c].to_numpy(), dtype=np.int64)
                              for c in ("hour_start_ms", "duration_ms", "rebalances")))
     empty = dict.fromkeys(_DURATIONS)
-    return sorted(({**r.asDict(), **pct.get(int(r["hour_start_ms"]), empty)} for r in sums),
-                  key=lambda r: int(r["hour_start_ms"]))
+    return [r | pct.get(int(r["hour_start_ms"]), empty) for r in sums.to_pylist()]
 
 
 def write_table(rows: list[dict[str, Any]], schema: Any, out: str | Path) -> None:
@@ -359,7 +364,7 @@ def totals(fleet: list[dict[str, Any]], cells: Any, groups: Any) -> dict[str, An
     from pyspark.sql import functions as F
 
     from pipeline.aggregates import cell_percentiles
-    tot: dict[str, Any] = {c: sum(int(h[c] or 0) for h in fleet) for c in _SUM_COLUMNS}
+    tot: dict[str, Any] = {c: sum(int(h[c] or 0) for h in fleet) for c in FLEET_SUMS}
     count = np.asarray(cells["rebalances"].to_numpy(), dtype=np.int64)
     duration = np.asarray(cells["duration_ms"].to_numpy(), dtype=np.int64)
     order = np.argsort(duration, kind="stable")
@@ -399,7 +404,7 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
                   "per group and hour", show):
         journal = _load_journal(spark, plan)
         try:
-            cells = write_rebalance_facts(spark, journal, opts, (
+            cells, sums = write_rebalance_facts(spark, journal, opts, (
                 tables["rebalances"], tables["group_hours"], per_group))
         except Exception as exc:
             raise _spark_input_error(exc, plan) from exc
@@ -411,7 +416,7 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
             .sortWithinPartitions(F.desc("peak_window_rebalances"), F.desc("rebalances"),
                                   "source", "group_id") \
             .write.mode("overwrite").parquet(str(tables["groups"]))
-        fleet = fleet_hours(hours, cells)
+        fleet = fleet_hours(sums, cells)
         write_table(fleet, fleet_schema(), tables["fleet_hours"])
         shutil.rmtree(per_group, ignore_errors=True)
     with progress(spark, "analyze [3/4] collecting figures for the report", show):
@@ -420,12 +425,15 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
         worst = [r.asDict() for r in groups.orderBy(
             F.desc("peak_window_rebalances"), F.desc("rebalances"), "source", "group_id")
             .limit(opts.top).collect()]
-        keys = [(w["source"], w["group_id"]) for w in worst]
+        keys = {(w["source"], w["group_id"]) for w in worst}
         heat: list[dict[str, Any]] = []
         if keys:
-            wanted = spark.createDataFrame(keys, "source string, group_id string")
-            heat = [r.asDict() for r in hours.join(F.broadcast(wanted), ["source", "group_id"])
-                    .select("source", "group_id", "hour_start_ms", "rebalances").collect()]
+            # One scan that keeps the worst groups' names (a join with them
+            # was two jobs); a name two coordinators share is told apart here.
+            names = sorted({g for _, g in keys})
+            heat = [r.asDict() for r in hours.where(F.col("group_id").isin(names))
+                    .select("source", "group_id", "hour_start_ms", "rebalances").collect()
+                    if (r["source"], r["group_id"]) in keys]
         hist = cell_histogram(cells)
     with progress(spark, "analyze [4/4] writing report.html", show):
         report = write_report(out_dir / "report.html", ReportData(

@@ -171,3 +171,55 @@ def test_fleet_percentiles_from_duration_cells_are_exact() -> None:
     hist = dict(cell_histogram(pa.table({"duration_ms": [0, 1, 9, 10, 99, 100],
                                          "rebalances": [1, 1, 2, 1, 1, 3]})))
     assert hist == {0: 2, 4: 2, 5: 1, 9: 1, 10: 3}
+
+
+def test_fleet_hour_sums_add_up_over_tasks_like_spark_sums() -> None:
+    """Each task sums its groups' group_hours per hour; the driver adds the
+    tasks' sums up. The result is what Spark's groupBy(hour).sum() over all
+    group_hours gave: nulls skipped, null only where a whole hour is null;
+    ``groups`` counts group-hours, ``storming_groups`` those with a storm."""
+    import pyarrow as pa
+
+    from pipeline.aggregates import (
+        FLEET_SUMS,
+        HOUR_MS,
+        duration_cells,
+        group_hours_schema,
+        hour_sums,
+        merge_hour_sums,
+        split_task_results,
+        task_result,
+    )
+    schema = group_hours_schema()
+
+    def hours(rows: list[dict[str, Any]]) -> pa.Table:
+        base = {f.name: 0 for f in schema} | {"source": "db"}
+        return pa.Table.from_pylist([base | r for r in rows], schema=schema)
+
+    task1 = hours([
+        {"group_id": "a", "hour_start_ms": 0, "rebalances": 3, "moved": 5,
+         "follow_up_rebalances": None, "storm_rebalances": 2},
+        {"group_id": "a", "hour_start_ms": HOUR_MS, "rebalances": 1, "moved": 1,
+         "follow_up_rebalances": None}])
+    task2 = hours([
+        {"group_id": "b", "hour_start_ms": 0, "rebalances": 2, "moved": 7,
+         "follow_up_rebalances": 1, "reason_join": 2}])
+    fleet = {r["hour_start_ms"]: r for r in
+             merge_hour_sums([hour_sums(task1), hour_sums(task2)]).to_pylist()}
+    assert list(fleet) == [0, HOUR_MS]
+    assert {k: fleet[0][k] for k in ("rebalances", "moved", "follow_up_rebalances",
+                                     "reason_join", "groups", "storming_groups")} == \
+        {"rebalances": 5, "moved": 12, "follow_up_rebalances": 1, "reason_join": 2,
+         "groups": 2, "storming_groups": 1}
+    assert fleet[HOUR_MS]["follow_up_rebalances"] is None  # every group-hour null
+    assert (fleet[HOUR_MS]["rebalances"], fleet[HOUR_MS]["groups"]) == (1, 1)
+    assert set(FLEET_SUMS) <= set(fleet[0])
+
+    # What a task returns carries both, and splits back into each.
+    rows = sorted(journal_rows(EAGER + COOP), key=lambda r: (r.group_id, r.journal_id))
+    facts = facts_for_chunk(input_table(rows), IS_COOP, 600_000)
+    gh, _ = aggregate(facts, 3)
+    cells, sums = duration_cells(facts), hour_sums(gh)
+    back_cells, back_sums = split_task_results(pa.concat_tables(
+        [task_result(cells, sums), task_result(cells.slice(0, 0), sums.slice(0, 0))]))
+    assert back_cells.equals(cells) and back_sums.equals(sums)
