@@ -179,11 +179,33 @@ def _decode_states(group: np.ndarray, blobs: Sequence[bytes | None], groups: int
     flat_state = np.repeat(entry_state, counts)
     # Columns numbered per group: the rank of the resource among the group's.
     g = group[flat_state].astype(np.int64)
+    col, width = _ranks_per_group(g, res, groups, len(resources))
+    return _States(group, error, flat_state, col, np.repeat(member, counts), width)
+
+
+#: Cells of the (group x resource) table _ranks_per_group marks, at most.
+_DENSE_CELLS = 1 << 26
+
+
+def _ranks_per_group(g: np.ndarray, res: np.ndarray, groups: int, resources: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """For pairs (group ``g``, resource ``res``): the rank of ``res`` among
+    the distinct resources of its group (as int32), and each group's count
+    of distinct resources. Groups of a chunk share resource names (and so
+    ids) more often than not: a table of (group x resource) marks is then
+    small, and marking it costs far less than sorting every pair."""
+    if groups * resources <= _DENSE_CELLS:
+        key = g * resources + res
+        seen = np.zeros(groups * resources, dtype=bool)
+        seen[key] = True
+        rank = np.cumsum(seen, dtype=np.int64) - 1
+        width = seen.reshape(groups, resources).sum(axis=1, dtype=np.int64)
+        first_col = np.cumsum(width) - width
+        return (rank[key] - first_col[g]).astype(np.int32), width
     uniq, inv = np.unique((g << 32) | res, return_inverse=True)
     width = np.bincount(uniq >> 32, minlength=groups).astype(np.int64)
     first_col = np.cumsum(width) - width
-    col = (inv.reshape(-1) - first_col[g]).astype(np.int32)
-    return _States(group, error, flat_state, col, np.repeat(member, counts), width)
+    return (inv.reshape(-1) - first_col[g]).astype(np.int32), width
 
 
 # ---------------------------------------------------------------- the matrix

@@ -64,9 +64,11 @@ def test_matches_the_reference_on_the_hand_made_journals(
 
 
 @pytest.mark.parametrize("cells", [4_000_000, 8, 16])
+@pytest.mark.parametrize("dense", [1 << 26, 0])  # resource columns: marked, or sorted
 def test_matches_the_reference_on_random_journals(
-        cells: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        cells: int, dense: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(facts_mod, "BLOCK_CELLS", cells)
+    monkeypatch.setattr(facts_mod, "_DENSE_CELLS", dense)
     rnd = random.Random(5)
     for _ in range(100):
         rows = journal_rows(_random_journal(rnd))
