@@ -169,42 +169,33 @@ def aggregate(facts: pa.Table, threshold: int) -> tuple[pa.Table, pa.Table]:
 
 def cells_schema() -> pa.Schema:
     return pa.schema([("hour_start_ms", pa.int64()), ("duration_ms", pa.int64()),
-                      ("rebalances", pa.int64()), ("assignment_errors", pa.int64()),
-                      ("unreadable", pa.int64()), ("cooperative", pa.int64())])
+                      ("rebalances", pa.int64())])
 
 
-def _sum_cells(hour: np.ndarray, duration: np.ndarray, counts: Sequence[np.ndarray]
-               ) -> pa.Table:
+def _sum_cells(hour: np.ndarray, duration: np.ndarray, count: np.ndarray) -> pa.Table:
     schema = cells_schema()
     if len(hour) == 0:
         return schema.empty_table()
     order = np.lexsort((duration, hour))
     h, d = hour[order], duration[order]
     starts = np.flatnonzero(np.r_[True, (h[1:] != h[:-1]) | (d[1:] != d[:-1])])
-    return pa.table([h[starts], d[starts], *(np.add.reduceat(c[order], starts) for c in counts)],
+    return pa.table([h[starts], d[starts], np.add.reduceat(count[order], starts)],
                     schema=schema)
 
 
 def duration_cells(facts: pa.Table) -> pa.Table:
-    """``cells_schema()`` rows of some facts: per distinct (UTC hour of
-    ``started_ms``, ``duration_ms``), the rebalances, those with an
-    ``assignment_error``, those without ownership figures, the cooperative ones."""
+    """``cells_schema()`` rows of some facts: the rebalances per distinct
+    (UTC hour of ``started_ms``, ``duration_ms``)."""
     started = _col(facts, "started_ms")
-    ones = np.ones(facts.num_rows, np.int64)
-    flags = [np.asarray(pc.fill_null(facts[c], False).to_numpy(zero_copy_only=False),
-                        dtype=np.int64) for c in ("assignment_error", "cooperative")]
-    unreadable = (~_valid(facts, "revoked")).astype(np.int64)
     return _sum_cells(started - np.mod(started, HOUR_MS), _col(facts, "duration_ms"),
-                      [ones, flags[0], unreadable, flags[1]])
+                      np.ones(facts.num_rows, np.int64))
 
 
 def merge_cells(tables: Sequence[pa.Table]) -> pa.Table:
     """Cells of several tasks as one table, one row per (hour, duration)."""
     t = pa.concat_tables([x.cast(cells_schema()) for x in tables]) if tables \
         else cells_schema().empty_table()
-    return _sum_cells(_col(t, "hour_start_ms"), _col(t, "duration_ms"),
-                      [_col(t, c) for c in ("rebalances", "assignment_errors", "unreadable",
-                                            "cooperative")])
+    return _sum_cells(_col(t, "hour_start_ms"), _col(t, "duration_ms"), _col(t, "rebalances"))
 
 
 def cell_percentiles(key: np.ndarray, duration: np.ndarray, count: np.ndarray
@@ -260,12 +251,17 @@ def cell_histogram(cells: pa.Table) -> list[tuple[int, int]]:
 FLEET_SUMS: tuple[str, ...] = ("rebalances", *_SUMMED, "follow_up_rebalances",
                                *(f"reason_{r}" for r in (*REASONS, "other")))
 
+#: Counted per hour from the facts (for the report's totals, not in fleet_hours/).
+FACT_COUNTS: tuple[str, ...] = ("assignment_errors", "unreadable", "cooperative_rebalances")
+
 
 def hour_sums_schema() -> pa.Schema:
-    """Per hour: the FLEET_SUMS, the group-hours (``groups``) and those
-    with a storm rebalance (``storming_groups``)."""
+    """Per hour: the FLEET_SUMS, the group-hours (``groups``), those with a
+    storm rebalance (``storming_groups``) and the FACT_COUNTS: rebalances
+    with an ``assignment_error``, without ownership figures, cooperative."""
     return pa.schema([("hour_start_ms", pa.int64()),
-                      *((c, pa.int64()) for c in (*FLEET_SUMS, "groups", "storming_groups"))])
+                      *((c, pa.int64()) for c in (*FLEET_SUMS, "groups", "storming_groups",
+                                                  *FACT_COUNTS))])
 
 
 def _sum_by_hour(t: pa.Table) -> pa.Table:
@@ -278,13 +274,28 @@ def _sum_by_hour(t: pa.Table) -> pa.Table:
     return out.select(schema.names).cast(schema).sort_by("hour_start_ms")
 
 
-def hour_sums(hours: pa.Table) -> pa.Table:
-    """``hour_sums_schema()`` of some whole groups' ``group_hours`` rows."""
+def hour_sums(hours: pa.Table, facts: pa.Table) -> pa.Table:
+    """``hour_sums_schema()`` of some whole groups: their ``group_hours``
+    rows and their facts."""
+    schema = hour_sums_schema()
     storm = _col(hours, "storm_rebalances") > 0
-    t = hours.select(["hour_start_ms", *FLEET_SUMS]).append_column(
-        "groups", pa.array(np.ones(hours.num_rows, np.int64))).append_column(
-        "storming_groups", pa.array(storm.astype(np.int64)))
-    return _sum_by_hour(t)
+    from_hours = {"hour_start_ms": hours["hour_start_ms"], "groups": np.ones(len(storm), np.int64),
+                  "storming_groups": storm.astype(np.int64)} | {c: hours[c] for c in FLEET_SUMS}
+    started = _col(facts, "started_ms")
+    from_facts = {
+        "hour_start_ms": started - np.mod(started, HOUR_MS),
+        "assignment_errors": np.asarray(pc.fill_null(facts["assignment_error"], False)
+                                        .to_numpy(zero_copy_only=False), dtype=np.int64),
+        "unreadable": (~_valid(facts, "revoked")).astype(np.int64),
+        "cooperative_rebalances": np.asarray(pc.fill_null(facts["cooperative"], False)
+                                             .to_numpy(zero_copy_only=False), dtype=np.int64)}
+
+    def table(cols: dict[str, Any], n: int) -> pa.Table:
+        # A column the part does not have is null: skipped by the sums.
+        return pa.table([cols[f.name] if f.name in cols else pa.nulls(n, f.type)
+                         for f in schema], schema=schema)
+    return _sum_by_hour(pa.concat_tables([table(from_hours, hours.num_rows),
+                                          table(from_facts, facts.num_rows)]))
 
 
 def merge_hour_sums(tables: Sequence[pa.Table]) -> pa.Table:
@@ -296,34 +307,51 @@ def merge_hour_sums(tables: Sequence[pa.Table]) -> pa.Table:
 
 # ---------------------------------------------------------------- a task's result
 
-#: ``kind`` of a task result row: a duration cell, or an hour's sums.
+#: ``kind`` of a task result row: a duration cell, or one value of an hour's sums.
 CELL, HOUR = 0, 1
 
 
 def task_result_schema() -> pa.Schema:
-    """What a facts task returns to the driver, as one table (``mapInArrow``
-    has one output schema): its duration cells (``kind`` CELL, the
-    ``cells_schema()`` columns) and its hour sums (``kind`` HOUR, the
-    ``hour_sums_schema()`` columns; ``rebalances`` is in both). A column the
-    row's kind does not have is null."""
-    cells = cells_schema()
-    return pa.schema([("kind", pa.int64()), *cells,
-                      *(f for f in hour_sums_schema() if f.name not in cells.names)])
+    """What a facts task returns to the driver, as one narrow table
+    (``mapInArrow`` has one output schema, and every row goes through the
+    JVM): its duration cells, ``kind`` CELL with ``key`` the duration and
+    ``value`` the rebalances; and its hour sums, one row per hour and
+    column, ``kind`` HOUR with ``key`` the column's position among
+    ``hour_sums_schema()``'s sums and ``value`` the sum (null as there)."""
+    return pa.schema([("kind", pa.int64()), ("hour_start_ms", pa.int64()),
+                      ("key", pa.int64()), ("value", pa.int64())])
 
 
 def task_result(cells: pa.Table, sums: pa.Table) -> pa.Table:
     schema = task_result_schema()
-
-    def widen(t: pa.Table, kind: int) -> pa.Table:
-        return pa.table([pa.array(np.full(t.num_rows, kind, np.int64)) if f.name == "kind"
-                         else t[f.name] if f.name in t.column_names
-                         else pa.nulls(t.num_rows, f.type) for f in schema], schema=schema)
-    return pa.concat_tables([widen(cells, CELL), widen(sums, HOUR)])
+    names = hour_sums_schema().names[1:]
+    hours = _col(sums, "hour_start_ms")
+    part_cells = pa.table([np.full(cells.num_rows, CELL, np.int64), cells["hour_start_ms"],
+                           cells["duration_ms"], cells["rebalances"]], schema=schema)
+    part_sums = pa.table([
+        np.full(len(hours) * len(names), HOUR, np.int64), np.tile(hours, len(names)),
+        np.repeat(np.arange(len(names), dtype=np.int64), len(hours)),
+        pa.concat_arrays([sums[c].combine_chunks() for c in names])], schema=schema)
+    return pa.concat_tables([part_cells, part_sums])
 
 
 def split_task_results(t: pa.Table) -> tuple[pa.Table, pa.Table]:
     """Tasks' results as (cells, hour sums), each merged over the tasks."""
     kind = _col(t, "kind")
-    cells = t.filter(pa.array(kind == CELL)).select(cells_schema().names)
-    sums = t.filter(pa.array(kind == HOUR)).select(hour_sums_schema().names)
-    return merge_cells([cells]), merge_hour_sums([sums])
+    c = t.filter(pa.array(kind == CELL))
+    cells = merge_cells([pa.table([c["hour_start_ms"], c["key"], c["value"]],
+                                  schema=cells_schema())])
+    schema = hour_sums_schema()
+    names = schema.names[1:]
+    s = t.filter(pa.array(kind == HOUR))
+    if s.num_rows == 0:
+        return cells, schema.empty_table()
+    # Summed over the tasks per (hour, column); every hour has every column.
+    agg = s.group_by(["key", "hour_start_ms"]).aggregate([("value", "sum")]) \
+        .sort_by([("key", "ascending"), ("hour_start_ms", "ascending")])
+    hours = agg["hour_start_ms"].slice(0, agg.num_rows // len(names))
+    if agg.num_rows != len(hours) * len(names):
+        raise ValueError("a task returned an hour without all its sums")
+    values = agg["value_sum"]
+    return cells, pa.table([hours, *(values.slice(k * len(hours), len(hours))
+                                     for k in range(len(names)))], schema=schema)

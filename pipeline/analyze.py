@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.aggregates import FLEET_SUMS
+from pipeline.aggregates import FACT_COUNTS, FLEET_SUMS
 from pipeline.errors import PipelineError
 from pipeline.ownership import cooperative_names
 from pipeline.sources import (
@@ -196,7 +196,7 @@ def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
             for writer, table in zip(writers, (facts, hours, groups), strict=True):
                 writer.write_table(table)
             cells.append(duration_cells(facts))
-            sums.append(hour_sums(hours))
+            sums.append(hour_sums(hours, facts))
     finally:
         for writer in writers:
             writer.close()
@@ -370,22 +370,20 @@ def groups_table(per_group: Any, generations: Any) -> Any:
 
 
 def totals(fleet: list[dict[str, Any]], cells: Any, groups: Any) -> dict[str, Any]:
-    """The report's headline figures: sums over the fleet's hours, exact
-    percentiles over all durations, counts of the cells, spans of the groups."""
+    """The report's headline figures: sums over the fleet's hours (the
+    tasks' hour sums), exact percentiles over all durations, spans of the
+    groups."""
     import numpy as np
     from pyspark.sql import functions as F
 
     from pipeline.aggregates import cell_percentiles
-    tot: dict[str, Any] = {c: sum(int(h[c] or 0) for h in fleet) for c in FLEET_SUMS}
+    tot: dict[str, Any] = {c: sum(int(h[c] or 0) for h in fleet)
+                           for c in (*FLEET_SUMS, *FACT_COUNTS)}
     count = np.asarray(cells["rebalances"].to_numpy(), dtype=np.int64)
     duration = np.asarray(cells["duration_ms"].to_numpy(), dtype=np.int64)
     order = np.argsort(duration, kind="stable")
     tot |= cell_percentiles(np.zeros(len(order), np.int64), duration[order],
                             count[order]).get(0, dict.fromkeys(_DURATIONS))
-    for name, column in (("assignment_errors", "assignment_errors"),
-                         ("unreadable", "unreadable"),
-                         ("cooperative_rebalances", "cooperative")):
-        tot[name] = int(np.asarray(cells[column].to_numpy(), dtype=np.int64).sum())
     g = groups.agg(F.count(F.lit(1)).alias("groups"),
                    F.countDistinct("source").alias("sources"),
                    F.min("first_started_ms").alias("first_started_ms"),

@@ -153,9 +153,7 @@ def test_fleet_percentiles_from_duration_cells_are_exact() -> None:
     hour = rnd.integers(0, 3, 5_000) * HOUR_MS
     duration = rnd.integers(0, 400, 5_000)
     ones = np.ones(5_000, np.int64)
-    zero = np.zeros(5_000, np.int64)
-    parts = [_sum_cells(hour[i::3], duration[i::3], [ones[i::3], zero[i::3], zero[i::3],
-                                                     ones[i::3]]) for i in range(3)]
+    parts = [_sum_cells(hour[i::3], duration[i::3], ones[i::3]) for i in range(3)]
     cells = merge_cells(parts)
     assert cells.num_rows == len(set(zip(hour.tolist(), duration.tolist(), strict=True)))
     got = cell_percentiles(*(np.asarray(cells[c].to_numpy()) for c in
@@ -206,8 +204,10 @@ def test_fleet_hour_sums_add_up_over_tasks_like_spark_sums() -> None:
     task2 = hours([
         {"group_id": "b", "hour_start_ms": 0, "rebalances": 2, "moved": 7,
          "follow_up_rebalances": 1, "reason_join": 2}])
+    no_facts = facts_for_chunk(input_table([]), IS_COOP, 600_000)
     fleet = {r["hour_start_ms"]: r for r in
-             merge_hour_sums([hour_sums(task1), hour_sums(task2)]).to_pylist()}
+             merge_hour_sums([hour_sums(task1, no_facts),
+                              hour_sums(task2, no_facts)]).to_pylist()}
     assert list(fleet) == [0, HOUR_MS]
     assert {k: fleet[0][k] for k in ("rebalances", "moved", "follow_up_rebalances",
                                      "reason_join", "groups", "storming_groups")} == \
@@ -221,7 +221,16 @@ def test_fleet_hour_sums_add_up_over_tasks_like_spark_sums() -> None:
     rows = sorted(journal_rows(EAGER + COOP), key=lambda r: (r.group_id, r.journal_id))
     facts = facts_for_chunk(input_table(rows), IS_COOP, 600_000)
     gh, _ = aggregate(facts, 3)
-    cells, sums = duration_cells(facts), hour_sums(gh)
+    cells, sums = duration_cells(facts), hour_sums(gh, facts)
     back_cells, back_sums = split_task_results(pa.concat_tables(
         [task_result(cells, sums), task_result(cells.slice(0, 0), sums.slice(0, 0))]))
     assert back_cells.equals(cells) and back_sums.equals(sums)
+    merged = merge_hour_sums([hour_sums(task1, no_facts), hour_sums(task2, no_facts)])
+    assert split_task_results(task_result(cells, merged))[1].equals(merged)  # nulls kept
+    # The counts taken from the facts, per hour.
+    per_hour = sums.to_pylist()
+    for name, column in (("assignment_errors", "assignment_error"),
+                         ("cooperative_rebalances", "cooperative")):
+        assert sum(r[name] for r in per_hour) == sum(bool(x) for x in facts[column].to_pylist())
+    assert sum(r["unreadable"] for r in per_hour) == facts["revoked"].null_count
+    assert sum(r["cooperative_rebalances"] for r in per_hour) > 0
