@@ -121,13 +121,24 @@ def _arrow_to_spark(spark: Any, tables: Sequence[Any], schema: Any) -> Any:
     return spark.createDataFrame(table)
 
 
+def _read_parquet(spark: Any, files: Sequence[str], schema: Any) -> Any:
+    """Export files. Local ones had their columns checked by plan_inputs:
+    they are read with the schema given, and Spark starts no job to infer
+    it. Shared storage (``scheme://``) is not checked beforehand: Spark
+    infers its schema, so a missing column fails instead of reading as null."""
+    from pyspark.sql.pandas.types import from_arrow_schema  # pyarrow only, despite the name
+    if any("://" in f for f in files):
+        return spark.read.parquet(*files)
+    return spark.read.schema(from_arrow_schema(schema)).parquet(*files)
+
+
 def _load_journal(spark: Any, plan: InputPlan) -> Any:
     frames = []
     if plan.sqlite:
         frames.append(_arrow_to_spark(spark, [read_journal(j) for j in plan.sqlite],
                                       JOURNAL_SCHEMA))
     if plan.journal_parquet:
-        frames.append(spark.read.parquet(*plan.journal_parquet))
+        frames.append(_read_parquet(spark, plan.journal_parquet, JOURNAL_SCHEMA))
     if not frames:
         frames.append(_arrow_to_spark(spark, [], JOURNAL_SCHEMA))
     df = frames[0]
@@ -140,7 +151,7 @@ def _load_generations(spark: Any, plan: InputPlan) -> Any:
     frames = [_arrow_to_spark(spark, [read_generations(j) for j in plan.sqlite],
                               GENERATIONS_SCHEMA)]
     if plan.generations_parquet:
-        frames.append(spark.read.parquet(*plan.generations_parquet))
+        frames.append(_read_parquet(spark, plan.generations_parquet, GENERATIONS_SCHEMA))
     df = frames[0]
     for other in frames[1:]:
         df = df.unionByName(other.select(*df.columns))
