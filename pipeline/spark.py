@@ -98,6 +98,9 @@ def session(app: str, master: str | None = None, conf: Sequence[str] = ()) -> An
         # not whatever `python3` is first on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.config("spark.ui.showConsoleProgress", "false")
+        # The command prints its own progress; Spark's web UI costs ~1 s of
+        # start-up. `--conf spark.ui.enabled=true` brings it back.
+        builder = builder.config("spark.ui.enabled", settings.pop("spark.ui.enabled", "false"))
         builder = builder.config("spark.driver.memory", settings.pop("spark.driver.memory", "4g"))
     for key, value in settings.items():
         builder = builder.config(key, value)
