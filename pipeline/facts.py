@@ -266,19 +266,20 @@ def _block(o: np.ndarray, restart: np.ndarray, coop: np.ndarray, s: np.ndarray,
     # (when the block does not start with a restart) continues the carried one.
     cid = np.cumsum(restart)
     starts = np.flatnonzero(restart)
-    chain_first = (np.where(cid > 0, starts[np.maximum(cid - 1, 0)], 0) if len(starts)
-                   else np.zeros(n, np.int64))
     ends = np.append(starts, n) - 1          # last row of chain c is ends[c]
     chain_last = ends[cid]
     open_chain = cid == cid[-1]              # may go on in the next block
 
-    # Owned earlier in the same history (before row i).
-    cs = np.cumsum(owned, axis=0, dtype=np.int32)
-    cs_ex = np.zeros_like(cs)
-    cs_ex[1:] = cs[:-1]
-    ever = (cs_ex - cs_ex[chain_first]) > 0
+    # The first row of each history owning each resource (n: none; -1:
+    # owned in an earlier block of the carried history). Owned earlier in
+    # the same history than row i: that row is before i.
+    idx = np.where(owned, rows[:, None], np.int32(n))
+    seg = starts if restart[0] else np.r_[0, starts].astype(np.int64)
+    seg_of = cid - 1 if restart[0] else cid
+    first_row = np.minimum.reduceat(idx, seg, axis=0)
     if not restart[0]:
-        ever[cid == 0] |= carry.ever[:width]
+        first_row[0, carry.ever[:width]] = -1
+    ever = first_row[seg_of] < rows[:, None]
 
     changed = o != p
     rev = owned_prev & (~coop[:, None] | changed)
@@ -289,15 +290,13 @@ def _block(o: np.ndarray, restart: np.ndarray, coop: np.ndarray, s: np.ndarray,
     out.unavailable[off:off + n] += now.sum(1) * np.maximum(0, e - s)
     out.moved[off:off + n] += (now & changed).sum(1)
     waiting = ~owned_prev & ever
-    out.first[off:off + n] = (owned & ~owned_prev & ~ever).sum(1)
+    # Owned for the first time in its history at row i: i is its first row.
+    firsts = first_row[(first_row >= 0) & (first_row < n)]
+    out.first[off:off + n] = np.bincount(firsts, minlength=n)
     out.is_follow_up[off:off + n] = coop & waiting.any(1)
 
-    # Next row (>= i) owning each resource.
-    idx = np.where(owned, rows[:, None], np.int32(n))
-    nxt = np.minimum.accumulate(idx[::-1], axis=0)[::-1]
-
     ii, rr = np.nonzero(rev & ~owned)
-    jj = nxt[ii, rr]
+    jj = _next_owned(owned, idx, ii + 1, rr)
     ok = jj <= chain_last[ii]
     gi, gj, gr = ii[ok], jj[ok], rr[ok]
     np.add.at(out.moved, off + gi, (o[gj, gr] != p[gi, gr]).astype(np.int64))
@@ -319,7 +318,7 @@ def _block(o: np.ndarray, restart: np.ndarray, coop: np.ndarray, s: np.ndarray,
             _close(out, prow, carry.last_end, s_all)
             carry.pend_row[pr] = -1
         else:
-            j = nxt[0, pr]
+            j = _next_owned(owned, idx, np.zeros(len(pr), np.int64), pr)
             got = j <= chain_last[0]
             gp, gprow, gjj = pr[got], prow[got], j[got]
             np.add.at(out.moved, gprow, (o[gjj, gp] != carry.pend_owner[gp]).astype(np.int64))
@@ -335,11 +334,43 @@ def _block(o: np.ndarray, restart: np.ndarray, coop: np.ndarray, s: np.ndarray,
     carry.pend_owner[rr[new_pending]] = p[ii[new_pending], rr[new_pending]]
 
     carry.prev[:width] = o[-1]
-    open_ever = (cs[-1] - cs_ex[chain_first[-1]]) > 0
-    if cid[-1] == 0:                             # no restart in the block
-        open_ever |= carry.ever[:width]
-    carry.ever[:width] = open_ever
+    carry.ever[:width] = first_row[-1] < n       # the -1s: carried on (no restart)
     carry.last_end = int(e[-1])
+
+
+#: Rows _next_owned probes before it falls back to a running minimum.
+_PROBES = 4
+
+
+def _next_owned(owned: np.ndarray, idx: np.ndarray, start: np.ndarray, col: np.ndarray
+                ) -> np.ndarray:
+    """For each query: the first row ``>= start`` owning resource ``col``
+    (``len(owned)``: none in the block). ``idx`` is ``owned``'s row number,
+    or ``len(owned)``, per cell.
+
+    A revoked resource is usually owned again a row or two later: the rows
+    after each query are probed first, and only the columns of queries
+    still open then get a backwards running minimum (it was most of a
+    block's time when run over every column)."""
+    n = len(owned)
+    out = np.full(len(start), n, dtype=np.int64)
+    todo = np.arange(len(start))
+    cur = start.astype(np.int64)
+    for _ in range(_PROBES):
+        live = cur < n
+        todo, cur = todo[live], cur[live]
+        if not len(todo):
+            return out
+        hit = owned[cur, col[todo]]
+        out[todo[hit]] = cur[hit]
+        todo, cur = todo[~hit], cur[~hit] + 1
+    live = cur < n
+    todo, cur = todo[live], cur[live]
+    if len(todo):
+        cols, where = np.unique(col[todo], return_inverse=True)
+        nxt = np.minimum.accumulate(idx[::-1, cols], axis=0)[::-1]
+        out[todo] = nxt[cur, where.reshape(-1)]
+    return out
 
 
 def _close(out: _Out, prow: np.ndarray, end: int, s_all: np.ndarray) -> None:

@@ -64,11 +64,14 @@ def test_matches_the_reference_on_the_hand_made_journals(
 
 
 @pytest.mark.parametrize("cells", [4_000_000, 8, 16])
-@pytest.mark.parametrize("dense", [1 << 26, 0])  # resource columns: marked, or sorted
+@pytest.mark.parametrize(("dense", "probes"), [(1 << 26, 4), (0, 0), (1 << 26, 1)])
 def test_matches_the_reference_on_random_journals(
-        cells: int, dense: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        cells: int, dense: int, probes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also with every path of the matrix code: resource columns marked or
+    sorted; the next owner found by probing rows, or by a running minimum."""
     monkeypatch.setattr(facts_mod, "BLOCK_CELLS", cells)
     monkeypatch.setattr(facts_mod, "_DENSE_CELLS", dense)
+    monkeypatch.setattr(facts_mod, "_PROBES", probes)
     rnd = random.Random(5)
     for _ in range(100):
         rows = journal_rows(_random_journal(rnd))
