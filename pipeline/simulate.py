@@ -205,6 +205,10 @@ def simulate_sweep(spark: Any, sweep: Sweep, out: str | Path, progress: bool = T
     with phase(spark, f"simulate [1/2] {len(ordered)} cells", progress):
         rdd = spark.sparkContext.parallelize(ordered, slices) \
             .mapPartitions(_run_partition).cache()
+        # Run the slices now, in parallel: the writes below go to one file
+        # each (coalesce(1)), and a coalesce would otherwise pull every
+        # slice into that one task, one after the other.
+        rdd.count()
         cell_rows = rdd.filter(lambda kv: kv[0] == "cell").map(lambda kv: kv[1])
         ep_rows = rdd.filter(lambda kv: kv[0] == "episode").map(lambda kv: kv[1])
         spark.createDataFrame(cell_rows, _ddl(CELL_KEYS + CELL_FIGURES), verifySchema=False) \
