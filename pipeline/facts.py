@@ -550,16 +550,24 @@ def _shared_dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
     if encoded.num_chunks == 0:
         return np.zeros(0, np.int32), pa.array([], column.type)
     chunks = encoded.chunks
-    # Arrow's encoding of a chunked array shares one dictionary between the
-    # chunks; unify only if that ever stops being so.
-    address = chunks[0].dictionary.buffers()[-1]
-    if any(c.dictionary.buffers()[-1] is None or address is None
-           or c.dictionary.buffers()[-1].address != address.address for c in chunks[1:]):
-        encoded = encoded.unify_dictionaries()
-        chunks = encoded.chunks
     indices = np.concatenate([np.asarray(c.indices.to_numpy(zero_copy_only=False), np.int32)
                               for c in chunks])
-    return indices, chunks[0].dictionary
+    # Arrow's encoding of a chunked array gives every chunk the same, whole
+    # dictionary. Were that ever not so, the chunks' dictionaries are merged
+    # here (Arrow's unify_dictionaries refuses the null entries).
+    last = chunks[-1].dictionary
+    data = last.buffers()[-1]
+    if data is not None and all(len(c.dictionary) == len(last)
+                                and c.dictionary.buffers()[-1] is not None
+                                and c.dictionary.buffers()[-1].address == data.address
+                                for c in chunks[:-1]):
+        return indices, last
+    merged = pc.dictionary_encode(pa.concat_arrays([c.dictionary for c in chunks]),
+                                  null_encoding="encode")
+    remap = np.asarray(merged.indices.to_numpy(zero_copy_only=False), np.int32)
+    sizes = np.array([len(c.dictionary) for c in chunks], np.int64)
+    offset = np.repeat(np.cumsum(sizes) - sizes, [len(c) for c in chunks])
+    return remap[offset + indices], merged.dictionary
 
 
 def partition_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
@@ -590,7 +598,7 @@ def partition_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
         c: _shared_dictionary(table[c]) for c in (*_STRINGS, "assignments")}
     numbers = {c: table[c].combine_chunks() for c in INPUT_COLUMNS
                if c not in codes}
-    del table  # the blobs live on in the dictionary of distinct ones only
+    del table, full  # the blobs live on in the dictionary of distinct ones only
     ids = _np(numbers["id"])
     group = (codes["source"][0].astype(np.int64) * len(codes["group_id"][1])
              + codes["group_id"][0])

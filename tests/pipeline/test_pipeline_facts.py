@@ -237,3 +237,26 @@ def test_fleet_hour_sums_add_up_over_tasks_like_spark_sums() -> None:
         assert sum(r[name] for r in per_hour) == sum(bool(x) for x in facts[column].to_pylist())
     assert sum(r["unreadable"] for r in per_hour) == facts["revoked"].null_count
     assert sum(r["cooperative_rebalances"] for r in per_hour) > 0
+
+
+def test_shared_dictionary_unifies_chunks_that_do_not_share_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """partition_chunks relies on one dictionary for all chunks of a column;
+    Arrow gives that today, and if a chunk ever had its own, the codes are
+    unified instead of read against the wrong dictionary."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = pa.chunked_array([pa.array(["a", "b"]), pa.array(["c", "a", None])])
+    codes, dictionary = facts_mod._shared_dictionary(values)
+    assert dictionary.take(pa.array(codes)).to_pylist() == values.to_pylist()
+
+    encode = pc.dictionary_encode
+
+    def own_dictionaries(column: Any, **kw: Any) -> Any:
+        if not isinstance(column, pa.ChunkedArray):
+            return encode(column, **kw)
+        return pa.chunked_array([encode(c, **kw) for c in column.chunks])
+    monkeypatch.setattr(pc, "dictionary_encode", own_dictionaries)
+    codes, dictionary = facts_mod._shared_dictionary(values)
+    assert dictionary.take(pa.array(codes)).to_pylist() == values.to_pylist()
