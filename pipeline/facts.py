@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.ownership import FACTS_FIELDS, PROTOCOL_TYPE
+from pipeline.ownership import FACTS_FIELDS, PROTOCOL_TYPE, decode_resources
 
 #: Cells (rows x resources) of one owner matrix: 4M int32 = 16 MB, a few of
 #: them alive at once.
@@ -68,27 +68,6 @@ def facts_schema() -> pa.Schema:
 
 
 # ---------------------------------------------------------------- decoding
-
-
-def _resource_keys(data: bytes) -> list[tuple[str, int]]:
-    """The resources of one ``ResourceAssignment``'s ``assigned``
-    (protocol/resources.py; validated as
-    :func:`pipeline.ownership.decode_resources` does)."""
-    obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    if not isinstance(obj, dict):
-        raise ValueError("assignment is not a map")
-    assigned = obj.get("assigned") or {}
-    if not isinstance(assigned, dict):
-        raise ValueError("assignment.assigned is not a map")
-    out: list[tuple[str, int]] = []
-    for name, indexes in assigned.items():
-        if not isinstance(name, str) or not isinstance(indexes, list):
-            raise ValueError("assignment.assigned is not a map of set name to indexes")
-        for i in indexes:
-            if not isinstance(i, int) or isinstance(i, bool) or i < 0:
-                raise ValueError(f"assignment.assigned.{name} has a bad index {i!r}")
-            out.append((name, i))
-    return out
 
 
 @dataclass
@@ -160,7 +139,7 @@ def _decode_states(group: np.ndarray, blobs: Sequence[bytes | None], groups: int
         if not data:
             continue
         try:
-            found = _resource_keys(data)
+            found = decode_resources(data)
         except (ValueError, TypeError, msgpack.UnpackException):
             inner_bad[d] = True
             continue

@@ -260,3 +260,21 @@ def test_shared_dictionary_unifies_chunks_that_do_not_share_one(
     monkeypatch.setattr(pc, "dictionary_encode", own_dictionaries)
     codes, dictionary = facts_mod._shared_dictionary(values)
     assert dictionary.take(pa.array(codes)).to_pylist() == values.to_pylist()
+
+
+def test_an_index_listed_twice_by_one_member_is_owned_once() -> None:
+    """Both readings of an assignment (the reference's decode_resources and
+    the numpy facts) take a member's resources as a set: an index the leader
+    listed twice for the same member is one owned resource, not a resource
+    given to two members."""
+    from protocol.codec import encode
+    twice = encode({"m1": encode({"v": 1, "assigned": {"a": [0, 0, 1]}})})
+    rows = journal_rows([
+        Row("g", 1, "initial", T0, T0 + 10, {"m1": {"a": [0, 1]}}),
+        Row("g", 2, "join", T0 + 20, T0 + 30, {}, raw_assignments=twice),
+        Row("g", 3, "join", T0 + 40, T0 + 50, {"m2": {"a": [0, 1]}}),
+    ])
+    got = vectorised(rows, 1_000)
+    assert got == reference(rows, 1_000)
+    assert [(r["owned_after"], r["assignment_error"]) for r in got] == \
+        [(2, False), (2, False), (2, False)]
