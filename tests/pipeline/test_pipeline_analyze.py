@@ -121,3 +121,30 @@ def test_empty_journal_gives_an_empty_report(spark: Any, tmp_path: Path) -> None
     assert (res.rebalances, res.groups) == (0, 0)
     assert "No rebalances" in res.report.read_text()
     assert spark.read.parquet(str(tmp_path / "out" / "rebalances")).count() == 0
+
+
+def test_big_inputs_get_more_facts_tasks(spark: Any, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A facts task holds its whole partition in memory: the job uses at
+    least one partition per INPUT_BYTES_PER_TASK of input, two per core
+    otherwise, and the figures do not depend on how many there are."""
+    import pipeline.analyze as analyze_mod
+    from pipeline.analyze import _load_journal, _partitions, plan_inputs
+    db = write_db(tmp_path / "coord.db", EAGER + COOP)
+    export(open_sqlite(db), tmp_path / "export")
+    journal = _load_journal(spark, plan_inputs([str(tmp_path / "export")]))
+    least = spark.sparkContext.defaultParallelism * 2
+    assert _partitions(spark, journal) == least
+    opts = AnalyzeOptions(storm_window_ms=600_000, storm_threshold=3, progress=False)
+    analyze(spark, [str(tmp_path / "export")], tmp_path / "few", opts)
+    size = sum(f.stat().st_size for f in (tmp_path / "export" / "journal").glob("*.parquet"))
+    monkeypatch.setattr(analyze_mod, "INPUT_BYTES_PER_TASK", max(1, size // (least * 3)))
+    assert _partitions(spark, journal) >= least * 3
+    res = analyze(spark, [str(tmp_path / "export")], tmp_path / "many", opts)
+    assert (res.rebalances, res.groups) == (len(EAGER) + len(COOP), 2)
+    for table, key in (("rebalances", ("group_id", "journal_id")),
+                       ("fleet_hours", ("hour_start_ms",)), ("groups", ("group_id",))):
+        def rows(run: str, table: str = table, key: tuple[str, ...] = key) -> list[Any]:
+            got = [r.asDict() for r in spark.read.parquet(str(tmp_path / run / table)).collect()]
+            return sorted(got, key=lambda r: tuple(r[k] for k in key))
+        assert rows("many") == rows("few"), table
