@@ -99,7 +99,7 @@ class GroupMember:
         group_instance_id: str | None = None,
         session_timeout_ms: int = 10_000,
         rebalance_timeout_ms: int = 60_000,
-        heartbeat_interval_ms: int = 3_000,
+        heartbeat_interval_ms: int | None = None,
         client_id: str | None = None,
         rack: str | None = None,
         user_data: bytes | None = None,

@@ -81,9 +81,10 @@ from client.errors import (
     fatal_error_for,
 )
 from client.leader import AssignmentFailed, perform_assignment
+from client.lease import LeaseTiming
 from client.transport import CATALOG_API, CatalogRequest, CatalogResponse
 from protocol.errors import ErrorCode
-from protocol.limits import MAX_HEARTBEAT_WAIT_MS, MAX_PROTOCOLS_PER_JOIN
+from protocol.limits import MAX_PROTOCOLS_PER_JOIN
 from protocol.messages import (
     CommitRequest,
     HeartbeatRequest,
@@ -238,7 +239,9 @@ class MemberConfig:
     group_instance_id: str | None = None
     session_timeout_ms: int = 10_000
     rebalance_timeout_ms: int = 60_000
-    heartbeat_interval_ms: int = 3_000
+    #: None: derived by the timing rule (client/lease.py): min(3000, a third of
+    #: the lease); after construction it holds the interval in use.
+    heartbeat_interval_ms: int | None = None
     client_id: str | None = None
     rack: str | None = None
     user_data: bytes | None = None
@@ -249,6 +252,8 @@ class MemberConfig:
     #: member's restart within the session timeout causes no rebalance).
     leave_on_close: bool | None = None
     assignor_settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    #: the timing rule applied to these settings (client/lease.py).
+    timing: LeaseTiming = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.group_id:
@@ -261,17 +266,15 @@ class MemberConfig:
             raise ValueError(f"at most {MAX_PROTOCOLS_PER_JOIN} assignors")
         if len(set(self.assignors)) != len(self.assignors):
             raise ValueError(f"assignors listed twice: {list(self.assignors)}")
-        if self.session_timeout_ms <= 0:
-            raise ValueError("session_timeout_ms must be positive")
-        if not 0 < self.heartbeat_interval_ms < self.session_timeout_ms:
-            raise ValueError("heartbeat_interval_ms must be positive and below "
-                             "session_timeout_ms (Kafka: at most a third of it)")
-        if self.rebalance_timeout_ms <= 0:
-            raise ValueError("rebalance_timeout_ms must be positive")
+        timing = LeaseTiming.derive(
+            session_timeout_ms=self.session_timeout_ms,
+            rebalance_timeout_ms=self.rebalance_timeout_ms,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            request_timeout_ms=self.request_timeout_ms)
+        object.__setattr__(self, "timing", timing)
+        object.__setattr__(self, "heartbeat_interval_ms", timing.heartbeat_interval_ms)
         if self.retry_backoff_ms <= 0 or self.retry_backoff_max_ms < self.retry_backoff_ms:
             raise ValueError("need 0 < retry_backoff_ms <= retry_backoff_max_ms")
-        if self.request_timeout_ms <= 0:
-            raise ValueError("request_timeout_ms must be positive")
         if self.group_instance_id == "":
             raise ValueError("group_instance_id must be None or a non-empty string")
 
@@ -313,6 +316,7 @@ class MemberStateMachine:
         absolute deadlines in ``user_data``, read by whichever member leads
         next); None hands it the machine's own ``now_ms``."""
         self.config = config
+        self._timing = config.timing
         self._assignor_clock = assignor_clock
         self._assignors: dict[str, Assignor] = {
             name: get_assignor(name, **dict(config.assignor_settings.get(name, {})))
@@ -402,16 +406,20 @@ class MemberStateMachine:
             return None
         return self._lease_end(self._anchor_ms, self._rebalance_base())
 
+    def _lease_end_now(self) -> int | None:
+        """The lease's end whether or not anything is owned (the heartbeat
+        timings keep the membership itself too), None before any proof."""
+        if self._anchor_ms is None:
+            return None
+        return self._lease_end(self._anchor_ms, self._rebalance_base())
+
     def _rebalance_base(self) -> int | None:
         if self.state is MemberState.SYNCING:
             return self._sync_base_ms
         return self._settled_ms
 
     def _lease_end(self, anchor_ms: int, base_ms: int | None) -> int:
-        end = anchor_ms + self.config.session_timeout_ms
-        if base_ms is not None:
-            end = min(end, base_ms + self.config.rebalance_timeout_ms)
-        return end
+        return self._timing.end(anchor_ms, base_ms)
 
     def drain_events(self) -> list[RebalanceEvent]:
         events, self._events = self._events, []
@@ -633,14 +641,13 @@ class MemberStateMachine:
             return Wait(self._bg_next_ms)
         request = HeartbeatRequest(self.config.group_id, self.member_id, self.generation_id,
                                    self.config.group_instance_id, 0)
-        # Answered at once (wait_ms 0); an answer later than half a session
-        # is worth little, and the next heartbeat should not wait behind it.
-        timeout = min(self.config.request_timeout_ms,
-                      max(self.config.heartbeat_interval_ms, self.config.session_timeout_ms // 2))
-        call = Call("heartbeat", request, max(1, timeout), interruptible=True)
+        # Answered at once (wait_ms 0), so within reply_ms on a healthy
+        # network; a later answer is not waited for (the timing rule).
+        timeout = self._timing.heartbeat_timeout_ms(now_ms, 0, self._lease_end_now())
+        call = Call("heartbeat", request, timeout, interruptible=True)
         self._bg_call = call
         self._bg_sent_ms = now_ms
-        self._bg_next_ms = now_ms + self.config.heartbeat_interval_ms
+        self._bg_next_ms = now_ms + self._timing.heartbeat_interval_ms
         return call
 
     def background_received(self, now_ms: int, response: object) -> None:
@@ -674,7 +681,7 @@ class MemberStateMachine:
             return
         if action is ErrorAction.RETRY:
             self._bg_next_ms = now_ms + min(self.config.retry_backoff_ms,
-                                            self.config.heartbeat_interval_ms)
+                                            self._timing.heartbeat_interval_ms)
             return
         if (code is ErrorCode.ILLEGAL_GENERATION and self.state is MemberState.JOINING
                 and isinstance(self._in_flight, Call) and self._in_flight.api == "join"):
@@ -698,7 +705,7 @@ class MemberStateMachine:
                 self._fail(error)
             return
         self._bg_next_ms = now_ms + min(self.config.retry_backoff_ms,
-                                        self.config.heartbeat_interval_ms)
+                                        self._timing.heartbeat_interval_ms)
 
     def background_abandoned(self, now_ms: int) -> None:
         """The driver cancelled the background heartbeat (it is stopping)."""
@@ -795,18 +802,20 @@ class MemberStateMachine:
             wake.append(deadline)
         if now_ms < self._next_send_ms:
             return Wait(min(wake))
-        wait_ms = min(self.config.heartbeat_interval_ms, MAX_HEARTBEAT_WAIT_MS)
+        # The timing rule (client/lease.py): held at most an interval, and
+        # never so long that the answer, and one retry after it, could come
+        # after the lease's end; awaited reply_ms past the hold.
+        end = self._lease_end_now()
+        wait_ms = self._timing.hold_ms(now_ms, end)
         if self._rejoin_needed:
             wait_ms = max(0, min(wait_ms, self._rejoin_at_ms - now_ms))
-        timeout = wait_ms + self.config.request_timeout_ms
-        if deadline is not None:
-            timeout = min(timeout, deadline - now_ms)
+        timeout = self._timing.heartbeat_timeout_ms(now_ms, wait_ms, end)
         request = HeartbeatRequest(self.config.group_id, self.member_id, self.generation_id,
                                    self.config.group_instance_id, wait_ms)
         # Should this heartbeat start a rebalance, the side channel carries on
         # one interval later.
-        self._bg_next_ms = now_ms + self.config.heartbeat_interval_ms
-        return self._send(now_ms, Call("heartbeat", request, max(1, timeout), interruptible=True))
+        self._bg_next_ms = now_ms + self._timing.heartbeat_interval_ms
+        return self._send(now_ms, Call("heartbeat", request, timeout, interruptible=True))
 
     def _joining_step(self, now_ms: int) -> Action:
         if now_ms < self._next_send_ms:
@@ -1038,7 +1047,7 @@ class MemberStateMachine:
                 return
             self._deliver(now_ms, pending, sent_ms)
             return
-        self._next_send_ms = max(now_ms, sent_ms + self.config.heartbeat_interval_ms)
+        self._next_send_ms = max(now_ms, sent_ms + self._timing.heartbeat_interval_ms)
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
         if (self.is_leader and self._assigned_epoch is not None
                 and resp.resources_epoch > self._assigned_epoch):
@@ -1079,6 +1088,11 @@ class MemberStateMachine:
         # stored assignment, PROTOCOL.md "Durability"), a heartbeat is retried.
         if api in ("join", "sync", CATALOG_API):
             self._fail_rebalance(now_ms, f"{api}: {reason}")
+        if api == "heartbeat" and self.state is MemberState.STABLE:
+            # Timing rule 4: the retry still renews the lease if it can.
+            self._next_send_ms = self._timing.retry_at(now_ms, self._backoff_ms(),
+                                                       self._lease_end_now())
+            return
         self._next_send_ms = now_ms + self._backoff_ms()
 
     # ------------------------------------------------------------ helpers
