@@ -84,6 +84,9 @@ class BlockingGroupMember:
 
     @property
     def assignment(self) -> frozenset[Resource]:
+        """What the member owns now, read on the caller's thread: empty from
+        the safety deadline on, even while the member thread is busy (a long
+        callback) and has not run ``on_lost`` yet."""
         return self._member.assignment
 
     @property

@@ -159,8 +159,11 @@ class GroupMember:
 
     @property
     def assignment(self) -> frozenset[Resource]:
-        """What the member owns now."""
-        return self._machine.owned
+        """What the member owns now: empty from its safety deadline on, even
+        if the driver has not run since (a paused process, a busy loop), so
+        a resource the group may have given to another member is never
+        reported. Safe to read from any thread."""
+        return self._machine.owned_at(self._clock())
 
     @property
     def member_id(self) -> str:

@@ -330,7 +330,9 @@ class MemberStateMachine:
         self.generation_id = -1
         self.protocol_name: str | None = None
         self.leader_id = ""
-        self._owned: set[Resource] = set()
+        #: immutable, replaced on change: a thread may read it while the
+        #: driver changes it (BlockingGroupMember.assignment).
+        self._owned: frozenset[Resource] = frozenset()
         self._owned_generation = -1
         #: the user_data of the last assignment received and the protocol
         #: (assignor) of its generation: echoed in that protocol's metadata
@@ -389,7 +391,18 @@ class MemberStateMachine:
 
     @property
     def owned(self) -> frozenset[Resource]:
-        return frozenset(self._owned)
+        """What the member owns as of the last step the driver ran."""
+        return self._owned
+
+    def owned_at(self, now_ms: int) -> frozenset[Resource]:
+        """What the member may still believe it owns at ``now_ms``: nothing
+        once the safety deadline has passed, even before the driver got to
+        run ``on_lost`` (a process paused past its session, a busy loop)."""
+        owned = self._owned
+        deadline = self.safety_deadline_ms()
+        if deadline is not None and now_ms >= deadline:
+            return frozenset()
+        return owned
 
     @property
     def is_leader(self) -> bool:
@@ -609,7 +622,7 @@ class MemberStateMachine:
         if action.kind is CallbackKind.REVOKED:
             # KIP-429: the assignment changes only after on_revoked returned,
             # so a commit from inside the callback is still accepted.
-            self._owned.difference_update(action.resources)
+            self._owned = self._owned - action.resources
         elif action.kind is CallbackKind.ASSIGNED and self._complete_on_assigned:
             self._complete_on_assigned = False
             started = self._rebalance_started_ms
@@ -766,7 +779,7 @@ class MemberStateMachine:
             if action.kind is CallbackKind.ASSIGNED:
                 # The assignment is ours when on_assigned runs (Kafka updates
                 # the subscription state before calling the listener).
-                self._owned.update(action.resources)
+                self._owned = self._owned | action.resources
                 self._in_flight = action
                 return action
             live = action.resources & self._owned
@@ -774,7 +787,7 @@ class MemberStateMachine:
                 continue
             if action.kind is CallbackKind.LOST:
                 # Lost resources are gone already: no commit may claim them.
-                self._owned.difference_update(live)
+                self._owned = self._owned - live
             action = InvokeListener(action.kind, frozenset(live))
             self._in_flight = action
             return action
