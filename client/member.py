@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client import CollectorRegistry
 
@@ -52,8 +53,10 @@ from client.errors import (
 )
 from client.listener import RebalanceListener
 from client.member_state import (
+    ERROR_ACTIONS,
     Call,
     CallbackKind,
+    ErrorAction,
     InvokeListener,
     MemberConfig,
     MemberState,
@@ -66,6 +69,7 @@ from client.member_state import (
     Wait,
 )
 from client.metrics import MemberMetrics
+from client.retry_log import RetryLog
 from client.transport import AiohttpTransport, Transport
 from protocol.errors import ErrorCode
 from protocol.messages import FetchRequest, FetchResponse, Scalar
@@ -142,6 +146,10 @@ class GroupMember:
         else:
             self._transport = coordinator
             self._owns_transport = False
+        #: reports an unreachable coordinator with log lines that back off.
+        self._retry_log = RetryLog(self.client_id, _describe(coordinator, self._transport))
+        #: the last rebalance failed and is being retried (logged quietly).
+        self._retrying = False
         self._listener = listener or RebalanceListener()
         self._clock = clock
         self.metrics = MemberMetrics(registry, group_id, self.client_id, clock)
@@ -419,12 +427,15 @@ class GroupMember:
             response = call.result()
         except GroupCoordError as exc:
             log.debug("member %s: %s failed: %s", self.client_id, action.api, exc)
+            if isinstance(exc, CoordinatorUnavailableError):
+                self._unreachable(str(exc))
             machine.call_failed(self._clock(), exc)
             return
         except Exception as exc:  # a transport that broke its contract: retry, loudly
             log.warning("member %s: %s raised %r", self.client_id, action.api, exc)
             machine.call_failed(self._clock(), CoordinatorUnavailableError(repr(exc)))
             return
+        self._answered(action.api, response)
         machine.receive(self._clock(), response)
 
     async def _invoke(self, action: InvokeListener) -> None:
@@ -476,10 +487,14 @@ class GroupMember:
             now = self._clock()
             exc = bg.exception() if not bg.cancelled() else asyncio.CancelledError()
             if exc is None:
+                self._answered("heartbeat", bg.result())
                 machine.background_received(now, bg.result())
             elif isinstance(exc, GroupCoordError):
+                if isinstance(exc, CoordinatorUnavailableError):
+                    self._unreachable(str(exc))
                 machine.background_failed(now, exc)
             elif isinstance(exc, TimeoutError):
+                self._unreachable("heartbeat: no answer in time")
                 machine.background_failed(now, CoordinatorUnavailableError(
                     "heartbeat: no answer in time"))
             else:
@@ -518,10 +533,30 @@ class GroupMember:
         finally:
             poke.cancel()
 
+    def _unreachable(self, error: str) -> None:
+        line = self._retry_log.failed(self._clock(), error)
+        if line is not None:
+            log.warning("%s", line)
+
+    def _answered(self, api: str, response: Any) -> None:
+        code = getattr(response, "error", None)
+        if isinstance(code, ErrorCode) and ERROR_ACTIONS.get(code) is ErrorAction.RETRY:
+            # COORDINATOR_NOT_AVAILABLE, LOAD_IN_PROGRESS, ...: retried like a
+            # network failure, reported like one.
+            self._unreachable(f"{api}: {code.value}")
+            return
+        line = self._retry_log.succeeded(self._clock())
+        if line is not None:
+            log.info("%s", line)
+
     def _drain_events(self) -> None:
         for event in self._machine.drain_events():
             if isinstance(event, RebalanceStarted):
-                log.info("member %s: rebalance started (%s)", self.client_id, event.reason)
+                # The same join again after a retriable failure is no news.
+                level = logging.DEBUG if self._retrying else logging.INFO
+                self._retrying = False
+                log.log(level, "member %s: rebalance started (%s)", self.client_id,
+                        event.reason)
             elif isinstance(event, RebalanceCompleted):
                 self.metrics.rebalance_completed(event.at_ms, event.latency_ms)
                 log.info("member %s: generation %d, %d resources, rebalance took %d ms",
@@ -529,8 +564,11 @@ class GroupMember:
                          event.latency_ms)
             elif isinstance(event, RebalanceFailed):
                 self.metrics.rebalance_failed(event.at_ms)
-                # Another rebalance starting meanwhile is routine (Kafka logs it at INFO).
-                level = (logging.INFO if ErrorCode.REBALANCE_IN_PROGRESS.value in event.reason
+                self._retrying = event.retriable
+                # Another rebalance starting meanwhile is routine (Kafka logs it at INFO);
+                # a step retried for want of a coordinator is reported by _retry_log.
+                level = (logging.DEBUG if event.retriable
+                         else logging.INFO if ErrorCode.REBALANCE_IN_PROGRESS.value in event.reason
                          else logging.WARNING)
                 log.log(level, "member %s: rebalance failed: %s", self.client_id, event.reason)
 
@@ -539,6 +577,20 @@ class GroupMember:
             aclose = getattr(self._transport, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+def _describe(coordinator: str | Transport, transport: Transport) -> str:
+    """The coordinator as log lines name it: its URL when known."""
+    url = coordinator if isinstance(coordinator, str) else getattr(transport, "base_url", None)
+    if not isinstance(url, str):
+        return type(transport).__name__
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        # Never log credentials a URL may carry.
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port is not None else host
+        url = urlunsplit(parts._replace(netloc=netloc))
+    return url
 
 
 def _earliest(*times: int | None) -> int | None:

@@ -223,6 +223,9 @@ class RebalanceCompleted:
 class RebalanceFailed:
     at_ms: int
     reason: str
+    #: the same step is retried after a backoff (the coordinator was not
+    #: reachable or not available); the driver reports those with backoff.
+    retriable: bool = False
 
 
 RebalanceEvent = RebalanceStarted | RebalanceCompleted | RebalanceFailed
@@ -287,6 +290,12 @@ def choose_protocol(assignors: Iterable[Assignor]) -> RebalanceProtocol:
     return (RebalanceProtocol.COOPERATIVE
             if all(RebalanceProtocol.COOPERATIVE in a.protocols for a in assignors)
             else RebalanceProtocol.EAGER)
+
+
+def _with_api(api: str, reason: str) -> str:
+    """``"api: reason"``, unless the reason names the call already (the
+    transport's errors do: ``join: ClientConnectorError: ...``)."""
+    return reason if reason.startswith(f"{api}:") else f"{api}: {reason}"
 
 
 def to_index_map(resources: Iterable[Resource]) -> dict[str, list[int]]:
@@ -591,7 +600,7 @@ class MemberStateMachine:
             return
         if self._drop_stale(now_ms):
             return
-        self.last_error = f"{call.api}: {error}"
+        self.last_error = _with_api(call.api, str(error))
         if call.api == "leave":
             # The session timeout will remove us; do not hang on close.
             self._finish_close()
@@ -802,7 +811,10 @@ class MemberStateMachine:
             self.state = MemberState.LEAVING
             request = LeaveRequest(self.config.group_id, (LeaveMember(
                 self.member_id, self.config.group_instance_id, "the member is closing"),))
-            return self._send(now_ms, Call("leave", request, self.config.request_timeout_ms))
+            # Waiting longer than a session for the leave gains nothing: the
+            # session timeout removes the member by then anyway.
+            timeout = min(self.config.request_timeout_ms, self.config.session_timeout_ms)
+            return self._send(now_ms, Call("leave", request, timeout))
         self._finish_close()
         return Stop(None)
 
@@ -1100,7 +1112,7 @@ class MemberStateMachine:
         # re-sent as is (the coordinator answers a repeated sync with the
         # stored assignment, PROTOCOL.md "Durability"), a heartbeat is retried.
         if api in ("join", "sync", CATALOG_API):
-            self._fail_rebalance(now_ms, f"{api}: {reason}")
+            self._fail_rebalance(now_ms, _with_api(api, reason), retriable=True)
         if api == "heartbeat" and self.state is MemberState.STABLE:
             # Timing rule 4: the retry still renews the lease if it can.
             self._next_send_ms = self._timing.retry_at(now_ms, self._backoff_ms(),
@@ -1153,9 +1165,9 @@ class MemberStateMachine:
         self._next_send_ms = at_ms
         self._complete_on_assigned = False
 
-    def _fail_rebalance(self, now_ms: int, reason: str) -> None:
+    def _fail_rebalance(self, now_ms: int, reason: str, *, retriable: bool = False) -> None:
         if self._rebalance_started_ms is not None or self.state is MemberState.SYNCING:
-            self._events.append(RebalanceFailed(now_ms, reason))
+            self._events.append(RebalanceFailed(now_ms, reason, retriable))
         self._rebalance_started_ms = None
 
     def _lose_all(self, reason: str) -> None:

@@ -19,8 +19,13 @@ its position every second. The listener is where ownership changes hands:
   after it returned;
 - ``on_lost``: stop at once, commit nothing (someone else may own it now).
 
-Ctrl-C or SIGTERM closes the member: everything is revoked (final commits)
-and the worker leaves the group, so the others take over at once.
+Ctrl-C or SIGTERM stops the worker at any time, also before its first
+assignment (while it cannot reach the coordinator, say): the member is
+closed -- everything is revoked (final commits) and the worker leaves the
+group, so the others take over at once -- and the process exits with status
+0. A fatal member error (e.g. FENCED_INSTANCE_ID) exits with status 1.
+While the coordinator cannot be reached the member retries with backoff
+(at most a second apart) and logs it with lines that back off too.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 
 from client import CommitFailedError, GroupCoordError, GroupMember, RebalanceListener, Resource
 
@@ -99,7 +105,7 @@ def _fmt(resources: set[Resource] | frozenset[Resource]) -> str:
     return ", ".join(f"{s}[{i}]" for s, i in sorted(resources)) or "nothing"
 
 
-async def main() -> None:
+async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:9080")
     parser.add_argument("--group", default="indexers")
@@ -110,31 +116,49 @@ async def main() -> None:
                         help="static membership: a restart within the session timeout "
                              "gets the same resources back without a rebalance")
     parser.add_argument("--assignor", default="cooperative-sticky")
+    parser.add_argument("--session-timeout-ms", type=int, default=10_000,
+                        help="the heartbeat interval is derived from it (docs/client.md, "
+                             "timing rule)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
-    worker = Worker(args.name or "worker")
+    name = args.name or "worker"
+    worker = Worker(name)
     member = GroupMember(args.url, group_id=args.group, sets=args.sets or ["shards"],
                          assignors=[args.assignor], listener=worker, client_id=args.name,
-                         group_instance_id=args.instance_id, session_timeout_ms=10_000,
-                         heartbeat_interval_ms=3_000)
+                         group_instance_id=args.instance_id,
+                         session_timeout_ms=args.session_timeout_ms)
     worker.member = member
+    # The handlers are in place before the member starts: a signal stops the
+    # worker at any time, also before its first assignment (a wrong URL).
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with member:  # joins and waits for the first assignment
-        closed = asyncio.ensure_future(member.wait_closed())
-        stopping = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({closed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        loop.add_signal_handler(sig, _on_signal, stop, sig)
+    member.start()  # joins in the background; the listener starts the work
+    stopping = asyncio.ensure_future(stop.wait())
+    closed = asyncio.ensure_future(member.wait_closed())
+    try:
+        await asyncio.wait({stopping, closed}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
         stopping.cancel()
-        if closed.done():
-            closed.exception()  # re-raised by the block's exit below
-        else:
-            closed.cancel()
-    # leaving the block revoked everything (final commits) and left the group;
-    # a fatal error (e.g. FENCED_INSTANCE_ID) is raised here instead.
+        if closed.done() and not closed.cancelled():
+            closed.exception()  # the failure is reported below
+        closed.cancel()
+        # Revokes everything (final commits) and leaves the group; before the
+        # first assignment it only stops the join and its retries.
+        await member.close()
+    if member.failure is not None:
+        log.error("%s stopped: %s", name, member.failure)
+        return 1
+    log.info("%s stopped", name)
+    return 0
+
+
+def _on_signal(stop: asyncio.Event, sig: signal.Signals) -> None:
+    log.info("%s: stopping", sig.name)
+    stop.set()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,73 @@
+"""``examples/worker.py`` as a process (issue 11 item 3).
+
+Pointed at a URL where nothing listens, it never gets an assignment; SIGTERM
+or SIGINT must still stop it within a couple of seconds with status 0, and
+its log must back off (not a line per retry) and name the URL once per line,
+without the doubled ``join: join:``. Both signals run at the same time to
+keep the wall time to one watch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from server_harness import free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+WORKER = str(Path(__file__).resolve().parents[2] / "examples" / "worker.py")
+WATCH_S = 5.0
+STOP_WITHIN_S = 2.5
+_STAMP = re.compile(r"^\d{4}-\d\d-\d\d (\d\d):(\d\d):(\d\d),(\d{3}) ")
+
+
+def _seconds(line: str) -> float:
+    m = _STAMP.match(line)
+    assert m, line
+    h, mi, s, ms = (int(g) for g in m.groups())
+    return h * 3600 + mi * 60 + s + ms / 1000
+
+
+def test_worker_stops_on_a_signal_before_its_first_assignment() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = {sig: subprocess.Popen([sys.executable, WORKER, "--url", url, "--name", "w1"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                   env=env)
+             for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        time.sleep(WATCH_S)  # retrying all along: nothing listens there
+        sent = time.monotonic()
+        for sig, proc in procs.items():
+            assert proc.poll() is None, f"the worker exited by itself ({sig.name})"
+            proc.send_signal(sig)
+        outputs = {}
+        for sig, proc in procs.items():
+            _, err = proc.communicate(timeout=STOP_WITHIN_S + 5)
+            assert time.monotonic() - sent < STOP_WITHIN_S, f"{sig.name}: not prompt"
+            assert proc.returncode == 0, (sig.name, proc.returncode, err)
+            outputs[sig] = err.splitlines()
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for sig, lines in outputs.items():
+        assert not [ln for ln in lines if "Traceback" in ln], lines
+        assert not [ln for ln in lines if "join: join:" in ln], lines
+        reports = [ln for ln in lines if "cannot reach the coordinator" in ln]
+        assert all(ln.count(url) == 1 for ln in reports), reports
+        # ~15 attempts in the watch, reported at about 0, 1 and 3 s: the log backs off
+        assert 2 <= len(reports) <= 4, reports
+        gaps = [b - a for a, b in itertools.pairwise(map(_seconds, reports))]
+        assert all(later > earlier for earlier, later in itertools.pairwise(gaps)), gaps
+        assert any(f"{sig.name}: stopping" in ln for ln in lines), lines
+        assert lines[-1].endswith("w1 stopped"), lines[-3:]
