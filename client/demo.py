@@ -94,8 +94,7 @@ async def _worker(url: str, name: str, assignor: str, session_ms: int) -> int:
 
     member = GroupMember(url, GROUP, [SET_NAME], assignors=[assignor], listener=Printer(),
                          client_id=name, session_timeout_ms=session_ms,
-                         heartbeat_interval_ms=max(100, session_ms // 4),
-                         rebalance_timeout_ms=10_000)
+                         rebalance_timeout_ms=10_000)  # the interval follows the timing rule
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
