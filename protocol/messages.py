@@ -295,12 +295,17 @@ class HeartbeatRequest:
             generation_id = obj.get("generation_id")
             instance_id = obj.get("group_instance_id")
             wait_ms = obj.get("wait_ms")
+            # isprintable() is False for every character check_name refuses (and
+            # for a few it accepts, which the general path then sorts out).
             if (type(group_id) is str and 0 < len(group_id) <= MAX_NAME_LENGTH
+                    and group_id.isprintable()
                     and type(member_id) is str and 0 < len(member_id) <= MAX_NAME_LENGTH
+                    and member_id.isprintable()
                     and type(generation_id) is int
                     and -1 <= generation_id <= MAX_GENERATION_ID
                     and (instance_id is None or (type(instance_id) is str
-                                                 and 0 < len(instance_id) <= MAX_NAME_LENGTH))
+                                                 and 0 < len(instance_id) <= MAX_NAME_LENGTH
+                                                 and instance_id.isprintable()))
                     and (wait_ms is None or (type(wait_ms) is int
                                              and 0 <= wait_ms <= MAX_HEARTBEAT_WAIT_MS))):
                 return cls(group_id, member_id, generation_id, instance_id, wait_ms or 0)

@@ -384,7 +384,7 @@ class Runtime:
                         self.metrics.rebalances_completed.inc()
                         self.metrics.rebalance_seconds.observe(effect.duration_ms / 1000)
                 case MemberExpired():
-                    log.info("group %s: member %s expired (session timeout)",
+                    log.info("group %r: member %r expired (session timeout)",
                              effect.group_id, effect.member_id)
                     if self.metrics is not None:
                         self.metrics.session_expiries.inc()
@@ -445,7 +445,7 @@ class Runtime:
             _settle(waiter, answer)
 
     def _state_changed(self, change: GroupStateChanged) -> None:
-        log.info("group %s: %s -> %s (generation %d): %s", change.group_id,
+        log.info("group %r: %s -> %s (generation %d): %s", change.group_id,
                  change.old_state or "(new)", change.new_state, change.generation_id,
                  change.reason)
         if (self.metrics is not None and change.new_state == "PreparingRebalance"
