@@ -39,6 +39,8 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     #: groups the coordinator holds at once (issue 6 limits); 0: unlimited.
     max_groups: int = 100_000
+    #: groups held at once that one token created (issue 11); 0: unlimited.
+    max_groups_per_token: int = 10_000
     #: bytes of one protocol's metadata in a join, or one member's assignment in a sync.
     max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES
     #: joins, syncs and waiting heartbeats parked at once; 0: unlimited.
@@ -59,6 +61,7 @@ class ServerConfig:
             initial_rebalance_delay_ms=self.initial_rebalance_delay_ms,
             group_max_size=self.group_max_size,
             max_groups=self.max_groups,
+            max_groups_per_token=self.max_groups_per_token,
             group_retention_ms=self.group_retention_ms,
         )
 
@@ -118,6 +121,9 @@ SETTINGS: tuple[Setting, ...] = (
             _int_range(1024, 2**31 - 1)),
     Setting("max_groups", int, "most groups held at once; a join that would create one more "
             "is answered COORDINATOR_NOT_AVAILABLE; 0 is unlimited", _int_range(0, 2**31 - 1)),
+    Setting("max_groups_per_token", int, "most groups held at once that were created by one "
+            "token (authentication on); a join or simple commit that would create one more is "
+            "answered COORDINATOR_NOT_AVAILABLE; 0 is unlimited", _int_range(0, 2**31 - 1)),
     Setting("max_metadata_bytes", int, "largest metadata of one protocol in a join, or "
             "assignment of one member in a sync (larger: 400)", _int_range(1, 2**31 - 1)),
     Setting("max_parked_requests", int, "most joins, syncs and waiting heartbeats parked at "

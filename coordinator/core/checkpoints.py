@@ -39,7 +39,11 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
             k.refuse(rid, req.group_id, "max_groups",
                      CommitResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE))
             return
-        g = k.create_group(req.group_id)
+        if k.over_group_quota(cmd.principal):
+            k.refuse(rid, req.group_id, "max_groups_per_token",
+                     CommitResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+            return
+        g = k.create_group(req.group_id, cmd.principal)
     state = g.state
     error: ErrorCode | None = None
     if state is GroupState.DEAD:

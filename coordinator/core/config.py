@@ -14,6 +14,9 @@ class CoreConfig:
     group_max_size: int = 0
     #: groups held at once (``--max-groups``); 0 means unlimited.
     max_groups: int = 0
+    #: groups held at once that one token created (``--max-groups-per-token``);
+    #: 0 means unlimited. Counts only with authentication on (a principal).
+    max_groups_per_token: int = 0
     #: KIP-211 (Kafka's ``offsets.retention.minutes``): an Empty group and its
     #: checkpoints are deleted this long after it became Empty (a group that never
     #: formed a generation: after its last commit); 0 keeps them forever.

@@ -69,6 +69,9 @@ class GroupCoordinator:
             raise ValueError(f"group_max_size: must be >= 0, got {config.group_max_size}")
         if config.max_groups < 0:
             raise ValueError(f"max_groups: must be >= 0, got {config.max_groups}")
+        if config.max_groups_per_token < 0:
+            raise ValueError("max_groups_per_token: must be >= 0, got "
+                             f"{config.max_groups_per_token}")
         if config.group_retention_ms < 0:
             raise ValueError(f"group_retention_ms: must be >= 0, got {config.group_retention_ms}")
         self._k = Kernel(config)
@@ -112,7 +115,8 @@ class GroupCoordinator:
             if record.state == GroupState.DEAD.value:
                 continue
             group = Group.from_record(record)
-            k.groups[group.group_id] = group
+            _restore_owner(group, snapshot)
+            k.add_group(group)
             if not group.members:
                 # Empty: it became Empty when this record was written.
                 k.arm_retention(group.group_id, record.state_timestamp_ms or now_ms)
@@ -131,7 +135,9 @@ class GroupCoordinator:
         # as an Empty group, as Kafka loads offsets-only groups.
         for group_id in k.checkpoints:
             if group_id not in k.groups:
-                k.groups[group_id] = Group(group_id, now_ms)
+                group = Group(group_id, now_ms)
+                _restore_owner(group, snapshot)
+                k.add_group(group)
                 k.arm_retention(group_id, snapshot.last_commit_ms.get(group_id, now_ms))
         return k.take()
 
@@ -172,3 +178,9 @@ class GroupCoordinator:
     def parked_request_count(self) -> int:
         """Parked joins, syncs and heartbeats (a gauge for the runtime)."""
         return len(self._k.parked)
+
+
+def _restore_owner(group: Group, snapshot: Snapshot) -> None:
+    """The group's creator as persisted (``GroupOwner``), already on disk."""
+    group.owner = snapshot.owners.get(group.group_id)
+    group.owner_persisted = True

@@ -60,8 +60,14 @@ Result = tuple[int, bytes]
 MakeCommand = Callable[[Any, int, str, TokenEntry | None], Command]
 
 
+def _principal(token: TokenEntry | None) -> str | None:
+    """Who the core sees as the caller: the token's name (``None``: authentication off)."""
+    return None if token is None else token.name
+
+
 def _join(msg: JoinRequest, rid: int, remote: str, token: TokenEntry | None) -> Command:
-    return Join(rid, msg, remote, auth.new_member_id(msg.client_id, msg.group_id, token))
+    return Join(rid, msg, remote, auth.new_member_id(msg.client_id, msg.group_id, token),
+                _principal(token))
 
 
 #: api -> (parse the wire map, make the command).
@@ -69,8 +75,8 @@ PROTOCOL_APIS: dict[str, tuple[Callable[[object], Any], MakeCommand]] = {
     "join": (JoinRequest.from_wire, _join),
     "sync": (SyncRequest.from_wire, lambda m, i, _r, _t: Sync(i, m)),
     "heartbeat": (HeartbeatRequest.from_wire, lambda m, i, _r, _t: Heartbeat(i, m)),
-    "leave": (LeaveRequest.from_wire, lambda m, i, _r, _t: Leave(i, m)),
-    "commit": (CommitRequest.from_wire, lambda m, i, _r, _t: Commit(i, m)),
+    "leave": (LeaveRequest.from_wire, lambda m, i, _r, t: Leave(i, m, _principal(t))),
+    "commit": (CommitRequest.from_wire, lambda m, i, _r, t: Commit(i, m, _principal(t))),
     "fetch": (FetchRequest.from_wire, lambda m, i, _r, _t: Fetch(i, m)),
 }
 

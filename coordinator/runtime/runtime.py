@@ -78,6 +78,7 @@ from coordinator.core.records import (
     CatalogChanged,
     CheckpointsWritten,
     GroupDeleted,
+    GroupOwner,
     GroupRecord,
     JournalEntry,
     Record,
@@ -103,7 +104,8 @@ Answer = Response | AdminResult
 
 #: A refused request is logged at most this often per limit (the metric counts every one).
 REFUSAL_LOG_INTERVAL_MS = 60_000
-_LIMIT_FLAGS = {"max_groups": "--max-groups", "max_parked_requests": "--max-parked-requests"}
+_LIMIT_FLAGS = {"max_groups": "--max-groups", "max_groups_per_token": "--max-groups-per-token",
+                "max_parked_requests": "--max-parked-requests"}
 
 
 class Core(Protocol):
@@ -173,7 +175,7 @@ def record_group(record: Record) -> str | None:
     belongs to no single group (every reply then depends on it)."""
     match record:
         case GroupRecord(group_id=g) | CheckpointsWritten(group_id=g) | GroupDeleted(group_id=g) \
-                | JournalEntry(group_id=g):
+                | GroupOwner(group_id=g) | JournalEntry(group_id=g):
             return g
         case CatalogChanged():
             return None
