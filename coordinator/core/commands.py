@@ -108,6 +108,16 @@ class TimerFired:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseHeartbeat:
+    """Answer the oldest parked (long-poll) heartbeat now, without error.
+
+    The runtime sends it when ``--max-parked-requests`` is reached and a join or
+    sync would need the place: a long-poll is only a wait, which its member simply
+    repeats, while a refused join stalls a whole group. No-op when none is parked.
+    """
+
+
+@dataclass(frozen=True, slots=True)
 class Cancelled:
     """The caller of a parked request went away (connection closed).
 
@@ -119,4 +129,4 @@ class Cancelled:
 
 
 Command = (Join | Sync | Heartbeat | Leave | Commit | Fetch | DeleteGroup | PutResource
-           | DeleteResource | TimerFired | Cancelled)
+           | DeleteResource | TimerFired | Cancelled | ReleaseHeartbeat)

@@ -29,6 +29,7 @@ from coordinator.core.commands import (
     Join,
     Leave,
     PutResource,
+    ReleaseHeartbeat,
     Sync,
     TimerFired,
 )
@@ -53,6 +54,7 @@ _HANDLERS: dict[type[Any], Callable[[Kernel, Any], None]] = {
     DeleteResource: admin.handle_delete_resource,
     TimerFired: timers.handle_timer,
     Cancelled: timers.handle_cancelled,
+    ReleaseHeartbeat: membership.handle_release_heartbeat,
 }
 
 

@@ -251,6 +251,11 @@ class Kernel:
         return SyncResponse(error, resources_epoch=self.resources_epoch)
 
     def park_heartbeat(self, group: Group, member: Member, request_id: int, hold_ms: int) -> None:
+        # At most one parked heartbeat per member: a newer one supersedes the
+        # older, which is answered now (without error: the member is fine), as
+        # a newer join supersedes a parked one. One member cannot fill
+        # --max-parked-requests with long-polls.
+        self.answer_heartbeats(member, None)
         member.heartbeats.add(request_id)
         parked = Parked("heartbeat", group.group_id, member.member_id)
         self.parked[request_id] = parked

@@ -6,7 +6,7 @@ check, in the same order, so a client sees the same error Kafka would give.
 
 from __future__ import annotations
 
-from coordinator.core.commands import Heartbeat, Join, Leave, Sync
+from coordinator.core.commands import Heartbeat, Join, Leave, ReleaseHeartbeat, Sync
 from coordinator.core.group import Group, Member, pending_key, session_key
 from coordinator.core.kernel import Kernel, TimerTarget
 from coordinator.core.rebalance import (
@@ -359,6 +359,16 @@ def handle_heartbeat(k: Kernel, cmd: Heartbeat) -> None:
                         k.park_heartbeat(g, member, rid, hold)
                         return
     k.reply(rid, HeartbeatResponse(error, k.resources_epoch))
+
+
+def handle_release_heartbeat(k: Kernel, cmd: ReleaseHeartbeat) -> None:
+    """Answer the oldest parked heartbeat now, as if its hold had run out."""
+    for request_id, parked in k.heartbeats.items():
+        g = k.groups[parked.group_id]
+        member = g.members[parked.member_id]
+        k.answer_heartbeat(member, request_id, None)
+        k.arm_session(g, member)
+        return
 
 
 # ---------------------------------------------------------------- leave

@@ -15,7 +15,9 @@ count survives a restart.
 from __future__ import annotations
 
 from coretest_kit import G, Harness, persisted, reply
+from coretest_kit import replies as replies_of
 
+from coordinator.core.commands import ReleaseHeartbeat
 from coordinator.core.effects import RequestRefused
 from coordinator.core.records import GroupOwner, GroupRecord
 from coordinator.core.replay import fold
@@ -185,3 +187,30 @@ def test_without_authentication_there_is_no_quota() -> None:
     for i in range(3):
         rid, out = h.commit("", -1, [("s", 0, 1)], group=f"g{i}")
         assert reply(out, rid).error is None
+
+
+# ---------------------------------------------------------------- item 11b
+
+
+def test_a_newer_long_poll_supersedes_the_members_parked_one() -> None:
+    h = Harness()
+    (member,), generation = h.stable_group(1)
+    first, out = h.heartbeat(member, generation, wait_ms=2_000)
+    assert first not in replies_of(out)
+    second, out = h.heartbeat(member, generation, wait_ms=2_000)
+    assert reply(out, first).error is None and second not in replies_of(out)
+    assert h.coord.parked_request_count() == 1
+    assert [k for k in h.timers if k.startswith("heartbeat:")] == [f"heartbeat:{second}"]
+
+
+def test_release_heartbeat_answers_the_oldest_parked_long_poll() -> None:
+    h = Harness()
+    (m1,), gen1 = h.stable_group(1, group="a")
+    (m2,), gen2 = h.stable_group(1, group="b")
+    old, _ = h.heartbeat(m1, gen1, group="a", wait_ms=2_000)
+    new, _ = h.heartbeat(m2, gen2, group="b", wait_ms=2_000)
+    out = h.run(ReleaseHeartbeat())
+    assert reply(out, old).error is None and new not in replies_of(out)
+    assert h.coord.parked_request_count() == 1
+    assert h.run(ReleaseHeartbeat()) and h.coord.parked_request_count() == 0
+    assert h.run(ReleaseHeartbeat()) == []
