@@ -14,7 +14,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 from coordinator.core.config import CoreConfig
-from protocol.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METADATA_BYTES, MAX_TIMEOUT_MS
+from protocol.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP,
+    DEFAULT_MAX_CHECKPOINT_VALUE_BYTES,
+    DEFAULT_MAX_CHECKPOINTS_PER_GROUP,
+    DEFAULT_MAX_METADATA_BYTES,
+    MAX_TIMEOUT_MS,
+)
 
 ENV_PREFIX = "GROUPCOORD_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -47,6 +54,10 @@ class ServerConfig:
     max_parked_requests: int = 100_000
     #: KIP-211: an Empty group and its checkpoints go this long after it emptied; 0: never.
     group_retention_ms: int = 604_800_000
+    #: checkpoint caps (issue 11; docs/operations.md, "Limits"); 0: unlimited.
+    max_checkpoints_per_group: int = DEFAULT_MAX_CHECKPOINTS_PER_GROUP
+    max_checkpoint_bytes_per_group: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP
+    max_checkpoint_value_bytes: int = DEFAULT_MAX_CHECKPOINT_VALUE_BYTES
     log_level: str = "INFO"
     #: tokens file (coordinator.auth); empty: authentication off.
     auth_tokens: str = ""
@@ -63,6 +74,9 @@ class ServerConfig:
             max_groups=self.max_groups,
             max_groups_per_token=self.max_groups_per_token,
             group_retention_ms=self.group_retention_ms,
+            max_checkpoints_per_group=self.max_checkpoints_per_group,
+            max_checkpoint_bytes_per_group=self.max_checkpoint_bytes_per_group,
+            max_checkpoint_value_bytes=self.max_checkpoint_value_bytes,
         )
 
 
@@ -132,6 +146,15 @@ SETTINGS: tuple[Setting, ...] = (
             "after it became Empty (after the last commit, for a group that never had "
             "members); 0 keeps them forever (Kafka's offsets.retention.minutes)",
             _int_range(0, MAX_RETENTION_MS)),
+    Setting("max_checkpoints_per_group", int, "most checkpoints one group may hold; a commit "
+            "that would hold more is refused whole (CHECKPOINT_LIMIT_REACHED); 0 is unlimited",
+            _int_range(0, 2**31 - 1)),
+    Setting("max_checkpoint_bytes_per_group", int, "most bytes of checkpoints (set names, 8 "
+            "per index, values) one group may hold; a commit that would hold more is refused "
+            "whole (CHECKPOINT_LIMIT_REACHED); 0 is unlimited", _int_range(0, 2**62)),
+    Setting("max_checkpoint_value_bytes", int, "largest checkpoint value (bytes of a string's "
+            "UTF-8 or of a byte string; larger: 400); Kafka's offset.metadata.max.bytes; "
+            "0 is unlimited", _int_range(0, 2**31 - 1)),
     Setting("log_level", str, "DEBUG, INFO, WARNING, ERROR or CRITICAL", _log_level),
     Setting("auth_tokens", str, "tokens file for bearer authentication (empty: off)", _any),
     Setting("tls_cert", str, "PEM certificate chain for HTTPS (empty: plain HTTP)", _any),

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coordinator.core import admin, checkpoints, membership, timers
+from coordinator.core.checkpoint_store import CheckpointStore
 from coordinator.core.commands import (
     Cancelled,
     Command,
@@ -74,6 +75,10 @@ class GroupCoordinator:
         if config.max_groups_per_token < 0:
             raise ValueError("max_groups_per_token: must be >= 0, got "
                              f"{config.max_groups_per_token}")
+        for name in ("max_checkpoints_per_group", "max_checkpoint_bytes_per_group",
+                     "max_checkpoint_value_bytes"):
+            if getattr(config, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(config, name)}")
         if config.group_retention_ms < 0:
             raise ValueError(f"group_retention_ms: must be >= 0, got {config.group_retention_ms}")
         self._k = Kernel(config)
@@ -111,8 +116,8 @@ class GroupCoordinator:
         k.begin(now_ms)
         k.catalog = dict(snapshot.catalog)
         k.resources_epoch = snapshot.resources_epoch
-        k.checkpoints = {gid: dict(values) for gid, values in snapshot.checkpoints.items()
-                         if values}
+        k.checkpoints = {gid: CheckpointStore(values)
+                         for gid, values in snapshot.checkpoints.items() if values}
         for record in snapshot.groups:
             if record.state == GroupState.DEAD.value:
                 continue
@@ -171,7 +176,8 @@ class GroupCoordinator:
 
     def checkpoints(self, group_id: str) -> dict[tuple[str, int], object]:
         """A copy of a group's checkpoints (for tests and the admin API)."""
-        return dict(self._k.checkpoints.get(group_id, {}))
+        store = self._k.checkpoints.get(group_id)
+        return {} if store is None else dict(store.values)
 
     def pending_member_count(self, group_id: str) -> int:
         group = self._k.groups.get(group_id)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from coordinator.core.checkpoint_store import CheckpointStore
 from coordinator.core.config import CoreConfig
 from coordinator.core.effects import (
     AdminResult,
@@ -31,7 +32,6 @@ from coordinator.core.records import CheckpointsWritten, GroupOwner, GroupRecord
 from coordinator.core.states import GroupState, check_transition
 from protocol.errors import ErrorCode
 from protocol.messages import HeartbeatResponse, JoinResponse, Response, SyncResponse
-from protocol.validate import Scalar
 
 
 def retention_key(group_id: str) -> str:
@@ -59,7 +59,8 @@ class Kernel:
     def __init__(self, config: CoreConfig) -> None:
         self.config = config
         self.groups: dict[str, Group] = {}
-        self.checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
+        #: group id -> its checkpoints (a group without any has no entry).
+        self.checkpoints: dict[str, CheckpointStore] = {}
         self.catalog: dict[str, int] = {}
         self.resources_epoch = 0
         self.timers: dict[str, TimerTarget] = {}

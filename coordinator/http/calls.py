@@ -17,7 +17,9 @@ core, so it changes no state):
 3. with authentication on: 403 ``GROUP_AUTHORIZATION_FAILED`` for a group the
    token is not granted, ``UNKNOWN_MEMBER_ID`` for a member id not minted for
    the token (:func:`coordinator.auth.member_bound`);
-4. :meth:`Runtime.call`, and the answer encoded.
+4. :meth:`Runtime.call`, and the answer encoded; an answer the core gave
+   ``INVALID_REQUEST`` (a commit or fetch refused on what it says, issue 11)
+   is sent as that 400 with its message.
 
 Every call is counted in ``groupcoord_requests`` by outcome; a bug is logged
 and answered 500 ``UNKNOWN_SERVER_ERROR``.
@@ -208,6 +210,12 @@ class Calls:
                                           ErrorCode.UNKNOWN_MEMBER_ID)
             assert not isinstance(answer, AdminResult)
             self._observe(api, answer.error, time.perf_counter() - started)
+            if answer.error is ErrorCode.INVALID_REQUEST:
+                # Refused by the core on what the request says (a checkpoint
+                # outside the catalog, a value over its limit, a fetch too big
+                # for one answer): a 400 like any bad input, naming the field.
+                message = getattr(answer, "message", "") or "invalid request"
+                return 400, error_body(ErrorCode.INVALID_REQUEST, message)
             return 200, codec.encode(answer.to_wire())
         except Exception:
             log.exception("unhandled error on POST /v1/%s", api)
