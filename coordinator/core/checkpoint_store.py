@@ -6,6 +6,8 @@ the keys sorted by (set, index) at every page; both are kept up to date here
 as commits apply, so neither a commit nor a fetch page ever walks the whole
 group (a fetch page is a binary search and a slice).
 
+A commit is planned first (:meth:`CheckpointStore.plan`: its net changes, and
+the count and bytes after them, for the caps) and applied only if accepted.
 Keeping the key list sorted: a commit that adds or removes a few keys moves
 them in place (``bisect``: a search and one memmove of the list); one that adds
 or removes many re-sorts once (the list is two sorted runs, which Timsort merges
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Iterator, Mapping
+from typing import NamedTuple
 
 from protocol.validate import Scalar, checkpoint_size
 
@@ -25,6 +28,15 @@ Checkpoint = tuple[str, int, Scalar]
 
 #: up to this many keys added or removed by one commit are moved one by one.
 _IN_PLACE = 32
+
+
+class Plan(NamedTuple):
+    """A commit's net effect on one store: key -> value (``None``: delete), and the
+    checkpoints and bytes the store would hold after it."""
+
+    changes: dict[Key, Scalar]
+    total: int
+    nbytes: int
 
 
 class CheckpointStore:
@@ -52,8 +64,10 @@ class CheckpointStore:
     def get(self, key: Key) -> Scalar:
         return self.values.get(key)
 
-    def after_changes(self, changes: Mapping[Key, Scalar]) -> tuple[int, int]:
-        """(count, bytes) the group would hold with ``changes`` applied (``None`` deletes)."""
+    def plan(self, checkpoints: Iterable[Checkpoint]) -> Plan:
+        """What writing ``checkpoints`` in order would do (a later one for a key wins;
+        ``None`` deletes), and the count and bytes the group would hold after."""
+        changes: dict[Key, Scalar] = {(s, i): v for s, i, v in checkpoints}
         count = len(self.values)
         nbytes = self.nbytes
         values = self.values
@@ -65,52 +79,32 @@ class CheckpointStore:
             if value is not None:
                 count += 1
                 nbytes += checkpoint_size(key[0], value)
-        return count, nbytes
+        return Plan(changes, count, nbytes)
 
-    def apply(self, changes: Iterable[tuple[Key, Scalar]]) -> None:
-        """Write ``changes`` in order (``None`` deletes); a later one for a key wins."""
+    def apply(self, plan: Plan) -> None:
+        """Write what :meth:`plan` worked out (on this store, unchanged since)."""
         values = self.values
-        added: list[Key] = []
-        removed: list[Key] = []
-        for key, value in changes:
-            old = values.get(key)
-            if old is not None:
-                self.nbytes -= checkpoint_size(key[0], old)
-            if value is None:
-                if old is not None:
-                    del values[key]
-                    removed.append(key)
-            else:
-                if old is None:
-                    added.append(key)
-                values[key] = value
-                self.nbytes += checkpoint_size(key[0], value)
-        if added or removed:
-            self._reindex(added, removed)
-
-    def _reindex(self, added: list[Key], removed: list[Key]) -> None:
+        changes = plan.changes
+        added = [k for k, v in changes.items() if v is not None and k not in values]
+        removed = [k for k, v in changes.items() if v is None and k in values]
+        for key in removed:
+            del values[key]
+        values.update((k, v) for k, v in changes.items() if v is not None)
+        self.nbytes = plan.nbytes
         keys = self._keys
-        values = self.values
-        # A key both added and removed by the same commit is in neither list's
-        # effect: keep only what is true of ``values`` now.
-        added = [k for k in dict.fromkeys(added) if k in values]
-        removed = [k for k in dict.fromkeys(removed) if k not in values]
         if len(removed) <= _IN_PLACE:
             for key in removed:
-                i = bisect_left(keys, key)
-                if i < len(keys) and keys[i] == key:
-                    del keys[i]
+                del keys[bisect_left(keys, key)]
         else:
             gone = set(removed)
             keys = self._keys = [k for k in keys if k not in gone]
-        # An added key may still be listed when it was removed and re-added by
-        # one commit: skip what the list already holds.
-        added = [k for k in added if not _listed(keys, k)]
         if len(added) <= _IN_PLACE:
             for key in added:
                 insort(keys, key)
         else:
-            keys.extend(sorted(added))
+            # Two sorted runs: Timsort merges them in linear time.
+            added.sort()
+            keys += added
             keys.sort()
 
     def page(self, after: Key | None, limit: int) -> tuple[list[Checkpoint], Key | None]:
@@ -125,6 +119,3 @@ class CheckpointStore:
         return found, (chunk[-1] if more and chunk else None)
 
 
-def _listed(keys: list[Key], key: Key) -> bool:
-    i = bisect_left(keys, key)
-    return i < len(keys) and keys[i] == key

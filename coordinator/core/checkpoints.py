@@ -16,7 +16,7 @@ answers at most ``MAX_FETCH_CHECKPOINTS`` checkpoints: more are read in pages.
 
 from __future__ import annotations
 
-from coordinator.core.checkpoint_store import Checkpoint, CheckpointStore, Key
+from coordinator.core.checkpoint_store import CheckpointStore, Plan
 from coordinator.core.commands import Commit, Fetch
 from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel
@@ -27,7 +27,7 @@ from protocol.errors import ErrorCode
 from protocol.limits import MAX_FETCH_CHECKPOINTS
 from protocol.messages import CommitRequest, CommitResponse, FetchResponse
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
-from protocol.validate import Scalar, value_size
+from protocol.validate import value_size
 
 _EMPTY = CheckpointStore()
 
@@ -61,7 +61,7 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
                      CommitResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE))
             return
         # A group created by this commit has no protocol type: only the caps apply.
-        refusal = _admission(k, None, req)
+        refusal, plan = _admission(k, None, req)
         if refusal is not None:
             k.reply(rid, refusal)
             return
@@ -71,7 +71,7 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
         if error is not None:
             k.reply(rid, CommitResponse(error))
             return
-        refusal = _admission(k, g, req) if req.checkpoints else None
+        refusal, plan = _admission(k, g, req) if req.checkpoints else (None, None)
         if refusal is not None:
             k.reply(rid, refusal)
             return
@@ -79,8 +79,8 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
                 and req.member_id in g.members:
             # Kafka: a commit also counts as a sign of life.
             k.arm_session(g, g.members[req.member_id])
-    if req.checkpoints:
-        apply_checkpoints(k, req.group_id, req.checkpoints)
+    if plan is not None:
+        apply_checkpoints(k, req.group_id, plan)
         k.persist(CheckpointsWritten(req.group_id, tuple(req.checkpoints), k.now))
     k.reply(rid, CommitResponse(None))
     k.forget_if_vacant(g)
@@ -118,15 +118,16 @@ def _value_problem(k: Kernel, req: CommitRequest) -> str | None:
     if limit <= 0:
         return None
     for i, (_set, _index, value) in enumerate(req.checkpoints):
-        if value is not None and (size := value_size(value)) > limit:
+        if (type(value) is str or type(value) is bytes) and (size := value_size(value)) > limit:
             return (f"checkpoints[{i}][2]: a value of {size} bytes is over "
                     f"--max-checkpoint-value-bytes ({limit})")
     return None
 
 
-def _admission(k: Kernel, g: Group | None, req: CommitRequest) -> CommitResponse | None:
+def _admission(k: Kernel, g: Group | None, req: CommitRequest
+               ) -> tuple[CommitResponse, None] | tuple[None, Plan]:
     """The refusal of a commit to ``g`` (``None``: a group it would create), or
-    ``None`` when it may be applied. Nothing is changed either way."""
+    the plan to apply when it is accepted. Nothing is changed either way."""
     if g is not None and g.protocol_type == RESOURCES:
         # The embedded protocol's resources are the catalog's: refuse what no
         # member can own. Deleting (value None) is always allowed, so checkpoints
@@ -139,37 +140,36 @@ def _admission(k: Kernel, g: Group | None, req: CommitRequest) -> CommitResponse
             if partitions is None:
                 return CommitResponse(ErrorCode.INVALID_REQUEST,
                                       f"checkpoints[{i}][0]: resource set {resource_set!r} is "
-                                      "not in the catalog")
+                                      "not in the catalog"), None
             if index >= partitions:
                 return CommitResponse(ErrorCode.INVALID_REQUEST,
                                       f"checkpoints[{i}][1]: index {index} is beyond resource "
                                       f"set {resource_set!r} ({partitions} partitions: "
-                                      f"0..{partitions - 1})")
+                                      f"0..{partitions - 1})"), None
     max_count = k.config.max_checkpoints_per_group
     max_bytes = k.config.max_checkpoint_bytes_per_group
-    if max_count <= 0 and max_bytes <= 0:
-        return None
     store = k.checkpoints.get(req.group_id, _EMPTY)
-    changes: dict[Key, Scalar] = {(s, i): v for s, i, v in req.checkpoints}
-    count, nbytes = store.after_changes(changes)
+    plan = store.plan(req.checkpoints)
+    count, nbytes = plan.total, plan.nbytes
     # Only growth is refused: a group over a cap lowered since can still shrink.
     if 0 < max_count < count and count > len(store):
         return CommitResponse(ErrorCode.CHECKPOINT_LIMIT_REACHED,
                               f"group {req.group_id!r} would hold {count} checkpoints, over "
-                              f"--max-checkpoints-per-group ({max_count}); nothing was written")
+                              f"--max-checkpoints-per-group ({max_count}); nothing was "
+                              "written"), None
     if 0 < max_bytes < nbytes and nbytes > store.nbytes:
         return CommitResponse(ErrorCode.CHECKPOINT_LIMIT_REACHED,
                               f"group {req.group_id!r} would hold {nbytes} bytes of checkpoints, "
                               f"over --max-checkpoint-bytes-per-group ({max_bytes}); "
-                              "nothing was written")
-    return None
+                              "nothing was written"), None
+    return None, plan
 
 
-def apply_checkpoints(k: Kernel, group_id: str, checkpoints: tuple[Checkpoint, ...]) -> None:
+def apply_checkpoints(k: Kernel, group_id: str, plan: Plan) -> None:
     store = k.checkpoints.get(group_id)
     if store is None:
         store = k.checkpoints[group_id] = CheckpointStore()
-    store.apply(((s, i), v) for s, i, v in checkpoints)
+    store.apply(plan)
     if not store.values:
         del k.checkpoints[group_id]
 

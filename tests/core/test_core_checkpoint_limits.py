@@ -233,9 +233,10 @@ def test_the_store_matches_a_plain_dict(commits: list[list[tuple[tuple[str, int]
                 expected.pop(key, None)
             else:
                 expected[key] = value
-        assert store.after_changes(dict(changes)) == (  # type: ignore[arg-type]
+        plan = store.plan((s, i, v) for (s, i), v in changes)  # type: ignore[misc]
+        assert (plan.total, plan.nbytes) == (
             len(expected), sum(checkpoint_size(k[0], v) for k, v in expected.items()))  # type: ignore[arg-type]
-        store.apply(changes)  # type: ignore[arg-type]
+        store.apply(plan)
         model = expected
         assert store.values == model and list(store) == sorted(model)
         assert store.nbytes == sum(checkpoint_size(k[0], v) for k, v in model.items())  # type: ignore[arg-type]
