@@ -72,6 +72,7 @@ from client.metrics import MemberMetrics
 from client.retry_log import RetryLog
 from client.transport import AiohttpTransport, Transport
 from protocol.errors import ErrorCode
+from protocol.limits import MAX_FETCH_CHECKPOINTS
 from protocol.messages import FetchRequest, FetchResponse, Scalar
 
 __all__ = ["GroupMember", "monotonic_ms", "wall_ms"]
@@ -340,14 +341,33 @@ class GroupMember:
             raise error
 
     async def fetch(self, resources: Iterable[Resource] | None = None) -> dict[Resource, Scalar]:
-        """The group's checkpoints (all, or those of ``resources``)."""
+        """The group's checkpoints (all, or those of ``resources``).
+
+        The coordinator answers at most ``MAX_FETCH_CHECKPOINTS`` per call
+        (PROTOCOL v1.1 paging): all of them are read page by page (``after`` /
+        ``next``), and a long list of resources is asked for in slices.
+        """
         self._raise_failure()
-        keys = None if resources is None else tuple(sorted(resources))
-        response = await self._user_call("fetch", FetchRequest(self.config.group_id, keys))
-        assert isinstance(response, FetchResponse)
-        if response.error is not None:
-            raise CoordinatorUnavailableError(f"fetch: {response.error.value}")
-        return {(s, i): v for s, i, v in response.checkpoints}
+        group_id = self.config.group_id
+        requests: list[FetchRequest]
+        if resources is None:
+            requests = [FetchRequest(group_id, paged=True)]
+        else:
+            keys = tuple(sorted(resources))
+            requests = [FetchRequest(group_id, keys[i:i + MAX_FETCH_CHECKPOINTS])
+                        for i in range(0, len(keys), MAX_FETCH_CHECKPOINTS)] \
+                or [FetchRequest(group_id, ())]
+        found: dict[Resource, Scalar] = {}
+        while requests:
+            request = requests.pop()
+            response = await self._user_call("fetch", request)
+            assert isinstance(response, FetchResponse)
+            if response.error is not None:
+                raise CoordinatorUnavailableError(f"fetch: {response.error.value}")
+            found.update(((s, i), v) for s, i, v in response.checkpoints)
+            if request.paged and response.next is not None:
+                requests.append(FetchRequest(group_id, paged=True, after=response.next))
+        return found
 
     async def _user_call(self, api: str, request: Any, timeout_ms: int | None = None) -> Any:
         limit_ms = self.config.request_timeout_ms if timeout_ms is None else timeout_ms

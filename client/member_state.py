@@ -168,6 +168,9 @@ ERROR_ACTIONS: dict[ErrorCode, ErrorAction] = {
     ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: ErrorAction.RETRY,
     ErrorCode.COORDINATOR_NOT_AVAILABLE: ErrorAction.RETRY,
     ErrorCode.UNKNOWN_SERVER_ERROR: ErrorAction.RETRY,
+    # Only a commit gets it (a group's checkpoint cap): that commit fails with
+    # CommitFailedError; the membership is not touched.
+    ErrorCode.CHECKPOINT_LIMIT_REACHED: ErrorAction.RETRY,
 }
 
 

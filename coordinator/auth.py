@@ -81,6 +81,7 @@ from protocol import codec
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_NAME_LENGTH
 from protocol.messages import APIS
+from protocol.validate import control_character_problem
 
 __all__ = [
     "DEFAULT_OPEN_PATHS",
@@ -208,6 +209,9 @@ def _entry(raw: object, where: str) -> TokenEntry:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
         raise TokenFileError(f"{where}: name: expected a non-empty string of at most "
                              f"{MAX_NAME_LENGTH} characters")
+    if (problem := control_character_problem(name)) is not None:
+        # the name is written into log lines (and binds static members to the token)
+        raise TokenFileError(f"{where}: name: {problem}")
     hashed = raw.get("hash")
     if not isinstance(hashed, str) or not hashed.startswith(_HASH_PREFIX):
         raise TokenFileError(f"{where}: hash: expected \"sha256:<64 hex digits>\" "

@@ -14,7 +14,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 from coordinator.core.config import CoreConfig
-from protocol.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METADATA_BYTES, MAX_TIMEOUT_MS
+from protocol.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP,
+    DEFAULT_MAX_CHECKPOINT_VALUE_BYTES,
+    DEFAULT_MAX_CHECKPOINTS_PER_GROUP,
+    DEFAULT_MAX_METADATA_BYTES,
+    MAX_TIMEOUT_MS,
+)
 
 ENV_PREFIX = "GROUPCOORD_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -39,12 +46,18 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     #: groups the coordinator holds at once (issue 6 limits); 0: unlimited.
     max_groups: int = 100_000
+    #: groups held at once that one token created (issue 11); 0: unlimited.
+    max_groups_per_token: int = 10_000
     #: bytes of one protocol's metadata in a join, or one member's assignment in a sync.
     max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES
     #: joins, syncs and waiting heartbeats parked at once; 0: unlimited.
     max_parked_requests: int = 100_000
     #: KIP-211: an Empty group and its checkpoints go this long after it emptied; 0: never.
     group_retention_ms: int = 604_800_000
+    #: checkpoint caps (issue 11; docs/operations.md, "Limits"); 0: unlimited.
+    max_checkpoints_per_group: int = DEFAULT_MAX_CHECKPOINTS_PER_GROUP
+    max_checkpoint_bytes_per_group: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP
+    max_checkpoint_value_bytes: int = DEFAULT_MAX_CHECKPOINT_VALUE_BYTES
     log_level: str = "INFO"
     #: tokens file (coordinator.auth); empty: authentication off.
     auth_tokens: str = ""
@@ -59,7 +72,11 @@ class ServerConfig:
             initial_rebalance_delay_ms=self.initial_rebalance_delay_ms,
             group_max_size=self.group_max_size,
             max_groups=self.max_groups,
+            max_groups_per_token=self.max_groups_per_token,
             group_retention_ms=self.group_retention_ms,
+            max_checkpoints_per_group=self.max_checkpoints_per_group,
+            max_checkpoint_bytes_per_group=self.max_checkpoint_bytes_per_group,
+            max_checkpoint_value_bytes=self.max_checkpoint_value_bytes,
         )
 
 
@@ -118,6 +135,9 @@ SETTINGS: tuple[Setting, ...] = (
             _int_range(1024, 2**31 - 1)),
     Setting("max_groups", int, "most groups held at once; a join that would create one more "
             "is answered COORDINATOR_NOT_AVAILABLE; 0 is unlimited", _int_range(0, 2**31 - 1)),
+    Setting("max_groups_per_token", int, "most groups held at once that were created by one "
+            "token (authentication on); a join or simple commit that would create one more is "
+            "answered COORDINATOR_NOT_AVAILABLE; 0 is unlimited", _int_range(0, 2**31 - 1)),
     Setting("max_metadata_bytes", int, "largest metadata of one protocol in a join, or "
             "assignment of one member in a sync (larger: 400)", _int_range(1, 2**31 - 1)),
     Setting("max_parked_requests", int, "most joins, syncs and waiting heartbeats parked at "
@@ -126,6 +146,15 @@ SETTINGS: tuple[Setting, ...] = (
             "after it became Empty (after the last commit, for a group that never had "
             "members); 0 keeps them forever (Kafka's offsets.retention.minutes)",
             _int_range(0, MAX_RETENTION_MS)),
+    Setting("max_checkpoints_per_group", int, "most checkpoints one group may hold; a commit "
+            "that would hold more is refused whole (CHECKPOINT_LIMIT_REACHED); 0 is unlimited",
+            _int_range(0, 2**31 - 1)),
+    Setting("max_checkpoint_bytes_per_group", int, "most bytes of checkpoints (set names, 8 "
+            "per index, values) one group may hold; a commit that would hold more is refused "
+            "whole (CHECKPOINT_LIMIT_REACHED); 0 is unlimited", _int_range(0, 2**62)),
+    Setting("max_checkpoint_value_bytes", int, "largest checkpoint value (bytes of a string's "
+            "UTF-8 or of a byte string; larger: 400); Kafka's offset.metadata.max.bytes; "
+            "0 is unlimited", _int_range(0, 2**31 - 1)),
     Setting("log_level", str, "DEBUG, INFO, WARNING, ERROR or CRITICAL", _log_level),
     Setting("auth_tokens", str, "tokens file for bearer authentication (empty: off)", _any),
     Setting("tls_cert", str, "PEM certificate chain for HTTPS (empty: plain HTTP)", _any),

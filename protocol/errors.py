@@ -25,6 +25,10 @@ class ErrorCode(StrEnum):
     COORDINATOR_NOT_AVAILABLE = "COORDINATOR_NOT_AVAILABLE"
     GROUP_AUTHORIZATION_FAILED = "GROUP_AUTHORIZATION_FAILED"
     INVALID_REQUEST = "INVALID_REQUEST"
+    #: v1.1: a commit would take its group over a checkpoint cap
+    #: (``--max-checkpoints-per-group``, ``--max-checkpoint-bytes-per-group``);
+    #: nothing was written. Not Kafka's (it has no such cap).
+    CHECKPOINT_LIMIT_REACHED = "CHECKPOINT_LIMIT_REACHED"
     UNKNOWN_SERVER_ERROR = "UNKNOWN_SERVER_ERROR"
 
     @classmethod

@@ -26,3 +26,13 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_MAX_METADATA_BYTES = 256 * 1024
 #: nesting depth a decoded body may have; deeper is refused before validation.
 MAX_NESTING_DEPTH = 16
+#: checkpoints one fetch answer carries at most (and resources one fetch may
+#: name): a bigger group is read in pages (``after`` / ``next``, v1.1), so no
+#: single fetch holds the coordinator's event loop for more than a few ms.
+MAX_FETCH_CHECKPOINTS = 1000
+#: defaults of the checkpoint caps (docs/operations.md, "Limits"): one value
+#: (Kafka's offset.metadata.max.bytes), checkpoints per group, and their bytes
+#: per group (:func:`protocol.validate.checkpoint_size`).
+DEFAULT_MAX_CHECKPOINT_VALUE_BYTES = 4096
+DEFAULT_MAX_CHECKPOINTS_PER_GROUP = 100_000
+DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP = 64 * 1024 * 1024

@@ -13,6 +13,7 @@ from typing import Any, Self
 
 from protocol.errors import ErrorCode
 from protocol.limits import (
+    MAX_FETCH_CHECKPOINTS,
     MAX_GENERATION_ID,
     MAX_HEARTBEAT_WAIT_MS,
     MAX_NAME_LENGTH,
@@ -295,12 +296,17 @@ class HeartbeatRequest:
             generation_id = obj.get("generation_id")
             instance_id = obj.get("group_instance_id")
             wait_ms = obj.get("wait_ms")
+            # isprintable() is False for every character check_name refuses (and
+            # for a few it accepts, which the general path then sorts out).
             if (type(group_id) is str and 0 < len(group_id) <= MAX_NAME_LENGTH
+                    and group_id.isprintable()
                     and type(member_id) is str and 0 < len(member_id) <= MAX_NAME_LENGTH
+                    and member_id.isprintable()
                     and type(generation_id) is int
                     and -1 <= generation_id <= MAX_GENERATION_ID
                     and (instance_id is None or (type(instance_id) is str
-                                                 and 0 < len(instance_id) <= MAX_NAME_LENGTH))
+                                                 and 0 < len(instance_id) <= MAX_NAME_LENGTH
+                                                 and instance_id.isprintable()))
                     and (wait_ms is None or (type(wait_ms) is int
                                              and 0 <= wait_ms <= MAX_HEARTBEAT_WAIT_MS))):
                 return cls(group_id, member_id, generation_id, instance_id, wait_ms or 0)
@@ -470,51 +476,93 @@ class CommitRequest:
 @dataclass(frozen=True, slots=True)
 class CommitResponse:
     error: ErrorCode | None
+    #: what is wrong, naming the field or the limit, with ``INVALID_REQUEST``
+    #: (sent as a 400's body) and ``CHECKPOINT_LIMIT_REACHED``; else empty.
+    message: str = ""
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
-        return cls(ErrorCode.parse(Fields(obj).error()))
+        f = Fields(obj)
+        message = f.raw("message")
+        return cls(ErrorCode.parse(f.error()), message if isinstance(message, str) else "")
 
     def to_wire(self) -> dict[str, Any]:
+        if self.message:
+            return {"error": _err(self.error), "message": self.message}
         return {"error": _err(self.error)}
+
+
+def _cursor(f: Fields) -> tuple[bool, ResourceKey | None]:
+    """``after`` of a fetch: absent or nil (v1, not paged), ``[]`` (the first page),
+    or ``[set, index]`` (the page after that resource)."""
+    raw = f.raw("after")
+    if raw is None:
+        return False, None
+    if isinstance(raw, list) and not raw:
+        return True, None
+    return True, _resource_key(raw, "after")
 
 
 @dataclass(frozen=True, slots=True)
 class FetchRequest:
     group_id: str
     resources: tuple[ResourceKey, ...] | None = None
+    #: v1.1 paging (only with ``resources`` absent): ``paged`` asks for one page of
+    #: at most MAX_FETCH_CHECKPOINTS checkpoints, those sorted after ``after``
+    #: (``None``: from the first); the answer's ``next`` is the following ``after``.
+    paged: bool = False
+    after: ResourceKey | None = None
 
     API = "fetch"
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
         f = Fields(obj)
-        raw = f.items("resources", required=False, nullable=True)
+        raw = f.items("resources", required=False, nullable=True,
+                      max_items=MAX_FETCH_CHECKPOINTS)
         resources = (None if raw is None else
                      tuple(_resource_key(r, f"resources[{i}]") for i, r in enumerate(raw)))
-        return cls(group_id=f.string("group_id"), resources=resources)
+        paged, after = _cursor(f)
+        if paged and resources is not None:
+            raise ValidationError("after", "pages only a fetch of every checkpoint "
+                                  "(resources absent); a list of resources is answered whole")
+        return cls(group_id=f.string("group_id"), resources=resources, paged=paged, after=after)
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "group_id": self.group_id,
             "resources": None if self.resources is None else [list(r) for r in self.resources],
         }
+        if self.paged:
+            wire["after"] = [] if self.after is None else list(self.after)
+        return wire
 
 
 @dataclass(frozen=True, slots=True)
 class FetchResponse:
     error: ErrorCode | None
     checkpoints: tuple[Checkpoint, ...] = field(default=())
+    #: v1.1, paged fetches: the ``after`` of the next page; ``None`` when this
+    #: page ends the listing.
+    next: ResourceKey | None = None
+    #: with ``INVALID_REQUEST`` (sent as a 400's body): what is wrong.
+    message: str = ""
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
         f = Fields(obj)
         raw = f.items("checkpoints", required=False) or []
+        cursor = f.raw("next")
         return cls(ErrorCode.parse(f.error()),
-                   tuple(_checkpoint(c, f"checkpoints[{i}]") for i, c in enumerate(raw)))
+                   tuple(_checkpoint(c, f"checkpoints[{i}]") for i, c in enumerate(raw)),
+                   None if cursor is None else _resource_key(cursor, "next"))
 
     def to_wire(self) -> dict[str, Any]:
-        return {"error": _err(self.error), "checkpoints": [list(c) for c in self.checkpoints]}
+        wire = {"error": _err(self.error), "checkpoints": [list(c) for c in self.checkpoints],
+                "next": None if self.next is None else list(self.next)}
+        if self.message:
+            wire["message"] = self.message
+        return wire
 
 
 Request = (JoinRequest | SyncRequest | HeartbeatRequest | LeaveRequest | CommitRequest

@@ -7,6 +7,7 @@ Unknown extra fields are ignored (PROTOCOL.md: forward compatibility).
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -112,8 +113,42 @@ class Fields:
         return self._get(key, False)
 
 
+#: Unicode categories never accepted in an id or a name: controls (``Cc``: NUL to
+#: US, DEL and C1, hence CR, LF and the ESC of ANSI sequences), format controls
+#: (``Cf``: the bidi embeddings, overrides and isolates U+202A-U+202E and
+#: U+2066-U+2069, the marks U+200E/U+200F, zero-width characters), line and
+#: paragraph separators (``Zl``, ``Zp``) and surrogates (``Cs``). Ids end up in
+#: log lines, metrics and the admin API; any of these could forge or hide text there.
+REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def control_character_problem(value: str) -> str | None:
+    """What is wrong with ``value`` as an id or name, as far as its characters go
+    (``None``: nothing). The one check behind every id and name field."""
+    # isprintable() (C speed) is False for every refused category, and for a few
+    # accepted ones (other spaces, private use, unassigned): only then look closer.
+    if value.isprintable():
+        return None
+    for position, char in enumerate(value):
+        if unicodedata.category(char) in REFUSED_CATEGORIES:
+            return (f"must not contain control or format characters (U+{ord(char):04X} "
+                    f"at position {position})")
+    return None
+
+
+def check_name(value: str, field: str) -> str:
+    """Refuse (:class:`ValidationError` naming ``field``) an id or name holding a
+    control or format character; return it unchanged otherwise."""
+    problem = control_character_problem(value)
+    if problem is not None:
+        raise ValidationError(field, problem)
+    return value
+
+
 def check_string(value: object, field: str, *, allow_empty: bool = False,
                  max_len: int = MAX_NAME_LENGTH, nullable: bool = False) -> str | None:
+    """An id or name: a string of at most ``max_len`` characters, none of them a
+    control or format character (:func:`check_name`)."""
     if value is None and nullable:
         return None
     if not isinstance(value, str):
@@ -122,7 +157,7 @@ def check_string(value: object, field: str, *, allow_empty: bool = False,
         raise ValidationError(field, "must not be empty")
     if len(value) > max_len:
         raise ValidationError(field, f"longer than {max_len} characters ({len(value)})")
-    return value
+    return check_name(value, field)
 
 
 def check_int(value: object, field: str, *, lo: int, hi: int) -> int:
@@ -146,3 +181,25 @@ def check_pair(value: object, field: str, size: int) -> list[Any]:
     if not isinstance(value, list) or len(value) != size:
         raise ValidationError(field, f"expected a list of {size} items")
     return value
+
+
+def value_size(value: Scalar) -> int:
+    """The bytes a checkpoint value counts for: a string's UTF-8, a byte string's
+    length, 8 for a number, a bool or nil."""
+    kind = type(value)
+    if kind is bytes:
+        return len(value)  # type: ignore[arg-type]
+    if kind is str:
+        text: str = value  # type: ignore[assignment]
+        return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return 8
+
+
+def checkpoint_size(resource_set: str, value: Scalar) -> int:
+    """The bytes one stored checkpoint counts for against its group's byte cap:
+    its set name, 8 for the index, and :func:`value_size`."""
+    name = len(resource_set) if resource_set.isascii() else len(resource_set.encode("utf-8"))
+    kind = type(value)
+    if kind is int or kind is float or kind is bool:
+        return name + 16
+    return name + 8 + value_size(value)

@@ -17,6 +17,7 @@ from coordinator.core.records import CatalogChanged, GroupDeleted
 from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_NAME_LENGTH, MAX_PARTITIONS
+from protocol.validate import control_character_problem
 
 
 def handle_delete_group(k: Kernel, cmd: DeleteGroup) -> None:
@@ -49,7 +50,8 @@ def _name_problem(name: object) -> str | None:
         return "name: must be a non-empty string"
     if len(name) > MAX_NAME_LENGTH:
         return f"name: longer than {MAX_NAME_LENGTH} characters ({len(name)})"
-    return None
+    problem = control_character_problem(name)
+    return None if problem is None else f"name: {problem}"
 
 
 def handle_put_resource(k: Kernel, cmd: PutResource) -> None:

@@ -1,22 +1,35 @@
 """Generation-fenced checkpoints: commit and fetch (Kafka's OffsetCommit / OffsetFetch).
 
-Checkpoints live in memory (``Kernel.checkpoints``: group -> (set, index) ->
-value), restored from the snapshot, and every accepted commit is persisted as
-one :class:`CheckpointsWritten` record before its reply.
+Checkpoints live in memory (``Kernel.checkpoints``: group ->
+:class:`~coordinator.core.checkpoint_store.CheckpointStore`), restored from the
+snapshot, and every accepted commit is persisted as one
+:class:`CheckpointsWritten` record before its reply.
+
+A commit is accepted or refused whole, before anything changes (issue 11,
+item 9): a value over ``max_checkpoint_value_bytes`` or, in a group of
+``protocol_type`` ``"resources"``, a set that is not in the catalog or an index
+beyond its partitions is ``INVALID_REQUEST`` (HTTP 400, the message names the
+field); a commit that would take its group over ``max_checkpoints_per_group``
+or ``max_checkpoint_bytes_per_group`` is ``CHECKPOINT_LIMIT_REACHED``. A fetch
+answers at most ``MAX_FETCH_CHECKPOINTS`` checkpoints: more are read in pages.
 """
 
 from __future__ import annotations
 
+from coordinator.core.checkpoint_store import CheckpointStore, Plan
 from coordinator.core.commands import Commit, Fetch
+from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel
 from coordinator.core.membership import validate_member
 from coordinator.core.records import CheckpointsWritten
 from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
-from protocol.messages import CommitResponse, FetchResponse
-from protocol.validate import Scalar
+from protocol.limits import MAX_FETCH_CHECKPOINTS
+from protocol.messages import CommitRequest, CommitResponse, FetchResponse
+from protocol.resources import PROTOCOL_TYPE as RESOURCES
+from protocol.validate import value_size
 
-Checkpoint = tuple[str, int, Scalar]
+_EMPTY = CheckpointStore()
 
 
 def handle_commit(k: Kernel, cmd: Commit) -> None:
@@ -24,6 +37,10 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
     rid = cmd.request_id
     # Kafka's "simple" commit: no group management (generation -1, no instance id).
     simple = req.generation_id < 0 and req.group_instance_id is None
+    invalid = _value_problem(k, req)
+    if invalid is not None:
+        k.reply(rid, CommitResponse(ErrorCode.INVALID_REQUEST, invalid))
+        return
     g = k.groups.get(req.group_id)
     if g is None:
         if not simple:
@@ -39,30 +56,31 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
             k.refuse(rid, req.group_id, "max_groups",
                      CommitResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE))
             return
-        g = k.create_group(req.group_id)
-    state = g.state
-    error: ErrorCode | None = None
-    if state is GroupState.DEAD:
-        error = ErrorCode.COORDINATOR_NOT_AVAILABLE
-    elif not (simple and state is GroupState.EMPTY):
-        # A zombie (stale generation, removed or fenced member) cannot
-        # overwrite the new owner's progress: same checks as heartbeat.
-        error = validate_member(g, req.member_id, req.group_instance_id)
-        if error is None and req.generation_id != g.generation_id:
-            error = ErrorCode.ILLEGAL_GENERATION
-        if error is None:
-            if state is GroupState.COMPLETING_REBALANCE:
-                error = ErrorCode.REBALANCE_IN_PROGRESS
-            elif state in (GroupState.STABLE, GroupState.PREPARING_REBALANCE):
-                # Kafka: a commit also counts as a sign of life.
-                k.arm_session(g, g.members[req.member_id])
-            else:
-                error = ErrorCode.UNKNOWN_MEMBER_ID
-    if error is not None:
-        k.reply(rid, CommitResponse(error))
-        return
-    if req.checkpoints:
-        apply_checkpoints(k, req.group_id, req.checkpoints)
+        if k.over_group_quota(cmd.principal):
+            k.refuse(rid, req.group_id, "max_groups_per_token",
+                     CommitResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+            return
+        # A group created by this commit has no protocol type: only the caps apply.
+        refusal, plan = _admission(k, None, req)
+        if refusal is not None:
+            k.reply(rid, refusal)
+            return
+        g = k.create_group(req.group_id, cmd.principal)
+    else:
+        error = _member_error(g, req, simple)
+        if error is not None:
+            k.reply(rid, CommitResponse(error))
+            return
+        refusal, plan = _admission(k, g, req) if req.checkpoints else (None, None)
+        if refusal is not None:
+            k.reply(rid, refusal)
+            return
+        if g.state in (GroupState.STABLE, GroupState.PREPARING_REBALANCE) \
+                and req.member_id in g.members:
+            # Kafka: a commit also counts as a sign of life.
+            k.arm_session(g, g.members[req.member_id])
+    if plan is not None:
+        apply_checkpoints(k, req.group_id, plan)
         k.persist(CheckpointsWritten(req.group_id, tuple(req.checkpoints), k.now))
     k.reply(rid, CommitResponse(None))
     k.forget_if_vacant(g)
@@ -74,28 +92,112 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
         k.renew_retention(req.group_id)
 
 
-def apply_checkpoints(k: Kernel, group_id: str, checkpoints: tuple[Checkpoint, ...]) -> None:
-    store = k.checkpoints.setdefault(group_id, {})
-    for resource_set, index, value in checkpoints:
-        if value is None:
-            store.pop((resource_set, index), None)
-        else:
-            store[(resource_set, index)] = value
-    if not store:
+def _member_error(g: Group, req: CommitRequest, simple: bool) -> ErrorCode | None:
+    """Whether the committer may commit to ``g`` now (Kafka's OffsetCommit checks)."""
+    state = g.state
+    if state is GroupState.DEAD:
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if simple and state is GroupState.EMPTY:
+        return None
+    # A zombie (stale generation, removed or fenced member) cannot
+    # overwrite the new owner's progress: same checks as heartbeat.
+    error = validate_member(g, req.member_id, req.group_instance_id)
+    if error is None and req.generation_id != g.generation_id:
+        error = ErrorCode.ILLEGAL_GENERATION
+    if error is None:
+        if state is GroupState.COMPLETING_REBALANCE:
+            error = ErrorCode.REBALANCE_IN_PROGRESS
+        elif state not in (GroupState.STABLE, GroupState.PREPARING_REBALANCE):
+            error = ErrorCode.UNKNOWN_MEMBER_ID
+    return error
+
+
+def _value_problem(k: Kernel, req: CommitRequest) -> str | None:
+    """A value over ``max_checkpoint_value_bytes`` (Kafka's offset.metadata.max.bytes)."""
+    limit = k.config.max_checkpoint_value_bytes
+    if limit <= 0:
+        return None
+    for i, (_set, _index, value) in enumerate(req.checkpoints):
+        if (type(value) is str or type(value) is bytes) and (size := value_size(value)) > limit:
+            return (f"checkpoints[{i}][2]: a value of {size} bytes is over "
+                    f"--max-checkpoint-value-bytes ({limit})")
+    return None
+
+
+def _admission(k: Kernel, g: Group | None, req: CommitRequest
+               ) -> tuple[CommitResponse, None] | tuple[None, Plan]:
+    """The refusal of a commit to ``g`` (``None``: a group it would create), or
+    the plan to apply when it is accepted. Nothing is changed either way."""
+    if g is not None and g.protocol_type == RESOURCES:
+        # The embedded protocol's resources are the catalog's: refuse what no
+        # member can own. Deleting (value None) is always allowed, so checkpoints
+        # left by a set since removed or shrunk can be cleared.
+        catalog = k.catalog
+        for i, (resource_set, index, value) in enumerate(req.checkpoints):
+            if value is None:
+                continue
+            partitions = catalog.get(resource_set)
+            if partitions is None:
+                return CommitResponse(ErrorCode.INVALID_REQUEST,
+                                      f"checkpoints[{i}][0]: resource set {resource_set!r} is "
+                                      "not in the catalog"), None
+            if index >= partitions:
+                return CommitResponse(ErrorCode.INVALID_REQUEST,
+                                      f"checkpoints[{i}][1]: index {index} is beyond resource "
+                                      f"set {resource_set!r} ({partitions} partitions: "
+                                      f"0..{partitions - 1})"), None
+    max_count = k.config.max_checkpoints_per_group
+    max_bytes = k.config.max_checkpoint_bytes_per_group
+    store = k.checkpoints.get(req.group_id, _EMPTY)
+    plan = store.plan(req.checkpoints)
+    count, nbytes = plan.total, plan.nbytes
+    # Only growth is refused: a group over a cap lowered since can still shrink.
+    if 0 < max_count < count and count > len(store):
+        return CommitResponse(ErrorCode.CHECKPOINT_LIMIT_REACHED,
+                              f"group {req.group_id!r} would hold {count} checkpoints, over "
+                              f"--max-checkpoints-per-group ({max_count}); nothing was "
+                              "written"), None
+    if 0 < max_bytes < nbytes and nbytes > store.nbytes:
+        return CommitResponse(ErrorCode.CHECKPOINT_LIMIT_REACHED,
+                              f"group {req.group_id!r} would hold {nbytes} bytes of checkpoints, "
+                              f"over --max-checkpoint-bytes-per-group ({max_bytes}); "
+                              "nothing was written"), None
+    return None, plan
+
+
+def apply_checkpoints(k: Kernel, group_id: str, plan: Plan) -> None:
+    store = k.checkpoints.get(group_id)
+    if store is None:
+        store = k.checkpoints[group_id] = CheckpointStore()
+    store.apply(plan)
+    if not store.values:
         del k.checkpoints[group_id]
 
 
 def handle_fetch(k: Kernel, cmd: Fetch) -> None:
     """Kafka answers fetches whatever the group's state; an unknown group has none.
 
-    With ``resources`` absent every checkpoint is returned, sorted by
-    (set, index); with a list, those that exist, in the order asked.
+    With ``resources`` absent every checkpoint is returned, sorted by (set,
+    index): in pages of at most ``MAX_FETCH_CHECKPOINTS`` when asked (``after``,
+    v1.1), else in one answer, which a group holding more refuses with
+    ``INVALID_REQUEST`` (a v1 client could not tell a partial answer from a
+    whole one). With a list, those that exist, in the order asked.
     """
     req = cmd.request
-    store = k.checkpoints.get(req.group_id, {})
-    found: tuple[Checkpoint, ...]
-    if req.resources is None:
-        found = tuple((s, i, store[(s, i)]) for s, i in sorted(store))
+    store = k.checkpoints.get(req.group_id, _EMPTY)
+    if req.resources is not None:
+        values = store.values
+        found = tuple((s, i, values[(s, i)]) for s, i in req.resources if (s, i) in values)
+        k.reply(cmd.request_id, FetchResponse(None, found))
+    elif req.paged:
+        page, cursor = store.page(req.after, MAX_FETCH_CHECKPOINTS)
+        k.reply(cmd.request_id, FetchResponse(None, tuple(page), cursor))
+    elif len(store) > MAX_FETCH_CHECKPOINTS:
+        k.reply(cmd.request_id, FetchResponse(
+            ErrorCode.INVALID_REQUEST,
+            message=f"after: group {req.group_id!r} holds {len(store)} checkpoints, more than "
+                    f"one answer carries ({MAX_FETCH_CHECKPOINTS}); read them in pages: send "
+                    "after: [] and then each answer's next (PROTOCOL v1.1 paging)"))
     else:
-        found = tuple((s, i, store[(s, i)]) for s, i in req.resources if (s, i) in store)
-    k.reply(cmd.request_id, FetchResponse(None, found))
+        page, _ = store.page(None, MAX_FETCH_CHECKPOINTS)
+        k.reply(cmd.request_id, FetchResponse(None, tuple(page)))

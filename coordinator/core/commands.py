@@ -31,6 +31,9 @@ class Join:
     #: deterministic, so randomness comes in with the command. Used only when
     #: the join needs a new member id.
     new_member_id: str
+    #: the caller's token name (authentication on), else ``None``: it owns the
+    #: static instance and the group this join may create (docs/operations.md, Limits).
+    principal: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +52,17 @@ class Heartbeat:
 class Leave:
     request_id: int
     request: LeaveRequest
+    #: the caller's token name, else ``None``: only the owner of a static
+    #: instance may remove it by instance id.
+    principal: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Commit:
     request_id: int
     request: CommitRequest
+    #: the caller's token name, else ``None``: owns a group a simple commit creates.
+    principal: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +108,16 @@ class TimerFired:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseHeartbeat:
+    """Answer the oldest parked (long-poll) heartbeat now, without error.
+
+    The runtime sends it when ``--max-parked-requests`` is reached and a join or
+    sync would need the place: a long-poll is only a wait, which its member simply
+    repeats, while a refused join stalls a whole group. No-op when none is parked.
+    """
+
+
+@dataclass(frozen=True, slots=True)
 class Cancelled:
     """The caller of a parked request went away (connection closed).
 
@@ -111,4 +129,4 @@ class Cancelled:
 
 
 Command = (Join | Sync | Heartbeat | Leave | Commit | Fetch | DeleteGroup | PutResource
-           | DeleteResource | TimerFired | Cancelled)
+           | DeleteResource | TimerFired | Cancelled | ReleaseHeartbeat)

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.limits import (
+    DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP,
+    DEFAULT_MAX_CHECKPOINT_VALUE_BYTES,
+    DEFAULT_MAX_CHECKPOINTS_PER_GROUP,
+)
+
 
 @dataclass(frozen=True, slots=True)
 class CoreConfig:
@@ -14,7 +20,16 @@ class CoreConfig:
     group_max_size: int = 0
     #: groups held at once (``--max-groups``); 0 means unlimited.
     max_groups: int = 0
+    #: groups held at once that one token created (``--max-groups-per-token``);
+    #: 0 means unlimited. Counts only with authentication on (a principal).
+    max_groups_per_token: int = 0
     #: KIP-211 (Kafka's ``offsets.retention.minutes``): an Empty group and its
     #: checkpoints are deleted this long after it became Empty (a group that never
     #: formed a generation: after its last commit); 0 keeps them forever.
     group_retention_ms: int = 604_800_000
+    #: checkpoints one group may hold, and their bytes (protocol.validate.checkpoint_size);
+    #: a commit that would go over is refused whole (CHECKPOINT_LIMIT_REACHED). 0: unlimited.
+    max_checkpoints_per_group: int = DEFAULT_MAX_CHECKPOINTS_PER_GROUP
+    max_checkpoint_bytes_per_group: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP
+    #: bytes of one checkpoint value (protocol.validate.value_size); larger: 400. 0: unlimited.
+    max_checkpoint_value_bytes: int = DEFAULT_MAX_CHECKPOINT_VALUE_BYTES

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coordinator.core import admin, checkpoints, membership, timers
+from coordinator.core.checkpoint_store import CheckpointStore
 from coordinator.core.commands import (
     Cancelled,
     Command,
@@ -29,6 +30,7 @@ from coordinator.core.commands import (
     Join,
     Leave,
     PutResource,
+    ReleaseHeartbeat,
     Sync,
     TimerFired,
 )
@@ -53,6 +55,7 @@ _HANDLERS: dict[type[Any], Callable[[Kernel, Any], None]] = {
     DeleteResource: admin.handle_delete_resource,
     TimerFired: timers.handle_timer,
     Cancelled: timers.handle_cancelled,
+    ReleaseHeartbeat: membership.handle_release_heartbeat,
 }
 
 
@@ -69,6 +72,13 @@ class GroupCoordinator:
             raise ValueError(f"group_max_size: must be >= 0, got {config.group_max_size}")
         if config.max_groups < 0:
             raise ValueError(f"max_groups: must be >= 0, got {config.max_groups}")
+        if config.max_groups_per_token < 0:
+            raise ValueError("max_groups_per_token: must be >= 0, got "
+                             f"{config.max_groups_per_token}")
+        for name in ("max_checkpoints_per_group", "max_checkpoint_bytes_per_group",
+                     "max_checkpoint_value_bytes"):
+            if getattr(config, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(config, name)}")
         if config.group_retention_ms < 0:
             raise ValueError(f"group_retention_ms: must be >= 0, got {config.group_retention_ms}")
         self._k = Kernel(config)
@@ -106,13 +116,14 @@ class GroupCoordinator:
         k.begin(now_ms)
         k.catalog = dict(snapshot.catalog)
         k.resources_epoch = snapshot.resources_epoch
-        k.checkpoints = {gid: dict(values) for gid, values in snapshot.checkpoints.items()
-                         if values}
+        k.checkpoints = {gid: CheckpointStore(values)
+                         for gid, values in snapshot.checkpoints.items() if values}
         for record in snapshot.groups:
             if record.state == GroupState.DEAD.value:
                 continue
             group = Group.from_record(record)
-            k.groups[group.group_id] = group
+            _restore_owner(group, snapshot)
+            k.add_group(group)
             if not group.members:
                 # Empty: it became Empty when this record was written.
                 k.arm_retention(group.group_id, record.state_timestamp_ms or now_ms)
@@ -131,7 +142,9 @@ class GroupCoordinator:
         # as an Empty group, as Kafka loads offsets-only groups.
         for group_id in k.checkpoints:
             if group_id not in k.groups:
-                k.groups[group_id] = Group(group_id, now_ms)
+                group = Group(group_id, now_ms)
+                _restore_owner(group, snapshot)
+                k.add_group(group)
                 k.arm_retention(group_id, snapshot.last_commit_ms.get(group_id, now_ms))
         return k.take()
 
@@ -163,7 +176,8 @@ class GroupCoordinator:
 
     def checkpoints(self, group_id: str) -> dict[tuple[str, int], object]:
         """A copy of a group's checkpoints (for tests and the admin API)."""
-        return dict(self._k.checkpoints.get(group_id, {}))
+        store = self._k.checkpoints.get(group_id)
+        return {} if store is None else dict(store.values)
 
     def pending_member_count(self, group_id: str) -> int:
         group = self._k.groups.get(group_id)
@@ -172,3 +186,9 @@ class GroupCoordinator:
     def parked_request_count(self) -> int:
         """Parked joins, syncs and heartbeats (a gauge for the runtime)."""
         return len(self._k.parked)
+
+
+def _restore_owner(group: Group, snapshot: Snapshot) -> None:
+    """The group's creator as persisted (``GroupOwner``), already on disk."""
+    group.owner = snapshot.owners.get(group.group_id)
+    group.owner_persisted = True

@@ -55,6 +55,8 @@ class Member:
     sync_request: int | None = None
     heartbeats: set[int] = field(default_factory=set)
     session_deadline_ms: int = 0
+    #: the token name that created this static instance (``MemberRecord.owner``).
+    owner: str | None = None
 
     def protocol_names(self) -> list[str]:
         return [name for name, _ in self.protocols]
@@ -68,20 +70,24 @@ class Member:
     def to_record(self) -> MemberRecord:
         return MemberRecord(self.member_id, self.group_instance_id, self.client_id,
                             self.client_host, self.session_timeout_ms, self.rebalance_timeout_ms,
-                            self.protocols, self.assignment)
+                            self.protocols, self.assignment, self.owner)
 
     @classmethod
     def from_record(cls, group_id: str, rec: MemberRecord) -> Member:
         return cls(rec.member_id, rec.group_instance_id, rec.client_id, rec.client_host,
                    rec.session_timeout_ms, rec.rebalance_timeout_ms, tuple(rec.protocols),
-                   session_key(group_id, rec.member_id), rec.assignment)
+                   session_key(group_id, rec.member_id), rec.assignment, owner=rec.owner)
 
 
 class Group:
     """A group: members in join order (dict order), its generation and rebalance bookkeeping."""
 
-    def __init__(self, group_id: str, now_ms: int) -> None:
+    def __init__(self, group_id: str, now_ms: int, owner: str | None = None) -> None:
         self.group_id = group_id
+        #: the token name whose request created the group (--max-groups-per-token).
+        self.owner = owner
+        #: whether a GroupOwner record for ``owner`` was written (Kernel.persist).
+        self.owner_persisted = owner is None
         self.state = GroupState.EMPTY
         self.state_timestamp_ms = now_ms
         self.generation_id = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from coordinator.core.checkpoint_store import CheckpointStore
 from coordinator.core.config import CoreConfig
 from coordinator.core.effects import (
     AdminResult,
@@ -27,11 +28,10 @@ from coordinator.core.effects import (
     ScheduleTimer,
 )
 from coordinator.core.group import Group, Member, heartbeat_key, pending_key
-from coordinator.core.records import Record
+from coordinator.core.records import CheckpointsWritten, GroupOwner, GroupRecord, Record
 from coordinator.core.states import GroupState, check_transition
 from protocol.errors import ErrorCode
 from protocol.messages import HeartbeatResponse, JoinResponse, Response, SyncResponse
-from protocol.validate import Scalar
 
 
 def retention_key(group_id: str) -> str:
@@ -59,7 +59,8 @@ class Kernel:
     def __init__(self, config: CoreConfig) -> None:
         self.config = config
         self.groups: dict[str, Group] = {}
-        self.checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
+        #: group id -> its checkpoints (a group without any has no entry).
+        self.checkpoints: dict[str, CheckpointStore] = {}
         self.catalog: dict[str, int] = {}
         self.resources_epoch = 0
         self.timers: dict[str, TimerTarget] = {}
@@ -68,6 +69,8 @@ class Kernel:
         self.heartbeats: dict[int, Parked] = {}
         #: Empty group id -> when it and its checkpoints expire (KIP-211; timers.py).
         self.retention: dict[str, int] = {}
+        #: token name -> groups held that it created (``Group.owner``).
+        self.owned_groups: dict[str, int] = {}
         self.now = 0
         self.out: list[Effect] = []
 
@@ -85,6 +88,14 @@ class Kernel:
         self.out.append(Reply(request_id, response))
 
     def persist(self, record: Record) -> None:
+        if type(record) is GroupRecord or type(record) is CheckpointsWritten:
+            # A group's owner is written with its first durable record: a group
+            # that is never persisted (a stray first join) costs no write.
+            group = self.groups.get(record.group_id)
+            if group is not None and not group.owner_persisted:
+                group.owner_persisted = True
+                assert group.owner is not None
+                self.out.append(Persist(GroupOwner(group.group_id, group.owner)))
         self.out.append(Persist(record))
 
     def emit(self, effect: Effect) -> None:
@@ -105,16 +116,28 @@ class Kernel:
         limit = self.config.max_groups
         return limit > 0 and len(self.groups) >= limit
 
+    def over_group_quota(self, principal: str | None) -> bool:
+        """Whether ``principal`` holds ``max_groups_per_token`` groups it created
+        (0: unlimited; no principal, i.e. authentication off: never)."""
+        limit = self.config.max_groups_per_token
+        return (limit > 0 and principal is not None
+                and self.owned_groups.get(principal, 0) >= limit)
+
     def refuse(self, request_id: int, group_id: str, reason: str, response: Response) -> None:
         """Answer a request refused by a server limit, and say so (metric, log)."""
         self.out.append(RequestRefused(group_id, reason))
         self.reply(request_id, response)
 
-    def create_group(self, group_id: str) -> Group:
-        group = Group(group_id, self.now)
-        self.groups[group_id] = group
+    def create_group(self, group_id: str, owner: str | None = None) -> Group:
+        group = Group(group_id, self.now, owner)
+        self.add_group(group)
         self.out.append(GroupStateChanged(group_id, None, GroupState.EMPTY.value, 0, "created"))
         return group
+
+    def add_group(self, group: Group) -> None:
+        self.groups[group.group_id] = group
+        if group.owner is not None:
+            self.owned_groups[group.owner] = self.owned_groups.get(group.owner, 0) + 1
 
     def transition(self, group: Group, new: GroupState, reason: str) -> None:
         old = group.state
@@ -159,6 +182,13 @@ class Kernel:
             self.disarm(pending_key(group.group_id, member_id))
         group.pending.clear()
         del self.groups[group.group_id]
+        owner = group.owner
+        if owner is not None:
+            left = self.owned_groups[owner] - 1
+            if left:
+                self.owned_groups[owner] = left
+            else:
+                del self.owned_groups[owner]
         self.checkpoints.pop(group.group_id, None)
 
     def forget_if_vacant(self, group: Group) -> None:
@@ -222,6 +252,11 @@ class Kernel:
         return SyncResponse(error, resources_epoch=self.resources_epoch)
 
     def park_heartbeat(self, group: Group, member: Member, request_id: int, hold_ms: int) -> None:
+        # At most one parked heartbeat per member: a newer one supersedes the
+        # older, which is answered now (without error: the member is fine), as
+        # a newer join supersedes a parked one. One member cannot fill
+        # --max-parked-requests with long-polls.
+        self.answer_heartbeats(member, None)
         member.heartbeats.add(request_id)
         parked = Parked("heartbeat", group.group_id, member.member_id)
         self.parked[request_id] = parked

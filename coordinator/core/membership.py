@@ -6,7 +6,7 @@ check, in the same order, so a client sees the same error Kafka would give.
 
 from __future__ import annotations
 
-from coordinator.core.commands import Heartbeat, Join, Leave, Sync
+from coordinator.core.commands import Heartbeat, Join, Leave, ReleaseHeartbeat, Sync
 from coordinator.core.group import Group, Member, pending_key, session_key
 from coordinator.core.kernel import Kernel, TimerTarget
 from coordinator.core.rebalance import (
@@ -38,6 +38,14 @@ PREPARING = GroupState.PREPARING_REBALANCE
 COMPLETING = GroupState.COMPLETING_REBALANCE
 STABLE = GroupState.STABLE
 DEAD = GroupState.DEAD
+
+
+def owns_instance(member: Member, principal: str | None) -> bool:
+    """May the caller ``principal`` (a token name; ``None``: authentication off) act
+    for the static ``member`` by its instance id alone (a join with an empty member
+    id, a leave by instance id)? Only the token that created the instance may; an
+    instance created with authentication off (no owner) may be claimed by anyone."""
+    return principal is None or member.owner is None or member.owner == principal
 
 
 def validate_member(g: Group, member_id: str, instance_id: str | None) -> ErrorCode | None:
@@ -74,7 +82,12 @@ def handle_join(k: Kernel, cmd: Join) -> None:
             k.refuse(rid, req.group_id, "max_groups",
                      JoinResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=req.member_id))
             return
-        g = k.create_group(req.group_id)
+        if k.over_group_quota(cmd.principal):
+            # --max-groups-per-token: the same answer, for this token only.
+            k.refuse(rid, req.group_id, "max_groups_per_token",
+                     JoinResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=req.member_id))
+            return
+        g = k.create_group(req.group_id, cmd.principal)
     if g.state is DEAD:
         k.reply(rid, JoinResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=req.member_id))
         return
@@ -86,6 +99,10 @@ def handle_join(k: Kernel, cmd: Join) -> None:
         known = g.members.get(g.static_members.get(req.group_instance_id, ""))
     else:
         known = None
+    if not req.member_id and known is not None and not owns_instance(known, cmd.principal):
+        # Another token's static instance: no takeover, nothing changes.
+        k.reply(rid, JoinResponse(ErrorCode.FENCED_INSTANCE_ID, member_id=req.member_id))
+        return
     if not _accept_joining(k, g, known):
         _refuse_full(k, g, known, req.member_id, rid)
         return
@@ -219,7 +236,8 @@ def _add_member_and_rebalance(k: Kernel, g: Group, cmd: Join, member_id: str) ->
     req = cmd.request
     member = Member(member_id, req.group_instance_id, req.client_id or "", cmd.client_host,
                     req.session_timeout_ms, req.rebalance_timeout_ms, req.protocols,
-                    session_key(g.group_id, member_id))
+                    session_key(g.group_id, member_id),
+                    owner=cmd.principal if req.group_instance_id is not None else None)
     g.add_member(member, req.protocol_type)
     k.park_join(g, member, cmd.request_id)
     k.arm_session(g, member)
@@ -235,6 +253,9 @@ def _static_rejoin(k: Kernel, g: Group, cmd: Join, old: Member) -> None:
     rid = cmd.request_id
     changed = subscription_changed(req.protocol_type, old.protocols, req.protocols)
     member = replace_static_member(k, g, old, cmd.new_member_id)
+    if member.owner is None:
+        # An instance from before authentication was on: the first token claims it.
+        member.owner = cmd.principal
     _update_member(g, member, cmd)
     k.arm_session(g, member)
     if g.state is PREPARING:
@@ -340,6 +361,16 @@ def handle_heartbeat(k: Kernel, cmd: Heartbeat) -> None:
     k.reply(rid, HeartbeatResponse(error, k.resources_epoch))
 
 
+def handle_release_heartbeat(k: Kernel, cmd: ReleaseHeartbeat) -> None:
+    """Answer the oldest parked heartbeat now, as if its hold had run out."""
+    for request_id, parked in k.heartbeats.items():
+        g = k.groups[parked.group_id]
+        member = g.members[parked.member_id]
+        k.answer_heartbeat(member, request_id, None)
+        k.arm_session(g, member)
+        return
+
+
 # ---------------------------------------------------------------- leave
 
 
@@ -366,6 +397,10 @@ def handle_leave(k: Kernel, cmd: Leave) -> None:
                        if entry.group_instance_id is not None else None)
             if current is None:
                 error = ErrorCode.UNKNOWN_MEMBER_ID
+            elif not owns_instance(g.members[current], cmd.principal):
+                # Another token's static instance: it stays (Kafka answers a
+                # leave whose instance id maps elsewhere FENCED_INSTANCE_ID).
+                error = ErrorCode.FENCED_INSTANCE_ID
             else:
                 remove_member(k, g, g.members[current], ErrorCode.UNKNOWN_MEMBER_ID)
                 removed_member = True

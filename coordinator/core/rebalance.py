@@ -192,7 +192,7 @@ def replace_static_member(k: Kernel, g: Group, old: Member, new_member_id: str) 
     new = Member(new_member_id, old.group_instance_id, old.client_id, old.client_host,
                  old.session_timeout_ms, old.rebalance_timeout_ms, old.protocols,
                  session_key(g.group_id, new_member_id),
-                 old.assignment)
+                 old.assignment, owner=old.owner)
     g.replace_member_id(old, new)
     k.disarm(old.session_key)
     return new

@@ -27,6 +27,9 @@ class MemberRecord:
     protocols: tuple[tuple[str, bytes], ...]
     #: ``None`` until the leader's assignment arrived for this generation.
     assignment: bytes | None = None
+    #: the name of the token that created this static instance (``None``: dynamic
+    #: member, or authentication off): no other token may take it over or remove it.
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,16 @@ class GroupRecord:
 @dataclass(frozen=True, slots=True)
 class GroupDeleted:
     group_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOwner:
+    """The token (by name) whose request created a group; it counts against that
+    token's ``--max-groups-per-token``. Written once, before the group's first
+    other record; deleted with the group (:class:`GroupDeleted`)."""
+
+    group_id: str
+    owner: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +127,8 @@ REBALANCE_REASONS = (
     "static_change",    # a static member rejoined with changed metadata
 )
 
-Record = GroupRecord | GroupDeleted | CheckpointsWritten | CatalogChanged | JournalEntry
+Record = (GroupRecord | GroupDeleted | GroupOwner | CheckpointsWritten | CatalogChanged
+          | JournalEntry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +142,5 @@ class Snapshot:
     #: group id -> wall-clock ms of its last commit, for groups with checkpoints whose
     #: last commit time is known (KIP-211 retention of groups without a generation).
     last_commit_ms: Mapping[str, int] = field(default_factory=dict)
+    #: group id -> the name of the token that created it (:class:`GroupOwner`).
+    owners: Mapping[str, str] = field(default_factory=dict)

@@ -3,7 +3,8 @@
 This is the reference for what storage keeps (records.py): the latest
 :class:`GroupRecord` per group, checkpoints with ``None`` deleting, the catalog
 and its epoch, the last commit time of each group holding checkpoints;
-:class:`GroupDeleted` drops a group and its checkpoints;
+:class:`GroupOwner` records who created a group;
+:class:`GroupDeleted` drops a group, its checkpoints and its owner;
 :class:`JournalEntry` is analysis-only and not part of the snapshot. Storage
 tests can compare their load result with ``fold`` of the same records, and the
 core tests use it for the replay round-trip (records -> snapshot -> restore).
@@ -18,6 +19,7 @@ from coordinator.core.records import (
     CatalogChanged,
     CheckpointsWritten,
     GroupDeleted,
+    GroupOwner,
     GroupRecord,
     JournalEntry,
     Record,
@@ -38,12 +40,14 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
     catalog: dict[str, int] = {}
     epoch = 0
     last_commit: dict[str, int] = {}
+    owners: dict[str, str] = {}
     if base is not None:
         groups = {g.group_id: g for g in base.groups}
         checkpoints = {gid: dict(values) for gid, values in base.checkpoints.items()}
         catalog = dict(base.catalog)
         epoch = base.resources_epoch
         last_commit = dict(base.last_commit_ms)
+        owners = dict(base.owners)
     for record in records:
         if isinstance(record, GroupRecord):
             groups[record.group_id] = record
@@ -51,6 +55,9 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
             groups.pop(record.group_id, None)
             checkpoints.pop(record.group_id, None)
             last_commit.pop(record.group_id, None)
+            owners.pop(record.group_id, None)
+        elif isinstance(record, GroupOwner):
+            owners[record.group_id] = record.owner
         elif isinstance(record, CheckpointsWritten):
             store = checkpoints.setdefault(record.group_id, {})
             for resource_set, index, value in record.checkpoints:
@@ -75,4 +82,5 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
             raise TypeError(f"not a record: {record!r}")
     # Like storage, a last commit time only for groups that still hold checkpoints.
     return Snapshot(tuple(groups[gid] for gid in sorted(groups)), checkpoints, catalog, epoch,
-                    {gid: ms for gid, ms in last_commit.items() if gid in checkpoints})
+                    {gid: ms for gid, ms in last_commit.items() if gid in checkpoints},
+                    owners)

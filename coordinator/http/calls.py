@@ -17,7 +17,9 @@ core, so it changes no state):
 3. with authentication on: 403 ``GROUP_AUTHORIZATION_FAILED`` for a group the
    token is not granted, ``UNKNOWN_MEMBER_ID`` for a member id not minted for
    the token (:func:`coordinator.auth.member_bound`);
-4. :meth:`Runtime.call`, and the answer encoded.
+4. :meth:`Runtime.call`, and the answer encoded; an answer the core gave
+   ``INVALID_REQUEST`` (a commit or fetch refused on what it says, issue 11)
+   is sent as that 400 with its message.
 
 Every call is counted in ``groupcoord_requests`` by outcome; a bug is logged
 and answered 500 ``UNKNOWN_SERVER_ERROR``.
@@ -60,8 +62,14 @@ Result = tuple[int, bytes]
 MakeCommand = Callable[[Any, int, str, TokenEntry | None], Command]
 
 
+def _principal(token: TokenEntry | None) -> str | None:
+    """Who the core sees as the caller: the token's name (``None``: authentication off)."""
+    return None if token is None else token.name
+
+
 def _join(msg: JoinRequest, rid: int, remote: str, token: TokenEntry | None) -> Command:
-    return Join(rid, msg, remote, auth.new_member_id(msg.client_id, msg.group_id, token))
+    return Join(rid, msg, remote, auth.new_member_id(msg.client_id, msg.group_id, token),
+                _principal(token))
 
 
 #: api -> (parse the wire map, make the command).
@@ -69,8 +77,8 @@ PROTOCOL_APIS: dict[str, tuple[Callable[[object], Any], MakeCommand]] = {
     "join": (JoinRequest.from_wire, _join),
     "sync": (SyncRequest.from_wire, lambda m, i, _r, _t: Sync(i, m)),
     "heartbeat": (HeartbeatRequest.from_wire, lambda m, i, _r, _t: Heartbeat(i, m)),
-    "leave": (LeaveRequest.from_wire, lambda m, i, _r, _t: Leave(i, m)),
-    "commit": (CommitRequest.from_wire, lambda m, i, _r, _t: Commit(i, m)),
+    "leave": (LeaveRequest.from_wire, lambda m, i, _r, t: Leave(i, m, _principal(t))),
+    "commit": (CommitRequest.from_wire, lambda m, i, _r, t: Commit(i, m, _principal(t))),
     "fetch": (FetchRequest.from_wire, lambda m, i, _r, _t: Fetch(i, m)),
 }
 
@@ -202,6 +210,12 @@ class Calls:
                                           ErrorCode.UNKNOWN_MEMBER_ID)
             assert not isinstance(answer, AdminResult)
             self._observe(api, answer.error, time.perf_counter() - started)
+            if answer.error is ErrorCode.INVALID_REQUEST:
+                # Refused by the core on what the request says (a checkpoint
+                # outside the catalog, a value over its limit, a fetch too big
+                # for one answer): a 400 like any bad input, naming the field.
+                message = getattr(answer, "message", "") or "invalid request"
+                return 400, error_body(ErrorCode.INVALID_REQUEST, message)
             return 200, codec.encode(answer.to_wire())
         except Exception:
             log.exception("unhandled error on POST /v1/%s", api)

@@ -18,9 +18,13 @@ DESIGN.md practices 4 and 5, after Kafka's group coordinator runtime:
   finding 5). Because batches commit one at a time in order, "depends on" is
   tracked as the latest batch holding such a write (see ``_route_reply``).
 - Limits: ``max_parked_requests`` (``--max-parked-requests``) bounds the
-  joins, syncs and long-poll heartbeats parked in the core; ``max_groups`` is
-  enforced by the core. Refusals are counted and logged at most once a minute
-  per limit.
+  joins, syncs and long-poll heartbeats parked in the core. At the limit a
+  long-poll is answered at once (as with ``wait_ms`` 0), and a join or sync
+  first takes the place of the oldest parked long-poll (``ReleaseHeartbeat``),
+  being refused only when joins and syncs alone fill the limit; the core keeps
+  at most one parked heartbeat per member. ``max_groups`` and
+  ``max_groups_per_token`` are enforced by the core. Refusals are counted and
+  logged at most once a minute per limit.
 - Timers are keyed by strings; arming a key again replaces its deadline,
   cancelling an unknown key is a no-op, and a firing whose key was re-armed or
   cancelled since is dropped before it reaches the core.
@@ -59,6 +63,7 @@ from coordinator.core.commands import (
     Join,
     Leave,
     PutResource,
+    ReleaseHeartbeat,
     Sync,
     TimerFired,
 )
@@ -78,6 +83,7 @@ from coordinator.core.records import (
     CatalogChanged,
     CheckpointsWritten,
     GroupDeleted,
+    GroupOwner,
     GroupRecord,
     JournalEntry,
     Record,
@@ -103,7 +109,8 @@ Answer = Response | AdminResult
 
 #: A refused request is logged at most this often per limit (the metric counts every one).
 REFUSAL_LOG_INTERVAL_MS = 60_000
-_LIMIT_FLAGS = {"max_groups": "--max-groups", "max_parked_requests": "--max-parked-requests"}
+_LIMIT_FLAGS = {"max_groups": "--max-groups", "max_groups_per_token": "--max-groups-per-token",
+                "max_parked_requests": "--max-parked-requests"}
 
 
 class Core(Protocol):
@@ -173,7 +180,7 @@ def record_group(record: Record) -> str | None:
     belongs to no single group (every reply then depends on it)."""
     match record:
         case GroupRecord(group_id=g) | CheckpointsWritten(group_id=g) | GroupDeleted(group_id=g) \
-                | JournalEntry(group_id=g):
+                | GroupOwner(group_id=g) | JournalEntry(group_id=g):
             return g
         case CatalogChanged():
             return None
@@ -306,12 +313,19 @@ class Runtime:
                 if command.request.wait_ms > 0:
                     command = Heartbeat(command.request_id, replace(command.request, wait_ms=0))
             else:
+                # A parked long-poll heartbeat is only a wait: answer the oldest one
+                # now to make room, so heartbeats (one parked per member at most)
+                # can never starve joins and syncs of other groups.
+                self._apply(ReleaseHeartbeat())
+            if not isinstance(command, Heartbeat) \
+                    and self.core.parked_request_count() >= self.max_parked_requests:
                 # Whether a join or sync would park depends on the group's state and
                 # changing that state is what parking does; deciding it without
-                # applying would duplicate the core. So at the limit every join and
-                # sync is refused before it reaches the core (it changes nothing);
-                # the client retries COORDINATOR_NOT_AVAILABLE with backoff, and the
-                # parked requests drain within their rebalance timeouts.
+                # applying would duplicate the core. So when joins and syncs alone
+                # fill the limit every join and sync is refused before it reaches
+                # the core (it changes nothing); the client retries
+                # COORDINATOR_NOT_AVAILABLE with backoff, and the parked requests
+                # drain within their rebalance timeouts.
                 self._refused("max_parked_requests", command_group(command) or "")
                 return error_answer(command, ErrorCode.COORDINATOR_NOT_AVAILABLE)
         waiter = _Waiter(command)
@@ -384,7 +398,7 @@ class Runtime:
                         self.metrics.rebalances_completed.inc()
                         self.metrics.rebalance_seconds.observe(effect.duration_ms / 1000)
                 case MemberExpired():
-                    log.info("group %s: member %s expired (session timeout)",
+                    log.info("group %r: member %r expired (session timeout)",
                              effect.group_id, effect.member_id)
                     if self.metrics is not None:
                         self.metrics.session_expiries.inc()
@@ -445,7 +459,7 @@ class Runtime:
             _settle(waiter, answer)
 
     def _state_changed(self, change: GroupStateChanged) -> None:
-        log.info("group %s: %s -> %s (generation %d): %s", change.group_id,
+        log.info("group %r: %s -> %s (generation %d): %s", change.group_id,
                  change.old_state or "(new)", change.new_state, change.generation_id,
                  change.reason)
         if (self.metrics is not None and change.new_state == "PreparingRebalance"

@@ -30,6 +30,19 @@ Version 2 adds:
     commit (the largest seen). The retention of an Empty group that never
     formed a generation counts from it (KIP-211; the retention of a group that
     had members counts from ``groups.state_timestamp_ms`` of its Empty row).
+
+Version 3 adds:
+
+``group_owners``
+    ``group_id -> owner``, the name of the token whose request created the group
+    (:class:`~coordinator.core.records.GroupOwner`), so ``--max-groups-per-token``
+    counts the same after a restart. Groups created with authentication off, or
+    before version 3, have no row and count for no token.
+
+The ``groups.members`` blob holds each member as an array; a ninth field, the
+owner of a static instance (:attr:`MemberRecord.owner`), is written when set and
+read when present (eight-field members, as written before, have no owner), so
+no migration was needed for it.
 """
 
 from __future__ import annotations
@@ -99,6 +112,13 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE last_commits (
         group_id TEXT PRIMARY KEY,
         committed_ms INTEGER NOT NULL
+    );
+    """,
+    # 3: who created each group, for --max-groups-per-token (issue 11).
+    """
+    CREATE TABLE group_owners (
+        group_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL
     );
     """,
 )

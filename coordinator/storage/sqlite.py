@@ -32,6 +32,7 @@ from coordinator.core.records import (
     CatalogChanged,
     CheckpointsWritten,
     GroupDeleted,
+    GroupOwner,
     GroupRecord,
     JournalEntry,
     MemberRecord,
@@ -82,11 +83,13 @@ def encode_members(members: Sequence[MemberRecord]) -> bytes:
     Each member is an array ``[member_id, group_instance_id, client_id,
     client_host, session_timeout_ms, rebalance_timeout_ms, protocols,
     assignment]`` rather than a map: a 1,000-member group is written at every
-    generation, and arrays encode in half the time and space of maps.
+    generation, and arrays encode in half the time and space of maps. A static
+    instance bound to a token has a ninth field, ``owner``.
     """
     return encode([
         (m.member_id, m.group_instance_id, m.client_id, m.client_host, m.session_timeout_ms,
          m.rebalance_timeout_ms, m.protocols, m.assignment)
+        + ((m.owner,) if m.owner is not None else ())
         for m in members
     ])
 
@@ -103,10 +106,12 @@ def decode_members(blob: bytes) -> tuple[MemberRecord, ...]:
     out = []
     seen: set[str] = set()
     for i, item in enumerate(items):
-        if not isinstance(item, list) or len(item) != 8:
-            raise _BadValue(f"member {i}: expected an array of 8 fields, got {_short(item)}")
+        if not isinstance(item, list) or len(item) not in (8, 9):
+            raise _BadValue(f"member {i}: expected an array of 8 or 9 fields, "
+                            f"got {_short(item)}")
         (member_id, instance, client_id, client_host, session_ms, rebalance_ms, protocols,
-         assignment) = item
+         assignment) = item[:8]
+        owner = item[8] if len(item) == 9 else None
         where = f"member {i} ({member_id!r})" if isinstance(member_id, str) else f"member {i}"
         _check(where, "member_id", member_id, str)
         _check(where, "group_instance_id", instance, str, nullable=True)
@@ -115,6 +120,7 @@ def decode_members(blob: bytes) -> tuple[MemberRecord, ...]:
         _check(where, "session_timeout_ms", session_ms, int)
         _check(where, "rebalance_timeout_ms", rebalance_ms, int)
         _check(where, "assignment", assignment, bytes, nullable=True)
+        _check(where, "owner", owner, str, nullable=True)
         if member_id in seen:
             raise _BadValue(f"{where}: member id listed twice")
         seen.add(member_id)
@@ -131,7 +137,7 @@ def decode_members(blob: bytes) -> tuple[MemberRecord, ...]:
             client_host=client_host, session_timeout_ms=session_ms,
             rebalance_timeout_ms=rebalance_ms,
             protocols=tuple((name, meta) for name, meta in protocols),
-            assignment=assignment))
+            assignment=assignment, owner=owner))
     return tuple(out)
 
 
@@ -229,7 +235,12 @@ def _statements(record: Record) -> list[tuple[str, tuple[Any, ...]]]:
             # group created again under the same id restart, so its old generation
             # rows go too. The rebalance journal keeps the history.
             return [(f"DELETE FROM {table} WHERE group_id = ?", (record.group_id,))
-                    for table in ("groups", "generations", "checkpoints", "last_commits")]
+                    for table in ("groups", "generations", "checkpoints", "last_commits",
+                                  "group_owners")]
+        case GroupOwner():
+            return [("INSERT INTO group_owners (group_id, owner) VALUES (?, ?) "
+                     "ON CONFLICT (group_id) DO UPDATE SET owner = excluded.owner",
+                     (record.group_id, record.owner))]
         case CheckpointsWritten():
             out: list[tuple[str, tuple[Any, ...]]] = []
             for resource_set, idx, value in record.checkpoints:
@@ -362,6 +373,13 @@ def _last_commit_row(row: Any) -> tuple[str, int]:
     return group_id, committed_ms
 
 
+def _owner_row(row: Any) -> tuple[str, str]:
+    group_id, owner = row
+    _column("group_id", group_id, str)
+    _column("owner", owner, str)
+    return group_id, owner
+
+
 def _epoch_row(row: Any) -> int:
     value = row[1]
     _column("value", value, int)
@@ -454,8 +472,13 @@ class Storage:
             # nothing left to expire.
             if group_id in checkpoints:
                 last_commit[group_id] = committed_ms
+        owners: dict[str, str] = {}
+        for row in await self._rows("group_owners", ("group_id", "owner"), "group_id"):
+            group_id, owner = self._decoded("group_owners", f"group_id={row[0]!r}",
+                                            _owner_row, row)
+            owners[group_id] = owner
         return Snapshot(groups=tuple(groups), checkpoints=checkpoints, catalog=catalog,
-                        resources_epoch=epoch, last_commit_ms=last_commit)
+                        resources_epoch=epoch, last_commit_ms=last_commit, owners=owners)
 
     async def _rows(self, table: str, columns: Sequence[str], order: str) -> list[Any]:
         """Rows of one table; an SQLite error (a damaged page, a missing column) names it."""

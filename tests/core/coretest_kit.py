@@ -115,11 +115,12 @@ class Harness:
     def join(self, member_id: str = "", *, group: str = G, instance: str | None = None,
              protocols: tuple[tuple[str, bytes], ...] = PROTOS, session: int = 10_000,
              rebalance: int = 30_000, ptype: str = "resources",
-             new_id: str | None = None) -> tuple[int, list[Effect]]:
+             new_id: str | None = None, principal: str | None = None
+             ) -> tuple[int, list[Effect]]:
         rid = self.rid()
         req = JoinRequest(group, member_id, ptype, protocols, session, rebalance,
                           group_instance_id=instance, client_id="cli")
-        return rid, self.run(Join(rid, req, "10.0.0.1", new_id or self.new_id()))
+        return rid, self.run(Join(rid, req, "10.0.0.1", new_id or self.new_id(), principal))
 
     def join_dynamic(self, *, group: str = G, **kw: Any) -> tuple[str, int, list[Effect]]:
         """MEMBER_ID_REQUIRED round, then the real join; returns (member id, rid, effects)."""
@@ -144,16 +145,18 @@ class Harness:
         return rid, self.run(Heartbeat(rid, HeartbeatRequest(group, member_id, generation,
                                                              instance, wait_ms)))
 
-    def leave(self, *members: tuple[str, str | None], group: str = G) -> tuple[int, list[Effect]]:
+    def leave(self, *members: tuple[str, str | None], group: str = G,
+              principal: str | None = None) -> tuple[int, list[Effect]]:
         rid = self.rid()
         req = LeaveRequest(group, tuple(LeaveMember(m, i) for m, i in members))
-        return rid, self.run(Leave(rid, req))
+        return rid, self.run(Leave(rid, req, principal))
 
     def commit(self, member_id: str, generation: int, checkpoints: Any, *, group: str = G,
-               instance: str | None = None) -> tuple[int, list[Effect]]:
+               instance: str | None = None, principal: str | None = None
+               ) -> tuple[int, list[Effect]]:
         rid = self.rid()
         req = CommitRequest(group, member_id, generation, tuple(checkpoints), instance)
-        return rid, self.run(Commit(rid, req))
+        return rid, self.run(Commit(rid, req, principal))
 
     def fetch(self, resources: Any = None, *, group: str = G) -> tuple[int, list[Effect]]:
         rid = self.rid()

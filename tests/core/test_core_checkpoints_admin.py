@@ -12,6 +12,7 @@ from protocol.limits import MAX_PARTITIONS
 
 def test_commit_from_current_generation_is_persisted_then_answered() -> None:
     h = Harness()
+    h.put_resource("orders", 8)
     ids, generation = h.stable_group(2)
     rid, out = h.commit(ids[1], generation, [("orders", 0, 42), ("orders", 1, b"\x01")])
     assert reply(out, rid).error is None
@@ -30,6 +31,7 @@ def test_commit_from_current_generation_is_persisted_then_answered() -> None:
 
 def test_zombie_commit_is_refused_after_a_new_generation() -> None:
     h = Harness()
+    h.put_resource("orders", 8)
     ids, generation = h.stable_group(2, session=60_000)
     zombie = ids[1]
     # The leader rejoins; the zombie does not, is removed at the join deadline.

@@ -55,8 +55,8 @@ def test_fold_applies_records_in_order() -> None:
 def test_stable_group_resumes_without_a_rebalance() -> None:
     h = Harness()
     ids, generation = h.stable_group(3)
-    h.commit(ids[0], generation, [("orders", 0, 7), ("orders", 1, "x")])
     h.put_resource("orders", 2)
+    h.commit(ids[0], generation, [("orders", 0, 7), ("orders", 1, "x")])
     before = h.coord.describe_group(G)
     r = _restarted(h)
     assert r.coord.describe_group(G) == before

@@ -31,6 +31,7 @@ KEY = f"retention:{G}"
 def _emptied(h: Harness) -> None:
     """A group that formed a generation, holds checkpoints, and whose members all left."""
     ids, generation = h.stable_group(2)
+    h.put_resource("orders", 2)
     h.commit(ids[0], generation, [("orders", 0, 41), ("orders", 1, 42)])
     _rid, out = h.leave((ids[0], None), (ids[1], None))
     assert h.state() == "Empty"
@@ -180,6 +181,7 @@ def test_admin_delete_cancels_it() -> None:
 def test_zero_keeps_empty_groups_forever() -> None:
     h = Harness(group_retention_ms=0)
     ids, generation = h.stable_group(1)
+    h.put_resource("orders", 1)
     h.commit(ids[0], generation, [("orders", 0, 1)])
     h.leave((ids[0], None))
     h.commit("tool", -1, [("s", 0, 1)], group="simple")

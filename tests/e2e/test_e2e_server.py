@@ -89,8 +89,15 @@ def assignment_of(*indexes: int) -> bytes:
     return ResourceAssignment({"orders": list(indexes)}).encode()
 
 
+async def put_orders(http: aiohttp.ClientSession, url: str) -> None:
+    """The catalog entry every checkpoint of these "resources" groups refers to."""
+    async with http.put(f"{url}/v1/resources/orders", json={"partitions": 4}) as resp:
+        assert resp.status == 200
+
+
 async def form_stable_group(http: aiohttp.ClientSession, url: str) -> list[Member]:
     """Two members, one generation, the leader's assignment delivered."""
+    await put_orders(http, url)
     members = [Member(http, url), Member(http, url)]
     # Both join at once; the server's initial rebalance delay (GROUP_DELAY_MS)
     # lets the second land in the first generation.
@@ -144,6 +151,7 @@ async def test_every_acknowledged_checkpoint_survives_kill_9(
     server = start_server(db)
     acked: dict[int, int] = {}
     async with aiohttp.ClientSession() as http:
+        await put_orders(http, server.url)
         member = Member(http, server.url)
         await member.join()
         assert (await member.sync({member.member_id: assignment_of(0, 1, 2, 3)}))["error"] is None

@@ -12,13 +12,18 @@ from hypothesis import strategies as st
 
 from protocol.limits import MAX_GENERATION_ID, MAX_HEARTBEAT_WAIT_MS, MAX_NAME_LENGTH
 from protocol.messages import HeartbeatRequest
-from protocol.validate import ValidationError
+from protocol.validate import REFUSED_CATEGORIES, ValidationError
 
 _MISSING = object()
 
 # Values around every bound and of every wire type, including bool (an int subclass).
-_NAMES = st.one_of(st.sampled_from(["", "g", "x" * MAX_NAME_LENGTH, "x" * (MAX_NAME_LENGTH + 1)]),
+# Names include the characters ids refuse (LF, ESC, a bidi override) and accepted
+# ones that str.isprintable() calls unprintable (a no-break space).
+_NAMES = st.one_of(st.sampled_from(["", "g", "x" * MAX_NAME_LENGTH, "x" * (MAX_NAME_LENGTH + 1),
+                                    "g\n", "\x1b[1m", "g\u202e", "g\u00a0"]),
                    st.text(max_size=8))
+#: text an id may be (no control or format characters).
+_ID_TEXT = st.characters(blacklist_categories=tuple(REFUSED_CATEGORIES))
 _INTS = st.one_of(st.sampled_from([-2, -1, 0, 1, MAX_HEARTBEAT_WAIT_MS,
                                    MAX_HEARTBEAT_WAIT_MS + 1, MAX_GENERATION_ID,
                                    MAX_GENERATION_ID + 1, 2**63]),
@@ -63,10 +68,10 @@ def test_both_paths_agree(group_id: object, member_id: object, generation_id: ob
 
 
 @settings(max_examples=300, deadline=None)
-@given(group_id=st.text(min_size=1, max_size=MAX_NAME_LENGTH),
-       member_id=st.text(min_size=1, max_size=MAX_NAME_LENGTH),
+@given(group_id=st.text(_ID_TEXT, min_size=1, max_size=MAX_NAME_LENGTH),
+       member_id=st.text(_ID_TEXT, min_size=1, max_size=MAX_NAME_LENGTH),
        generation_id=st.integers(-1, MAX_GENERATION_ID),
-       instance_id=st.one_of(st.none(), st.text(min_size=1, max_size=MAX_NAME_LENGTH)),
+       instance_id=st.one_of(st.none(), st.text(_ID_TEXT, min_size=1, max_size=MAX_NAME_LENGTH)),
        wait_ms=st.one_of(st.none(), st.integers(0, MAX_HEARTBEAT_WAIT_MS)))
 def test_well_formed_heartbeats_are_read_as_sent(group_id: str, member_id: str,
                                                  generation_id: int, instance_id: str | None,

@@ -99,7 +99,7 @@ class Harness:
 
     def join(self, member_id: str = "", group: str = "g", instance: str | None = None
              ) -> asyncio.Task[Answer]:
-        req = JoinRequest(group_id=group, member_id=member_id, protocol_type="resources",
+        req = JoinRequest(group_id=group, member_id=member_id, protocol_type="test",
                           protocols=(("range", b"meta"),), session_timeout_ms=SESSION_MS,
                           rebalance_timeout_ms=SESSION_MS, group_instance_id=instance,
                           client_id="test")

@@ -42,28 +42,69 @@ async def parked_limit(tmp_path: Path) -> AsyncIterator[Harness]:
     await h.storage.inner.close()
 
 
-async def test_at_the_parked_limit_joins_and_syncs_are_refused_and_heartbeats_answered_at_once(
-        parked_limit: Harness) -> None:
+async def test_one_member_parks_at_most_one_heartbeat(parked_limit: Harness) -> None:
+    """Issue 11, item 11b: one member's long-polls used to fill the limit alone."""
     h = parked_limit
     member, generation = await h.stable_member("A")
-    # Two long-polls fill the limit.
-    polls = [h.heartbeat(member, generation, group="A", wait_ms=5_000) for _ in range(2)]
+    polls = [h.heartbeat(member, generation, group="A", wait_ms=5_000) for _ in range(3)]
     await settle()
-    assert not any(p.done() for p in polls)
+    # Each newer long-poll supersedes the older one, which is answered at once,
+    # without error (the member is fine); only the newest stays parked.
+    assert [p.done() for p in polls] == [True, True, False]
+    assert [p.result().error for p in polls[:2]] == [None, None]
+    assert h.runtime.core.parked_request_count() == 1
+    assert refused(h, "max_parked_requests") == 0
+    h.clock.advance(SESSION_MS // 2)
+    assert (await asyncio.wait_for(polls[2], 5)).error is None
+
+
+async def test_at_the_parked_limit_a_join_takes_the_place_of_a_long_poll(
+        parked_limit: Harness) -> None:
+    """Issue 11, item 11b: long-polls filling --max-parked-requests no longer make
+    every other group's joins fail; a heartbeat at the limit is answered at once."""
+    h = parked_limit
+    a, gen_a = await h.stable_member("A")
+    c, gen_c = await h.stable_member("C")
+    b, gen_b = await h.stable_member("B")
+    poll_a = h.heartbeat(a, gen_a, group="A", wait_ms=5_000)
+    poll_c = h.heartbeat(c, gen_c, group="C", wait_ms=5_000)
+    await settle()
     assert h.runtime.core.parked_request_count() == 2
-    # A third long-poll is answered at once: the core got it as a plain
-    # heartbeat (wait_ms 0), which renews the session as any heartbeat does.
-    beat = await asyncio.wait_for(h.heartbeat(member, generation, group="A", wait_ms=5_000), 5)
+    # A third long-poll (another member) is answered at once: the core got it as a
+    # plain heartbeat (wait_ms 0), which renews the session as any heartbeat does.
+    beat = await asyncio.wait_for(h.heartbeat(b, gen_b, group="B", wait_ms=5_000), 5)
     assert isinstance(beat, HeartbeatResponse) and beat.error is None
     last = h.core.commands[-1]
     assert isinstance(last, Heartbeat) and last.request.wait_ms == 0
-    assert h.runtime.core.parked_request_count() == 2
-    h.clock.advance(SESSION_MS // 2 - 1)
+    # A join of another group takes the place of the oldest long-poll (A's),
+    # which is answered now, without error.
+    joined = await asyncio.wait_for(h.join(group="D"), 5)
+    assert isinstance(joined, JoinResponse) and joined.error is ErrorCode.MEMBER_ID_REQUIRED
+    assert poll_a.done() and poll_a.result().error is None
+    assert not poll_c.done()
+    assert refused(h, "max_parked_requests") == 0
+    poll_c.cancel()
     await settle()
+
+
+async def test_when_joins_and_syncs_fill_the_limit_further_ones_are_refused(
+        parked_limit: Harness) -> None:
+    h = parked_limit
+    member, generation = await h.stable_member("A")
+    # A new member of B and one of E park their joins: each waits for the
+    # group's current member to rejoin.
+    parked = []
+    for group in ("B", "E"):
+        await h.stable_member(group)
+        newcomer = await asyncio.wait_for(h.join(group=group), 5)
+        parked.append(h.join(newcomer.member_id, group=group))
+    await settle()
+    assert not any(p.done() for p in parked)
+    assert h.runtime.core.parked_request_count() == 2
     commands_before = len(h.core.commands)
     # A join (for a new group, or the member's own) and a sync are refused
     # before they reach the core: nothing is created or changed.
-    joined = await asyncio.wait_for(h.join(group="B"), 5)
+    joined = await asyncio.wait_for(h.join(group="C"), 5)
     assert isinstance(joined, JoinResponse)
     assert joined.error is ErrorCode.COORDINATOR_NOT_AVAILABLE
     rejoined = await asyncio.wait_for(h.join(member, group="A"), 5)
@@ -71,15 +112,15 @@ async def test_at_the_parked_limit_joins_and_syncs_are_refused_and_heartbeats_an
     synced = await asyncio.wait_for(h.sync(member, generation, group="A"), 5)
     assert synced.error is ErrorCode.COORDINATOR_NOT_AVAILABLE
     assert not any(isinstance(c, (Join, Sync)) for c in h.core.commands[commands_before:])
-    assert h.runtime.core.describe_group("B") is None
+    assert h.runtime.core.describe_group("C") is None
     assert h.runtime.core.describe_group("A").state == "Stable"
     assert refused(h, "max_parked_requests") == 3
-    # The long-polls end (held at most half the session): joins are served again.
-    h.clock.advance(1)
-    answers = await asyncio.wait_for(asyncio.gather(*polls), 5)
-    assert [a.error for a in answers] == [None, None]
+    # The parked joins end (their callers go away): joins are served again.
+    for p in parked:
+        p.cancel()
+    await settle()
     assert h.runtime.core.parked_request_count() == 0
-    joined = await asyncio.wait_for(h.join(group="B"), 5)
+    joined = await asyncio.wait_for(h.join(group="C"), 5)
     assert joined.error is ErrorCode.MEMBER_ID_REQUIRED
     assert (await h.heartbeat(member, generation, group="A")).error is None
 

@@ -150,3 +150,45 @@ def test_server_refuses_a_bad_tokens_file_or_certificate(start_server: StartServ
         start_server(auth_tokens=bad)
     with pytest.raises(RuntimeError, match="does not exist"):
         start_server(tls_cert=tmp_path / "missing.pem")
+
+
+async def test_a_static_instance_belongs_to_the_token_that_created_it(
+        start_server: StartServer, tmp_path: Path) -> None:
+    """Issue 11, item 10: app-b shares app-a's grant but cannot take over or remove
+    app-a's static instance, before or after a restart; app-a still can."""
+    db = tmp_path / "static.db"
+    tokens = _tokens_file(tmp_path)
+    server = start_server(db, auth_tokens=tokens)
+    join = {"group_id": "orders-static", "member_id": "", "group_instance_id": "worker-1",
+            "protocol_type": "resources", "protocols": [["range", b""]],
+            "session_timeout_ms": 60_000, "rebalance_timeout_ms": 1_000}
+    async with aiohttp.ClientSession() as session:
+        status, owner = await _post(session, f"{server.url}/v1/join", join, APP_A)
+        assert status == 200 and owner["error"] is None, owner
+        member_id = owner["member_id"]
+        sync = {"group_id": "orders-static", "member_id": member_id,
+                "generation_id": owner["generation_id"], "group_instance_id": "worker-1",
+                "assignments": [{"member_id": member_id, "assignment": b"mine"}]}
+        status, body = await _post(session, f"{server.url}/v1/sync", sync, APP_A)
+        assert status == 200 and body["error"] is None and body["assignment"] == b"mine"
+
+        async def attempts() -> None:
+            status, body = await _post(session, f"{server.url}/v1/join", join, APP_B)
+            assert (status, body["error"]) == (200, "FENCED_INSTANCE_ID"), body
+            leave = LeaveRequest("orders-static", (LeaveMember("", "worker-1"),)).to_wire()
+            status, body = await _post(session, f"{server.url}/v1/leave", leave, APP_B)
+            assert status == 200 and body["members"][0]["error"] == "FENCED_INSTANCE_ID"
+            # The owner's member is untouched: same id, same generation.
+            beat = HeartbeatRequest("orders-static", member_id, owner["generation_id"],
+                                    "worker-1").to_wire()
+            status, body = await _post(session, f"{server.url}/v1/heartbeat", beat, APP_A)
+            assert (status, body["error"]) == (200, None), body
+
+        await attempts()
+        assert server.terminate() == 0
+        server = start_server(db, auth_tokens=tokens)
+        await attempts()
+        # The owning token restarts its instance as KIP-345 allows: same assignment.
+        status, body = await _post(session, f"{server.url}/v1/join", join, APP_A)
+        assert status == 200 and body["error"] is None and body["member_id"] != member_id
+    assert server.terminate() == 0

@@ -149,6 +149,9 @@ class Harness:
     async def form_stable_group(self) -> None:
         """Two members, a generation, an assignment, and a checkpoint."""
         meta = MemberMetadata(sets=("orders",)).encode()
+        # A "resources" group commits only resources of the catalog.
+        async with self.tc.put("/v1/resources/orders", json={"partitions": 2}) as resp:
+            assert resp.status == 200
 
         def join(member_id: str) -> dict[str, Any]:
             return JoinRequest(STABLE, member_id, "resources", (("range", meta),),

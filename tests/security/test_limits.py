@@ -170,8 +170,10 @@ async def test_max_groups_refuses_a_join_that_would_create_a_group(limited: Clie
     assert (status, body["error"]) == (200, "MEMBER_ID_REQUIRED")
 
 
-async def test_max_parked_requests_answers_long_polls_at_once_and_refuses_joins(
+async def test_long_polls_of_one_member_never_starve_other_groups_joins(
         limited: Client) -> None:
+    """Issue 11, item 11b: one member's long-polls used to fill --max-parked-requests
+    and every other group's joins were refused."""
     member = await _new_id(limited)
     status, joined = await _call(limited, "join", _join(member))
     assert joined["error"] is None
@@ -180,19 +182,125 @@ async def test_max_parked_requests_answers_long_polls_at_once_and_refuses_joins(
         "g", member, generation, ()).to_wire())
     assert synced["error"] is None
     poll = HeartbeatRequest("g", member, generation, wait_ms=4_000).to_wire()
-    polls = [asyncio.ensure_future(_call(limited, "heartbeat", poll)) for _ in range(2)]
+    polls = []
     try:
-        await asyncio.sleep(0.2)
-        assert not any(p.done() for p in polls)
-        # A third long-poll is answered at once (as if wait_ms were 0)...
-        status, body = await asyncio.wait_for(_call(limited, "heartbeat", poll), 2)
-        assert (status, body["error"]) == (200, None)
-        # ...and a join is refused, creating nothing.
+        for _ in range(3):
+            polls.append(asyncio.ensure_future(_call(limited, "heartbeat", poll)))
+            await asyncio.sleep(0.1)
+        # Each newer long-poll of the member supersedes its parked one, which is
+        # answered at once without error: one stays parked, below the limit of 2.
+        assert [p.done() for p in polls] == [True, True, False]
+        assert [p.result() for p in polls[:2]] == [(200, {"error": None,
+                                                          "resources_epoch": 0})] * 2
+        # Another group's joins are served.
         status, body = await _call(limited, "join", _join(group_id="other"))
-        assert (status, body["error"]) == (200, "COORDINATOR_NOT_AVAILABLE")
-        assert [g["group_id"] for g in await _groups(limited)] == ["g"]
-        assert await _refused(limited, "max_parked_requests") == "1.0"
+        assert (status, body["error"]) == (200, "MEMBER_ID_REQUIRED")
+        assert await _refused(limited, "max_parked_requests") == "0"
     finally:
         for p in polls:
             p.cancel()
         await asyncio.gather(*polls, return_exceptions=True)
+
+
+# ---------------------------------------------------------------- checkpoints (issue 11, item 9)
+
+
+@pytest.fixture
+async def capped(tmp_path: Path) -> AsyncIterator[Client]:
+    """A server with small checkpoint caps: 20 per group, 8-byte values."""
+    from coordinator.core import GroupCoordinator
+    from coordinator.core.config import CoreConfig
+    from coordinator.http.app import build_app
+    from coordinator.metrics import Metrics
+    from coordinator.runtime.clock import WallClock
+    from coordinator.runtime.runtime import Runtime
+    from coordinator.storage.sqlite import Storage
+
+    storage = await Storage.open(tmp_path / "capped.db")
+    metrics = Metrics()
+    runtime = Runtime(GroupCoordinator(CoreConfig(min_session_timeout_ms=100,
+                                                  initial_rebalance_delay_ms=0,
+                                                  max_checkpoints_per_group=20,
+                                                  max_checkpoint_value_bytes=8)),
+                      storage, WallClock(), metrics)
+    await runtime.start()
+    app = build_app(runtime, metrics, max_body_bytes=1024 * 1024)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as tc:
+        yield tc
+    await runtime.stop()
+    await storage.close()
+
+
+def _commit(group: str, checkpoints: list[list[Any]], member: str = "tool",
+            generation: int = -1) -> dict[str, Any]:
+    return {"group_id": group, "member_id": member, "generation_id": generation,
+            "checkpoints": checkpoints}
+
+
+async def _fetched(client: Client, group: str) -> list[Any]:
+    status, body = await _call(client, "fetch", {"group_id": group, "resources": None})
+    assert status == 200, body
+    found: list[Any] = body["checkpoints"]
+    return found
+
+
+async def test_a_commit_outside_the_catalog_is_400_naming_the_field(client: Client) -> None:
+    async with client.put("/v1/resources/orders", json={"partitions": 4}) as resp:
+        assert resp.status == 200
+    member = await _new_id(client)
+    status, joined = await _call(client, "join", _join(member))
+    assert joined["error"] is None
+    generation = joined["generation_id"]
+    status, synced = await _call(client, "sync", SyncRequest("g", member, generation,
+                                                             ()).to_wire())
+    assert synced["error"] is None
+    for checkpoints, message in (
+            ([["orders", 0, 1], ["junk-set", 0, 1]],
+             "checkpoints[1][0]: resource set 'junk-set' is not in the catalog"),
+            ([["orders", 4, 1]],
+             "checkpoints[0][1]: index 4 is beyond resource set 'orders' (4 partitions: 0..3)")):
+        status, body = await _call(client, "commit", _commit("g", checkpoints, member, generation))
+        assert (status, body) == (400, {"error": "INVALID_REQUEST", "message": message})
+    assert await _fetched(client, "g") == []
+    status, body = await _call(client, "commit", _commit("g", [["orders", 3, 1]], member,
+                                                         generation))
+    assert (status, body["error"]) == (200, None)
+
+
+async def test_a_value_over_the_limit_is_400_and_a_cap_refuses_the_commit_whole(
+        capped: Client) -> None:
+    status, body = await _call(capped, "commit", _commit("junk", [["s", 0, "x" * 9]]))
+    assert status == 400 and body["error"] == "INVALID_REQUEST"
+    assert body["message"].startswith("checkpoints[0][2]: a value of 9 bytes is over")
+    assert await _groups(capped) == []
+    status, body = await _call(capped, "commit",
+                               _commit("junk", [["s", i, i] for i in range(15)]))
+    assert (status, body["error"]) == (200, None)
+    status, body = await _call(capped, "commit",
+                               _commit("junk", [["s", i, i] for i in range(15, 21)]))
+    assert status == 200 and body["error"] == "CHECKPOINT_LIMIT_REACHED"
+    assert "--max-checkpoints-per-group (20)" in body["message"]
+    assert len(await _fetched(capped, "junk")) == 15
+
+
+async def test_a_big_group_is_read_in_pages(client: Client) -> None:
+    page_size = 1000  # protocol.limits.MAX_FETCH_CHECKPOINTS, part of the wire contract
+    total = page_size + 200
+    for start in range(0, total, 200):
+        status, body = await _call(client, "commit", _commit(
+            "big", [["s", i, i] for i in range(start, min(start + 200, total))]))
+        assert (status, body["error"]) == (200, None)
+    # A v1 fetch of everything would not fit one answer: refused, naming paging.
+    status, body = await _call(client, "fetch", {"group_id": "big", "resources": None})
+    assert status == 400 and "after" in body["message"]
+    pages: list[Any] = []
+    after: list[Any] = []
+    while True:
+        status, body = await _call(client, "fetch", {"group_id": "big", "after": after})
+        assert status == 200 and body["error"] is None
+        pages.append(body["checkpoints"])
+        if body["next"] is None:
+            break
+        after = body["next"]
+    assert [len(p) for p in pages] == [page_size, 200]
+    assert [c for p in pages for c in p] == sorted([["s", i, i] for i in range(total)])

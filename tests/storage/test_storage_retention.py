@@ -12,6 +12,7 @@ from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.records import (
     CheckpointsWritten,
     GroupDeleted,
+    GroupOwner,
     GroupRecord,
     MemberRecord,
     Record,
@@ -64,7 +65,8 @@ async def test_last_commit_times_round_trip_like_fold(tmp_path: Path) -> None:
 
 
 async def test_a_version_1_database_is_migrated_to_version_2(tmp_path: Path) -> None:
-    assert SCHEMA_VERSION == 2
+    # (and on to the latest version: later migrations only add tables)
+    assert SCHEMA_VERSION >= 2
     path = tmp_path / "v1.db"
     con = sqlite3.connect(path)
     con.executescript(MIGRATIONS[0])
@@ -78,7 +80,7 @@ async def test_a_version_1_database_is_migrated_to_version_2(tmp_path: Path) -> 
 
     storage = await Storage.open(path)
     try:
-        assert await storage.schema_version() == 2
+        assert await storage.schema_version() == SCHEMA_VERSION
         snapshot = await storage.load()
         assert snapshot.checkpoints == {"old": {("s", 0): 11}, "simple": {("s", 0): 12}}
         assert [(g.group_id, g.state_timestamp_ms) for g in snapshot.groups] == [("old", T0)]
@@ -89,7 +91,7 @@ async def test_a_version_1_database_is_migrated_to_version_2(tmp_path: Path) -> 
     finally:
         await storage.close()
     con = sqlite3.connect(path)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     con.close()
 
     # The restored core: 'old' counts from its Empty time, 'simple' from its commit.
@@ -133,3 +135,25 @@ async def test_a_restarted_server_deletes_an_expired_group_from_disk(tmp_path: P
     finally:
         await runtime.stop()
         await storage.close()
+
+
+async def test_group_owners_and_static_instance_owners_round_trip_like_fold(
+        tmp_path: Path) -> None:
+    """Issue 11: who created a group (--max-groups-per-token) and which token owns a
+    static instance are on disk, and go with the group."""
+    static = MemberRecord("s", "i1", "c", "h", 10_000, 30_000, (("range", b""),), b"a",
+                          owner="alice")
+    dynamic = MemberRecord("d", None, "c", "h", 10_000, 30_000, (("range", b""),), b"b")
+    records: list[Record] = [
+        GroupOwner("team", "alice"),
+        GroupRecord("team", "Stable", 1, "resources", "range", "s", (static, dynamic), T0),
+        GroupOwner("simple", "bob"),
+        CheckpointsWritten("simple", (("s", 0, 1),), T0),
+        GroupOwner("gone", "bob"),
+        CheckpointsWritten("gone", (("s", 0, 1),), T0),
+        GroupDeleted("gone"),
+    ]
+    loaded = await _written(tmp_path / "g.db", records)
+    assert loaded.owners == {"team": "alice", "simple": "bob"}
+    assert [m.owner for m in loaded.groups[0].members] == ["alice", None]
+    assert loaded == fold(records)
