@@ -27,13 +27,14 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from coordinator import auth
+from coordinator import auth, history
 from coordinator.core.commands import (
     DeleteGroup,
     DeleteResource,
     PutResource,
 )
 from coordinator.core.effects import AdminResult
+from coordinator.core.states import GroupState
 from coordinator.core.views import GroupView, MemberView
 from coordinator.http import calls as calls_module
 from coordinator.http.calls import SERVER_FAILED, Calls
@@ -189,12 +190,54 @@ async def list_groups(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME_KEY]
     if (busy := _not_ready(runtime)) is not None:
         return busy
+    states = _states_query(request)
     groups = [{"group_id": g.group_id, "state": g.state, "protocol_type": g.protocol_type,
                "protocol_name": g.protocol_name, "generation_id": g.generation_id,
                "member_count": g.member_count}
               for g in runtime.core.list_groups()
-              if auth.authorize(auth.token_of(request), g.group_id)]
+              if (states is None or g.state in states)
+              and auth.authorize(auth.token_of(request), g.group_id)]
     return web.json_response({"groups": groups})
+
+
+_STATE_NAMES = {state.value.lower(): state.value for state in GroupState}
+
+
+def _states_query(request: web.Request) -> frozenset[str] | None:
+    """``?state=Stable,Empty`` (any case; repeated or comma-separated), else ``None``."""
+    given = [s.strip() for value in request.query.getall("state", []) for s in value.split(",")]
+    given = [s for s in given if s]
+    if not given:
+        return None
+    unknown = [s for s in given if s.lower() not in _STATE_NAMES]
+    if unknown:
+        raise Refused(400, f"state: unknown state {unknown[0]!r}; expected one of "
+                           f"{', '.join(sorted(_STATE_NAMES.values()))}")
+    return frozenset(_STATE_NAMES[s.lower()] for s in given)
+
+
+#: most rebalances one history call answers.
+MAX_HISTORY = 1000
+
+
+async def group_rebalances(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/groups/{group_id}/rebalances?limit=N``: newest first, from the journal."""
+    runtime = request.app[RUNTIME_KEY]
+    if (busy := _not_ready(runtime)) is not None:
+        return busy
+    group_id = _path_name(request, "group_id")
+    try:
+        limit = int(request.query.get("limit", "20"))
+    except ValueError:
+        raise Refused(400, f"limit: expected an integer, got "
+                           f"{request.query.get('limit')!r}") from None
+    if not 1 <= limit <= MAX_HISTORY:
+        raise Refused(400, f"limit: must be between 1 and {MAX_HISTORY}, got {limit}")
+    rows = await runtime.storage.rebalances(group_id, limit + 1)
+    if not rows and runtime.core.describe_group(group_id) is None:
+        return json_error(404, ErrorCode.UNKNOWN_GROUP.value)
+    return web.json_response({"group_id": group_id,
+                              "rebalances": history.summarize(rows, limit)})
 
 
 async def describe_group(request: web.Request) -> web.StreamResponse:
@@ -314,6 +357,9 @@ def build_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
     for api in PROTOCOL_APIS:
         app.router.add_post(f"/v1/{api}", protocol_handler(api, calls))
     app.router.add_get("/v1/groups", guarded(list_groups))
+    # A group id is one path segment ("/" in it as %2F); aiohttp matches the
+    # encoded path, so the sub-resources below are never mistaken for a group.
+    app.router.add_get("/v1/groups/{group_id}/rebalances", guarded(group_rebalances))
     app.router.add_get("/v1/groups/{group_id:.+}", guarded(describe_group))
     app.router.add_delete("/v1/groups/{group_id:.+}", guarded(delete_group))
     app.router.add_get("/v1/resources", guarded(list_resources))

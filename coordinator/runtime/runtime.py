@@ -46,7 +46,7 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from coordinator.core.commands import (
     Cancelled,
@@ -135,6 +135,8 @@ class Store(Protocol):
     async def load(self) -> Snapshot: ...
 
     async def write(self, records: Sequence[Record]) -> float: ...
+
+    async def rebalances(self, group_id: str, limit: int) -> list[dict[str, Any]]: ...
 
 
 def error_answer(command: Command, code: ErrorCode) -> Answer:
