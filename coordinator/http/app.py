@@ -32,6 +32,8 @@ from coordinator.core.commands import (
     DeleteGroup,
     DeleteResource,
     PutResource,
+    RemoveMember,
+    ResetCheckpoints,
 )
 from coordinator.core.effects import AdminResult
 from coordinator.core.states import GroupState
@@ -46,7 +48,14 @@ from protocol.errors import ErrorCode
 from protocol.limits import DEFAULT_MAX_METADATA_BYTES, MAX_PARTITIONS
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import ResourceAssignment
-from protocol.validate import Fields, ValidationError, check_string
+from protocol.validate import (
+    Fields,
+    Scalar,
+    ValidationError,
+    check_int,
+    check_scalar,
+    check_string,
+)
 
 log = logging.getLogger("groupcoord.http")
 
@@ -259,6 +268,134 @@ async def delete_group(request: web.Request) -> web.StreamResponse:
     return _admin_answer(result, lambda _: web.Response(status=204), "UNKNOWN_GROUP")
 
 
+def checkpoint_json(resource_set: str, index: int, value: Scalar) -> dict[str, Any]:
+    """One checkpoint as the admin API shows it: bytes as base64 with ``encoding``."""
+    if isinstance(value, bytes):
+        return {"set": resource_set, "index": index,
+                "value": base64.b64encode(value).decode("ascii"), "encoding": "base64"}
+    return {"set": resource_set, "index": index, "value": value}
+
+
+async def group_checkpoints(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/groups/{group_id}/checkpoints``, sorted by resource."""
+    runtime = request.app[RUNTIME_KEY]
+    if (busy := _not_ready(runtime)) is not None:
+        return busy
+    group_id = _path_name(request, "group_id")
+    if runtime.core.describe_group(group_id) is None:
+        return json_error(404, ErrorCode.UNKNOWN_GROUP.value)
+    return web.json_response({"group_id": group_id, "checkpoints": [
+        checkpoint_json(s, i, v)
+        for (s, i), v in sorted(runtime.core.checkpoints(group_id).items())]})
+
+
+async def _json_object(request: web.Request, what: str) -> dict[str, Any]:
+    body = await read_body(request, frozenset({"application/json"}))
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Refused(400, f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # json.loads recurses once per nesting level: a deep body is bad input, not a bug.
+        raise Refused(400, "body nests too deeply") from None
+    if not isinstance(doc, dict):
+        raise Refused(400, f"body: expected an object {what}")
+    return doc
+
+
+def _resource(item: object, field: str) -> tuple[str, int]:
+    if not isinstance(item, list) or len(item) != 2:
+        raise ValidationError(field, "expected [set, index]")
+    name = check_string(item[0], f"{field}[0]")
+    assert name is not None
+    return name, check_int(item[1], f"{field}[1]", lo=0, hi=MAX_PARTITIONS - 1)
+
+
+def _json_scalar(value: object, field: str, encoding: object = None) -> Scalar:
+    if encoding is not None:
+        if encoding != "base64":
+            raise ValidationError(field, f"unknown encoding {encoding!r} (only \"base64\")")
+        if not isinstance(value, str):
+            raise ValidationError(field, "a base64 value must be a string")
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:
+            raise ValidationError(field, "not valid base64") from None
+    if isinstance(value, dict | list):
+        raise ValidationError(field, "expected a scalar (number, string, true/false, null)")
+    return check_scalar(value, field)
+
+
+def parse_reset(group_id: str, doc: dict[str, Any], request_id: int) -> ResetCheckpoints:
+    """The body of ``POST .../checkpoints/reset`` (PROTOCOL.md, "Admin additions")."""
+    dry_run = doc.get("dry_run", True)
+    if not isinstance(dry_run, bool):
+        raise ValidationError("dry_run", "expected true or false")
+    resources = None
+    if doc.get("resources") is not None:
+        items = doc["resources"]
+        if not isinstance(items, list):
+            raise ValidationError("resources", "expected a list of [set, index]")
+        resources = tuple(_resource(item, f"resources[{n}]") for n, item in enumerate(items))
+    ways = [w for w in ("to_value", "shift_by", "delete", "values") if w in doc]
+    if len(ways) != 1:
+        raise ValidationError("body", "give exactly one of to_value, shift_by, delete, values"
+                              + (f" (got {', '.join(ways)})" if ways else ""))
+    way = ways[0]
+    if way == "to_value":
+        return ResetCheckpoints(request_id, group_id, dry_run, resources, has_value=True,
+                                to_value=_json_scalar(doc["to_value"], "to_value",
+                                                      doc.get("encoding")))
+    if way == "shift_by":
+        shift = check_int(doc["shift_by"], "shift_by", lo=-(2**63), hi=2**63 - 1)
+        return ResetCheckpoints(request_id, group_id, dry_run, resources, shift_by=shift)
+    if way == "delete":
+        if doc["delete"] is not True:
+            raise ValidationError("delete", "expected true")
+        return ResetCheckpoints(request_id, group_id, dry_run, resources, delete=True)
+    items = doc["values"]
+    if not isinstance(items, list):
+        raise ValidationError("values", "expected a list of [set, index, value]")
+    values = []
+    for n, item in enumerate(items):
+        field = f"values[{n}]"
+        if not isinstance(item, list) or len(item) not in (3, 4):
+            raise ValidationError(field, 'expected [set, index, value] or '
+                                         '[set, index, value, "base64"]')
+        name, index = _resource(item[:2], field)
+        value = _json_scalar(item[2], f"{field}[2]", item[3] if len(item) == 4 else None)
+        if value is None:
+            raise ValidationError(f"{field}[2]", "null: use delete to remove checkpoints")
+        values.append((name, index, value))
+    return ResetCheckpoints(request_id, group_id, dry_run, resources, values=tuple(values))
+
+
+async def reset_checkpoints(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/groups/{group_id}/checkpoints/reset``: a dry run unless ``dry_run: false``."""
+    group_id = _path_name(request, "group_id")
+    doc = await _json_object(request, '{"dry_run": ..., "to_value" | "shift_by" | "delete" | '
+                                      '"values": ...}')
+    try:
+        parse_reset(group_id, doc, 0)  # bad input is refused before anything is submitted
+    except ValidationError as exc:
+        raise Refused(400, str(exc)) from None
+    result = await request.app[RUNTIME_KEY].call(lambda rid: parse_reset(group_id, doc, rid))
+    return _admin_answer(result, lambda r: web.json_response({
+        "group_id": group_id, "dry_run": doc.get("dry_run", True),
+        "before": [checkpoint_json(*c) for c in r.before],
+        "after": [checkpoint_json(*c) for c in r.after]}), "UNKNOWN_GROUP")
+
+
+async def remove_member(request: web.Request) -> web.StreamResponse:
+    """``DELETE /v1/groups/{group_id}/members/{member_id}`` (Kafka's ``--remove-members``)."""
+    group_id = _path_name(request, "group_id")
+    member_id = _path_name(request, "member_id")
+    result = await request.app[RUNTIME_KEY].call(
+        lambda rid: RemoveMember(rid, group_id, member_id))
+    return _admin_answer(result, lambda _: web.json_response(
+        {"group_id": group_id, "removed": member_id}), "UNKNOWN_MEMBER_ID")
+
+
 async def list_resources(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME_KEY]
     if (busy := _not_ready(runtime)) is not None:
@@ -360,6 +497,9 @@ def build_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
     # A group id is one path segment ("/" in it as %2F); aiohttp matches the
     # encoded path, so the sub-resources below are never mistaken for a group.
     app.router.add_get("/v1/groups/{group_id}/rebalances", guarded(group_rebalances))
+    app.router.add_get("/v1/groups/{group_id}/checkpoints", guarded(group_checkpoints))
+    app.router.add_post("/v1/groups/{group_id}/checkpoints/reset", guarded(reset_checkpoints))
+    app.router.add_delete("/v1/groups/{group_id}/members/{member_id}", guarded(remove_member))
     app.router.add_get("/v1/groups/{group_id:.+}", guarded(describe_group))
     app.router.add_delete("/v1/groups/{group_id:.+}", guarded(delete_group))
     app.router.add_get("/v1/resources", guarded(list_resources))

@@ -59,6 +59,8 @@ from coordinator.core.commands import (
     Join,
     Leave,
     PutResource,
+    RemoveMember,
+    ResetCheckpoints,
     Sync,
     TimerFired,
 )
@@ -96,6 +98,7 @@ from protocol.messages import (
     Response,
     SyncResponse,
 )
+from protocol.validate import Scalar
 
 log = logging.getLogger("groupcoord.runtime")
 
@@ -122,6 +125,8 @@ class Core(Protocol):
     def describe_group(self, group_id: str) -> GroupView | None: ...
 
     def catalog(self) -> Mapping[str, int]: ...
+
+    def checkpoints(self, group_id: str) -> Mapping[tuple[str, int], Scalar]: ...
 
     @property
     def resources_epoch(self) -> int: ...
@@ -154,7 +159,8 @@ def error_answer(command: Command, code: ErrorCode) -> Answer:
             return CommitResponse(code)
         case Fetch():
             return FetchResponse(code)
-        case DeleteGroup() | PutResource() | DeleteResource():
+        case DeleteGroup() | PutResource() | DeleteResource() | RemoveMember() \
+                | ResetCheckpoints():
             return AdminResult(code)
     raise TypeError(f"{type(command).__name__} has no answer")
 
@@ -165,7 +171,8 @@ def command_group(command: Command) -> str | None:
         case Join(request=r) | Heartbeat(request=r) | Sync(request=r) | Leave(request=r) \
                 | Commit(request=r) | Fetch(request=r):
             return r.group_id
-        case DeleteGroup(group_id=group_id):
+        case DeleteGroup(group_id=group_id) | RemoveMember(group_id=group_id) \
+                | ResetCheckpoints(group_id=group_id):
             return group_id
     return None
 
