@@ -18,7 +18,6 @@ names were minted for it (else ``UNKNOWN_MEMBER_ID``, as for any unknown id).
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import time
@@ -27,17 +26,15 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from coordinator import auth, history
+from coordinator import admin_views, auth
 from coordinator.core.commands import (
     DeleteGroup,
     DeleteResource,
     PutResource,
     RemoveMember,
-    ResetCheckpoints,
 )
 from coordinator.core.effects import AdminResult
 from coordinator.core.states import GroupState
-from coordinator.core.views import GroupView, MemberView
 from coordinator.http import calls as calls_module
 from coordinator.http.calls import SERVER_FAILED, Calls
 from coordinator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -46,14 +43,9 @@ from coordinator.runtime.runtime import Answer, Runtime
 from protocol import codec
 from protocol.errors import ErrorCode
 from protocol.limits import DEFAULT_MAX_METADATA_BYTES, MAX_PARTITIONS
-from protocol.resources import PROTOCOL_TYPE as RESOURCES
-from protocol.resources import ResourceAssignment
 from protocol.validate import (
     Fields,
-    Scalar,
     ValidationError,
-    check_int,
-    check_scalar,
     check_string,
 )
 
@@ -162,24 +154,6 @@ def _path_name(request: web.Request, key: str) -> str:
         raise Refused(400, str(exc)) from None
 
 
-def _assignment_json(protocol_type: str | None, data: bytes) -> Any:
-    """``{set: [indexes]}`` for the "resources" protocol, else base64 (PROTOCOL.md, Admin)."""
-    if protocol_type == RESOURCES:
-        try:
-            return {k: list(v) for k, v in ResourceAssignment.decode(data).assigned.items()}
-        except ValidationError:
-            pass  # a leader sent bytes that are not a resources map: show them raw
-    return base64.b64encode(data).decode("ascii")
-
-
-def _member_json(view: GroupView, m: MemberView) -> dict[str, Any]:
-    return {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
-            "client_id": m.client_id, "client_host": m.client_host,
-            "session_timeout_ms": m.session_timeout_ms,
-            "rebalance_timeout_ms": m.rebalance_timeout_ms,
-            "assignment": _assignment_json(view.protocol_type, m.assignment)}
-
-
 def _admin_answer(result: Answer, ok: Callable[[AdminResult], web.StreamResponse],
                   not_found: str) -> web.StreamResponse:
     assert isinstance(result, AdminResult)
@@ -200,13 +174,8 @@ async def list_groups(request: web.Request) -> web.StreamResponse:
     if (busy := _not_ready(runtime)) is not None:
         return busy
     states = _states_query(request)
-    groups = [{"group_id": g.group_id, "state": g.state, "protocol_type": g.protocol_type,
-               "protocol_name": g.protocol_name, "generation_id": g.generation_id,
-               "member_count": g.member_count}
-              for g in runtime.core.list_groups()
-              if (states is None or g.state in states)
-              and auth.authorize(auth.token_of(request), g.group_id)]
-    return web.json_response({"groups": groups})
+    return web.json_response(
+        {"groups": admin_views.group_rows(runtime, auth.token_of(request), states)})
 
 
 _STATE_NAMES = {state.value.lower(): state.value for state in GroupState}
@@ -225,10 +194,6 @@ def _states_query(request: web.Request) -> frozenset[str] | None:
     return frozenset(_STATE_NAMES[s.lower()] for s in given)
 
 
-#: most rebalances one history call answers.
-MAX_HISTORY = 1000
-
-
 async def group_rebalances(request: web.Request) -> web.StreamResponse:
     """``GET /v1/groups/{group_id}/rebalances?limit=N``: newest first, from the journal."""
     runtime = request.app[RUNTIME_KEY]
@@ -236,17 +201,13 @@ async def group_rebalances(request: web.Request) -> web.StreamResponse:
         return busy
     group_id = _path_name(request, "group_id")
     try:
-        limit = int(request.query.get("limit", "20"))
-    except ValueError:
-        raise Refused(400, f"limit: expected an integer, got "
-                           f"{request.query.get('limit')!r}") from None
-    if not 1 <= limit <= MAX_HISTORY:
-        raise Refused(400, f"limit: must be between 1 and {MAX_HISTORY}, got {limit}")
-    rows = await runtime.storage.rebalances(group_id, limit + 1)
-    if not rows and runtime.core.describe_group(group_id) is None:
+        limit = admin_views.check_history_limit(request.query.get("limit", "20"))
+    except ValidationError as exc:
+        raise Refused(400, str(exc)) from None
+    rebalances = await admin_views.rebalance_history(runtime, group_id, limit)
+    if rebalances is None:
         return json_error(404, ErrorCode.UNKNOWN_GROUP.value)
-    return web.json_response({"group_id": group_id,
-                              "rebalances": history.summarize(rows, limit)})
+    return web.json_response({"group_id": group_id, "rebalances": rebalances})
 
 
 async def describe_group(request: web.Request) -> web.StreamResponse:
@@ -256,24 +217,13 @@ async def describe_group(request: web.Request) -> web.StreamResponse:
     view = runtime.core.describe_group(_path_name(request, "group_id"))
     if view is None:
         return json_error(404, ErrorCode.UNKNOWN_GROUP.value)
-    return web.json_response({
-        "group_id": view.group_id, "state": view.state, "protocol_type": view.protocol_type,
-        "protocol_name": view.protocol_name, "generation_id": view.generation_id,
-        "leader": view.leader, "members": [_member_json(view, m) for m in view.members]})
+    return web.json_response(admin_views.group_doc(view))
 
 
 async def delete_group(request: web.Request) -> web.StreamResponse:
     group_id = _path_name(request, "group_id")
     result = await request.app[RUNTIME_KEY].call(lambda rid: DeleteGroup(rid, group_id))
     return _admin_answer(result, lambda _: web.Response(status=204), "UNKNOWN_GROUP")
-
-
-def checkpoint_json(resource_set: str, index: int, value: Scalar) -> dict[str, Any]:
-    """One checkpoint as the admin API shows it: bytes as base64 with ``encoding``."""
-    if isinstance(value, bytes):
-        return {"set": resource_set, "index": index,
-                "value": base64.b64encode(value).decode("ascii"), "encoding": "base64"}
-    return {"set": resource_set, "index": index, "value": value}
 
 
 async def group_checkpoints(request: web.Request) -> web.StreamResponse:
@@ -284,9 +234,8 @@ async def group_checkpoints(request: web.Request) -> web.StreamResponse:
     group_id = _path_name(request, "group_id")
     if runtime.core.describe_group(group_id) is None:
         return json_error(404, ErrorCode.UNKNOWN_GROUP.value)
-    return web.json_response({"group_id": group_id, "checkpoints": [
-        checkpoint_json(s, i, v)
-        for (s, i), v in sorted(runtime.core.checkpoints(group_id).items())]})
+    return web.json_response({"group_id": group_id,
+                              "checkpoints": admin_views.checkpoints_doc(runtime, group_id)})
 
 
 async def _json_object(request: web.Request, what: str) -> dict[str, Any]:
@@ -303,87 +252,18 @@ async def _json_object(request: web.Request, what: str) -> dict[str, Any]:
     return doc
 
 
-def _resource(item: object, field: str) -> tuple[str, int]:
-    if not isinstance(item, list) or len(item) != 2:
-        raise ValidationError(field, "expected [set, index]")
-    name = check_string(item[0], f"{field}[0]")
-    assert name is not None
-    return name, check_int(item[1], f"{field}[1]", lo=0, hi=MAX_PARTITIONS - 1)
-
-
-def _json_scalar(value: object, field: str, encoding: object = None) -> Scalar:
-    if encoding is not None:
-        if encoding != "base64":
-            raise ValidationError(field, f"unknown encoding {encoding!r} (only \"base64\")")
-        if not isinstance(value, str):
-            raise ValidationError(field, "a base64 value must be a string")
-        try:
-            return base64.b64decode(value, validate=True)
-        except ValueError:
-            raise ValidationError(field, "not valid base64") from None
-    if isinstance(value, dict | list):
-        raise ValidationError(field, "expected a scalar (number, string, true/false, null)")
-    return check_scalar(value, field)
-
-
-def parse_reset(group_id: str, doc: dict[str, Any], request_id: int) -> ResetCheckpoints:
-    """The body of ``POST .../checkpoints/reset`` (PROTOCOL.md, "Admin additions")."""
-    dry_run = doc.get("dry_run", True)
-    if not isinstance(dry_run, bool):
-        raise ValidationError("dry_run", "expected true or false")
-    resources = None
-    if doc.get("resources") is not None:
-        items = doc["resources"]
-        if not isinstance(items, list):
-            raise ValidationError("resources", "expected a list of [set, index]")
-        resources = tuple(_resource(item, f"resources[{n}]") for n, item in enumerate(items))
-    ways = [w for w in ("to_value", "shift_by", "delete", "values") if w in doc]
-    if len(ways) != 1:
-        raise ValidationError("body", "give exactly one of to_value, shift_by, delete, values"
-                              + (f" (got {', '.join(ways)})" if ways else ""))
-    way = ways[0]
-    if way == "to_value":
-        return ResetCheckpoints(request_id, group_id, dry_run, resources, has_value=True,
-                                to_value=_json_scalar(doc["to_value"], "to_value",
-                                                      doc.get("encoding")))
-    if way == "shift_by":
-        shift = check_int(doc["shift_by"], "shift_by", lo=-(2**63), hi=2**63 - 1)
-        return ResetCheckpoints(request_id, group_id, dry_run, resources, shift_by=shift)
-    if way == "delete":
-        if doc["delete"] is not True:
-            raise ValidationError("delete", "expected true")
-        return ResetCheckpoints(request_id, group_id, dry_run, resources, delete=True)
-    items = doc["values"]
-    if not isinstance(items, list):
-        raise ValidationError("values", "expected a list of [set, index, value]")
-    values = []
-    for n, item in enumerate(items):
-        field = f"values[{n}]"
-        if not isinstance(item, list) or len(item) not in (3, 4):
-            raise ValidationError(field, 'expected [set, index, value] or '
-                                         '[set, index, value, "base64"]')
-        name, index = _resource(item[:2], field)
-        value = _json_scalar(item[2], f"{field}[2]", item[3] if len(item) == 4 else None)
-        if value is None:
-            raise ValidationError(f"{field}[2]", "null: use delete to remove checkpoints")
-        values.append((name, index, value))
-    return ResetCheckpoints(request_id, group_id, dry_run, resources, values=tuple(values))
-
-
 async def reset_checkpoints(request: web.Request) -> web.StreamResponse:
     """``POST /v1/groups/{group_id}/checkpoints/reset``: a dry run unless ``dry_run: false``."""
     group_id = _path_name(request, "group_id")
     doc = await _json_object(request, '{"dry_run": ..., "to_value" | "shift_by" | "delete" | '
                                       '"values": ...}')
     try:
-        parse_reset(group_id, doc, 0)  # bad input is refused before anything is submitted
+        # bad input is refused before anything is submitted
+        result = await admin_views.reset_checkpoints(request.app[RUNTIME_KEY], group_id, doc)
     except ValidationError as exc:
         raise Refused(400, str(exc)) from None
-    result = await request.app[RUNTIME_KEY].call(lambda rid: parse_reset(group_id, doc, rid))
-    return _admin_answer(result, lambda r: web.json_response({
-        "group_id": group_id, "dry_run": doc.get("dry_run", True),
-        "before": [checkpoint_json(*c) for c in r.before],
-        "after": [checkpoint_json(*c) for c in r.after]}), "UNKNOWN_GROUP")
+    return _admin_answer(result, lambda r: web.json_response(
+        admin_views.reset_doc(group_id, doc, r)), "UNKNOWN_GROUP")
 
 
 async def remove_member(request: web.Request) -> web.StreamResponse:
