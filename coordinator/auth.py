@@ -83,6 +83,7 @@ from protocol.limits import MAX_NAME_LENGTH
 from protocol.messages import APIS
 
 __all__ = [
+    "CONSOLE_PREFIX",
     "DEFAULT_OPEN_PATHS",
     "MIN_TOKEN_LENGTH",
     "REQUEST_KEY",
@@ -118,6 +119,9 @@ _TAG_SEPARATOR = "."
 _TAG_HEX_CHARS = 16  # 64-bit tag: forging one is a 2**-64 guess per request
 _MEMBER_PREFIX_MAX = 64
 _ADMIN_PREFIXES = ("/v1/groups", "/v1/resources")
+#: the web console (coordinator.console) checks its own sign-in: a session
+#: cookie made from an admin token, since a browser sends no bearer header.
+CONSOLE_PREFIX = "/console"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -392,6 +396,8 @@ def auth_middleware(tokens: TokenStore,
     """An aiohttp middleware: 401 without a known token, 403 outside its grant.
 
     The caller's :class:`TokenEntry` is left on the request (:func:`token_of`).
+    Paths under :data:`CONSOLE_PREFIX` pass: the console signs its users in
+    with the same tokens and checks its session cookie itself.
     It checks what it can see without reading the body: the admin flag for
     admin calls and the group in ``/v1/groups/{group_id}``. Protocol calls
     carry the group id in their msgpack body, so their handlers call
@@ -402,7 +408,7 @@ def auth_middleware(tokens: TokenStore,
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if path in open_set:
+        if path in open_set or path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/"):
             return await handler(request)
         entry = entry_for_header(tokens, request.headers.get("Authorization"))
         if entry is None:

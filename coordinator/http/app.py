@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import hdrs, web
 
 from coordinator import admin_views, auth
+from coordinator.console import build_console
 from coordinator.core.commands import (
     DeleteGroup,
     DeleteResource,
@@ -388,4 +389,5 @@ def build_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
     app.router.add_get("/metrics", guarded(metrics_page))
     app.router.add_get("/healthz", guarded(healthz))
     app.router.add_get("/readyz", guarded(readyz))
+    app.add_subapp("/console/", build_console(runtime, tokens=tokens))
     return app
