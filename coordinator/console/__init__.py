@@ -59,7 +59,8 @@ MAX_FORM_BYTES = 64 * 1024
 #: most resources one reset form may name.
 MAX_RESET_RESOURCES = 10_000
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_ASSETS = {"console.css": "text/css", "console.js": "text/javascript"}
+_ASSETS = {"console.css": "text/css", "console.js": "text/javascript",
+           "favicon.svg": "image/svg+xml"}
 _PAGE_HEADERS = {
     # Only the console's own files; no inline script or style, no framing.
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "

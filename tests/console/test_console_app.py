@@ -19,6 +19,7 @@ import msgpack
 import pytest
 from aiohttp import DummyCookieJar, web
 from aiohttp.test_utils import TestClient, TestServer
+from server_harness import free_port
 
 from coordinator.auth import TokenEntry, TokenStore, hash_token
 from coordinator.console import CONSOLE_KEY
@@ -445,3 +446,31 @@ async def test_streams_are_bounded_and_end_on_shutdown(open_console: Console) ->
 def _subapps(app: web.Application) -> list[web.Application]:
     return [resource.get_info()["app"] for resource in app.router.resources()
             if "app" in resource.get_info()]
+
+
+async def test_under_tls_the_session_cookie_is_secure(tmp_path: Path) -> None:
+    import ssl
+
+    import aiohttp
+    import trustme
+
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+    async for c in _console(tmp_path, _store(), OPS):
+        app = build_app(c.runtime, Metrics(), max_body_bytes=64 * 1024, tokens=_store())
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port, ssl_context=server_context).start()
+        try:
+            async with aiohttp.ClientSession(cookie_jar=DummyCookieJar()) as session, \
+                    session.post(f"https://127.0.0.1:{port}/console/login", data={"token": OPS},
+                                 ssl=client_context, allow_redirects=False) as resp:
+                assert resp.status == 303
+                cookie = resp.headers["Set-Cookie"]
+                assert "Secure" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        finally:
+            await runner.cleanup()
