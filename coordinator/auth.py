@@ -381,10 +381,14 @@ def _bearer(header: str | None) -> str | None:
     return value
 
 
-def _admin_group(path: str) -> str | None:
-    """The group id of ``/v1/groups/{group_id}``, else ``None``."""
-    rest = path[len("/v1/groups/"):] if path.startswith("/v1/groups/") else ""
-    return rest.split("/", 1)[0] or None
+def _admin_group(request: web.Request) -> str | None:
+    """The group id an admin route names (``/v1/groups/{group_id}...``), else ``None``.
+
+    Taken from the route's match (aiohttp matches the encoded path and decodes
+    the segment), so a group id with a "/" in it (sent as %2F) is checked whole.
+    """
+    group_id = request.match_info.get("group_id")
+    return group_id or None
 
 
 def auth_middleware(tokens: TokenStore,
@@ -413,7 +417,7 @@ def auth_middleware(tokens: TokenStore,
             if not entry.admin:
                 return _error(path, 403, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                               f"token {entry.name!r} may not use the admin API")
-            group_id = _admin_group(path)
+            group_id = _admin_group(request)
             if group_id is not None and not authorize(entry, group_id):
                 return forbidden(request, group_id)
         return await handler(request)
