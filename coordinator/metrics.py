@@ -134,9 +134,10 @@ class Metrics:
         r = self.registry
         self._requests = _RequestStats(_REQUEST_BUCKETS)
         r.register(self._requests)
+        # reason: one of coordinator.core.records.REBALANCE_REASONS (a fixed, small set).
         self.rebalances_started = Counter("groupcoord_rebalances_started",
                                           "Rebalances started (groups entering "
-                                          "PreparingRebalance)", registry=r)
+                                          "PreparingRebalance), by why", ["reason"], registry=r)
         self.rebalances_completed = Counter("groupcoord_rebalances_completed",
                                             "Generations that got their assignment", registry=r)
         self.rebalance_seconds = Histogram("groupcoord_rebalance_duration_seconds",

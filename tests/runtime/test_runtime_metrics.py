@@ -74,7 +74,7 @@ def test_request_metrics_families_are_listed_with_no_requests_yet() -> None:
 def test_no_created_series_anywhere() -> None:
     metrics = Metrics()
     metrics.observe_request("fetch", None, 0.001)
-    metrics.rebalances_started.inc()
+    metrics.rebalances_started.labels("join").inc()
     metrics.rebalance_seconds.observe(0.5)
     metrics.requests_refused.labels("max_groups").inc()
     text = metrics.render().decode()
