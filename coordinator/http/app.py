@@ -167,7 +167,7 @@ def _admin_answer(result: Answer, ok: Callable[[AdminResult], web.StreamResponse
     status = {ErrorCode.NON_EMPTY_GROUP: 409, ErrorCode.INVALID_REQUEST: 400,
               ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: 503,
               ErrorCode.COORDINATOR_NOT_AVAILABLE: 503}.get(result.error, 500)
-    return json_error(status, result.error.value)
+    return json_error(status, result.error.value, result.message or None)
 
 
 async def list_groups(request: web.Request) -> web.StreamResponse:

@@ -77,6 +77,7 @@ from coordinator.core.effects import (
     ScheduleTimer,
 )
 from coordinator.core.records import (
+    REBALANCE_REASONS,
     CatalogChanged,
     CheckpointsWritten,
     GroupDeleted,
@@ -459,7 +460,8 @@ class Runtime:
                  change.reason)
         if (self.metrics is not None and change.new_state == "PreparingRebalance"
                 and change.old_state != "PreparingRebalance"):
-            self.metrics.rebalances_started.inc()
+            reason = change.reason if change.reason in REBALANCE_REASONS else "other"
+            self.metrics.rebalances_started.labels(reason).inc()
 
     # ------------------------------------------------------------ timers
 

@@ -17,7 +17,7 @@ def reset(h: Harness, **kw: object) -> tuple[object, list[object]]:
 
 
 def empty_group_with_checkpoints(h: Harness) -> None:
-    rid, out = h.commit("", -1, [("s", 0, 10), ("s", 1, 20), ("t", 0, "text")])
+    rid, out = h.commit("tool", -1, [("s", 0, 10), ("s", 1, 20), ("t", 0, "text")])
     assert reply(out, rid).error is None
     assert h.state() == "Empty"
 
