@@ -13,8 +13,9 @@ Mounted by the admin app at ``/console/`` (:func:`build_console`). Pages:
 ``/console/events?page=...``
     the pages' live updates (:mod:`coordinator.console.live`);
 ``/console/login``, ``/console/logout``
-    sign-in with an admin token when ``--auth-tokens`` is on
-    (:mod:`coordinator.console.sessions`).
+    sign-in with a token of the viewer or admin role when ``--auth-tokens``
+    is on (:mod:`coordinator.console.sessions`); a viewer sees, only an
+    admin resets checkpoints, as in the admin API.
 
 Pages are rendered with Jinja2 (autoescape on) from the package's
 ``templates/``; the stylesheet and the one small script are the package's
@@ -192,9 +193,17 @@ def _page(request: web.Request, template: str, *, status: int = 200,
     console = request.app[CONSOLE_KEY]
     entry = auth.token_of(request)
     html = _render(console, template, base=_base(request), live_url=live_url,
-                   signed_in=entry.name if entry is not None else None, **context)
+                   signed_in=entry.name if entry is not None else None,
+                   role=entry.role if entry is not None else None,
+                   may_change=_may_change(request), **context)
     return web.Response(text=html, status=status, content_type="text/html", charset="utf-8",
                         headers={**_PAGE_HEADERS, "Cache-Control": "no-store"})
+
+
+def _may_change(request: web.Request) -> bool:
+    """May the caller change things (reset checkpoints)? Admins, or anyone without auth."""
+    entry = auth.token_of(request)
+    return entry is None or entry.admin
 
 
 def _error_page(request: web.Request, status: int, title: str, message: str) -> web.Response:
@@ -309,10 +318,10 @@ async def login(request: web.Request) -> web.StreamResponse:
     if entry is None:
         return _page(request, "login.html", status=401, next=next_path,
                      error="That is not a valid token.")
-    if not entry.admin:
+    if not entry.reads_admin:
         return _page(request, "login.html", status=403, next=next_path,
-                     error=f"Token {entry.name!r} may not use the admin API: "
-                           "the console needs a token with the admin flag.")
+                     error=f"Token {entry.name!r} (role {entry.role}) may not read through "
+                           "the admin API: the console needs the viewer or admin role.")
     response = web.HTTPSeeOther(next_path)
     response.set_cookie(COOKIE, console.sessions.create(entry), path=_base(request) + "/",
                         httponly=True, samesite="Strict", secure=request.secure)
@@ -507,6 +516,12 @@ async def reset_page(request: web.Request) -> web.StreamResponse:
     group_id = _group_id(request)
     if (denied := _forbidden(request, group_id)) is not None:
         return denied
+    if not _may_change(request):
+        entry = auth.token_of(request)
+        assert entry is not None
+        return _error_page(request, 403, "Not allowed",
+                           f"Token {entry.name!r} (role {entry.role}) may not change through "
+                           "the admin API: resetting checkpoints needs the admin role.")
     console = request.app[CONSOLE_KEY]
     posted = await request.post()
     form = {name: str(posted.get(name, default)) for name, default in _DEFAULT_FORM.items()}

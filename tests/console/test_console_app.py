@@ -38,14 +38,17 @@ from protocol.resources import ResourceAssignment
 MSGPACK = {"Content-Type": "application/msgpack"}
 OPS = "ops-token-0123456789abcdef0123456789abcdef"          # admin, every group
 TEAM = "team-token-0123456789abcdef0123456789abcdef"        # admin, orders-* only
-APP = "app-token-0123456789abcdef0123456789abcdef0"         # no admin flag
+VIEWER = "viewer-token-0123456789abcdef0123456789abcdef"    # viewer, every group
+APP = "app-token-0123456789abcdef0123456789abcdef0"         # member: protocol calls only
 
 
 def _store() -> TokenStore:
-    def entry(name: str, token: str, groups: tuple[str, ...], admin: bool) -> TokenEntry:
-        return TokenEntry(name, bytes.fromhex(hash_token(token)[len("sha256:"):]), groups, admin)
-    return TokenStore([entry("ops", OPS, ("",), True), entry("team", TEAM, ("orders-",), True),
-                       entry("app", APP, ("",), False)])
+    def entry(name: str, token: str, groups: tuple[str, ...], role: str) -> TokenEntry:
+        return TokenEntry(name, bytes.fromhex(hash_token(token)[len("sha256:"):]), groups, role)
+    return TokenStore([entry("ops", OPS, ("",), "admin"),
+                       entry("team", TEAM, ("orders-",), "admin"),
+                       entry("viewer", VIEWER, ("",), "viewer"),
+                       entry("app", APP, ("",), "member")])
 
 
 class Console:
@@ -273,13 +276,14 @@ async def test_with_tokens_the_console_needs_an_admin_token(auth_console: Consol
     bad = await _login(c, "x" * 40, status=401)
     assert "Set-Cookie" not in bad.headers and "not a valid token" in await bad.text()
     app = await _login(c, APP, status=403)
-    assert "Set-Cookie" not in app.headers and "may not use the admin API" in await app.text()
+    assert "Set-Cookie" not in app.headers
+    assert "(role member) may not read through the admin API" in await app.text()
     # An admin token: a session cookie, the token itself nowhere.
     ok = await _login(c, OPS)
     assert ok.headers["Location"] == "/console/"
     session = _cookie(ok)
     page = await c.page("/console/", headers={"Cookie": f"{COOKIE}={session}"})
-    assert "Signed in as" in page and "ops" in page and OPS not in page
+    assert "Signed in as <strong>ops</strong> (admin)" in page and OPS not in page
     # The cookie is no bearer token for the JSON API.
     api = await c.client.get("/v1/groups", headers={"Cookie": f"{COOKIE}={session}"})
     assert api.status == 401
@@ -309,6 +313,21 @@ async def test_the_console_shows_only_the_groups_the_token_is_granted(
     assert reset.status == 403
     ops = {"Cookie": f"{COOKIE}={_cookie(await _login(c, OPS))}"}
     assert "billing" in await c.page("/console/", headers=ops)
+
+
+async def test_a_viewer_sees_the_groups_but_cannot_reset(auth_console: Console) -> None:
+    c = auth_console
+    await c.stable("orders-eu", {"a": {"orders": [0]}})
+    viewer = {"Cookie": f"{COOKIE}={_cookie(await _login(c, VIEWER))}"}
+    assert "orders-eu" in await c.page("/console/", headers=viewer)
+    page = await c.page("/console/groups/orders-eu", headers=viewer)
+    assert "Preview reset" not in page and "needs a token of the admin role" in page
+    refused = await c.client.post("/console/groups/orders-eu/reset", headers=viewer,
+                                  data={"mode": "delete"})
+    assert refused.status == 403
+    assert "resetting checkpoints needs the admin role" in await refused.text()
+    admin = {"Cookie": f"{COOKIE}={_cookie(await _login(c, OPS))}"}
+    assert "Preview reset" in await c.page("/console/groups/orders-eu", headers=admin)
 
 
 async def test_a_form_from_another_site_is_refused(auth_console: Console) -> None:

@@ -302,7 +302,7 @@ def test_with_tokens_the_console_signs_in_with_an_admin_token(
     tokens = tmp_path / "tokens.jsonl"
     tokens.write_text(
         json.dumps({"name": "ops", "hash": hash_token(ops), "groups": ["orders-"],
-                    "admin": True}) + "\n"
+                    "role": "admin"}) + "\n"
         + json.dumps({"name": "loader", "hash": hash_token(loader), "groups": ["*"]}) + "\n")
     server = start_server(auth_tokens=tokens)
     _one_member_group(server, GROUP, loader)
@@ -313,7 +313,7 @@ def test_with_tokens_the_console_signs_in_with_an_admin_token(
     page.fill("#token", ops)
     page.press("#token", "Enter")
     page.wait_for_url(f"**/console/groups/{GROUP}")
-    assert "Signed in as ops" in page.locator("header").inner_text()
+    assert "Signed in as ops (admin)" in page.locator("header").inner_text()
     # The session cookie is out of the scripts' reach, and the token is in no page.
     assert page.evaluate("document.cookie") == ""
     assert ops not in page.content()
