@@ -128,7 +128,7 @@ _TAG_HEX_CHARS = 16  # 64-bit tag: forging one is a 2**-64 guess per request
 _MEMBER_PREFIX_MAX = 64
 _ADMIN_PREFIXES = ("/v1/groups", "/v1/resources")
 #: the web console (coordinator.console) checks its own sign-in: a session
-#: cookie made from an admin token, since a browser sends no bearer header.
+#: cookie made from a viewer or admin token (a browser sends no bearer header).
 CONSOLE_PREFIX = "/console"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
