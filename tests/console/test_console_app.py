@@ -264,7 +264,7 @@ async def _login(c: Console, token: str, status: int = 303) -> Any:
     return resp
 
 
-async def test_with_tokens_the_console_needs_an_admin_token(auth_console: Console) -> None:
+async def test_with_tokens_the_console_needs_a_viewer_or_admin_token(auth_console: Console) -> None:
     c = auth_console
     resp = await c.client.get("/console/groups/orders-eu", allow_redirects=False)
     assert resp.status == 303

@@ -185,6 +185,8 @@ def test_a_group_of_member_processes_shows_live_and_a_kill_updates_the_page(
 
     # Kill one member: the page shows the group without it, and what moved, on its own.
     generation = int(page.locator("#live-summary dd").nth(1).inner_text())
+    # The keyboard focus is in the grid (its scrolling region): a live swap keeps it there.
+    page.focus("[data-key=grid]")
     killed_at = time.monotonic()
     members["worker-2"].send_signal(signal.SIGKILL)
     members["worker-2"].wait(10)
@@ -196,6 +198,7 @@ def test_a_group_of_member_processes_shows_live_and_a_kill_updates_the_page(
     took = time.monotonic() - killed_at
     assert took < 15, took
     assert page.evaluate("window.__sameDocument") is True  # no reload
+    assert page.evaluate("document.activeElement.getAttribute('data-key')") == "grid"
     # What worker-2 owned moved to the others, and the grid marks it.
     assert page.locator("table.grid td.moved").count() >= 1
     assert page.locator("table.grid tbody tr.unowned").count() == 0
