@@ -12,11 +12,18 @@ Tokens file
 ``groups``
     the group-id prefixes the token grants (``"orders-"`` grants ``orders-eu``
     and ``orders-us``; ``"*"`` or ``""`` grants every group). Empty list: none.
-``admin``
-    ``true`` if the token may call the admin API (``/v1/groups...``,
-    ``/v1/resources...``); optional, ``false`` by default. Reading the
+``role``
+    what the token may do besides the protocol calls of its groups:
+    ``"member"`` (the default: nothing more), ``"viewer"`` (read the admin
+    API: ``GET`` of ``/v1/groups...``, the console) or ``"admin"`` (read and
+    change: delete groups, remove members, reset checkpoints). Viewers and
+    admins see and change only the groups their ``groups`` grant. Reading the
     catalog (``GET /v1/resources``) needs only a valid token: every group
-    leader reads it before it assigns.
+    leader reads it before it assigns. *Changing* the catalog, which every
+    group shares, needs an admin whose grant covers every group (``"*"``): a
+    team's admin cannot resize another team's resources.
+``admin``
+    the older spelling: ``true`` is ``role = "admin"``.
 
 Two layouts are read, chosen by the file name:
 
@@ -26,12 +33,12 @@ Two layouts are read, chosen by the file name:
       name = "orders-app"
       hash = "sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"
       groups = ["orders-"]
-      admin = false
+      role = "member"
 
 * anything else -- JSON lines, one object per line; blank lines and lines
   starting with ``#`` are skipped::
 
-      {"name": "ops", "hash": "sha256:...", "groups": ["*"], "admin": true}
+      {"name": "ops", "hash": "sha256:...", "groups": ["*"], "role": "admin"}
 
 Why a fast hash
 ---------------
@@ -84,9 +91,11 @@ from protocol.messages import APIS
 from protocol.validate import control_character_problem
 
 __all__ = [
+    "CONSOLE_PREFIX",
     "DEFAULT_OPEN_PATHS",
     "MIN_TOKEN_LENGTH",
     "REQUEST_KEY",
+    "ROLES",
     "UNAUTHORIZED_MESSAGE",
     "WWW_AUTHENTICATE",
     "TokenEntry",
@@ -119,6 +128,9 @@ _TAG_SEPARATOR = "."
 _TAG_HEX_CHARS = 16  # 64-bit tag: forging one is a 2**-64 guess per request
 _MEMBER_PREFIX_MAX = 64
 _ADMIN_PREFIXES = ("/v1/groups", "/v1/resources")
+#: the web console (coordinator.console) checks its own sign-in: a session
+#: cookie made from a viewer or admin token (a browser sends no bearer header).
+CONSOLE_PREFIX = "/console"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -134,11 +146,30 @@ class TokenEntry:
     digest: bytes
     #: group-id prefixes granted; ``""`` grants every group.
     group_prefixes: tuple[str, ...]
-    admin: bool = False
+    #: one of :data:`ROLES`.
+    role: str = "member"
+
+    @property
+    def admin(self) -> bool:
+        """May change through the admin API (its groups; the catalog with a ``*`` grant)."""
+        return self.role == "admin"
+
+    @property
+    def reads_admin(self) -> bool:
+        """May read the admin API (its groups)."""
+        return self.role in ("viewer", "admin")
+
+    @property
+    def every_group(self) -> bool:
+        return "" in self.group_prefixes
 
     def __repr__(self) -> str:  # never print the digest, even by accident
         return (f"TokenEntry(name={self.name!r}, groups={list(self.group_prefixes)!r}, "
-                f"admin={self.admin})")
+                f"role={self.role!r})")
+
+
+#: token roles, least to most (module docstring).
+ROLES = ("member", "viewer", "admin")
 
 
 #: where the middleware leaves the caller's :class:`TokenEntry` on the request.
@@ -202,7 +233,7 @@ class TokenStore:
 def _entry(raw: object, where: str) -> TokenEntry:
     if not isinstance(raw, dict):
         raise TokenFileError(f"{where}: expected a table/object with name, hash, groups")
-    unknown = set(raw) - {"name", "hash", "groups", "admin"}
+    unknown = set(raw) - {"name", "hash", "groups", "admin", "role"}
     if unknown:
         raise TokenFileError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
     name = raw.get("name")
@@ -229,8 +260,14 @@ def _entry(raw: object, where: str) -> TokenEntry:
     admin = raw.get("admin", False)
     if not isinstance(admin, bool):
         raise TokenFileError(f"{where}: admin: expected true or false")
+    role = raw.get("role", "admin" if admin else "member")
+    if role not in ROLES:
+        raise TokenFileError(f"{where}: role: expected one of {', '.join(ROLES)}, got {role!r}")
+    if admin and role != "admin":
+        raise TokenFileError(f"{where}: admin = true contradicts role = {role!r}; "
+                             f"give only role")
     prefixes = tuple(dict.fromkeys("" if g == "*" else g for g in groups))
-    return TokenEntry(name=name, digest=digest, group_prefixes=prefixes, admin=admin)
+    return TokenEntry(name=name, digest=digest, group_prefixes=prefixes, role=role)
 
 
 def _parse_toml(text: str, source: str) -> list[TokenEntry]:
@@ -306,6 +343,10 @@ def _is_protocol_call(path: str) -> bool:
 
 def _is_admin_call(path: str) -> bool:
     return any(path == p or path.startswith(p + "/") for p in _ADMIN_PREFIXES)
+
+
+def _is_catalog(path: str) -> bool:
+    return path == "/v1/resources" or path.startswith("/v1/resources/")
 
 
 def _catalog_read(method: str, path: str) -> bool:
@@ -385,10 +426,14 @@ def _bearer(header: str | None) -> str | None:
     return value
 
 
-def _admin_group(path: str) -> str | None:
-    """The group id of ``/v1/groups/{group_id}``, else ``None``."""
-    rest = path[len("/v1/groups/"):] if path.startswith("/v1/groups/") else ""
-    return rest.split("/", 1)[0] or None
+def _admin_group(request: web.Request) -> str | None:
+    """The group id an admin route names (``/v1/groups/{group_id}...``), else ``None``.
+
+    Taken from the route's match (aiohttp matches the encoded path and decodes
+    the segment), so a group id with a "/" in it (sent as %2F) is checked whole.
+    """
+    group_id = request.match_info.get("group_id")
+    return group_id or None
 
 
 def auth_middleware(tokens: TokenStore,
@@ -396,6 +441,8 @@ def auth_middleware(tokens: TokenStore,
     """An aiohttp middleware: 401 without a known token, 403 outside its grant.
 
     The caller's :class:`TokenEntry` is left on the request (:func:`token_of`).
+    Paths under :data:`CONSOLE_PREFIX` pass: the console signs its users in
+    with the same tokens and checks its session cookie itself.
     It checks what it can see without reading the body: the admin flag for
     admin calls and the group in ``/v1/groups/{group_id}``. Protocol calls
     carry the group id in their msgpack body, so their handlers call
@@ -406,7 +453,7 @@ def auth_middleware(tokens: TokenStore,
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if path in open_set:
+        if path in open_set or path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/"):
             return await handler(request)
         entry = entry_for_header(tokens, request.headers.get("Authorization"))
         if entry is None:
@@ -414,10 +461,20 @@ def auth_middleware(tokens: TokenStore,
                           UNAUTHORIZED_MESSAGE, headers={"WWW-Authenticate": WWW_AUTHENTICATE})
         request[REQUEST_KEY] = entry
         if _is_admin_call(path) and not _catalog_read(request.method, path):
-            if not entry.admin:
+            reading = request.method in ("GET", "HEAD")
+            if not (entry.reads_admin if reading else entry.admin):
+                need = "the viewer or admin role" if reading else "the admin role"
                 return _error(path, 403, ErrorCode.GROUP_AUTHORIZATION_FAILED,
-                              f"token {entry.name!r} may not use the admin API")
-            group_id = _admin_group(path)
+                              f"token {entry.name!r} (role {entry.role}) may not "
+                              f"{'read' if reading else 'change'} through the admin API: "
+                              f"needs {need}")
+            if _is_catalog(path) and not entry.every_group:
+                # The catalog is shared by every group: a team's admin may not change it.
+                return _error(path, 403, ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                              f"token {entry.name!r} may not change the resource catalog: "
+                              f"it is shared by every group, so it needs an admin grant "
+                              f"on every group (groups = [\"*\"])")
+            group_id = _admin_group(request)
             if group_id is not None and not authorize(entry, group_id):
                 return forbidden(request, group_id)
         return await handler(request)
@@ -436,9 +493,9 @@ def startup_warning(host: str, auth_enabled: bool) -> str | None:
 # ---------------------------------------------------------------- command line
 
 
-def _entry_line(token: str, name: str, groups: Sequence[str], admin: bool) -> str:
+def _entry_line(token: str, name: str, groups: Sequence[str], role: str) -> str:
     return json.dumps({"name": name, "hash": hash_token(token), "groups": list(groups),
-                       "admin": admin})
+                       "role": role})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -452,7 +509,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--name", required=True, help="who the token belongs to")
         p.add_argument("--group", dest="groups", action="append", default=[],
                        metavar="PREFIX", help="group-id prefix granted (repeat; '*' = all)")
-        p.add_argument("--admin", action="store_true", help="may use the admin API")
+        p.add_argument("--role", choices=ROLES, default="member",
+                       help="member (default), viewer (reads the admin API) or admin")
+        p.add_argument("--admin", action="store_true", help="the same as --role admin")
     args = parser.parse_args(argv)
     if args.cmd == "new":
         token = secrets.token_urlsafe(32)
@@ -463,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: tokens must be at least {MIN_TOKEN_LENGTH} characters of random "
                   "text (python -m coordinator.auth new makes one)", file=sys.stderr)
             return 2
-    print(_entry_line(token, args.name, args.groups, args.admin))
+    print(_entry_line(token, args.name, args.groups, "admin" if args.admin else args.role))
     return 0
 
 

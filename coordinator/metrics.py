@@ -8,12 +8,17 @@ member gauges are read from the core when scraped, so they cannot drift.
 
 from __future__ import annotations
 
-import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import metrics as prometheus_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -21,6 +26,13 @@ from prometheus_client.utils import floatToGoString
 from protocol.errors import ErrorCode
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Every counter and histogram would also export a ``*_created`` series (the
+# Unix time the series was created): noise on dashboards, and one more series
+# per label set. prometheus-client's public switch turns them off for the process
+# (typed here: the library's function is not).
+_disable_created: Callable[[], None] = disable_created_metrics
+_disable_created()
 GROUP_STATES = ("Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead")
 
 # Latency buckets of one request: parked joins last up to a rebalance timeout.
@@ -53,14 +65,13 @@ class _CoreGauges(Collector):
 class _Series:
     """One (api, outcome) pair: its request count, latency buckets and sum."""
 
-    __slots__ = ("buckets", "count", "created", "total_seconds")
+    __slots__ = ("buckets", "count", "total_seconds")
 
     def __init__(self, buckets: int) -> None:
         self.count = 0
         #: observations per bucket (not cumulative; the last one is +Inf).
         self.buckets = [0] * buckets
         self.total_seconds = 0.0
-        self.created = time.time()
 
 
 class _RequestStats(Collector):
@@ -72,7 +83,7 @@ class _RequestStats(Collector):
     Every request is counted on the event loop thread, which also renders
     ``/metrics``, so plain numbers suffice. The exposition is the one the
     ``Counter`` and ``Histogram`` of the same names gave (same families, samples,
-    label order and ``_created`` series; tests/runtime/test_runtime_metrics.py).
+    label order, no ``_created`` series; tests/runtime/test_runtime_metrics.py).
     """
 
     def __init__(self, buckets: tuple[float, ...]) -> None:
@@ -94,15 +105,11 @@ class _RequestStats(Collector):
         yield Metric("groupcoord_request_duration_seconds", _DURATION_HELP, "histogram")
 
     def collect(self) -> Iterator[Metric]:
-        # Honour prometheus-client's switch for _created series, as its own metrics do.
-        created = getattr(prometheus_metrics, "_use_created", True)
         requests = Metric("groupcoord_requests", _REQUESTS_HELP, "counter")
         durations = Metric("groupcoord_request_duration_seconds", _DURATION_HELP, "histogram")
         for (api, outcome), series in self._series.items():
             labels = {"api": api, "outcome": outcome}
             requests.add_sample("groupcoord_requests_total", labels, float(series.count))
-            if created:
-                requests.add_sample("groupcoord_requests_created", labels, series.created)
             cumulative = 0.0
             for le, count in zip(self._le, series.buckets, strict=True):
                 cumulative += count
@@ -111,9 +118,6 @@ class _RequestStats(Collector):
             durations.add_sample("groupcoord_request_duration_seconds_count", labels, cumulative)
             durations.add_sample("groupcoord_request_duration_seconds_sum", labels,
                                  series.total_seconds)
-            if created:
-                durations.add_sample("groupcoord_request_duration_seconds_created", labels,
-                                     series.created)
         yield requests
         yield durations
 
@@ -130,9 +134,10 @@ class Metrics:
         r = self.registry
         self._requests = _RequestStats(_REQUEST_BUCKETS)
         r.register(self._requests)
+        # reason: one of coordinator.core.records.REBALANCE_REASONS (a fixed, small set).
         self.rebalances_started = Counter("groupcoord_rebalances_started",
                                           "Rebalances started (groups entering "
-                                          "PreparingRebalance)", registry=r)
+                                          "PreparingRebalance), by why", ["reason"], registry=r)
         self.rebalances_completed = Counter("groupcoord_rebalances_completed",
                                             "Generations that got their assignment", registry=r)
         self.rebalance_seconds = Histogram("groupcoord_rebalance_duration_seconds",

@@ -16,7 +16,10 @@ answers at most ``MAX_FETCH_CHECKPOINTS`` checkpoints: more are read in pages.
 
 from __future__ import annotations
 
-from coordinator.core.checkpoint_store import CheckpointStore, Plan
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from coordinator.core.checkpoint_store import Checkpoint, CheckpointStore, Plan
 from coordinator.core.commands import Commit, Fetch
 from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel
@@ -37,7 +40,7 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
     rid = cmd.request_id
     # Kafka's "simple" commit: no group management (generation -1, no instance id).
     simple = req.generation_id < 0 and req.group_instance_id is None
-    invalid = _value_problem(k, req)
+    invalid = value_problem(k, req.checkpoints)
     if invalid is not None:
         k.reply(rid, CommitResponse(ErrorCode.INVALID_REQUEST, invalid))
         return
@@ -61,20 +64,24 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
                      CommitResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE))
             return
         # A group created by this commit has no protocol type: only the caps apply.
-        refusal, plan = _admission(k, None, req)
-        if refusal is not None:
-            k.reply(rid, refusal)
+        admitted = admit(k, None, req.group_id, req.checkpoints)
+        if isinstance(admitted, Refusal):
+            k.reply(rid, CommitResponse(admitted.error, admitted.message))
             return
+        plan: Plan | None = admitted
         g = k.create_group(req.group_id, cmd.principal)
     else:
         error = _member_error(g, req, simple)
         if error is not None:
             k.reply(rid, CommitResponse(error))
             return
-        refusal, plan = _admission(k, g, req) if req.checkpoints else (None, None)
-        if refusal is not None:
-            k.reply(rid, refusal)
-            return
+        plan = None
+        if req.checkpoints:
+            admitted = admit(k, g, req.group_id, req.checkpoints)
+            if isinstance(admitted, Refusal):
+                k.reply(rid, CommitResponse(admitted.error, admitted.message))
+                return
+            plan = admitted
         if g.state in (GroupState.STABLE, GroupState.PREPARING_REBALANCE) \
                 and req.member_id in g.members:
             # Kafka: a commit also counts as a sign of life.
@@ -112,57 +119,65 @@ def _member_error(g: Group, req: CommitRequest, simple: bool) -> ErrorCode | Non
     return error
 
 
-def _value_problem(k: Kernel, req: CommitRequest) -> str | None:
+def value_problem(k: Kernel, checkpoints: Sequence[Checkpoint],
+                  field: str = "checkpoints") -> str | None:
     """A value over ``max_checkpoint_value_bytes`` (Kafka's offset.metadata.max.bytes)."""
     limit = k.config.max_checkpoint_value_bytes
     if limit <= 0:
         return None
-    for i, (_set, _index, value) in enumerate(req.checkpoints):
+    for i, (_set, _index, value) in enumerate(checkpoints):
         if (type(value) is str or type(value) is bytes) and (size := value_size(value)) > limit:
-            return (f"checkpoints[{i}][2]: a value of {size} bytes is over "
+            return (f"{field}[{i}][2]: a value of {size} bytes is over "
                     f"--max-checkpoint-value-bytes ({limit})")
     return None
 
 
-def _admission(k: Kernel, g: Group | None, req: CommitRequest
-               ) -> tuple[CommitResponse, None] | tuple[None, Plan]:
-    """The refusal of a commit to ``g`` (``None``: a group it would create), or
-    the plan to apply when it is accepted. Nothing is changed either way."""
+class Refusal(NamedTuple):
+    """Why checkpoints are not admitted: the code and a message naming the problem."""
+
+    error: ErrorCode
+    message: str
+
+
+def admit(k: Kernel, g: Group | None, group_id: str, checkpoints: Sequence[Checkpoint],
+          field: str = "checkpoints") -> Refusal | Plan:
+    """The refusal of writing ``checkpoints`` to ``g`` (``None``: a group the write
+    would create), or the plan to apply when they are admitted. Nothing is
+    changed either way. Commits and operators' resets go through the same checks."""
     if g is not None and g.protocol_type == RESOURCES:
         # The embedded protocol's resources are the catalog's: refuse what no
         # member can own. Deleting (value None) is always allowed, so checkpoints
         # left by a set since removed or shrunk can be cleared.
         catalog = k.catalog
-        for i, (resource_set, index, value) in enumerate(req.checkpoints):
+        for i, (resource_set, index, value) in enumerate(checkpoints):
             if value is None:
                 continue
             partitions = catalog.get(resource_set)
             if partitions is None:
-                return CommitResponse(ErrorCode.INVALID_REQUEST,
-                                      f"checkpoints[{i}][0]: resource set {resource_set!r} is "
-                                      "not in the catalog"), None
+                return Refusal(ErrorCode.INVALID_REQUEST,
+                               f"{field}[{i}][0]: resource set {resource_set!r} is "
+                               "not in the catalog")
             if index >= partitions:
-                return CommitResponse(ErrorCode.INVALID_REQUEST,
-                                      f"checkpoints[{i}][1]: index {index} is beyond resource "
-                                      f"set {resource_set!r} ({partitions} partitions: "
-                                      f"0..{partitions - 1})"), None
+                return Refusal(ErrorCode.INVALID_REQUEST,
+                               f"{field}[{i}][1]: index {index} is beyond resource "
+                               f"set {resource_set!r} ({partitions} partitions: "
+                               f"0..{partitions - 1})")
     max_count = k.config.max_checkpoints_per_group
     max_bytes = k.config.max_checkpoint_bytes_per_group
-    store = k.checkpoints.get(req.group_id, _EMPTY)
-    plan = store.plan(req.checkpoints)
+    store = k.checkpoints.get(group_id, _EMPTY)
+    plan = store.plan(checkpoints)
     count, nbytes = plan.total, plan.nbytes
     # Only growth is refused: a group over a cap lowered since can still shrink.
     if 0 < max_count < count and count > len(store):
-        return CommitResponse(ErrorCode.CHECKPOINT_LIMIT_REACHED,
-                              f"group {req.group_id!r} would hold {count} checkpoints, over "
-                              f"--max-checkpoints-per-group ({max_count}); nothing was "
-                              "written"), None
+        return Refusal(ErrorCode.CHECKPOINT_LIMIT_REACHED,
+                       f"group {group_id!r} would hold {count} checkpoints, over "
+                       f"--max-checkpoints-per-group ({max_count}); nothing was written")
     if 0 < max_bytes < nbytes and nbytes > store.nbytes:
-        return CommitResponse(ErrorCode.CHECKPOINT_LIMIT_REACHED,
-                              f"group {req.group_id!r} would hold {nbytes} bytes of checkpoints, "
-                              f"over --max-checkpoint-bytes-per-group ({max_bytes}); "
-                              "nothing was written"), None
-    return None, plan
+        return Refusal(ErrorCode.CHECKPOINT_LIMIT_REACHED,
+                       f"group {group_id!r} would hold {nbytes} bytes of checkpoints, "
+                       f"over --max-checkpoint-bytes-per-group ({max_bytes}); "
+                       "nothing was written")
+    return plan
 
 
 def apply_checkpoints(k: Kernel, group_id: str, plan: Plan) -> None:

@@ -19,6 +19,7 @@ from protocol.messages import (
     LeaveRequest,
     SyncRequest,
 )
+from protocol.validate import Scalar
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,5 +129,39 @@ class Cancelled:
     request_id: int
 
 
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveMember:
+    """Admin: ``DELETE /v1/groups/{group_id}/members/{member_id}`` (Kafka's
+    ``--remove-members``); replies an :class:`AdminResult`."""
+
+    request_id: int
+    group_id: str
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResetCheckpoints:
+    """Admin: ``POST /v1/groups/{group_id}/checkpoints/reset``; replies an
+    :class:`AdminResult` with the checkpoints before and after.
+
+    Exactly one way is set: ``to_value`` (``has_value``), ``shift_by``,
+    ``delete`` or ``values``. ``resources`` ``None``: every checkpoint of the
+    group (with ``values``: the resources the values name).
+    """
+
+    request_id: int
+    group_id: str
+    dry_run: bool
+    resources: tuple[tuple[str, int], ...] | None
+    has_value: bool = False
+    to_value: Scalar = None
+    shift_by: int | None = None
+    delete: bool = False
+    values: tuple[tuple[str, int, Scalar], ...] | None = None
+
+
 Command = (Join | Sync | Heartbeat | Leave | Commit | Fetch | DeleteGroup | PutResource
-           | DeleteResource | TimerFired | Cancelled | ReleaseHeartbeat)
+           | DeleteResource | RemoveMember | ResetCheckpoints | TimerFired | Cancelled
+           | ReleaseHeartbeat)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from coordinator.core import admin, checkpoints, membership, timers
+from coordinator.core import admin, checkpoints, membership, operations, timers
 from coordinator.core.checkpoint_store import CheckpointStore
 from coordinator.core.commands import (
     Cancelled,
@@ -31,6 +31,8 @@ from coordinator.core.commands import (
     Leave,
     PutResource,
     ReleaseHeartbeat,
+    RemoveMember,
+    ResetCheckpoints,
     Sync,
     TimerFired,
 )
@@ -42,6 +44,7 @@ from coordinator.core.rebalance import prepare_rebalance
 from coordinator.core.records import Snapshot
 from coordinator.core.states import GroupState
 from coordinator.core.views import GroupSummary, GroupView
+from protocol.validate import Scalar
 
 _HANDLERS: dict[type[Any], Callable[[Kernel, Any], None]] = {
     Join: membership.handle_join,
@@ -51,6 +54,8 @@ _HANDLERS: dict[type[Any], Callable[[Kernel, Any], None]] = {
     Commit: checkpoints.handle_commit,
     Fetch: checkpoints.handle_fetch,
     DeleteGroup: admin.handle_delete_group,
+    RemoveMember: operations.handle_remove_member,
+    ResetCheckpoints: operations.handle_reset,
     PutResource: admin.handle_put_resource,
     DeleteResource: admin.handle_delete_resource,
     TimerFired: timers.handle_timer,
@@ -174,7 +179,7 @@ class GroupCoordinator:
     def member_count(self) -> int:
         return sum(len(group.members) for group in self._k.groups.values())
 
-    def checkpoints(self, group_id: str) -> dict[tuple[str, int], object]:
+    def checkpoints(self, group_id: str) -> dict[tuple[str, int], Scalar]:
         """A copy of a group's checkpoints (for tests and the admin API)."""
         store = self._k.checkpoints.get(group_id)
         return {} if store is None else dict(store.values)

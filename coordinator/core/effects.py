@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from coordinator.core.records import Record
 from protocol.errors import ErrorCode
 from protocol.messages import Response
+from protocol.validate import Scalar
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,10 @@ class AdminResult:
     found: bool = True
     #: with ``error`` ``INVALID_REQUEST``: what is wrong, naming the field (HTTP 400 message).
     message: str = ""
+    #: ``ResetCheckpoints``: the checkpoints it concerns, before and after (after: a
+    #: deleted one is absent), each ``(set, index, value)`` sorted by resource.
+    before: tuple[tuple[str, int, Scalar], ...] = ()
+    after: tuple[tuple[str, int, Scalar], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

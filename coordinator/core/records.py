@@ -125,6 +125,7 @@ REBALANCE_REASONS = (
     "sync_timeout",     # members that did not sync after the join phase were removed
     "restart",          # an in-flight rebalance was restarted after a coordinator restart
     "static_change",    # a static member rejoined with changed metadata
+    "admin_removal",    # an operator removed a member (DELETE .../members/{member_id})
 )
 
 Record = (GroupRecord | GroupDeleted | GroupOwner | CheckpointsWritten | CatalogChanged

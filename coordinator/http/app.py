@@ -18,7 +18,6 @@ names were minted for it (else ``UNKNOWN_MEMBER_ID``, as for any unknown id).
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import time
@@ -27,14 +26,16 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from coordinator import auth
+from coordinator import admin_views, auth
+from coordinator.console import build_console
 from coordinator.core.commands import (
     DeleteGroup,
     DeleteResource,
     PutResource,
+    RemoveMember,
 )
 from coordinator.core.effects import AdminResult
-from coordinator.core.views import GroupView, MemberView
+from coordinator.core.states import GroupState
 from coordinator.http import calls as calls_module
 from coordinator.http.calls import SERVER_FAILED, Calls
 from coordinator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -43,9 +44,11 @@ from coordinator.runtime.runtime import Answer, Runtime
 from protocol import codec
 from protocol.errors import ErrorCode
 from protocol.limits import DEFAULT_MAX_METADATA_BYTES, MAX_PARTITIONS
-from protocol.resources import PROTOCOL_TYPE as RESOURCES
-from protocol.resources import ResourceAssignment
-from protocol.validate import Fields, ValidationError, check_string
+from protocol.validate import (
+    Fields,
+    ValidationError,
+    check_string,
+)
 
 log = logging.getLogger("groupcoord.http")
 
@@ -152,24 +155,6 @@ def _path_name(request: web.Request, key: str) -> str:
         raise Refused(400, str(exc)) from None
 
 
-def _assignment_json(protocol_type: str | None, data: bytes) -> Any:
-    """``{set: [indexes]}`` for the "resources" protocol, else base64 (PROTOCOL.md, Admin)."""
-    if protocol_type == RESOURCES:
-        try:
-            return {k: list(v) for k, v in ResourceAssignment.decode(data).assigned.items()}
-        except ValidationError:
-            pass  # a leader sent bytes that are not a resources map: show them raw
-    return base64.b64encode(data).decode("ascii")
-
-
-def _member_json(view: GroupView, m: MemberView) -> dict[str, Any]:
-    return {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
-            "client_id": m.client_id, "client_host": m.client_host,
-            "session_timeout_ms": m.session_timeout_ms,
-            "rebalance_timeout_ms": m.rebalance_timeout_ms,
-            "assignment": _assignment_json(view.protocol_type, m.assignment)}
-
-
 def _admin_answer(result: Answer, ok: Callable[[AdminResult], web.StreamResponse],
                   not_found: str) -> web.StreamResponse:
     assert isinstance(result, AdminResult)
@@ -179,22 +164,52 @@ def _admin_answer(result: Answer, ok: Callable[[AdminResult], web.StreamResponse
         return json_error(404, "UNKNOWN_GROUP" if result.error is ErrorCode.UNKNOWN_GROUP
                           else not_found)
     assert result.error is not None
-    status = {ErrorCode.NON_EMPTY_GROUP: 409, ErrorCode.INVALID_REQUEST: 400,
+    status = {ErrorCode.NON_EMPTY_GROUP: 409, ErrorCode.CHECKPOINT_LIMIT_REACHED: 409,
+              ErrorCode.INVALID_REQUEST: 400,
               ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: 503,
               ErrorCode.COORDINATOR_NOT_AVAILABLE: 503}.get(result.error, 500)
-    return json_error(status, result.error.value)
+    return json_error(status, result.error.value, result.message or None)
 
 
 async def list_groups(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME_KEY]
     if (busy := _not_ready(runtime)) is not None:
         return busy
-    groups = [{"group_id": g.group_id, "state": g.state, "protocol_type": g.protocol_type,
-               "protocol_name": g.protocol_name, "generation_id": g.generation_id,
-               "member_count": g.member_count}
-              for g in runtime.core.list_groups()
-              if auth.authorize(auth.token_of(request), g.group_id)]
-    return web.json_response({"groups": groups})
+    states = _states_query(request)
+    return web.json_response(
+        {"groups": admin_views.group_rows(runtime, auth.token_of(request), states)})
+
+
+_STATE_NAMES = {state.value.lower(): state.value for state in GroupState}
+
+
+def _states_query(request: web.Request) -> frozenset[str] | None:
+    """``?state=Stable,Empty`` (any case; repeated or comma-separated), else ``None``."""
+    given = [s.strip() for value in request.query.getall("state", []) for s in value.split(",")]
+    given = [s for s in given if s]
+    if not given:
+        return None
+    unknown = [s for s in given if s.lower() not in _STATE_NAMES]
+    if unknown:
+        raise Refused(400, f"state: unknown state {unknown[0]!r}; expected one of "
+                           f"{', '.join(sorted(_STATE_NAMES.values()))}")
+    return frozenset(_STATE_NAMES[s.lower()] for s in given)
+
+
+async def group_rebalances(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/groups/{group_id}/rebalances?limit=N``: newest first, from the journal."""
+    runtime = request.app[RUNTIME_KEY]
+    if (busy := _not_ready(runtime)) is not None:
+        return busy
+    group_id = _path_name(request, "group_id")
+    try:
+        limit = admin_views.check_history_limit(request.query.get("limit", "20"))
+    except ValidationError as exc:
+        raise Refused(400, str(exc)) from None
+    rebalances = await admin_views.rebalance_history(runtime, group_id, limit)
+    if rebalances is None:
+        return json_error(404, ErrorCode.UNKNOWN_GROUP.value)
+    return web.json_response({"group_id": group_id, "rebalances": rebalances})
 
 
 async def describe_group(request: web.Request) -> web.StreamResponse:
@@ -204,16 +219,63 @@ async def describe_group(request: web.Request) -> web.StreamResponse:
     view = runtime.core.describe_group(_path_name(request, "group_id"))
     if view is None:
         return json_error(404, ErrorCode.UNKNOWN_GROUP.value)
-    return web.json_response({
-        "group_id": view.group_id, "state": view.state, "protocol_type": view.protocol_type,
-        "protocol_name": view.protocol_name, "generation_id": view.generation_id,
-        "leader": view.leader, "members": [_member_json(view, m) for m in view.members]})
+    return web.json_response(admin_views.group_doc(view))
 
 
 async def delete_group(request: web.Request) -> web.StreamResponse:
     group_id = _path_name(request, "group_id")
     result = await request.app[RUNTIME_KEY].call(lambda rid: DeleteGroup(rid, group_id))
     return _admin_answer(result, lambda _: web.Response(status=204), "UNKNOWN_GROUP")
+
+
+async def group_checkpoints(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/groups/{group_id}/checkpoints``, sorted by resource."""
+    runtime = request.app[RUNTIME_KEY]
+    if (busy := _not_ready(runtime)) is not None:
+        return busy
+    group_id = _path_name(request, "group_id")
+    if runtime.core.describe_group(group_id) is None:
+        return json_error(404, ErrorCode.UNKNOWN_GROUP.value)
+    return web.json_response({"group_id": group_id,
+                              "checkpoints": admin_views.checkpoints_doc(runtime, group_id)})
+
+
+async def _json_object(request: web.Request, what: str) -> dict[str, Any]:
+    body = await read_body(request, frozenset({"application/json"}))
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Refused(400, f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # json.loads recurses once per nesting level: a deep body is bad input, not a bug.
+        raise Refused(400, "body nests too deeply") from None
+    if not isinstance(doc, dict):
+        raise Refused(400, f"body: expected an object {what}")
+    return doc
+
+
+async def reset_checkpoints(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/groups/{group_id}/checkpoints/reset``: a dry run unless ``dry_run: false``."""
+    group_id = _path_name(request, "group_id")
+    doc = await _json_object(request, '{"dry_run": ..., "to_value" | "shift_by" | "delete" | '
+                                      '"values": ...}')
+    try:
+        # bad input is refused before anything is submitted
+        result = await admin_views.reset_checkpoints(request.app[RUNTIME_KEY], group_id, doc)
+    except ValidationError as exc:
+        raise Refused(400, str(exc)) from None
+    return _admin_answer(result, lambda r: web.json_response(
+        admin_views.reset_doc(group_id, doc, r)), "UNKNOWN_GROUP")
+
+
+async def remove_member(request: web.Request) -> web.StreamResponse:
+    """``DELETE /v1/groups/{group_id}/members/{member_id}`` (Kafka's ``--remove-members``)."""
+    group_id = _path_name(request, "group_id")
+    member_id = _path_name(request, "member_id")
+    result = await request.app[RUNTIME_KEY].call(
+        lambda rid: RemoveMember(rid, group_id, member_id))
+    return _admin_answer(result, lambda _: web.json_response(
+        {"group_id": group_id, "removed": member_id}), "UNKNOWN_MEMBER_ID")
 
 
 async def list_resources(request: web.Request) -> web.StreamResponse:
@@ -314,6 +376,12 @@ def build_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
     for api in PROTOCOL_APIS:
         app.router.add_post(f"/v1/{api}", protocol_handler(api, calls))
     app.router.add_get("/v1/groups", guarded(list_groups))
+    # A group id is one path segment ("/" in it as %2F); aiohttp matches the
+    # encoded path, so the sub-resources below are never mistaken for a group.
+    app.router.add_get("/v1/groups/{group_id}/rebalances", guarded(group_rebalances))
+    app.router.add_get("/v1/groups/{group_id}/checkpoints", guarded(group_checkpoints))
+    app.router.add_post("/v1/groups/{group_id}/checkpoints/reset", guarded(reset_checkpoints))
+    app.router.add_delete("/v1/groups/{group_id}/members/{member_id}", guarded(remove_member))
     app.router.add_get("/v1/groups/{group_id:.+}", guarded(describe_group))
     app.router.add_delete("/v1/groups/{group_id:.+}", guarded(delete_group))
     app.router.add_get("/v1/resources", guarded(list_resources))
@@ -322,4 +390,5 @@ def build_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
     app.router.add_get("/metrics", guarded(metrics_page))
     app.router.add_get("/healthz", guarded(healthz))
     app.router.add_get("/readyz", guarded(readyz))
+    app.add_subapp("/console/", build_console(runtime, tokens=tokens))
     return app

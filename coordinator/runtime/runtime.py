@@ -50,7 +50,7 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from coordinator.core.commands import (
     Cancelled,
@@ -64,6 +64,8 @@ from coordinator.core.commands import (
     Leave,
     PutResource,
     ReleaseHeartbeat,
+    RemoveMember,
+    ResetCheckpoints,
     Sync,
     TimerFired,
 )
@@ -80,6 +82,7 @@ from coordinator.core.effects import (
     ScheduleTimer,
 )
 from coordinator.core.records import (
+    REBALANCE_REASONS,
     CatalogChanged,
     CheckpointsWritten,
     GroupDeleted,
@@ -102,6 +105,7 @@ from protocol.messages import (
     Response,
     SyncResponse,
 )
+from protocol.validate import Scalar
 
 log = logging.getLogger("groupcoord.runtime")
 
@@ -130,6 +134,8 @@ class Core(Protocol):
 
     def catalog(self) -> Mapping[str, int]: ...
 
+    def checkpoints(self, group_id: str) -> Mapping[tuple[str, int], Scalar]: ...
+
     @property
     def resources_epoch(self) -> int: ...
 
@@ -142,6 +148,8 @@ class Store(Protocol):
     async def load(self) -> Snapshot: ...
 
     async def write(self, records: Sequence[Record]) -> float: ...
+
+    async def rebalances(self, group_id: str, limit: int) -> list[dict[str, Any]]: ...
 
 
 def error_answer(command: Command, code: ErrorCode) -> Answer:
@@ -159,7 +167,8 @@ def error_answer(command: Command, code: ErrorCode) -> Answer:
             return CommitResponse(code)
         case Fetch():
             return FetchResponse(code)
-        case DeleteGroup() | PutResource() | DeleteResource():
+        case DeleteGroup() | PutResource() | DeleteResource() | RemoveMember() \
+                | ResetCheckpoints():
             return AdminResult(code)
     raise TypeError(f"{type(command).__name__} has no answer")
 
@@ -170,7 +179,8 @@ def command_group(command: Command) -> str | None:
         case Join(request=r) | Heartbeat(request=r) | Sync(request=r) | Leave(request=r) \
                 | Commit(request=r) | Fetch(request=r):
             return r.group_id
-        case DeleteGroup(group_id=group_id):
+        case DeleteGroup(group_id=group_id) | RemoveMember(group_id=group_id) \
+                | ResetCheckpoints(group_id=group_id):
             return group_id
     return None
 
@@ -464,7 +474,8 @@ class Runtime:
                  change.reason)
         if (self.metrics is not None and change.new_state == "PreparingRebalance"
                 and change.old_state != "PreparingRebalance"):
-            self.metrics.rebalances_started.inc()
+            reason = change.reason if change.reason in REBALANCE_REASONS else "other"
+            self.metrics.rebalances_started.labels(reason).inc()
 
     # ------------------------------------------------------------ timers
 

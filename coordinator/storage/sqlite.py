@@ -388,6 +388,21 @@ def _epoch_row(row: Any) -> int:
     return int(value)
 
 
+_JOURNAL_COLUMNS = ("group_id, generation_id, protocol_type, protocol_name, leader, "
+                    "member_count, members, joined, left, reason, started_ms, ended_ms, "
+                    "assignments")
+
+
+def _journal_row(r: Any) -> dict[str, Any]:
+    return {
+        "group_id": r[0], "generation_id": r[1], "protocol_type": r[2],
+        "protocol_name": r[3], "leader": r[4], "member_count": r[5],
+        "members": json.loads(r[6]), "joined": json.loads(r[7]),
+        "left": json.loads(r[8]), "reason": r[9], "started_ms": r[10],
+        "ended_ms": r[11], "assignments": decode(r[12]),
+    }
+
+
 # ---------------------------------------------------------------- storage
 
 
@@ -523,24 +538,21 @@ class Storage:
 
     async def journal(self, group_id: str | None = None) -> list[dict[str, Any]]:
         """Rows of the rebalance journal (oldest first), decoded, for tests and tools."""
-        sql = ("SELECT group_id, generation_id, protocol_type, protocol_name, leader, "
-               "member_count, members, joined, left, reason, started_ms, ended_ms, assignments "
-               "FROM rebalance_journal")
+        sql = f"SELECT {_JOURNAL_COLUMNS} FROM rebalance_journal"
         params: tuple[Any, ...] = ()
         if group_id is not None:
             sql += " WHERE group_id = ?"
             params = (group_id,)
-        rows = []
         async with self._db.execute(sql + " ORDER BY id", params) as cur:
-            async for r in cur:
-                rows.append({
-                    "group_id": r[0], "generation_id": r[1], "protocol_type": r[2],
-                    "protocol_name": r[3], "leader": r[4], "member_count": r[5],
-                    "members": json.loads(r[6]), "joined": json.loads(r[7]),
-                    "left": json.loads(r[8]), "reason": r[9], "started_ms": r[10],
-                    "ended_ms": r[11], "assignments": decode(r[12]),
-                })
-        return rows
+            return [_journal_row(r) async for r in cur]
+
+    async def rebalances(self, group_id: str, limit: int) -> list[dict[str, Any]]:
+        """The group's ``limit`` most recent journal rows, newest first (the
+        admin API's rebalance history; the index on ``group_id`` serves it)."""
+        sql = (f"SELECT {_JOURNAL_COLUMNS} FROM rebalance_journal WHERE group_id = ? "
+               f"ORDER BY id DESC LIMIT ?")
+        async with self._db.execute(sql, (group_id, limit)) as cur:
+            return [_journal_row(r) async for r in cur]
 
     async def generations(self, group_id: str) -> list[dict[str, Any]]:
         """Rows of the ``generations`` table for one group, oldest first."""

@@ -33,6 +33,7 @@ from protocol import codec
 ORDERS_TOKEN = "orders-" + "a" * 40
 OPS_TOKEN = "ops-" + "b" * 40
 READER_TOKEN = "reader-" + "c" * 40
+VIEWER_TOKEN = "viewer-" + "d" * 40
 
 
 def _line(name: str, token: str, groups: list[str], admin: bool = False) -> str:
@@ -49,6 +50,8 @@ def store(tmp_path: Path) -> TokenStore:
         _line("orders", ORDERS_TOKEN, ["orders-", "billing"]),
         _line("ops", OPS_TOKEN, ["*"], admin=True),
         _line("reader", READER_TOKEN, ["orders-"], admin=True),
+        json.dumps({"name": "viewer", "hash": hash_token(VIEWER_TOKEN), "groups": ["*"],
+                    "role": "viewer"}),
     ]) + "\n")
     return TokenStore.load(path)
 
@@ -57,7 +60,7 @@ def store(tmp_path: Path) -> TokenStore:
 
 
 def test_json_lines_file_is_read_and_hash_is_sha256(store: TokenStore) -> None:
-    assert [e.name for e in store.entries] == ["orders", "ops", "reader"]
+    assert [e.name for e in store.entries] == ["orders", "ops", "reader", "viewer"]
     orders = store.entries[0]
     assert orders.digest == hashlib.sha256(ORDERS_TOKEN.encode()).digest()
     assert orders.group_prefixes == ("orders-", "billing")
@@ -144,7 +147,7 @@ def test_lookup_finds_exactly_the_matching_entry(store: TokenStore) -> None:
 
 
 def test_authorize_by_prefix(store: TokenStore) -> None:
-    orders, ops, _ = store.entries
+    orders, ops, _, _ = store.entries
     assert authorize(orders, "orders-eu")
     assert authorize(orders, "billing")
     assert authorize(orders, "billing-2")
@@ -173,7 +176,7 @@ def test_member_ids_carry_128_random_bits_and_fit_the_name_limit() -> None:
 
 
 def test_member_ids_are_bound_to_the_token_and_group(store: TokenStore) -> None:
-    orders, ops, reader = store.entries
+    orders, ops, reader, _viewer = store.entries
     member_id = new_member_id("worker", "orders-eu", orders)
     assert member_bound(orders, "orders-eu", member_id)
     # Another token that learned the id (a leader sees every member id) cannot use it.
@@ -221,6 +224,7 @@ async def client(store: TokenStore) -> AsyncIterator[TestClient[web.Request, web
     app.router.add_post("/v1/heartbeat", _protocol_handler)
     app.router.add_get("/v1/groups", _admin_handler)
     app.router.add_get("/v1/groups/{group_id}", _admin_handler)
+    app.router.add_delete("/v1/groups/{group_id}", _admin_handler)
     app.router.add_put("/v1/resources/{name}", _admin_handler)
     app.router.add_get("/v1/resources", _admin_handler)
     app.router.add_get("/metrics", _open_handler)
@@ -348,3 +352,45 @@ def test_new_command_prints_a_token_and_its_entry(tmp_path: Path,
     path.write_text(line + "\n")
     entry = TokenStore.load(path).lookup(token)
     assert entry is not None and authorize(entry, "any-group")
+
+
+async def test_a_viewer_reads_its_groups_and_changes_nothing(
+        client: TestClient[web.Request, web.Application]) -> None:
+    viewer = _bearer(VIEWER_TOKEN)
+    assert (await client.get("/v1/groups", headers=viewer)).status == 200
+    assert (await client.get("/v1/groups/orders-eu", headers=viewer)).status == 200
+    resp = await client.delete("/v1/groups/orders-eu", headers=viewer)
+    assert resp.status == 403
+    message = (await resp.json())["message"]
+    assert "role viewer" in message and "needs the admin role" in message
+    assert (await client.put("/v1/resources/orders", json={"partitions": 3},
+                             headers=viewer)).status == 403
+    # The admin of every group may do both.
+    assert (await client.delete("/v1/groups/orders-eu", headers=_bearer(OPS_TOKEN))).status \
+        == 200
+
+
+async def test_changing_the_catalog_needs_a_grant_on_every_group(
+        client: TestClient[web.Request, web.Application]) -> None:
+    # READER is an admin of "orders-" only: the catalog is every group's.
+    resp = await client.put("/v1/resources/orders", json={"partitions": 3},
+                            headers=_bearer(READER_TOKEN))
+    assert resp.status == 403
+    assert "shared by every group" in (await resp.json())["message"]
+    resp = await client.put("/v1/resources/orders", json={"partitions": 3},
+                            headers=_bearer(OPS_TOKEN))
+    assert resp.status == 200
+
+
+def test_roles_in_the_tokens_file(tmp_path: Path) -> None:
+    base = {"name": "x", "hash": hash_token("t" * 40), "groups": ["*"]}
+    for extra, problem in (({"role": "root"}, "role: expected one of member, viewer, admin"),
+                           ({"role": "viewer", "admin": True}, "contradicts role")):
+        path = tmp_path / "t.jsonl"
+        path.write_text(json.dumps({**base, **extra}) + "\n")
+        with pytest.raises(TokenFileError, match=problem):
+            TokenStore.load(path)
+    path = tmp_path / "ok.jsonl"
+    path.write_text(json.dumps({**base, "role": "viewer"}) + "\n")
+    entry = TokenStore.load(path).entries[0]
+    assert entry.reads_admin and not entry.admin

@@ -1,0 +1,435 @@
+"""``groupcoord groups|checkpoints|rebalances|resources``: the operator's commands.
+
+Modelled on ``kafka-consumer-groups``: list and describe groups, delete one,
+remove a member, show and reset checkpoints (a dry run unless ``--execute``,
+with ``--export`` to keep what a reset would overwrite), the rebalance
+history, and the resource catalog. Every command talks to the admin API
+(:mod:`client.admin`) at ``--url`` / ``GROUPCOORD_URL`` with ``--token`` /
+``GROUPCOORD_TOKEN``.
+
+Output: aligned tables for people, ``--json`` for scripts (the server's own
+JSON). Exit status: 0 done, 1 refused or unreachable (the reason on one line
+of standard error), 2 a usage error (bad arguments, a reset file that does
+not parse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from client.admin import DEFAULT_URL, AdminClient, AdminError
+
+__all__ = ["register"]
+
+Command = Callable[[AdminClient, argparse.Namespace, TextIO], int]
+
+
+class UsageError(Exception):
+    """Bad input on the command line or in a file it names (exit status 2)."""
+
+
+# ---------------------------------------------------------------- registration
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=os.environ.get("GROUPCOORD_URL", DEFAULT_URL),
+                        help=f"the coordinator's admin URL (GROUPCOORD_URL; {DEFAULT_URL})")
+    common.add_argument("--token", default=os.environ.get("GROUPCOORD_TOKEN"),
+                        help="bearer token (GROUPCOORD_TOKEN)")
+    common.add_argument("--ca-file", help="CA certificate(s) to verify an https URL with")
+    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    return common
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common = _common()
+
+    groups = subparsers.add_parser("groups", help="list, describe, delete groups; remove a member")
+    gsub = groups.add_subparsers(dest="groups_command", metavar="ACTION", required=True)
+    p = gsub.add_parser("list", parents=[common], help="every group, its state and health")
+    p.add_argument("--state", action="append", default=[],
+                   help="only groups in this state (repeat, or comma-separated)")
+    p.set_defaults(func=_runner(_groups_list))
+    p = gsub.add_parser("describe", parents=[common],
+                        help="members, hosts, assignments, checkpoints, last rebalances")
+    p.add_argument("group")
+    p.set_defaults(func=_runner(_groups_describe))
+    p = gsub.add_parser("delete", parents=[common], help="delete an Empty group")
+    p.add_argument("group")
+    p.set_defaults(func=_runner(_groups_delete))
+    p = gsub.add_parser("remove-member", parents=[common],
+                        help="remove one member (the group rebalances)")
+    p.add_argument("group")
+    p.add_argument("member")
+    p.set_defaults(func=_runner(_groups_remove_member))
+
+    checkpoints = subparsers.add_parser("checkpoints", help="show or reset a group's checkpoints")
+    csub = checkpoints.add_subparsers(dest="checkpoints_command", metavar="ACTION",
+                                      required=True)
+    p = csub.add_parser("show", parents=[common], help="every checkpoint and its age")
+    p.add_argument("group")
+    p.set_defaults(func=_runner(_checkpoints_show))
+    p = csub.add_parser(
+        "reset", parents=[common],
+        help="reset checkpoints of an Empty group (a dry run unless --execute)",
+        description="Reset checkpoints of an Empty group. Without --execute nothing changes: "
+                    "the values before and after are printed. --export F writes the current "
+                    "values first, in the format --from-file takes back.")
+    way = p.add_mutually_exclusive_group(required=True)
+    way.add_argument("--to-value", metavar="V",
+                     help="set to V (a JSON scalar such as 42 or true; anything else is text)")
+    way.add_argument("--shift-by", type=int, metavar="N", help="add N to integer checkpoints")
+    way.add_argument("--delete", action="store_true", help="delete the checkpoints")
+    way.add_argument("--from-file", metavar="F", help="set the values of a file from --export")
+    p.add_argument("--resources", nargs="+", metavar="SET[:I,J-K]",
+                   help="only these resources (default: every checkpoint of the group)")
+    p.add_argument("--execute", action="store_true", help="apply the reset")
+    p.add_argument("--export", metavar="F", help="first write the current values to F")
+    p.add_argument("group")
+    p.set_defaults(func=_runner(_checkpoints_reset))
+
+    p = subparsers.add_parser("rebalances", parents=[common],
+                              help="a group's rebalance history: why, how long, who, what moved")
+    p.add_argument("group")
+    p.add_argument("--limit", type=int, default=20, help="most recent N (20)")
+    p.set_defaults(func=_runner(_rebalances))
+
+    resources = subparsers.add_parser("resources", help="the resource catalog")
+    rsub = resources.add_subparsers(dest="resources_command", metavar="ACTION", required=True)
+    p = rsub.add_parser("list", parents=[common], help="every resource set and its size")
+    p.set_defaults(func=_runner(_resources_list))
+    p = rsub.add_parser("set", parents=[common], help="create or resize a resource set")
+    p.add_argument("name")
+    p.add_argument("partitions", type=int)
+    p.set_defaults(func=_runner(_resources_set))
+    p = rsub.add_parser("delete", parents=[common], help="delete a resource set")
+    p.add_argument("name")
+    p.set_defaults(func=_runner(_resources_delete))
+
+
+def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            admin = AdminClient(args.url, token=args.token, ca_file=args.ca_file)
+            return command(admin, args, sys.stdout)
+        except AdminError as exc:
+            print(f"groupcoord: {exc.message}", file=sys.stderr)
+            return 1
+        except (UsageError, ValueError) as exc:
+            print(f"groupcoord: {exc}", file=sys.stderr)
+            return 2
+    return run
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Left-aligned columns two spaces apart; a header line first."""
+    cells = [list(headers)] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+def age(committed_at_ms: object, now_s: float | None = None) -> str:
+    """``12s``, ``5m``, ``3h``, ``2d``: how long ago a time in epoch ms was."""
+    if not isinstance(committed_at_ms, int | float):
+        return "-"
+    seconds = max(0.0, (time.time() if now_s is None else now_s) - committed_at_ms / 1000)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _value_text(entry: dict[str, Any], key: str = "value") -> str:
+    value = entry.get(key)
+    if entry.get("encoding") == "base64" and isinstance(value, str):
+        return "0x" + base64.b64decode(value).hex()
+    return json.dumps(value)
+
+
+def _assignment_text(assignment: object) -> str:
+    if isinstance(assignment, dict):
+        return " ".join(f"{name}:{_ranges(indexes)}" for name, indexes in sorted(assignment.items())
+                        if indexes) or "-"
+    return str(assignment) or "-"
+
+
+def _ranges(indexes: Iterable[int]) -> str:
+    """``0-3,7``: sorted indexes with runs folded."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in sorted(indexes):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [i]
+    if run:
+        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(out)
+
+
+def _dump(doc: object, out: TextIO) -> int:
+    json.dump(doc, out, indent=2, sort_keys=True)
+    out.write("\n")
+    return 0
+
+
+# ---------------------------------------------------------------- groups
+
+
+def _groups_list(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    states = [s for item in args.state for s in item.split(",") if s]
+    groups = admin.list_groups(states)
+    if args.json:
+        return _dump({"groups": groups}, out)
+    rows = [(g["group_id"], g["state"], g.get("health", "-"), g.get("protocol_name") or "-",
+             g["generation_id"], g["member_count"]) for g in groups]
+    print(table(("GROUP", "STATE", "HEALTH", "PROTOCOL", "GENERATION", "MEMBERS"), rows),
+          file=out)
+    return 0
+
+
+def _groups_describe(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    group = admin.describe_group(args.group)
+    checkpoints = admin.checkpoints(args.group)
+    rebalances = admin.rebalances(args.group, limit=5)
+    if args.json:
+        return _dump({**group, "checkpoints": checkpoints, "rebalances": rebalances}, out)
+    print(f"group {group['group_id']}: {group['state']}, generation {group['generation_id']}, "
+          f"protocol {group.get('protocol_type') or '-'}/{group.get('protocol_name') or '-'}, "
+          f"leader {group.get('leader') or '-'}", file=out)
+    print("", file=out)
+    rows = [(m["member_id"], m.get("group_instance_id") or "-", m.get("client_id") or "-",
+             m.get("client_host") or "-", m.get("session_timeout_ms"),
+             _assignment_text(m.get("assignment")))
+            for m in group["members"]]
+    print(table(("MEMBER", "INSTANCE", "CLIENT", "HOST", "SESSION_MS", "ASSIGNMENT"), rows),
+          file=out)
+    print("", file=out)
+    _print_checkpoints(checkpoints, out)
+    print("", file=out)
+    _print_rebalances(rebalances, out)
+    return 0
+
+
+def _groups_delete(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    admin.delete_group(args.group)
+    if args.json:
+        return _dump({"deleted": args.group}, out)
+    print(f"deleted group {args.group}", file=out)
+    return 0
+
+
+def _groups_remove_member(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    doc = admin.remove_member(args.group, args.member)
+    if args.json:
+        return _dump(doc if doc is not None else {"removed": args.member}, out)
+    print(f"removed member {args.member} from group {args.group}; the group rebalances",
+          file=out)
+    return 0
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def _print_checkpoints(checkpoints: list[dict[str, Any]], out: TextIO) -> None:
+    now = time.time()
+    rows = [(c["set"], c["index"], _value_text(c), age(c.get("committed_at"), now),
+             c.get("member_id") or "-", c.get("generation_id", "-"))
+            for c in checkpoints]
+    print(table(("SET", "INDEX", "VALUE", "AGE", "MEMBER", "GENERATION"), rows), file=out)
+
+
+def _checkpoints_show(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    checkpoints = admin.checkpoints(args.group)
+    if args.json:
+        return _dump({"checkpoints": checkpoints}, out)
+    _print_checkpoints(checkpoints, out)
+    return 0
+
+
+def parse_resources(items: Sequence[str], known: Iterable[tuple[str, int]]
+                    ) -> list[tuple[str, int]]:
+    """``orders:0-3,7 users`` -> resources; a bare set name means every known index of it."""
+    known_list = sorted(set(known))
+    chosen: list[tuple[str, int]] = []
+    for item in items:
+        name, sep, spec = item.partition(":")
+        if not name:
+            raise UsageError(f"--resources: {item!r} has no set name (SET or SET:0-3,7)")
+        if not sep:
+            chosen += [r for r in known_list if r[0] == name]
+            continue
+        for part in spec.split(","):
+            lo, dash, hi = part.partition("-")
+            try:
+                first, last = int(lo), int(hi if dash else lo)
+            except ValueError:
+                raise UsageError(f"--resources: {part!r} in {item!r} is not an index "
+                                 f"or a range I-J") from None
+            if first < 0 or last < first:
+                raise UsageError(f"--resources: bad range {part!r} in {item!r}")
+            chosen += [(name, i) for i in range(first, last + 1)]
+    return sorted(set(chosen))
+
+
+def _scalar(text: str) -> Any:
+    """``--to-value``: a JSON scalar if it is one, else the text itself."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(value, dict | list):
+        raise UsageError(f"--to-value: {text!r} is not a scalar (a number, true/false, "
+                         f"null or text)")
+    return value
+
+
+def export_doc(group_id: str, checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``--export`` writes: the checkpoints in the listing's own shape."""
+    keep = ("set", "index", "value", "encoding")
+    return {"group_id": group_id, "exported_at_ms": int(time.time() * 1000),
+            "checkpoints": [{k: c[k] for k in keep if k in c} for c in checkpoints]}
+
+
+def read_reset_file(path: str) -> list[list[Any]]:
+    """The ``values`` of a reset from an ``--export`` file (:class:`UsageError` if bad)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"--from-file {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"--from-file {path}: not JSON ({exc})") from None
+    entries = doc.get("checkpoints") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise UsageError(f"--from-file {path}: expected an object with a \"checkpoints\" list "
+                         f"(as --export writes)")
+    values: list[list[Any]] = []
+    for n, entry in enumerate(entries):
+        where = f"--from-file {path}: checkpoints[{n}]"
+        if not isinstance(entry, dict):
+            raise UsageError(f"{where}: expected an object {{set, index, value}}")
+        name, index = entry.get("set"), entry.get("index")
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"{where}: \"set\" must be a non-empty string")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise UsageError(f"{where}: \"index\" must be a non-negative integer")
+        if "value" not in entry:
+            raise UsageError(f"{where}: \"value\" is missing")
+        value = entry["value"]
+        if entry.get("encoding") == "base64":
+            if not isinstance(value, str):
+                raise UsageError(f"{where}: a base64 value must be a string")
+            values.append([name, index, value, "base64"])
+        elif isinstance(value, dict | list):
+            raise UsageError(f"{where}: \"value\" must be a scalar")
+        else:
+            values.append([name, index, value])
+    return values
+
+
+def _checkpoints_reset(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    values = read_reset_file(args.from_file) if args.from_file else None
+    to_value = _scalar(args.to_value) if args.to_value is not None else None
+    current: list[dict[str, Any]] | None = None
+    resources = None
+    if args.resources or args.export:
+        current = admin.checkpoints(args.group)
+    if args.resources:
+        assert current is not None
+        resources = parse_resources(args.resources,
+                                    ((c["set"], c["index"]) for c in current))
+    if args.export:
+        assert current is not None
+        chosen = set(resources) if resources is not None else None
+        kept = [c for c in current if chosen is None or (c["set"], c["index"]) in chosen]
+        try:
+            Path(args.export).write_text(
+                json.dumps(export_doc(args.group, kept), indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--export {args.export}: {exc.strerror or exc}") from None
+    doc = admin.reset_checkpoints(
+        args.group, dry_run=not args.execute, resources=resources,
+        to_value=to_value, shift_by=args.shift_by, delete=args.delete, values=values)
+    if args.json:
+        return _dump(doc, out)
+    before = {(c["set"], c["index"]): _value_text(c) for c in doc.get("before", [])}
+    after = {(c["set"], c["index"]): _value_text(c) for c in doc.get("after", [])}
+    rows = [(s, i, before.get((s, i), "-"), after.get((s, i), "-"))
+            for s, i in sorted(before.keys() | after.keys())]
+    print(table(("SET", "INDEX", "BEFORE", "AFTER"), rows), file=out)
+    if doc.get("dry_run", True):
+        print("dry run: nothing changed; add --execute to apply", file=out)
+    else:
+        print(f"reset {len(rows)} checkpoint(s) of group {args.group}", file=out)
+    if args.export:
+        print(f"the values before are in {args.export} (undo with --from-file {args.export})",
+              file=out)
+    return 0
+
+
+# ---------------------------------------------------------------- rebalances
+
+
+def _print_rebalances(rebalances: list[dict[str, Any]], out: TextIO) -> None:
+    rows = [(r.get("generation_id"), r.get("ended_at") or "-", r.get("reason") or "-",
+             r.get("duration_ms"), ",".join(r.get("joined") or []) or "-",
+             ",".join(r.get("left") or []) or "-", r.get("resources_moved", "-"))
+            for r in rebalances]
+    print(table(("GENERATION", "ENDED", "REASON", "DURATION_MS", "JOINED", "LEFT", "MOVED"),
+                rows), file=out)
+
+
+def _rebalances(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    rebalances = admin.rebalances(args.group, limit=args.limit)
+    if args.json:
+        return _dump({"rebalances": rebalances}, out)
+    _print_rebalances(rebalances, out)
+    return 0
+
+
+# ---------------------------------------------------------------- the catalog
+
+
+def _resources_list(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    doc = admin.list_resources()
+    if args.json:
+        return _dump(doc, out)
+    print(table(("SET", "PARTITIONS"), sorted(doc["resources"].items())), file=out)
+    print(f"resources_epoch {doc['resources_epoch']}", file=out)
+    return 0
+
+
+def _resources_set(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    if args.partitions < 1:
+        raise UsageError("partitions must be at least 1")
+    doc = admin.set_resource(args.name, args.partitions)
+    if args.json:
+        return _dump(doc, out)
+    print(f"{args.name}: {args.partitions} partitions (resources_epoch "
+          f"{doc['resources_epoch']})", file=out)
+    return 0
+
+
+def _resources_delete(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    doc = admin.delete_resource(args.name)
+    if args.json:
+        return _dump(doc, out)
+    print(f"deleted {args.name} (resources_epoch {doc['resources_epoch']})", file=out)
+    return 0

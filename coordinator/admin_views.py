@@ -1,0 +1,199 @@
+"""What the admin API shows of groups, spelled once for the JSON routes and the console.
+
+:mod:`coordinator.http.app` answers these as JSON (PROTOCOL.md, "Admin" and
+"Admin additions"); :mod:`coordinator.console` renders the same documents as
+HTML. Each function reads the runtime (or the journal) and returns plain
+JSON-ready values; neither knows about requests. Bad input raises
+:class:`protocol.validate.ValidationError` naming the field.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+from typing import Any
+
+from coordinator import auth, history
+from coordinator.core.commands import ResetCheckpoints
+from coordinator.core.effects import AdminResult
+from coordinator.core.views import GroupView, MemberView
+from coordinator.runtime.runtime import Answer, Runtime
+from protocol.limits import MAX_PARTITIONS
+from protocol.resources import PROTOCOL_TYPE as RESOURCES
+from protocol.resources import ResourceAssignment
+from protocol.validate import Scalar, ValidationError, check_int, check_scalar, check_string
+
+#: most rebalances one history call answers.
+MAX_HISTORY = 1000
+
+
+# ---------------------------------------------------------------- groups
+
+
+def group_rows(runtime: Runtime, entry: auth.TokenEntry | None,
+               states: frozenset[str] | None = None) -> list[dict[str, Any]]:
+    """``GET /v1/groups``: every group ``entry`` is granted, in a state of ``states``
+    (``None``: any), sorted by group id."""
+    return [{"group_id": g.group_id, "state": g.state, "protocol_type": g.protocol_type,
+             "protocol_name": g.protocol_name, "generation_id": g.generation_id,
+             "member_count": g.member_count}
+            for g in runtime.core.list_groups()
+            if (states is None or g.state in states) and auth.authorize(entry, g.group_id)]
+
+
+def assignment_json(protocol_type: str | None, data: bytes) -> Any:
+    """``{set: [indexes]}`` for the "resources" protocol, else base64 (PROTOCOL.md, Admin)."""
+    if protocol_type == RESOURCES:
+        try:
+            return {k: list(v) for k, v in ResourceAssignment.decode(data).assigned.items()}
+        except ValidationError:
+            pass  # a leader sent bytes that are not a resources map: show them raw
+    return base64.b64encode(data).decode("ascii")
+
+
+def member_json(view: GroupView, m: MemberView) -> dict[str, Any]:
+    return {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+            "client_id": m.client_id, "client_host": m.client_host,
+            "session_timeout_ms": m.session_timeout_ms,
+            "rebalance_timeout_ms": m.rebalance_timeout_ms,
+            "assignment": assignment_json(view.protocol_type, m.assignment)}
+
+
+def group_doc(view: GroupView) -> dict[str, Any]:
+    """``GET /v1/groups/{group_id}``: the group, its members and their assignments."""
+    return {"group_id": view.group_id, "state": view.state,
+            "protocol_type": view.protocol_type, "protocol_name": view.protocol_name,
+            "generation_id": view.generation_id, "leader": view.leader,
+            "members": [member_json(view, m) for m in view.members]}
+
+
+async def journal(runtime: Runtime, group_id: str, limit: int
+                  ) -> list[dict[str, Any]] | None:
+    """The group's ``limit + 1`` newest journal rows (the extra one counts what the
+    oldest reported rebalance moved), newest first; ``None`` for an unknown group."""
+    rows = await runtime.storage.rebalances(group_id, limit + 1)
+    if not rows and runtime.core.describe_group(group_id) is None:
+        return None
+    return rows
+
+
+def check_history_limit(text: str) -> int:
+    """``?limit=`` of the history route: 1 to :data:`MAX_HISTORY`."""
+    try:
+        limit = int(text)
+    except ValueError:
+        raise ValidationError("limit", f"expected an integer, got {text!r}") from None
+    if not 1 <= limit <= MAX_HISTORY:
+        raise ValidationError("limit", f"must be between 1 and {MAX_HISTORY}, got {limit}")
+    return limit
+
+
+async def rebalance_history(runtime: Runtime, group_id: str, limit: int
+                            ) -> list[dict[str, Any]] | None:
+    """``GET /v1/groups/{group_id}/rebalances``: newest first; ``None`` for an unknown group."""
+    rows = await journal(runtime, group_id, limit)
+    return None if rows is None else history.summarize(rows, limit)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def checkpoint_json(resource_set: str, index: int, value: Scalar) -> dict[str, Any]:
+    """One checkpoint as the admin API shows it: bytes as base64 with ``encoding``."""
+    if isinstance(value, bytes):
+        return {"set": resource_set, "index": index,
+                "value": base64.b64encode(value).decode("ascii"), "encoding": "base64"}
+    return {"set": resource_set, "index": index, "value": value}
+
+
+def checkpoints_doc(runtime: Runtime, group_id: str) -> list[dict[str, Any]]:
+    """``GET /v1/groups/{group_id}/checkpoints``: the group's checkpoints, by resource."""
+    return [checkpoint_json(s, i, v)
+            for (s, i), v in sorted(runtime.core.checkpoints(group_id).items())]
+
+
+def _resource(item: object, field: str) -> tuple[str, int]:
+    if not isinstance(item, list) or len(item) != 2:
+        raise ValidationError(field, "expected [set, index]")
+    name = check_string(item[0], f"{field}[0]")
+    assert name is not None
+    return name, check_int(item[1], f"{field}[1]", lo=0, hi=MAX_PARTITIONS - 1)
+
+
+def _json_scalar(value: object, field: str, encoding: object = None) -> Scalar:
+    if encoding is not None:
+        if encoding != "base64":
+            raise ValidationError(field, f"unknown encoding {encoding!r} (only \"base64\")")
+        if not isinstance(value, str):
+            raise ValidationError(field, "a base64 value must be a string")
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:
+            raise ValidationError(field, "not valid base64") from None
+    if isinstance(value, dict | list):
+        raise ValidationError(field, "expected a scalar (number, string, true/false, null)")
+    return check_scalar(value, field)
+
+
+def parse_reset(group_id: str, doc: dict[str, Any], request_id: int) -> ResetCheckpoints:
+    """The body of ``POST .../checkpoints/reset`` (PROTOCOL.md, "Admin additions")."""
+    dry_run = doc.get("dry_run", True)
+    if not isinstance(dry_run, bool):
+        raise ValidationError("dry_run", "expected true or false")
+    resources = None
+    if doc.get("resources") is not None:
+        items = doc["resources"]
+        if not isinstance(items, list):
+            raise ValidationError("resources", "expected a list of [set, index]")
+        resources = tuple(_resource(item, f"resources[{n}]") for n, item in enumerate(items))
+    ways = [w for w in ("to_value", "shift_by", "delete", "values") if w in doc]
+    if len(ways) != 1:
+        raise ValidationError("body", "give exactly one of to_value, shift_by, delete, values"
+                              + (f" (got {', '.join(ways)})" if ways else ""))
+    way = ways[0]
+    if way == "to_value":
+        return ResetCheckpoints(request_id, group_id, dry_run, resources, has_value=True,
+                                to_value=_json_scalar(doc["to_value"], "to_value",
+                                                      doc.get("encoding")))
+    if way == "shift_by":
+        shift = check_int(doc["shift_by"], "shift_by", lo=-(2**63), hi=2**63 - 1)
+        return ResetCheckpoints(request_id, group_id, dry_run, resources, shift_by=shift)
+    if way == "delete":
+        if doc["delete"] is not True:
+            raise ValidationError("delete", "expected true")
+        return ResetCheckpoints(request_id, group_id, dry_run, resources, delete=True)
+    items = doc["values"]
+    if not isinstance(items, list):
+        raise ValidationError("values", "expected a list of [set, index, value]")
+    values = []
+    for n, item in enumerate(items):
+        field = f"values[{n}]"
+        if not isinstance(item, list) or len(item) not in (3, 4):
+            raise ValidationError(field, 'expected [set, index, value] or '
+                                         '[set, index, value, "base64"]')
+        name, index = _resource(item[:2], field)
+        value = _json_scalar(item[2], f"{field}[2]", item[3] if len(item) == 4 else None)
+        if value is None:
+            raise ValidationError(f"{field}[2]", "null: use delete to remove checkpoints")
+        values.append((name, index, value))
+    return ResetCheckpoints(request_id, group_id, dry_run, resources, values=tuple(values))
+
+
+async def reset_checkpoints(runtime: Runtime, group_id: str, doc: dict[str, Any]) -> Answer:
+    """Submit a reset (``doc`` as PROTOCOL.md's body); the core's :class:`AdminResult`.
+
+    Bad input raises :class:`ValidationError` before anything is submitted.
+    """
+    parse_reset(group_id, doc, 0)
+    return await runtime.call(lambda rid: parse_reset(group_id, doc, rid))
+
+
+def reset_doc(group_id: str, doc: dict[str, Any], result: AdminResult) -> dict[str, Any]:
+    """The answer of a successful reset: the checkpoints it concerns, before and after."""
+    return {"group_id": group_id, "dry_run": doc.get("dry_run", True),
+            "before": _checkpoints_json(result.before),
+            "after": _checkpoints_json(result.after)}
+
+
+def _checkpoints_json(items: Iterable[tuple[str, int, Scalar]]) -> list[dict[str, Any]]:
+    return [checkpoint_json(*c) for c in items]

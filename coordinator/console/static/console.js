@@ -1,0 +1,75 @@
+// groupcoord console: live updates of a page's fragments (server-sent events).
+// The server re-renders each live fragment and sends it only when it changed;
+// this swaps it in and keeps the keyboard focus where it was.
+"use strict";
+(function () {
+  var url = document.body.getAttribute("data-live-url");
+  var status = document.getElementById("live-status");
+  if (!url) {
+    return;
+  }
+
+  function say(text, state) {
+    if (status) {
+      status.textContent = text;
+      status.setAttribute("data-state", state);
+    }
+  }
+
+  if (!window.EventSource) {
+    say("Live updates are not available in this browser: reload to refresh.", "off");
+    return;
+  }
+
+  // What identifies a focusable element across re-renders.
+  function keyOf(el) {
+    return el.getAttribute("data-key") || el.getAttribute("href") || el.id || null;
+  }
+
+  function refocus(root, key) {
+    var candidates = root.querySelectorAll("a[href], button, input, select, [tabindex], [data-key]");
+    for (var i = 0; i < candidates.length; i++) {
+      if (keyOf(candidates[i]) === key) {
+        candidates[i].focus();
+        return;
+      }
+    }
+  }
+
+  function swap(message) {
+    var el = document.getElementById(message.id);
+    if (!el || !el.hasAttribute("data-live") || el.getAttribute("data-digest") === message.digest) {
+      return;
+    }
+    var active = document.activeElement;
+    var key = active && active !== document.body && el.contains(active) ? keyOf(active) : null;
+    // The HTML is the server's own rendering of this fragment (autoescaped templates).
+    el.innerHTML = message.html;
+    el.setAttribute("data-digest", message.digest);
+    if (key) {
+      refocus(el, key);
+    }
+  }
+
+  var source = new EventSource(url);
+  source.addEventListener("open", function () {
+    say("Live: this page updates as the coordinator changes.", "on");
+  });
+  source.addEventListener("error", function () {
+    if (source.readyState === EventSource.CLOSED) {
+      say("Live updates are off (the server refused or stopped): reload the page to retry.", "off");
+    } else {
+      say("Live updates interrupted: reconnecting…", "wait");
+    }
+  });
+  source.addEventListener("fragment", function (event) {
+    swap(JSON.parse(event.data));
+  });
+  source.addEventListener("end", function (event) {
+    source.close();
+    say(JSON.parse(event.data).message + " Reload the page to resume live updates.", "off");
+  });
+  window.addEventListener("pagehide", function () {
+    source.close();
+  });
+})();

@@ -1,0 +1,119 @@
+"""Operators' actions on one group: remove a member, reset checkpoints.
+
+Kafka's ``kafka-consumer-groups --remove-members`` and ``--reset-offsets``,
+for generic resources (PROTOCOL.md, "Admin additions"). Both run in the
+serial apply like every other command, so the state they check (the member
+is there, the group is Empty) is the state they change.
+
+A reset is refused with ``NON_EMPTY_GROUP`` unless the group is Empty:
+members would otherwise keep committing over it, or act on a value that
+moved under them (Kafka refuses an active group the same way). A dry run
+computes the same before/after and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from coordinator.core.checkpoint_store import Checkpoint
+from coordinator.core.checkpoints import (
+    Refusal,
+    admit,
+    apply_checkpoints,
+    value_problem,
+)
+from coordinator.core.commands import RemoveMember, ResetCheckpoints
+from coordinator.core.effects import AdminResult
+from coordinator.core.kernel import Kernel
+from coordinator.core.rebalance import after_removal, remove_member
+from coordinator.core.records import CheckpointsWritten
+from coordinator.core.states import GroupState
+from protocol.errors import ErrorCode
+from protocol.validate import Scalar
+
+
+def handle_remove_member(k: Kernel, cmd: RemoveMember) -> None:
+    g = k.groups.get(cmd.group_id)
+    if g is None or g.state is GroupState.DEAD:
+        k.reply(cmd.request_id, AdminResult(ErrorCode.UNKNOWN_GROUP, k.resources_epoch,
+                                            found=False))
+        return
+    member = g.members.get(cmd.member_id)
+    if member is None:
+        k.reply(cmd.request_id, AdminResult(ErrorCode.UNKNOWN_MEMBER_ID, k.resources_epoch,
+                                            found=False))
+        return
+    # The member learns it is gone as any removed member does: its next call
+    # (or the parked one, now) answers UNKNOWN_MEMBER_ID and it rejoins.
+    remove_member(k, g, member, ErrorCode.UNKNOWN_MEMBER_ID)
+    after_removal(k, g, "admin_removal")
+    k.forget_if_vacant(g)
+    k.reply(cmd.request_id, AdminResult(None, k.resources_epoch))
+
+
+def _is_integer(value: Scalar) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def handle_reset(k: Kernel, cmd: ResetCheckpoints) -> None:
+    rid = cmd.request_id
+    g = k.groups.get(cmd.group_id)
+    if g is None or g.state is GroupState.DEAD:
+        k.reply(rid, AdminResult(ErrorCode.UNKNOWN_GROUP, k.resources_epoch, found=False))
+        return
+    if g.state is not GroupState.EMPTY:
+        k.reply(rid, AdminResult(
+            ErrorCode.NON_EMPTY_GROUP, k.resources_epoch,
+            message=f"group {cmd.group_id!r} is {g.state.value} with {len(g.members)} "
+                    f"member(s): a reset needs an Empty group (stop its members first)"))
+        return
+    store = k.checkpoints.get(cmd.group_id)
+    values = {} if store is None else store.values
+    chosen = None if cmd.resources is None else set(cmd.resources)
+    after: dict[tuple[str, int], Scalar]
+    if cmd.values is not None:
+        after = {(s, i): v for s, i, v in cmd.values if chosen is None or (s, i) in chosen}
+        targets = sorted(after)
+    else:
+        targets = sorted(values) if chosen is None else sorted(chosen)
+        if cmd.has_value:
+            after = dict.fromkeys(targets, cmd.to_value)
+        elif cmd.delete:
+            after = dict.fromkeys(targets)
+        else:
+            assert cmd.shift_by is not None
+            problem = _shift_problem(values, targets)
+            if problem is not None:
+                k.reply(rid, AdminResult(ErrorCode.INVALID_REQUEST, k.resources_epoch,
+                                         message=f"shift_by: {problem}"))
+                return
+            after = {r: values[r] + cmd.shift_by for r in targets}  # type: ignore[operator]
+    changes: tuple[Checkpoint, ...] = tuple((s, i, after[(s, i)]) for s, i in targets)
+    # A reset writes what a commit would: the same value, catalog and cap checks.
+    problem = value_problem(k, changes, "resources")
+    admitted = (Refusal(ErrorCode.INVALID_REQUEST, problem) if problem is not None
+                else admit(k, g, cmd.group_id, changes, "resources"))
+    if isinstance(admitted, Refusal):
+        k.reply(rid, AdminResult(admitted.error, k.resources_epoch, message=admitted.message))
+        return
+    before = tuple((s, i, values[(s, i)]) for s, i in targets if (s, i) in values)
+    result = tuple(c for c in changes if c[2] is not None)
+    if not cmd.dry_run and changes:
+        apply_checkpoints(k, cmd.group_id, admitted)
+        k.persist(CheckpointsWritten(cmd.group_id, changes, k.now))
+    k.reply(rid, AdminResult(None, k.resources_epoch, before=before, after=result))
+
+
+def _shift_problem(store: Mapping[tuple[str, int], Scalar],
+                   targets: list[tuple[str, int]]) -> str | None:
+    missing = [r for r in targets if r not in store]
+    if missing:
+        s, i = missing[0]
+        return (f"{len(missing)} resource(s) have no checkpoint to shift, e.g. ({s!r}, {i}); "
+                f"set them with to_value")
+    bad = [r for r in targets if not _is_integer(store[r])]
+    if bad:
+        s, i = bad[0]
+        return (f"{len(bad)} checkpoint(s) are not integers, e.g. ({s!r}, {i}) = "
+                f"{store[(s, i)]!r}; shift_by needs integer checkpoints")
+    return None

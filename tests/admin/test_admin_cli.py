@@ -1,0 +1,148 @@
+"""``groupcoord groups|checkpoints|rebalances|resources`` against a real server.
+
+Each command runs as a user runs it (the ``groupcoord`` script in a
+subprocess), against ``groupcoord serve`` started by the test. Exit status:
+0 done, 1 refused (the server's reason on stderr), 2 usage.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from server_harness import GROUPCOORD, ServerProcess, StartServer
+
+from protocol.resources import ResourceAssignment
+
+
+def run(server: ServerProcess, *args: str, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([GROUPCOORD, *args, "--url", server.url], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def call(server: ServerProcess, api: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(f"{server.url}/v1/{api}", data=msgpack.packb(body),
+                                 headers={"Content-Type": "application/msgpack"})
+    with urllib.request.urlopen(req, timeout=10) as answer:
+        doc: dict[str, Any] = msgpack.unpackb(answer.read())
+    return doc
+
+
+def static_member(server: ServerProcess, group: str, instance: str,
+                  assigned: dict[str, list[int]]) -> tuple[str, int]:
+    joined = call(server, "join", {
+        "group_id": group, "member_id": "", "group_instance_id": instance,
+        "protocol_type": "resources", "protocols": [["range", b""]],
+        "session_timeout_ms": 30_000, "rebalance_timeout_ms": 10_000, "client_id": "cli-test"})
+    assert joined["error"] is None, joined
+    member_id, generation = joined["member_id"], joined["generation_id"]
+    synced = call(server, "sync", {
+        "group_id": group, "member_id": member_id, "generation_id": generation,
+        "group_instance_id": instance,
+        "assignments": [{"member_id": member_id,
+                         "assignment": ResourceAssignment(assigned).encode()}]})
+    assert synced["error"] is None, synced
+    return member_id, generation
+
+
+def test_groups_describe_remove_member_and_rebalances(start_server: StartServer) -> None:
+    server = start_server()
+    assert run(server, "resources", "set", "shards", "8").returncode == 0
+    member_id, generation = static_member(server, "orders", "worker-1", {"shards": [0, 1, 2, 5]})
+    call(server, "commit", {"group_id": "orders", "member_id": member_id,
+                            "generation_id": generation, "group_instance_id": "worker-1",
+                            "checkpoints": [["shards", 0, 41], ["shards", 1, b"\xff"]]})
+    listed = run(server, "groups", "list")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == ["GROUP", "STATE", "HEALTH", "PROTOCOL", "GENERATION", "MEMBERS"]
+    assert lines[1].split()[:2] == ["orders", "Stable"]
+    as_json = json.loads(run(server, "groups", "list", "--state", "Stable", "--json").stdout)
+    assert [g["group_id"] for g in as_json["groups"]] == ["orders"]
+    assert json.loads(run(server, "groups", "list", "--state", "Empty", "--json").stdout) == \
+        {"groups": []}
+
+    described = run(server, "groups", "describe", "orders")
+    assert described.returncode == 0, described.stderr
+    assert "shards:0-2,5" in described.stdout and "worker-1" in described.stdout
+    assert "0xff" in described.stdout and "41" in described.stdout
+    assert "initial" in described.stdout  # the last rebalance and why
+
+    refused = run(server, "checkpoints", "reset", "orders", "--to-value", "0")
+    assert refused.returncode == 1
+    assert "NON_EMPTY_GROUP" in refused.stderr and "Stable" in refused.stderr
+
+    removed = run(server, "groups", "remove-member", "orders", member_id)
+    assert removed.returncode == 0, removed.stderr
+    again = run(server, "groups", "remove-member", "orders", member_id)
+    assert again.returncode == 1 and "UNKNOWN_MEMBER_ID" in again.stderr
+    history = json.loads(run(server, "rebalances", "orders", "--json").stdout)["rebalances"]
+    assert history[0]["reason"] == "initial" and history[0]["resources"]["assigned"] == 4
+
+
+def test_checkpoints_reset_dry_run_export_execute_and_undo(start_server: StartServer,
+                                                           tmp_path: Path) -> None:
+    server = start_server()
+    call(server, "commit", {"group_id": "g", "member_id": "tool", "generation_id": -1,
+                            "checkpoints": [["s", 0, 100], ["s", 1, 200], ["s", 2, 300]]})
+    dry = run(server, "checkpoints", "reset", "g", "--shift-by", "-50", "--resources", "s:0-1")
+    assert dry.returncode == 0, dry.stderr
+    rows = [line.split() for line in dry.stdout.splitlines()]
+    assert rows[0] == ["SET", "INDEX", "BEFORE", "AFTER"]
+    assert rows[1:3] == [["s", "0", "100", "50"], ["s", "1", "200", "150"]]
+    assert "dry run: nothing changed" in dry.stdout
+    shown = json.loads(run(server, "checkpoints", "show", "g", "--json").stdout)
+    assert [c["value"] for c in shown["checkpoints"]] == [100, 200, 300]
+
+    export = tmp_path / "before.json"
+    done = run(server, "checkpoints", "reset", "g", "--to-value", "0", "--execute",
+               "--export", str(export))
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(run(server, "checkpoints", "show", "g", "--json").stdout)
+    assert [c["value"] for c in shown["checkpoints"]] == [0, 0, 0]
+    undo = run(server, "checkpoints", "reset", "g", "--from-file", str(export), "--execute")
+    assert undo.returncode == 0, undo.stderr
+    shown = json.loads(run(server, "checkpoints", "show", "g", "--json").stdout)
+    assert [c["value"] for c in shown["checkpoints"]] == [100, 200, 300]
+
+
+def test_bad_input_is_one_line_and_changes_nothing(start_server: StartServer,
+                                                   tmp_path: Path) -> None:
+    server = start_server()
+    call(server, "commit", {"group_id": "g", "member_id": "tool", "generation_id": -1,
+                            "checkpoints": [["s", 0, "text"]]})
+    shift = run(server, "checkpoints", "reset", "g", "--shift-by", "1", "--execute")
+    assert shift.returncode == 1 and "not integers" in shift.stderr
+    assert len(shift.stderr.strip().splitlines()) == 1
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    bad_file = run(server, "checkpoints", "reset", "g", "--from-file", str(broken))
+    assert bad_file.returncode == 2 and "not JSON" in bad_file.stderr
+    unknown = run(server, "groups", "describe", "nope")
+    assert unknown.returncode == 1 and "UNKNOWN_GROUP" in unknown.stderr
+    usage = run(server, "checkpoints", "reset", "g")
+    assert usage.returncode == 2
+    shown = json.loads(run(server, "checkpoints", "show", "g", "--json").stdout)
+    assert shown["checkpoints"] == [{"set": "s", "index": 0, "value": "text"}]
+
+
+def test_resources_set_list_delete(start_server: StartServer) -> None:
+    server = start_server()
+    assert run(server, "resources", "set", "shards", "12").returncode == 0
+    listed = run(server, "resources", "list")
+    assert listed.stdout.splitlines()[1].split() == ["shards", "12"]
+    assert "resources_epoch 1" in listed.stdout
+    assert run(server, "resources", "delete", "shards").returncode == 0
+    assert json.loads(run(server, "resources", "list", "--json").stdout)["resources"] == {}
+
+
+def test_an_unreachable_url_names_it(tmp_path: Path) -> None:
+    result = subprocess.run([GROUPCOORD, "groups", "list", "--url", "http://127.0.0.1:9"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert "cannot reach http://127.0.0.1:9" in result.stderr
