@@ -760,24 +760,33 @@ def _lock(path: str) -> int:
 
 def _lock_holder(st: os.stat_result) -> int | None:
     """The pid holding a ``flock`` on the file, from ``/proc/locks`` (Linux); ``None``
-    when the system does not say (another OS, another pid namespace)."""
+    when the system does not say (another OS, another pid namespace).
+
+    A line names the file as ``MAJOR:MINOR:INODE``. On overlayfs the device
+    there can differ from what ``stat`` reports, so when no line matches the
+    device too, a single ``FLOCK`` line with the inode number is taken.
+    """
     try:
         with open("/proc/locks", encoding="ascii", errors="replace") as f:
             text = f.read()
     except OSError:
         return None
     where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    exact: list[int] = []
+    same_inode: list[int] = []
     for line in text.splitlines():
         # "3: FLOCK  ADVISORY  WRITE 4242 00:2d:1234 0 EOF"; a blocked waiter's
         # line has "->" after the number and is skipped.
         fields = line.split()
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == where:
-            try:
-                pid = int(fields[4])
-            except ValueError:
-                continue
-            return pid if pid > 0 else None
-    return None
+        if len(fields) < 6 or fields[1] != "FLOCK" or not fields[4].isdigit():
+            continue
+        pid = int(fields[4])
+        if fields[5] == where:
+            exact.append(pid)
+        elif fields[5].rsplit(":", 1)[-1] == str(st.st_ino):
+            same_inode.append(pid)
+    found = exact or (same_inode if len(same_inode) == 1 else [])
+    return found[0] if found and found[0] > 0 else None
 
 
 async def _check_tables(db: aiosqlite.Connection, path: str) -> None:
