@@ -39,7 +39,11 @@ DESIGN.md practices 4 and 5, after Kafka's group coordinator runtime:
   state that a restart would not reproduce, the runtime fails every waiting
   reply with ``COORDINATOR_NOT_AVAILABLE``, stops serving (``/readyz`` 503)
   and sets :attr:`Runtime.failed`, on which ``groupcoord serve`` exits so a
-  supervisor restarts it from what is on disk.
+  supervisor restarts it from what is on disk. A database file deleted or
+  replaced under the server is such a failure: the storage checks the file
+  after every commit (before the replies go out), and the runtime asks it
+  every ``storage_check_interval_ms`` while no write is in flight, so an idle
+  server notices too (``/readyz`` 503 within that interval).
 """
 
 from __future__ import annotations
@@ -113,6 +117,9 @@ Answer = Response | AdminResult
 
 #: A refused request is logged at most this often per limit (the metric counts every one).
 REFUSAL_LOG_INTERVAL_MS = 60_000
+#: how often an idle runtime checks that its database file is still the one open
+#: (``Store.check``: three stat calls, a few microseconds).
+STORAGE_CHECK_INTERVAL_MS = 1_000
 _LIMIT_FLAGS = {"max_groups": "--max-groups", "max_groups_per_token": "--max-groups-per-token",
                 "max_parked_requests": "--max-parked-requests"}
 
@@ -150,6 +157,10 @@ class Store(Protocol):
     async def write(self, records: Sequence[Record]) -> float: ...
 
     async def rebalances(self, group_id: str, limit: int) -> list[dict[str, Any]]: ...
+
+    def check(self) -> None:
+        """Raise if what is open is no longer what the next start would load
+        (the database file deleted or replaced); no I/O, called on the loop."""
 
 
 def error_answer(command: Command, code: ErrorCode) -> Answer:
@@ -235,17 +246,24 @@ class _Waiter:
 
 class Runtime:
     def __init__(self, core: Core, storage: Store, clock: Clock,
-                 metrics: Metrics | None = None, *, max_parked_requests: int = 0) -> None:
+                 metrics: Metrics | None = None, *, max_parked_requests: int = 0,
+                 storage_check_interval_ms: int = STORAGE_CHECK_INTERVAL_MS) -> None:
         if max_parked_requests < 0:
             raise ValueError(f"max_parked_requests: must be >= 0, got {max_parked_requests}")
+        if storage_check_interval_ms < 0:
+            raise ValueError(f"storage_check_interval_ms: must be >= 0, "
+                             f"got {storage_check_interval_ms}")
         self.core = core
         self.storage = storage
         self.clock = clock
         self.metrics = metrics
         #: True once state is loaded and until stop or a storage failure.
         self.ready = False
-        #: set when a storage write failed; the server should exit.
+        #: set when a storage write or check failed; the server should exit.
         self.failed = asyncio.Event()
+        #: 0: only the check after each commit.
+        self.storage_check_interval_ms = storage_check_interval_ms
+        self._storage_check: TimerHandle | None = None
         self._stopping = False
         #: the loop serving this runtime, kept at the first call: asyncio.get_running_loop()
         #: costs a getpid() system call per call in CPython (its fork check).
@@ -276,6 +294,7 @@ class Runtime:
         self.ready = True
         if self.metrics is not None:
             self.metrics.ready.set(1)
+        self._arm_storage_check()
         log.info("loaded %d group(s), %d checkpoint group(s), %d resource set(s)",
                  len(snapshot.groups), len(snapshot.checkpoints), len(snapshot.catalog))
 
@@ -290,6 +309,7 @@ class Runtime:
         if self.metrics is not None:
             self.metrics.ready.set(0)
         self._cancel_timers()
+        self._cancel_storage_check()
         while self._flusher is not None:
             await asyncio.shield(self._flusher)
         self._fail_waiters(ErrorCode.COORDINATOR_NOT_AVAILABLE)
@@ -545,14 +565,40 @@ class Runtime:
             if group_id is not None and self._group_writes.get(group_id) is batch:
                 del self._group_writes[group_id]
 
+    def _arm_storage_check(self) -> None:
+        if self.storage_check_interval_ms and self.ready:
+            self._storage_check = self.clock.call_at(
+                self.clock.now_ms() + self.storage_check_interval_ms, self._check_storage)
+
+    def _cancel_storage_check(self) -> None:
+        if self._storage_check is not None:
+            self._storage_check.cancel()
+            self._storage_check = None
+
+    def _check_storage(self) -> None:
+        """The idle check: with no write in flight (a write checks after its commit)."""
+        self._storage_check = None
+        if not self.ready:
+            return
+        if self._flusher is None:
+            try:
+                self.storage.check()
+            except Exception as exc:
+                self._storage_failed(exc)
+                return
+        self._arm_storage_check()
+
     def _storage_failed(self, exc: Exception) -> None:
-        log.critical("storage write failed, memory is now ahead of disk; stopping service "
+        if self.failed.is_set():
+            return
+        log.critical("storage failed, memory is now ahead of disk; stopping service "
                      "(restart to reload from disk): %s", exc)
         self.ready = False
         if self.metrics is not None:
             self.metrics.storage_failures.inc()
             self.metrics.ready.set(0)
         self._cancel_timers()
+        self._cancel_storage_check()
         self._open = _Batch()
         self._group_writes.clear()
         self._global_write = None

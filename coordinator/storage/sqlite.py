@@ -13,16 +13,38 @@ write it depends on returned from :meth:`Storage.write`, hence:
 
 Every batch of records is written in one transaction, in order, so memory and
 disk move together: either the whole batch is on disk or none of it.
+
+The file is the server's alone while it is open (docs/operations.md,
+"Files, backups, one instance"):
+
+- :meth:`Storage.open` takes an exclusive ``flock`` on the database file
+  itself, so a second server on the same file (by any path: a symlink, a
+  hard link, another mount of the volume on this host) is refused with the
+  first one's pid. SQLite's own locks are POSIX record locks, which do not
+  interact with ``flock`` on Linux and the BSDs; read-only readers
+  (``groupcoord journal export``, ``groupcoord analyze``, ``sqlite3``) take
+  no ``flock`` and keep working while a server runs.
+- It proves the file writable (a real, no-op commit) before the server
+  reports ready.
+- After every commit, and when the runtime asks (:meth:`Storage.check`),
+  the path must still name the file that is open, and ``-wal`` the
+  write-ahead log that is open: a database deleted, renamed or replaced
+  under a running server is a storage failure, never an acknowledged write
+  into a file the next start will not see.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import itertools
 import json
+import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,6 +69,8 @@ from protocol.validate import Scalar
 
 RESOURCES_EPOCH_KEY = "resources_epoch"
 
+log = logging.getLogger("groupcoord.storage")
+
 
 class StorageError(RuntimeError):
     """The database cannot be used (newer schema, unreadable file, failed write)."""
@@ -68,6 +92,15 @@ class CorruptDatabaseError(StorageError):
         self.problem = problem
         where = f"table {table}" + (f", row {key}" if key else "")
         super().__init__(f"database {path}: {where}: {problem}")
+
+
+def _cause(exc: BaseException) -> str:
+    """What went wrong, as SQLite or the OS said it, with SQLite's error name when known
+    (``database or disk is full (SQLITE_FULL)``)."""
+    name = getattr(exc, "sqlite_errorname", None)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{exc} ({name})" if isinstance(name, str) and name not in str(exc) else str(exc)
 
 
 class _BadValue(ValueError):
@@ -406,45 +439,142 @@ def _journal_row(r: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------- storage
 
 
+@dataclass(frozen=True, slots=True)
+class _FileId:
+    """Which file a path names: its device and inode."""
+
+    dev: int
+    ino: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> _FileId:
+        return cls(st.st_dev, st.st_ino)
+
+
 class Storage:
     """One open database. Not safe for concurrent :meth:`write` calls: the
     runtime has at most one write in flight (it batches the rest)."""
 
-    def __init__(self, db: aiosqlite.Connection, path: str) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: str, *, lock_fd: int,
+                 wal_path: str, wal: _FileId) -> None:
         self._db = db
         self.path = path
+        #: our own descriptor of the database file: holds the flock, and fstat says
+        #: which file SQLite has open (the path is checked against it).
+        self._lock_fd = lock_fd
+        self._wal_path = wal_path
+        self._wal = wal
 
     @classmethod
     async def open(cls, path: str | Path) -> Storage:
-        """Open (creating if missing) and migrate to :data:`SCHEMA_VERSION`.
+        """Lock, open (creating if missing), migrate to :data:`SCHEMA_VERSION`, and
+        prove the file writable.
 
-        Raises :class:`StorageError` for a file that is not an SQLite database
-        and for a database of a newer groupcoord (it is never downgraded), and
+        Raises :class:`StorageError` for a file another process holds (naming
+        its pid when the system says), a file that is not an SQLite database, a
+        database of a newer groupcoord (it is never downgraded) and a database
+        that cannot be written (read-only file or filesystem, ...), and
         :class:`CorruptDatabaseError` when a table or column of the schema is
-        missing.
+        missing. Every message is one line naming the file.
         """
         path = str(path)
+        lock_fd = _lock(path)
+        db: aiosqlite.Connection | None = None
         try:
-            db = await aiosqlite.connect(path, isolation_level=None)
-        except Exception as exc:
-            raise StorageError(f"cannot open database {path}: {exc}") from exc
-        try:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=FULL")
-            await db.execute("PRAGMA busy_timeout=5000")
-            await _migrate(db, path)
-            await _check_tables(db, path)
-        except sqlite3.Error as exc:
-            # "file is not a database", "database disk image is malformed", ...
-            await db.close()
-            raise StorageError(f"database {path}: cannot use it: {exc}") from exc
+            try:
+                db = await aiosqlite.connect(path, isolation_level=None)
+            except Exception as exc:
+                raise StorageError(f"cannot open database {path}: {exc}") from exc
+            try:
+                async with db.execute("PRAGMA journal_mode=WAL") as cur:
+                    row = await cur.fetchone()
+                mode = str(row[0]) if row else "?"
+                if mode.lower() != "wal":
+                    raise StorageError(f"database {path}: cannot switch it to WAL mode "
+                                       f"(journal mode stays {mode!r})")
+                await db.execute("PRAGMA synchronous=FULL")
+                await db.execute("PRAGMA busy_timeout=5000")
+                await _migrate(db, path)
+                await _check_tables(db, path)
+                await _check_writable(db, path)
+            except sqlite3.Error as exc:
+                # "file is not a database", "database disk image is malformed", ...
+                raise StorageError(f"database {path}: cannot use it: {_cause(exc)}") from exc
+            # The write above created the WAL if it was missing. SQLite names it
+            # after the file a symlink points to.
+            wal_path = os.path.realpath(path) + "-wal"
+            try:
+                wal = _FileId.of(os.stat(wal_path))
+            except OSError as exc:
+                raise StorageError(f"database {path}: its write-ahead log {wal_path} is "
+                                   f"missing after a commit: {_cause(exc)}") from exc
+            storage = cls(db, path, lock_fd=lock_fd, wal_path=wal_path, wal=wal)
+            # The path still names the file locked before SQLite opened it.
+            storage.check()
+            return storage
         except BaseException:
-            await db.close()
+            if db is not None:
+                await db.close()
+            os.close(lock_fd)
             raise
-        return cls(db, path)
 
     async def close(self) -> None:
-        await self._db.close()
+        """Close the database, then release the lock (in this order: closing any
+        descriptor of the file drops SQLite's POSIX locks on it).
+
+        SQLite's close checkpoints the WAL into the file and deletes ``-wal`` and
+        ``-shm``, but not when the file was deleted or renamed while open
+        (``SQLITE_FCNTL_HAS_MOVED``): those names may then be a replacement's.
+        A removed WAL whose file is still in place is checkpointed from the
+        open descriptor, so what it held is kept.
+        """
+        try:
+            await self._db.close()
+        finally:
+            os.close(self._lock_fd)
+
+    def check(self) -> None:
+        """Raise :class:`StorageError` unless the path still names the open
+        database file and ``-wal`` the open write-ahead log.
+
+        Three ``stat`` calls, no I/O: cheap next to the fsync of a commit
+        (docs/operations.md, "The file under a running server").
+        """
+        problem = self._db_problem() or self._wal_problem()
+        if problem is not None:
+            raise StorageError(f"database {self.path}: {problem}; nothing written from now on "
+                               f"would be seen by the next start")
+
+    def _db_problem(self) -> str | None:
+        try:
+            opened = os.fstat(self._lock_fd)
+        except OSError as exc:
+            return f"cannot stat the open file: {_cause(exc)}"
+        if opened.st_nlink == 0:
+            return "the file was deleted while the server had it open"
+        try:
+            named = os.stat(self.path)
+        except FileNotFoundError:
+            return "the file was renamed or removed while the server had it open"
+        except OSError as exc:
+            return f"cannot stat the path: {_cause(exc)}"
+        if _FileId.of(named) != _FileId.of(opened):
+            return ("the path names another file now: the database was replaced while "
+                    "the server had it open")
+        return None
+
+    def _wal_problem(self) -> str | None:
+        try:
+            named = os.stat(self._wal_path)
+        except FileNotFoundError:
+            return (f"its write-ahead log {self._wal_path} was removed while the server "
+                    f"had it open")
+        except OSError as exc:
+            return f"cannot stat its write-ahead log {self._wal_path}: {_cause(exc)}"
+        if _FileId.of(named) != self._wal:
+            return (f"its write-ahead log {self._wal_path} was replaced while the server "
+                    f"had it open")
+        return None
 
     async def schema_version(self) -> int:
         async with self._db.execute("PRAGMA user_version") as cur:
@@ -529,11 +659,14 @@ class Storage:
                 for sql, run in itertools.groupby(statements, key=lambda s: s[0]):
                     await self._db.executemany(sql, [params for _, params in run])
                 await self._db.execute("COMMIT")
-            except BaseException:
-                await self._db.execute("ROLLBACK")
+            except BaseException as exc:
+                await _rollback(self._db, self.path, exc)
                 raise
         except Exception as exc:
-            raise StorageError(f"write to {self.path} failed: {exc}") from exc
+            raise StorageError(f"write to {self.path} failed: {_cause(exc)}") from exc
+        # Committed, but into the file the next start will open? Checked before
+        # the caller acknowledges anything.
+        self.check()
         return time.perf_counter() - started
 
     async def journal(self, group_id: str | None = None) -> list[dict[str, Any]]:
@@ -589,9 +722,106 @@ async def _migrate(db: aiosqlite.Connection, path: str) -> None:
                 await db.execute(statement)
             await db.execute(f"PRAGMA user_version = {number}")
             await db.execute("COMMIT")
-        except BaseException:
-            await db.execute("ROLLBACK")
+        except BaseException as exc:
+            await _rollback(db, path, exc)
             raise
+
+
+async def _rollback(db: aiosqlite.Connection, path: str, cause: BaseException) -> None:
+    """Roll back after ``cause``, which stays the error reported.
+
+    After some errors (``SQLITE_FULL``, ``SQLITE_IOERR``, ...) SQLite has
+    already rolled the transaction back, and a ``ROLLBACK`` would fail with
+    "cannot rollback - no transaction is active", hiding the real cause. A
+    rollback that fails anyway is logged, never raised.
+    """
+    if not db.in_transaction:
+        return
+    try:
+        await db.execute("ROLLBACK")
+    except Exception as exc:
+        log.warning("database %s: rollback after %r failed too: %s", path, cause, exc)
+
+
+async def _check_writable(db: aiosqlite.Connection, path: str) -> None:
+    """A real commit that changes nothing: ``user_version`` set to itself.
+
+    SQLite opens a file it may not write (file mode, read-only filesystem)
+    read-only without complaint, and even ``BEGIN IMMEDIATE`` succeeds on it;
+    the first page write is what fails. This writes page 1 and fsyncs the
+    WAL, as every later commit will.
+    """
+    async with db.execute("PRAGMA user_version") as cur:
+        row = await cur.fetchone()
+    version = int(row[0]) if row else 0
+    try:
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            await db.execute(f"PRAGMA user_version = {version}")
+            await db.execute("COMMIT")
+        except BaseException as exc:
+            await _rollback(db, path, exc)
+            raise
+    except sqlite3.Error as exc:
+        raise StorageError(f"database {path}: cannot write to it: {_cause(exc)}") from exc
+
+
+def _lock(path: str) -> int:
+    """Open ``path`` (creating it empty if missing) and ``flock`` it exclusively; the
+    descriptor returned holds the lock until it is closed.
+
+    ``flock`` rather than a POSIX (``fcntl``) lock: SQLite's locks on the file
+    are POSIX locks of this process, which our own would merge with, and
+    closing any descriptor of the file drops them all; ``flock`` locks are
+    separate, per open file, and conflict even within one process.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise StorageError(f"cannot open database {path}: {_cause(exc)}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _lock_holder(os.fstat(fd))
+        os.close(fd)
+        who = f"another process (pid {holder})" if holder is not None else "another process"
+        raise StorageError(f"database {path} is in use by {who}: one server per database "
+                           f"file; stop that one or give this one another --db") from None
+    except OSError as exc:
+        os.close(fd)
+        raise StorageError(f"database {path}: cannot lock it: {_cause(exc)}") from exc
+    return fd
+
+
+def _lock_holder(st: os.stat_result) -> int | None:
+    """The pid holding a ``flock`` on the file, from ``/proc/locks`` (Linux); ``None``
+    when the system does not say (another OS, another pid namespace).
+
+    A line names the file as ``MAJOR:MINOR:INODE``. On overlayfs the device
+    there can differ from what ``stat`` reports, so when no line matches the
+    device too, a single ``FLOCK`` line with the inode number is taken.
+    """
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    exact: list[int] = []
+    same_inode: list[int] = []
+    for line in text.splitlines():
+        # "3: FLOCK  ADVISORY  WRITE 4242 00:2d:1234 0 EOF"; a blocked waiter's
+        # line has "->" after the number and is skipped.
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK" or not fields[4].isdigit():
+            continue
+        pid = int(fields[4])
+        if fields[5] == where:
+            exact.append(pid)
+        elif fields[5].rsplit(":", 1)[-1] == str(st.st_ino):
+            same_inode.append(pid)
+    found = exact or (same_inode if len(same_inode) == 1 else [])
+    return found[0] if found and found[0] > 0 else None
 
 
 async def _check_tables(db: aiosqlite.Connection, path: str) -> None:

@@ -52,6 +52,9 @@ class MemoryStore:
     async def write(self, records: Sequence[Record]) -> float:
         return 0.0
 
+    def check(self) -> None:
+        """In memory: no file to find replaced."""
+
 
 class InProcessCoordinator:
     def __init__(self, runtime: Runtime) -> None:

@@ -60,6 +60,9 @@ class HeldStorage:
     async def load(self) -> Snapshot:
         return await self.inner.load()
 
+    def check(self) -> None:
+        self.inner.check()
+
     async def write(self, records: Sequence[Record]) -> float:
         self.batches.append(list(records))
         self.waiting.set()

@@ -19,7 +19,8 @@ from coordinator.core.records import (
 )
 from coordinator.core.replay import fold
 from coordinator.storage.schema import SCHEMA_VERSION
-from coordinator.storage.sqlite import Storage, StorageError
+from coordinator.storage.sqlite import Storage, StorageError, encode_members
+from protocol.codec import encode
 
 
 def member(mid: str, assignment: bytes | None = None, instance: str | None = None) -> MemberRecord:
@@ -204,18 +205,24 @@ async def test_a_failed_batch_writes_nothing(tmp_path: Path) -> None:
 
 
 async def test_a_committed_write_survives_without_close(tmp_path: Path) -> None:
-    """What kill -9 leaves: a second connection sees every committed batch."""
+    """What kill -9 leaves: another connection sees every committed batch.
+
+    The other connection is a read-only one (a second Storage on the file is
+    refused while the first holds it: test_storage_files.py).
+    """
     storage = await open_storage(tmp_path / "g.db")
     try:
         stable = group("g1", "Stable", 1, member("m1", b"a"))
         await storage.write([stable, CheckpointsWritten("g1", (("orders", 0, 5),))])
-        other = await open_storage(tmp_path / "g.db")
+        other = sqlite3.connect((tmp_path / "g.db").absolute().as_uri() + "?mode=ro", uri=True)
         try:
-            snapshot = await other.load()
+            groups = other.execute("SELECT group_id, generation_id, members FROM groups").fetchall()
+            checkpoints = other.execute(
+                "SELECT group_id, resource_set, idx, value FROM checkpoints").fetchall()
         finally:
-            await other.close()
-        assert snapshot.groups == (stable,)
-        assert snapshot.checkpoints == {"g1": {("orders", 0): 5}}
+            other.close()
+        assert groups == [("g1", 1, encode_members(stable.members))]
+        assert checkpoints == [("g1", "orders", 0, encode(5))]
     finally:
         await storage.close()
 
