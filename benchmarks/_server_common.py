@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GROUPCOORD = str(Path(sys.executable).with_name("groupcoord"))
 MSGPACK = {"Content-Type": "application/msgpack"}
 _LISTENING = re.compile(r"^listening on http://([^:\s]+):(\d+)")
+_ADMIN_LISTENING = re.compile(r"^admin listening on (http://\S+)")
 
 
 def pinned(cpu: int | None, args: list[str]) -> list[str]:
@@ -35,18 +36,23 @@ def pinned(cpu: int | None, args: list[str]) -> list[str]:
 
 
 class Server:
-    """A child process that prints ``listening on http://HOST:PORT`` when ready."""
+    """A child process that prints ``listening on http://HOST:PORT`` when ready
+    (``groupcoord serve`` prints ``admin listening on ...`` before it: ``admin_url``)."""
 
     def __init__(self, args: list[str], cpu: int | None = None, timeout_s: float = 30) -> None:
         self.proc = subprocess.Popen(pinned(cpu, args), stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)
         deadline = time.monotonic() + timeout_s
         assert self.proc.stdout is not None
+        self.admin_url = ""
         while True:
             line = self.proc.stdout.readline()
             if not line or time.monotonic() > deadline:
                 self.proc.kill()
                 raise RuntimeError(f"{args[0]} did not start (exit {self.proc.poll()})")
+            admin = _ADMIN_LISTENING.match(line)
+            if admin:
+                self.admin_url = admin.group(1)
             m = _LISTENING.match(line)
             if m:
                 self.url = f"http://{m.group(1)}:{m.group(2)}"
@@ -87,7 +93,7 @@ def sched_seconds(pid: int, tid: int | None = None) -> tuple[float, float]:
 def start_groupcoord(cpu: int | None, **settings: object
                      ) -> tuple[Server, tempfile.TemporaryDirectory[str]]:
     tmp = tempfile.TemporaryDirectory(prefix="groupcoord-bench-")
-    args = [GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0",
+    args = [GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0", "--admin-port", "0",
             "--db", os.path.join(tmp.name, "bench.db"), "--log-level", "WARNING"]
     for name, value in settings.items():
         args += ["--" + name.replace("_", "-"), str(value)]

@@ -192,6 +192,7 @@ class Bench:
         self.tmp = tmp
         self.server: subprocess.Popen[str] | None = None
         self.url = ""
+        self.admin_url = ""
         self.ledgers: list[Path] = []
         self.live: dict[int, Worker] = {}
         self.generation = 0
@@ -199,19 +200,21 @@ class Bench:
 
     def start_server(self) -> None:
         cmd = [sys.executable, "-m", "coordinator.cli", "serve", "--host", "127.0.0.1",
-               "--port", "0", "--db", str(self.tmp / f"{self.mode}.db"),
+               "--port", "0", "--admin-port", "0", "--db", str(self.tmp / f"{self.mode}.db"),
                "--initial-rebalance-delay-ms", "0", "--min-session-timeout-ms", "500",
                "--log-level", "WARNING"]
         self.server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                        text=True)
+        # The admin listener's line comes first, then the protocol listener's.
+        self.admin_url = _read_line(self.server.stdout, r"^admin listening on (\S+)", 20)
         self.url = _read_line(self.server.stdout, r"^listening on (\S+)", 20)
-        req = urllib.request.Request(f"{self.url}/v1/resources/{SET}", method="PUT",
+        req = urllib.request.Request(f"{self.admin_url}/v1/resources/{SET}", method="PUT",
                                      data=json.dumps({"partitions": self.args.resources}).encode(),
                                      headers={"Content-Type": "application/json"})
         urllib.request.urlopen(req, timeout=5).read()
 
     def rebalances(self) -> int:
-        text = urllib.request.urlopen(f"{self.url}/metrics", timeout=5).read().decode()
+        text = urllib.request.urlopen(f"{self.admin_url}/metrics", timeout=5).read().decode()
         m = re.search(r"^groupcoord_rebalances_completed_total (\S+)$", text, re.M)
         return int(float(m.group(1))) if m else -1
 

@@ -48,7 +48,6 @@ import msgpack
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.records import GroupRecord, MemberRecord
-from coordinator.http.app import CALLS_KEY, build_app
 from coordinator.http.calls import Calls
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import WallClock
@@ -121,8 +120,7 @@ async def measure(args: argparse.Namespace, members: int) -> None:
         metrics.watch_core(core.state_counts, core.member_count)
         runtime = Runtime(core, storage, clock, metrics)
         await runtime.start()
-        app = build_app(runtime, metrics, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
-        calls: Calls = app[CALLS_KEY]
+        calls = Calls(runtime, metrics, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
         gc.freeze()  # as `groupcoord serve` does once the state is loaded
 
         if args.layer == "calls":
@@ -141,12 +139,8 @@ async def measure(args: argparse.Namespace, members: int) -> None:
                     if status != 200 or msgpack.unpackb(payload)["error"] is not None:
                         raise AssertionError(f"heartbeat failed: {status} {payload!r}")
         else:
-            from aiohttp import web
-
             from coordinator.http.fast import FastServer
-            runner = web.AppRunner(app)
-            await runner.setup()
-            server = FastServer(app, runner, calls)
+            server = FastServer(calls)
             protocol = server()
             transport = NullTransport()
             protocol.connection_made(transport)  # type: ignore[arg-type]
@@ -182,7 +176,6 @@ async def measure(args: argparse.Namespace, members: int) -> None:
             stats.sort_stats("tottime").print_stats(args.top)
         if args.layer == "http":
             protocol.connection_lost(None)
-            await runner.cleanup()
         await runtime.stop()
         await storage.close()
         gc.unfreeze()

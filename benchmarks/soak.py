@@ -230,21 +230,22 @@ def pct(values: list[float], q: float) -> float:
 async def main_async(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="groupcoord-soak-"))
     proc = subprocess.Popen(
-        [GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0",
+        [GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0", "--admin-port", "0",
          "--db", str(workdir / "soak.db"), "--initial-rebalance-delay-ms",
          str(args.initial_delay_ms), "--log-level", "WARNING"],
         stdout=subprocess.PIPE, stderr=(workdir / "server.log").open("wb"), text=True)
     assert proc.stdout is not None
-    line = proc.stdout.readline()
-    m = re.match(r"listening on (http://\S+)", line)
-    if not m:
+    # The admin listener's line comes first, then the protocol listener's.
+    admin = re.match(r"admin listening on (http://\S+)", proc.stdout.readline())
+    m = re.match(r"listening on (http://\S+)", proc.stdout.readline())
+    if not m or not admin:
         proc.kill()
         print(f"server did not start; see {workdir / 'server.log'}")
         return 2
     url = m.group(1)
     soak = Soak(args, url)
     try:
-        async with soak.session.put(f"{url}/v1/resources/{SET}",
+        async with soak.session.put(f"{admin.group(1)}/v1/resources/{SET}",
                                     json={"partitions": args.partitions}) as resp:
             assert resp.status == 200, await resp.text()
         groups = [f"soak-{g:03d}" for g in range(args.groups)]

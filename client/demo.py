@@ -133,6 +133,7 @@ class _Demo:
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.owned: dict[str, list[int]] = {}
         self.url = ""
+        self.admin_url = ""
         self.deadline = time.monotonic() + args.timeout
 
     def say(self, text: str) -> None:
@@ -140,7 +141,7 @@ class _Demo:
 
     def start_server(self) -> None:
         cmd = [sys.executable, "-m", "coordinator.cli", "serve", "--host", "127.0.0.1",
-               "--port", "0", "--db", str(self.tmp / "demo.db"),
+               "--port", "0", "--admin-port", "0", "--db", str(self.tmp / "demo.db"),
                "--initial-rebalance-delay-ms", "0", "--min-session-timeout-ms", "500",
                "--log-level", "WARNING"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -152,21 +153,23 @@ class _Demo:
         def read() -> None:
             assert proc.stdout is not None
             for line in proc.stdout:
-                if line.startswith("listening on "):
+                # "admin listening on URL" comes first, then "listening on URL".
+                if line.startswith(("admin listening on ", "listening on ")):
                     found.append(line.split()[-1])
+                if line.startswith("listening on "):
                     return
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         reader.join(20)
-        if not found:
+        if len(found) < 2:
             raise RuntimeError("the coordinator did not start within 20 s")
-        self.url = found[0]
+        self.admin_url, self.url = found[0], found[1]
         self.say(f"coordinator listening on {self.url}")
 
     def put_catalog(self) -> None:
         body = json.dumps({"partitions": self.args.partitions}).encode()
-        req = urllib.request.Request(f"{self.url}/v1/resources/{SET_NAME}", data=body,
+        req = urllib.request.Request(f"{self.admin_url}/v1/resources/{SET_NAME}", data=body,
                                      method="PUT",
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=5) as resp:

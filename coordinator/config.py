@@ -37,6 +37,9 @@ class ConfigError(ValueError):
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 9080
+    #: the admin listener (admin JSON, /metrics, /healthz, /readyz); "": the host.
+    admin_host: str = ""
+    admin_port: int = 9081
     db: str = "./groupcoord.db"
     min_session_timeout_ms: int = 6_000
     max_session_timeout_ms: int = 1_800_000
@@ -64,6 +67,11 @@ class ServerConfig:
     #: PEM certificate chain and key (coordinator.tls); empty: plain HTTP.
     tls_cert: str = ""
     tls_key: str = ""
+
+    @property
+    def admin_address(self) -> str:
+        """The admin listener's host: ``admin_host``, else ``host``."""
+        return self.admin_host or self.host
 
     def core_config(self) -> CoreConfig:
         return CoreConfig(
@@ -119,8 +127,14 @@ def _log_level(value: object) -> str | None:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("host", str, "address to listen on", _non_empty),
-    Setting("port", int, "TCP port; 0 picks a free one and prints it", _int_range(0, 65535)),
+    Setting("host", str, "address to listen on (the protocol listener; the admin "
+            "listener too unless --admin-host is given)", _non_empty),
+    Setting("port", int, "TCP port of the protocol listener (the workers' calls); 0 picks "
+            "a free one and prints it", _int_range(0, 65535)),
+    Setting("admin_host", str, "address of the admin listener (admin API, /metrics, "
+            "/healthz, /readyz); empty: the --host value", _any),
+    Setting("admin_port", int, "TCP port of the admin listener; 0 picks a free one and "
+            "prints it", _int_range(0, 65535)),
     Setting("db", str, "SQLite database file (created if missing)", _non_empty),
     Setting("min_session_timeout_ms", int, "smallest session timeout a member may ask for",
             _int_range(0, MAX_TIMEOUT_MS)),
@@ -227,6 +241,10 @@ def resolve(flags: Mapping[str, object | None], env: Mapping[str, str],
         raise ConfigError(
             f"min_session_timeout_ms ({config.min_session_timeout_ms}) must not exceed "
             f"max_session_timeout_ms ({config.max_session_timeout_ms})")
+    if config.port and config.port == config.admin_port and (
+            (config.admin_host or config.host) == config.host):
+        raise ConfigError(f"admin_port ({config.admin_port}) must differ from port: the "
+                          "protocol and admin listeners are separate")
     if config.tls_key and not config.tls_cert:
         raise ConfigError("tls_key is set but tls_cert is not: give the certificate too")
     return config

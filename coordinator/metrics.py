@@ -158,6 +158,14 @@ class Metrics:
         self.requests_refused = Counter("groupcoord_requests_refused",
                                         "Requests refused by a server limit, by limit",
                                         ["reason"], registry=r)
+        # listener: "protocol" or "admin"; reason: a fixed, small set (malformed,
+        # duplicate_header, head_too_large, content_encoding, not_found,
+        # method_not_allowed, timeout). Refused requests are logged at DEBUG only,
+        # so a client cannot fill the log: this counter is where they show.
+        self.http_refused = Counter("groupcoord_http_refused",
+                                    "HTTP requests refused before they reached a call or "
+                                    "an admin handler, by listener and reason",
+                                    ["listener", "reason"], registry=r)
         self.ready = Gauge("groupcoord_ready", "1 when state is loaded and requests are served",
                            registry=r)
 

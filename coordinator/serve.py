@@ -1,10 +1,12 @@
 """``groupcoord serve``: run the coordinator (PROTOCOL.md, "Running the server").
 
-Start-up order: open (and migrate) the database, listen — ``/healthz`` answers
-and protocol calls get ``COORDINATOR_LOAD_IN_PROGRESS`` — load the snapshot and
-restore the core, then mark ready and print ``listening on http://HOST:PORT``.
-SIGTERM or SIGINT: stop the runtime (parked requests answered
-``COORDINATOR_NOT_AVAILABLE``, pending writes committed), close the listener
+Start-up order: open (and migrate) the database, listen on the protocol and
+admin listeners (:mod:`coordinator.http.listeners`) — ``/healthz`` answers and
+protocol calls get ``COORDINATOR_LOAD_IN_PROGRESS`` — load the snapshot and
+restore the core, then mark ready and print ``admin listening on
+http://HOST:PORT`` and, last, ``listening on http://HOST:PORT`` (the protocol
+listener). SIGTERM or SIGINT: stop the runtime (parked requests answered
+``COORDINATOR_NOT_AVAILABLE``, pending writes committed), close the listeners
 and the database, exit 0. A storage failure exits 1 (see runtime docs).
 """
 
@@ -63,12 +65,9 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     # Heavy imports here, not at module level: `groupcoord --help` stays fast.
-    from aiohttp import web
-
     from coordinator import auth, tls
     from coordinator.core import GroupCoordinator
-    from coordinator.http.app import CALLS_KEY, build_app
-    from coordinator.http.fast import KEEPALIVE_TIMEOUT_S, FastServer
+    from coordinator.http.listeners import ListenError, Listeners
     from coordinator.metrics import Metrics
     from coordinator.runtime.clock import WallClock
     from coordinator.runtime.runtime import Runtime
@@ -85,26 +84,17 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     except (auth.TokenFileError, tls.TLSConfigError, StorageError) as exc:
         print(f"groupcoord serve: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    if (warning := auth.startup_warning(config.host, tokens is not None)) is not None:
-        log.warning("%s", warning)
+    for host in dict.fromkeys((config.host, config.admin_address)):
+        if (warning := auth.startup_warning(host, tokens is not None)) is not None:
+            log.warning("%s", warning)
 
     core = GroupCoordinator(config.core_config())
     metrics = Metrics()
     metrics.watch_core(core.state_counts, core.member_count)
     runtime = Runtime(core, storage, WallClock(), metrics,
                       max_parked_requests=config.max_parked_requests)
-    app = build_app(runtime, metrics, max_body_bytes=config.max_body_bytes,
-                    max_metadata_bytes=config.max_metadata_bytes, tokens=tokens)
-    # The lean path (coordinator.http.fast) answers the protocol calls and hands
-    # every other request to this runner's aiohttp handlers. handler_cancellation:
-    # a client that disconnects while its join/sync/heartbeat is parked cancels
-    # the handler, and the runtime tells the core (Cancelled); the lean path
-    # does the same.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=SHUTDOWN_GRACE_S,
-                           keepalive_timeout=KEEPALIVE_TIMEOUT_S)
-    await runner.setup()
-    fast = FastServer(app, runner, app[CALLS_KEY])
+    listeners = Listeners(runtime, metrics, max_body_bytes=config.max_body_bytes,
+                          max_metadata_bytes=config.max_metadata_bytes, tokens=tokens)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -112,16 +102,22 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     status = 0
     try:
         # What was actually bound (``--port 0`` picks a port).
-        _, port = await fast.start(config.host, config.port, ssl_context)
+        protocol, admin = await listeners.start(config.host, config.port,
+                                                config.admin_address, config.admin_port,
+                                                ssl_context)
         await runtime.start()
         # Everything alive now (modules, the restored groups) lives as long as the
         # process: keep it out of the cyclic GC's full scans, which would otherwise
         # walk it on every gen-2 collection and show up as latency spikes.
         gc.freeze()
-        host = config.host
-        scheme = "https" if ssl_context is not None else "http"
-        log.info("ready: database %s, listening on %s://%s:%d", config.db, scheme, host, port)
+        scheme = protocol.scheme
+        host, port = config.host, protocol.port
+        admin_url = f"{scheme}://{config.admin_address}:{admin.port}"
+        log.info("ready: database %s, listening on %s://%s:%d, admin on %s", config.db,
+                 scheme, host, port, admin_url)
         if ready_line:
+            # The admin line first: the protocol line stays the last, "ready" one.
+            print(f"admin listening on {admin_url}", flush=True)
             print(f"listening on {scheme}://{host}:{port}", flush=True)
         failed = asyncio.ensure_future(runtime.failed.wait())
         stopped = asyncio.ensure_future(stop.wait())
@@ -134,9 +130,8 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
                          config.db)
         else:
             log.info("shutting down")
-    except OSError as exc:
-        print(f"groupcoord serve: cannot listen on {config.host}:{config.port}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
+    except ListenError as exc:
+        print(f"groupcoord serve: {exc}", file=sys.stderr)
         status = EXIT_CONFIG
     except StorageError as exc:
         # Storage.load found a row it cannot decode: nothing was restored or served.
@@ -146,12 +141,10 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         # No new connections; parked requests answered COORDINATOR_NOT_AVAILABLE;
-        # lean connections answer what is in flight and close; then aiohttp's.
-        fast.close_listener()
+        # protocol connections answer what is in flight and close; then the admin's.
+        listeners.close()
         await runtime.stop()
-        await fast.shutdown(SHUTDOWN_GRACE_S)
-        await runner.cleanup()
-        await fast.finish()
+        await listeners.stop(SHUTDOWN_GRACE_S)
         await storage.close()
     return status
 

@@ -3,7 +3,7 @@
 Start a coordinator and a catalog, then as many workers as you like::
 
     groupcoord serve --db /tmp/g.db --initial-rebalance-delay-ms 0 &
-    curl -X PUT localhost:9080/v1/resources/shards -d '{"partitions": 12}' \\
+    curl -X PUT localhost:9081/v1/resources/shards -d '{"partitions": 12}' \\
          -H 'Content-Type: application/json'
     python examples/worker.py --name w1 &
     python examples/worker.py --name w2 &

@@ -21,6 +21,7 @@ from pathlib import Path
 GROUPCOORD = str(Path(sys.executable).with_name("groupcoord"))
 READY_TIMEOUT_S = 20.0
 _LISTENING = re.compile(r"^listening on (https?)://([^:\s]+):(\d+)\s*$")
+_ADMIN_LISTENING = re.compile(r"^admin listening on (https?://[^:\s]+:\d+)\s*$")
 
 #: settings that keep a test's server fast unless the test says otherwise.
 FAST_SETTINGS = {
@@ -37,12 +38,19 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """One ``groupcoord serve`` child process."""
+    """One ``groupcoord serve`` child process.
+
+    ``url`` is its protocol listener (the workers' calls), ``admin_url`` its
+    admin listener (admin API, ``/metrics``, ``/healthz``, ``/readyz``); both
+    on free ports unless the settings name them.
+    """
 
     def __init__(self, db: Path, settings: dict[str, object], env: dict[str, str] | None = None,
                  timeout_s: float = READY_TIMEOUT_S) -> None:
         self.db = db
         args = [GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0", "--db", str(db)]
+        if "admin_port" not in settings:
+            args += ["--admin-port", "0"]
         for name, value in settings.items():
             args += ["--" + name.replace("_", "-"), str(value)]
         self.args = args
@@ -53,6 +61,7 @@ class ServerProcess:
         # stderr is drained on a thread so a chatty server never blocks on a full pipe.
         self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True)
         self._stderr_thread.start()
+        self.admin_url = ""
         self.scheme, self.host, self.port = self._wait_ready(timeout_s)
         self.url = f"{self.scheme}://{self.host}:{self.port}"
 
@@ -68,6 +77,10 @@ class ServerProcess:
         def read() -> None:
             assert self.proc.stdout is not None
             for line in self.proc.stdout:
+                admin = _ADMIN_LISTENING.match(line)
+                if admin:  # printed just before the protocol line
+                    self.admin_url = admin.group(1)
+                    continue
                 m = _LISTENING.match(line)
                 if m:
                     found.append((m.group(1), m.group(2), int(m.group(3))))

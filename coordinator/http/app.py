@@ -1,30 +1,33 @@
-"""The HTTP surface (PROTOCOL.md, "Transport", "Calls", "Admin").
+"""The admin listener: admin JSON, ``/metrics``, ``/healthz``, ``/readyz`` (aiohttp).
 
-Protocol calls: ``POST /v1/{join,sync,heartbeat,leave,commit,fetch}``, msgpack
-both ways. Each handler reads the body (415 for another content type, 413 over
-``--max-body-bytes``) and hands it to :class:`coordinator.http.calls.Calls`,
-which decodes and validates it (400 ``INVALID_REQUEST`` naming the field),
-submits one command to the runtime and encodes the answer; ``groupcoord
-serve`` answers most of these calls on its lean path
-(:mod:`coordinator.http.fast`) with the same :class:`Calls`. A refused request
-never reaches the core, so it changes no state. Error bodies use the call's
-encoding: msgpack here, JSON for the admin API.
+``groupcoord serve`` has two listeners, each with one parser and one set of
+limits (issue 11; :mod:`coordinator.http.listeners`): the protocol calls are
+answered by the lean protocol listener (:mod:`coordinator.http.fast`), and
+everything an operator uses by this aiohttp app on ``--admin-port``, so the
+two can be firewalled apart. ``GET /v1/resources`` (the catalog a leader
+reads) is on both; a protocol call sent here gets a JSON 404 saying where the
+protocol listener is.
 
-With authentication on (``--auth-tokens``), the middleware of
-:mod:`coordinator.auth` checks the token; the handlers check, after decoding,
-that the token is granted the body's group (403) and that the member ids it
-names were minted for it (else ``UNKNOWN_MEMBER_ID``, as for any unknown id).
+Admin calls speak JSON (PROTOCOL.md, "Admin"). A request with a
+``Content-Encoding`` (other than ``identity``) is refused 415 before its body
+is read, and the listener never decompresses (aiohttp's ``auto_decompress``
+is off). With authentication on (``--auth-tokens``), the middleware of
+:mod:`coordinator.auth` checks the token and the admin flag. A request
+aiohttp's parser refuses (400, 431) is the client's mistake: it is counted in
+``groupcoord_http_refused_total{listener="admin"}`` and said at DEBUG, never
+logged as an error (:class:`AdminServerLog`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from aiohttp import hdrs, web
+from aiohttp.http import HttpProcessingError
+from aiohttp.http_exceptions import LineTooLong
 
 from coordinator import admin_views, auth
 from coordinator.console import build_console
@@ -36,19 +39,14 @@ from coordinator.core.commands import (
 )
 from coordinator.core.effects import AdminResult
 from coordinator.core.states import GroupState
-from coordinator.http import calls as calls_module
-from coordinator.http.calls import SERVER_FAILED, Calls
+from coordinator.http.calls import SERVER_FAILED, catalog_answer
 from coordinator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from coordinator.metrics import Metrics
 from coordinator.runtime.runtime import Answer, Runtime
-from protocol import codec
 from protocol.errors import ErrorCode
-from protocol.limits import DEFAULT_MAX_METADATA_BYTES, MAX_PARTITIONS
-from protocol.validate import (
-    Fields,
-    ValidationError,
-    check_string,
-)
+from protocol.limits import MAX_PARTITIONS
+from protocol.messages import APIS
+from protocol.validate import Fields, ValidationError, check_string
 
 log = logging.getLogger("groupcoord.http")
 
@@ -57,7 +55,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RUNTIME_KEY: web.AppKey[Runtime] = web.AppKey("groupcoord.runtime", Runtime)
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("groupcoord.metrics", Metrics)
 MAX_BODY_KEY: web.AppKey[int] = web.AppKey("groupcoord.max_body_bytes", int)
-CALLS_KEY: web.AppKey[Calls] = web.AppKey("groupcoord.calls", Calls)
 
 
 class Refused(Exception):
@@ -93,48 +90,21 @@ async def read_body(request: web.Request, content_types: frozenset[str],
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise Refused(413, f"body is over the limit of {limit} bytes") from None
+    except web.RequestPayloadError as exc:
+        # A body cut short or badly chunked: the client's mistake, answered 400.
+        raise Refused(400, f"the body could not be read: {exc}") from None
 
 
 # ---------------------------------------------------------------- protocol calls
 
 
-_MSGPACK_HEADERS = {hdrs.CONTENT_TYPE: codec.CONTENT_TYPE}
-
-
-def protocol_handler(api: str, calls: Calls) -> Handler:
-    """The handler of ``POST /v1/<api>``: read the body, answer with :class:`Calls`.
-
-    The lean path (:mod:`coordinator.http.fast`) serves these calls on most
-    connections; this one serves them on a connection that went to aiohttp
-    for an admin request, and in tests that mount the app alone. It answers
-    its own failures (no error middleware in front of it).
-    """
-    perf_counter = time.perf_counter
-
+def protocol_elsewhere(api: str) -> Handler:
+    """``POST /v1/<api>`` on the admin listener: a JSON 404 saying where it is served."""
     async def handle(request: web.Request) -> web.StreamResponse:
-        started = perf_counter()
-        try:
-            content_type = request.headers.get(hdrs.CONTENT_TYPE)
-            result = calls.early_refusal(api, content_type, request.content_length, started)
-            if result is None:
-                try:
-                    body = await request.read()
-                except web.HTTPRequestEntityTooLarge:
-                    result = calls.refuse(api, 413, f"body is over the limit of "
-                                          f"{calls.max_body_bytes} bytes", started)
-                else:
-                    result = await calls.call(api, body, content_type, request.remote or "",
-                                              auth.token_of(request), started)
-        except Exception:
-            log.exception("unhandled error on %s %s", request.method, request.path)
-            result = calls.server_error(api)
-        status, payload = result
-        return web.Response(status=status, body=payload, headers=_MSGPACK_HEADERS)
+        return json_error(404, ErrorCode.INVALID_REQUEST.value,
+                          f"protocol call /v1/{api} is served on the protocol listener "
+                          f"(--port), not on the admin listener")
     return handle
-
-
-#: api -> (parse the wire map, make the command); read when an app is built.
-PROTOCOL_APIS = calls_module.PROTOCOL_APIS
 
 
 # ---------------------------------------------------------------- admin (JSON)
@@ -279,11 +249,8 @@ async def remove_member(request: web.Request) -> web.StreamResponse:
 
 
 async def list_resources(request: web.Request) -> web.StreamResponse:
-    runtime = request.app[RUNTIME_KEY]
-    if (busy := _not_ready(runtime)) is not None:
-        return busy
-    return web.json_response({"resources_epoch": runtime.core.resources_epoch,
-                              "resources": dict(runtime.core.catalog())})
+    status, body = catalog_answer(request.app[RUNTIME_KEY])
+    return web.Response(status=status, body=body, content_type="application/json")
 
 
 async def put_resource(request: web.Request) -> web.StreamResponse:
@@ -339,11 +306,7 @@ async def metrics_page(request: web.Request) -> web.StreamResponse:
 
 
 def guarded(handler: Handler) -> Handler:
-    """An admin/health handler whose refusals answer JSON and whose bugs answer 500.
-
-    A wrapper per route rather than an app middleware: the protocol handlers,
-    on the hot path, answer their own failures and skip this layer.
-    """
+    """An admin/health handler whose refusals answer JSON and whose bugs answer 500."""
     async def guard(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
@@ -352,17 +315,67 @@ def guarded(handler: Handler) -> Handler:
         except web.HTTPException:
             raise
         except Exception:
-            log.exception("unhandled error on %s %s", request.method, request.path)
+            log.exception("unhandled error on %s %r", request.method, request.path)
             return json_error(500, ErrorCode.UNKNOWN_SERVER_ERROR.value, SERVER_FAILED)
     return guard
 
 
-def build_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
-              max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
-              tokens: auth.TokenStore | None = None) -> web.Application:
-    """The aiohttp app of every route; its :class:`Calls` is ``app[CALLS_KEY]``
-    (the lean path of :mod:`coordinator.http.fast` answers with the same one)."""
-    middlewares: list[Any] = []
+def refuse_content_encoding(metrics: Metrics) -> Any:
+    """A middleware: 415 for a request with a ``Content-Encoding`` other than
+    ``identity``, before anything reads its body (no body here is decompressed)."""
+    refused = metrics.http_refused
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        encoding = request.headers.get(hdrs.CONTENT_ENCODING)
+        if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+            refused.labels("admin", "content_encoding").inc()
+            return json_error(415, ErrorCode.INVALID_REQUEST.value,
+                              f"Content-Encoding {encoding.strip()[:40]!r} is not accepted: "
+                              f"send the body unencoded")
+        return await handler(request)
+
+    return middleware
+
+
+class AdminServerLog(logging.LoggerAdapter[logging.Logger]):
+    """The logger of the admin listener's aiohttp request handlers.
+
+    aiohttp logs a request its parser refuses (a bad request line, a field
+    over 8 KiB, ...) at ERROR with a traceback, once per request: any client
+    could fill the log with them. Here such a refusal is counted
+    (``groupcoord_http_refused_total{listener="admin"}``) and said at DEBUG;
+    everything else (a bug) is logged as aiohttp logs it.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        super().__init__(logging.getLogger("groupcoord.http.admin"), {})
+        self._refused = metrics.http_refused
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        exc_info = kwargs.get("exc_info")
+        error = (exc_info if isinstance(exc_info, BaseException)
+                 else exc_info[1] if isinstance(exc_info, tuple) else None)
+        if isinstance(error, HttpProcessingError):
+            code = error.code
+            reason = ("head_too_large" if code == 431 or isinstance(error, LineTooLong)
+                      else "body_too_large" if code == 413 else "malformed")
+            self._refused.labels("admin", reason).inc()
+            kwargs.pop("exc_info")
+            level = logging.DEBUG
+            msg = f"admin listener: refused a request ({reason}): {error}"
+            args = ()
+        super().log(level, msg, *args, **kwargs)
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]
+                ) -> tuple[Any, MutableMapping[str, Any]]:
+        return msg, kwargs
+
+
+def build_admin_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
+                    tokens: auth.TokenStore | None = None) -> web.Application:
+    """The aiohttp app of the admin listener (module docs)."""
+    middlewares: list[Any] = [refuse_content_encoding(metrics)]
     if tokens is not None:
         # A caller without a valid token learns nothing else.
         middlewares.append(auth.auth_middleware(tokens))
@@ -370,11 +383,8 @@ def build_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
     app[RUNTIME_KEY] = runtime
     app[METRICS_KEY] = metrics
     app[MAX_BODY_KEY] = max_body_bytes
-    calls = Calls(runtime, metrics, max_body_bytes=max_body_bytes,
-                  max_metadata_bytes=max_metadata_bytes, tokens=tokens, apis=PROTOCOL_APIS)
-    app[CALLS_KEY] = calls
-    for api in PROTOCOL_APIS:
-        app.router.add_post(f"/v1/{api}", protocol_handler(api, calls))
+    for api in APIS:
+        app.router.add_post(f"/v1/{api}", protocol_elsewhere(api))
     app.router.add_get("/v1/groups", guarded(list_groups))
     # A group id is one path segment ("/" in it as %2F); aiohttp matches the
     # encoded path, so the sub-resources below are never mistaken for a group.

@@ -1,10 +1,9 @@
 """One protocol call, without an HTTP framework (PROTOCOL.md, "Transport", "Calls").
 
-Both HTTP front ends use this: the aiohttp handler of :mod:`coordinator.http.app`
-and the lean path of :mod:`coordinator.http.fast`. Given the call's name, its
-raw body, its ``Content-Type`` header, the caller's address and token entry,
-:meth:`Calls.call` returns the HTTP status and the msgpack body to send, so
-the two front ends cannot disagree on an answer.
+The protocol listener (:mod:`coordinator.http.fast`) answers every call with
+this, and nothing else answers them. Given the call's name, its raw body, its
+``Content-Type`` header, the caller's address and token entry,
+:meth:`Calls.call` returns the HTTP status and the msgpack body to send.
 
 What a call goes through, in order (a refused request never reaches the
 core, so it changes no state):
@@ -27,6 +26,7 @@ and answered 500 ``UNKNOWN_SERVER_ERROR``.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -121,6 +121,18 @@ def check_metadata(msg: object, limit: int) -> None:
                                       f"bytes is over --max-metadata-bytes ({limit})")
 
 
+def catalog_answer(runtime: Runtime) -> Result:
+    """``GET /v1/resources`` (PROTOCOL.md, Admin), JSON: what a leader reads before it
+    assigns. Both listeners serve it (a worker may reach only the protocol one)."""
+    if not runtime.ready:
+        code = (ErrorCode.COORDINATOR_NOT_AVAILABLE if runtime.failed.is_set()
+                else ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        return 503, json.dumps({"error": code.value}).encode("utf-8")
+    core = runtime.core
+    return 200, json.dumps({"resources_epoch": core.resources_epoch,
+                            "resources": dict(core.catalog())}).encode("utf-8")
+
+
 class Calls:
     """The protocol calls of one server: its runtime, metrics, limits and tokens."""
 
@@ -170,6 +182,10 @@ class Calls:
             return self.refuse(api, 413, f"body of {content_length} bytes is over the limit "
                                f"of {self.max_body_bytes} bytes", started)
         return None
+
+    def catalog(self) -> Result:
+        """The JSON answer of ``GET /v1/resources`` (:func:`catalog_answer`)."""
+        return catalog_answer(self.runtime)
 
     def server_error(self, api: str) -> Result:
         self._observe(api, ErrorCode.UNKNOWN_SERVER_ERROR, 0.0)

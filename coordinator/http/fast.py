@@ -1,39 +1,53 @@
-"""The lean HTTP/1.1 path of the six protocol calls (issue 2, performance).
+"""The protocol listener: the six protocol calls on one strict HTTP/1.1 parser.
 
 aiohttp's request machinery alone (parser wrapper, request and response
 objects, router, stream reader, writer) costs more CPU than a heartbeat's
-whole budget, so ``groupcoord serve`` listens with :class:`FastProtocol`, an
-:class:`asyncio.Protocol` on llhttp (``httptools``) that answers
-``POST /v1/{join,sync,heartbeat,leave,commit,fetch}`` itself, through the
-same :class:`coordinator.http.calls.Calls` as the aiohttp handlers.
+whole budget, so ``groupcoord serve`` listens for the workers with
+:class:`FastServer`, an :class:`asyncio.Protocol` on llhttp (``httptools``)
+that answers ``POST /v1/{join,sync,heartbeat,leave,commit,fetch}`` through
+:class:`coordinator.http.calls.Calls`, and ``GET /v1/resources`` (the catalog
+a leader reads before it assigns; JSON, as on the admin listener).
+
+One parser, one set of limits, per byte stream (issue 11): nothing read here
+is handed to another parser. Any other method or path is answered here, 404
+(unknown path) or 405 (a protocol path with another method, ``Allow`` names
+the right one), msgpack ``{error: INVALID_REQUEST, message}`` saying that
+admin calls, ``/metrics``, ``/healthz`` and ``/readyz`` are on the admin
+listener (:mod:`coordinator.http.listeners`); the connection stays open.
 
 HTTP handled here (RFC 9112): keep-alive (HTTP/1.1 by default, HTTP/1.0 with
 ``Connection: keep-alive``), ``Content-Length`` and chunked bodies,
 ``Expect: 100-continue``, pipelining. Requests of one connection are answered
 strictly in order: one is in flight at a time, the ones parsed behind it wait
 in a queue (reading pauses when :data:`MAX_QUEUED` are waiting, or while the
-client does not read its answers). A body over ``--max-body-bytes`` is
-answered 413 as soon as that is known, without reading the rest, and the
-connection is closed. A request the parser refuses is answered 400 and the
-connection closed; bad input never gets a 5xx. A client that disconnects
-while its call is parked (a join, a sync, a long-poll heartbeat) cancels the
-call's task, so the runtime tells the core (``Cancelled``), as aiohttp's
-``handler_cancellation`` does. An idle keep-alive connection is closed after
-:data:`KEEPALIVE_TIMEOUT_S`; a request must arrive whole (head and body)
-within :data:`REQUEST_TIMEOUT_S` of its first byte and its head must fit in
-:data:`MAX_HEAD_BYTES` and :data:`MAX_HEADERS` fields (431 otherwise). TLS is
-``loop.create_server(ssl=...)``'s business, below this protocol.
+client does not read its answers). ``Upgrade`` is ignored (RFC 9110 7.8) on a
+request without a body and refused (400) on one with a body; the rest of the
+read is parsed in a loop, never by recursion.
 
-Everything else (admin JSON, ``/metrics``, ``/healthz``, ``/readyz``, another
-method on ``/v1/*``, unknown paths, a protocol call with a
-``Content-Encoding``) is served by the aiohttp app, unchanged: on the first
-such request the connection switches to *shim* mode for the rest of its
-life. This protocol keeps parsing; each complete request is re-serialised
-(request line, its headers without the framing ones, then ``Connection``,
-``Content-Length`` and the de-chunked body) and fed to an aiohttp
-``RequestHandler`` of the app's ``web.Server``, attached to a thin wrapper of
-the real transport. A request still in flight on the lean path is answered
-before anything is fed to aiohttp, so answers stay in order.
+Refusals, each answered before the body is read where the head suffices, and
+counted in ``groupcoord_http_refused_total{listener="protocol", reason}``;
+none is logged above DEBUG, so no client can fill the log:
+
+- a request the parser refuses (``malformed``), or one that gives a
+  single-value field twice (``duplicate_header``: ``Authorization``,
+  ``Content-Type``, ``Content-Length``, ``Content-Encoding``,
+  ``Transfer-Encoding``, ``Host``, ``Expect``): 400, connection closed;
+- a head over :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` fields, or a
+  trailer section over :data:`MAX_HEAD_BYTES` (``head_too_large``): 431,
+  closed. Only the bytes of the request's own head count;
+- a body over ``--max-body-bytes``: 413 as soon as that is known, closed;
+- a protocol call with a ``Content-Encoding`` other than ``identity``
+  (``content_encoding``): 415, before authentication; nothing is ever
+  decompressed on this listener;
+- a request not whole within :data:`REQUEST_TIMEOUT_S` of its first byte
+  (``timeout``): 408, closed.
+
+Trailer fields of a chunked body are never taken as header fields (RFC 9110
+6.5.1): they are counted against the limit and dropped. A client that
+disconnects while its call is parked (a join, a sync, a long-poll heartbeat)
+cancels the call's task, so the runtime tells the core (``Cancelled``). An
+idle keep-alive connection is closed after :data:`KEEPALIVE_TIMEOUT_S`. TLS
+is ``loop.create_server(ssl=...)``'s business, below this protocol.
 """
 
 from __future__ import annotations
@@ -43,6 +57,7 @@ import contextlib
 import email.utils
 import functools
 import inspect
+import json
 import logging
 import ssl
 import time
@@ -52,12 +67,12 @@ from http import HTTPStatus
 from typing import Any, cast
 
 import httptools
-from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 
 from coordinator import auth
 from coordinator.auth import TokenEntry
 from coordinator.http.calls import Calls, Result
+from protocol import codec
+from protocol.errors import ErrorCode
 
 log = logging.getLogger("groupcoord.http")
 
@@ -80,16 +95,26 @@ LINGER_S = 2.0
 #: ...or until this many bytes were dropped.
 MAX_LINGER_BYTES = 4 * 1024 * 1024
 
-_CALL, _SHIM, _REPLY = 0, 1, 2
+#: where the admin calls, metrics and health checks are (the 404/405 answers say it).
+ADMIN_HINT = ("admin calls (/v1/groups, PUT/DELETE /v1/resources), /metrics, /healthz "
+              "and /readyz are served on the admin listener (--admin-port), not on this "
+              "protocol listener")
+CATALOG_PATH = b"/v1/resources"
+
+_CALL, _CATALOG, _REPLY = 0, 1, 2
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-# A request aiohttp's parser refuses (400, connection closed): fed to the
-# aiohttp handler of a shim connection when this parser refused a request,
-# so that the 400 goes out after the answers aiohttp still owes.
-_MALFORMED = b"BAD\x00 / HTTP/1.1\r\n\r\n"
-# Framing and hop-by-hop fields that re-serialising replaces (RFC 9110 7.6.1).
-_DROPPED = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive",
-                      b"upgrade", b"te", b"trailer"})
 _MSGPACK = b"application/msgpack"
+_JSON = b"application/json"
+_TEXT = b"text/plain; charset=utf-8"
+# Fields a request may give once (RFC 9110 5.3: not lists): a second one is 400,
+# since two parsers (or a proxy in front) could each pick another one.
+_CONTENT_TYPE, _CONTENT_LENGTH, _AUTHORIZATION, _HOST = 1, 2, 4, 8
+_EXPECT, _CONTENT_ENCODING, _TRANSFER_ENCODING = 16, 32, 64
+_SINGLE_FIELDS = {b"content-type": _CONTENT_TYPE, b"content-length": _CONTENT_LENGTH,
+                  b"authorization": _AUTHORIZATION, b"host": _HOST, b"expect": _EXPECT,
+                  b"content-encoding": _CONTENT_ENCODING,
+                  b"transfer-encoding": _TRANSFER_ENCODING}
+_FIELD_NAMES = {bit: name.decode("ascii").title() for name, bit in _SINGLE_FIELDS.items()}
 
 
 def _http_date() -> bytes:
@@ -119,6 +144,22 @@ def response(status: int, body: bytes, date: bytes, *, content_type: bytes = _MS
         extra += b"Connection: keep-alive\r\n"
     return b"%bContent-Type: %b\r\nContent-Length: %d\r\nDate: %b\r\n%b\r\n%b" % (
         line, content_type, len(body), date, extra, body)
+
+
+def _error_json(code: ErrorCode, message: str | None = None) -> bytes:
+    doc = {"error": code.value} if message is None else {"error": code.value,
+                                                          "message": message}
+    return json.dumps(doc).encode("utf-8")
+
+
+def _error_msgpack(message: str) -> bytes:
+    return codec.encode({"error": ErrorCode.INVALID_REQUEST.value, "message": message})
+
+
+def _shown(raw: bytes, limit: int = 80) -> str:
+    """A method or path from the wire, safe to put in a message (and a log line)."""
+    text = raw[:limit].decode("latin-1")
+    return ascii(text + ("..." if len(raw) > limit else ""))[1:-1]
 
 
 async def _resume(coro: Coroutine[Any, Any, Result], waiting_for: Any) -> Result:
@@ -184,20 +225,17 @@ class _Pending:
         self.keep_alive = keep_alive
         self.http10 = http10
         self.started = started
-        #: _SHIM: the re-serialised request; _REPLY: the whole response.
+        #: _REPLY: the whole response.
         self.raw = raw
         #: _REPLY: close the connection once it is written.
         self.close = close
 
 
 class FastServer:
-    """What every connection of one listener shares; the listener's protocol factory."""
+    """What every connection of the protocol listener shares; its protocol factory."""
 
-    def __init__(self, app: web.Application, runner: web.AppRunner, calls: Calls, *,
-                 keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
+    def __init__(self, calls: Calls, *, keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
                  request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
-        self.app = app
-        self.runner = runner
         self.calls = calls
         self.keepalive_timeout_s = keepalive_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -206,6 +244,7 @@ class FastServer:
         #: the ``Date`` header value, refreshed every second by :meth:`_tick`.
         self.date = _http_date()
         self.loop = asyncio.get_running_loop()
+        self._refused = calls.metrics.http_refused
         self._listener: asyncio.AbstractServer | None = None
         self._ticker: asyncio.TimerHandle | None = None
         self.shutting_down = False
@@ -217,11 +256,11 @@ class FastServer:
         self.date = _http_date()
         self._ticker = self.loop.call_at(float(int(self.loop.time()) + 1), self._tick)
 
-    def web_server(self) -> web.Server:
-        server = self.runner.server
-        if server is None:
-            raise RuntimeError("the aiohttp runner is not set up")
-        return server
+    def refused(self, reason: str, remote: str, detail: str) -> None:
+        """Count a refusal (a fixed set of reasons) and say it at DEBUG only."""
+        self._refused.labels("protocol", reason).inc()
+        log.debug("protocol listener: refused a request from %s (%s): %s", remote, reason,
+                  detail)
 
     async def start(self, host: str, port: int,
                     ssl_context: ssl.SSLContext | None = None) -> tuple[str, int]:
@@ -237,83 +276,26 @@ class FastServer:
             self._listener.close()
 
     async def shutdown(self, timeout_s: float) -> None:
-        """Stop accepting; close idle connections, answer what is in flight, then close.
-
-        Connections in shim mode are left to ``runner.cleanup()`` (aiohttp
-        closes its own handlers); anything still open after ``timeout_s`` is
-        aborted.
-        """
+        """Stop accepting; close idle connections, answer what is in flight, then close;
+        anything still open after ``timeout_s`` is aborted."""
         self.shutting_down = True
         self.close_listener()
         for conn in list(self.connections):
             conn.begin_shutdown()
         deadline = self.loop.time() + timeout_s
-        while (any(not c.shim_mode for c in self.connections)
-               and self.loop.time() < deadline):
+        while self.connections and self.loop.time() < deadline:
             await asyncio.sleep(0.01)
         for conn in list(self.connections):
-            if not conn.shim_mode:
-                conn.abort()
+            conn.abort()
 
     async def finish(self) -> None:
-        """After ``runner.cleanup()``: abort what is left and release the listener."""
+        """After :meth:`shutdown`: abort what is left and release the listener."""
         for conn in list(self.connections):
             conn.abort()
         if self._ticker is not None:
             self._ticker.cancel()
         if self._listener is not None:
             await self._listener.wait_closed()
-
-
-class _ShimTransport(asyncio.Transport):
-    """The real transport as an aiohttp ``RequestHandler`` of a shim connection sees it."""
-
-    def __init__(self, transport: asyncio.Transport, owner: FastProtocol) -> None:
-        super().__init__()
-        self._transport = transport
-        self._owner = owner
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self._transport.write(data)
-
-    def writelines(self, list_of_data: Any) -> None:
-        self._transport.writelines(list_of_data)
-
-    def close(self) -> None:
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._transport.abort()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-    def pause_reading(self) -> None:
-        self._owner.pause_for_shim(True)
-
-    def resume_reading(self) -> None:
-        self._owner.pause_for_shim(False)
-
-    def is_reading(self) -> bool:
-        return self._transport.is_reading()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._transport.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size()
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._transport.get_write_buffer_limits()
-
-    def can_write_eof(self) -> bool:
-        return self._transport.can_write_eof()
-
-    def write_eof(self) -> None:
-        self._transport.write_eof()
 
 
 class FastProtocol(asyncio.Protocol):
@@ -331,16 +313,20 @@ class FastProtocol(asyncio.Protocol):
         self._remote = ""
         # -- the request being read
         self._url = b""
-        self._headers: list[tuple[bytes, bytes]] = []
         self._content_type: bytes | None = None
         self._authorization: bytes | None = None
         self._content_length: int | None = None
-        self._encoded = False
+        self._encoding: bytes | None = None
         self._expect = False
-        self._api: str | None = None
+        #: _SINGLE_FIELDS bits of the fields seen in this head.
+        self._seen = 0
+        self._fields = 0
+        #: _CALL or _CATALOG once the head is read and routed.
+        self._route = _REPLY
+        self._api = ""
         self._token: TokenEntry | None = None
-        self._refusal: Result | None = None
-        self._www_authenticate = False
+        #: a refused request whose body is read and dropped: (status, body, type, headers).
+        self._refusal: tuple[int, bytes, bytes, bytes] | None = None
         self._body: list[bytes] = []
         self._body_len = 0
         self._keep_alive = True
@@ -349,16 +335,20 @@ class FastProtocol(asyncio.Protocol):
         #: loop time of the current request's first byte; None between requests.
         self._begun: float | None = None
         self._in_head = False
-        #: head bytes seen in whole reads made while the head was incomplete.
-        self._head_bytes = 0
-        #: bytes of the request line's URL and the completed header fields.
+        # -- what the parser holds for the request being read (the limits)
+        #: requests begun on this connection.
+        self._messages = 0
+        #: bytes of the URL and of the complete header fields of this request's head.
         self._field_bytes = 0
+        #: bytes of the trailer fields of this request (chunked bodies).
+        self._trailer_bytes = 0
+        #: bytes of whole reads inside this request that completed nothing the
+        #: parser reports (a field longer than a read): buffered by the parser.
+        self._partial = 0
         # -- the connection
         self._queue: deque[_Pending] = deque()
         self._task: asyncio.Task[None] | None = None
         self._continue_owed = False
-        self.shim_mode = False
-        self._shim: RequestHandler | None = None
         #: no more parsing (a refusal that closes, a parse error, shutdown).
         self._stopped = False
         #: close once the answers owed are written.
@@ -367,7 +357,6 @@ class FastProtocol(asyncio.Protocol):
         self._lingering = False
         self._lingered = 0
         self._paused_queue = False
-        self._paused_shim = False
         self._paused_write = False
         self._reading_paused = False
         self._idle_since = 0.0
@@ -404,36 +393,24 @@ class FastProtocol(asyncio.Protocol):
             # handler_cancellation does.
             self._task.cancel()
             self._task = None
-        if self._shim is not None:
-            self._shim.connection_lost(exc)
 
     def pause_writing(self) -> None:
         # The client does not read its answers: stop taking new requests.
         self._paused_write = True
         self._update_reading()
-        if self._shim is not None:
-            self._shim.pause_writing()
 
     def resume_writing(self) -> None:
         self._paused_write = False
         self._update_reading()
-        if self._shim is not None:
-            self._shim.resume_writing()
 
     def eof_received(self) -> bool | None:
-        if self._shim is not None:
-            self._shim.eof_received()
         return None  # close our side too, like aiohttp
-
-    def pause_for_shim(self, paused: bool) -> None:
-        self._paused_shim = paused
-        self._update_reading()
 
     def _update_reading(self) -> None:
         transport = self._transport
         if transport is None:
             return
-        paused = (self._paused_queue or self._paused_shim or self._paused_write
+        paused = (self._paused_queue or self._paused_write
                   or self._stopped) and not self._lingering
         if paused != self._reading_paused:
             self._reading_paused = paused
@@ -444,7 +421,7 @@ class FastProtocol(asyncio.Protocol):
 
     def begin_shutdown(self) -> None:
         """Server shutdown: no new requests; close once the answers owed are written."""
-        if self.shim_mode or self._transport is None:
+        if self._transport is None:
             return
         self._stop()
         if self._task is None and not self._queue:
@@ -466,17 +443,17 @@ class FastProtocol(asyncio.Protocol):
         if self._begun is not None:
             if now - self._begun >= server.request_timeout_s:
                 # A slow or stalled client: the request did not arrive in time.
-                if self._task is None and not self._queue and not self.shim_mode:
+                server.refused("timeout", self._remote, "request not received in time")
+                if self._task is None and not self._queue:
                     transport.write(response(408, b"request not received in time\n",
-                                             server.date, content_type=b"text/plain",
-                                             close=True))
+                                             server.date, content_type=_TEXT, close=True))
                     self._stop()
                     self._linger_close()
                 else:
                     transport.close()
                 return
             deadline = min(deadline, self._begun + server.request_timeout_s)
-        elif not self.shim_mode and self._task is None and not self._queue:
+        elif self._task is None and not self._queue:
             if now - self._idle_since >= server.keepalive_timeout_s:
                 transport.close()
                 return
@@ -492,185 +469,250 @@ class FastProtocol(asyncio.Protocol):
                 if self._lingered > MAX_LINGER_BYTES:
                     self._transport.close()
             return
-        was_in_head = self._in_head
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade as upgrade:
-            # RFC 9110 7.8: a server may ignore Upgrade. The parser stopped after
-            # the (bodiless) request; go on parsing the rest as HTTP/1.1.
-            offset = int(upgrade.args[0])
-            if offset < len(data):
-                self.data_received(data[offset:])
+        # What the parser reported so far: a read that adds to none of it, inside
+        # a request, is held by the parser (one field, or a trailer, longer than a read).
+        inside = self._begun is not None
+        messages = self._messages
+        reported = self._field_bytes + self._body_len + self._trailer_bytes
+        view: bytes | memoryview = data
+        while True:
+            try:
+                self._parser.feed_data(view)
+            except httptools.HttpParserUpgrade as upgrade:
+                # RFC 9110 7.8: a server may ignore Upgrade. The parser stopped after
+                # the (bodiless) request; parse the rest as HTTP/1.1, in this loop:
+                # one turn per Upgrade request, however many one read holds.
+                offset = int(upgrade.args[0])
+                if self._stopped or offset >= len(view):
+                    return
+                view = memoryview(view)[offset:]
+                continue
+            except httptools.HttpParserCallbackError:
+                if not self._stopped:  # not our _Stop: a bug in a callback
+                    log.exception("HTTP parser callback failed")
+                    self._bad_request("malformed", "request could not be handled")
+                return
+            except httptools.HttpParserError as exc:
+                self._bad_request("malformed", f"malformed request: {exc}")
+                return
+            break
+        if self._begun is None or self._stopped:
             return
-        except httptools.HttpParserCallbackError:
-            if not self._stopped:  # not our _Stop: a bug in a callback
-                log.exception("HTTP parser callback failed")
-                self._bad_request("request could not be handled")
-            return
-        except httptools.HttpParserError as exc:
-            self._bad_request(f"malformed request: {exc}")
-            return
-        if self._in_head:
-            # Bytes buffered for an incomplete head: bounded (slow loris, huge fields).
-            if was_in_head:
-                self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES or self._field_bytes > MAX_HEAD_BYTES:
-                self._refuse_head()
+        if (inside and messages == self._messages
+                and reported == self._field_bytes + self._body_len + self._trailer_bytes):
+            self._partial += len(data)
+        else:
+            self._partial = 0
+        held = (self._field_bytes if self._in_head else self._trailer_bytes) + self._partial
+        if held > MAX_HEAD_BYTES:
+            self._refuse_head()
 
     def on_message_begin(self) -> None:
+        self._messages += 1
         self._url = b""
-        self._headers = []
         self._content_type = None
         self._authorization = None
         self._content_length = None
-        self._encoded = False
+        self._encoding = None
         self._expect = False
-        self._api = None
+        self._seen = 0
+        self._fields = 0
+        self._route = _REPLY
+        self._api = ""
         self._token = None
         self._refusal = None
-        self._www_authenticate = False
         self._body = []
         self._body_len = 0
         self._begun = self._loop.time()
         self._in_head = True
-        self._head_bytes = 0
         self._field_bytes = 0
+        self._trailer_bytes = 0
+        self._partial = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
         self._field_bytes += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        headers = self._headers
-        headers.append((name, value))
-        self._field_bytes += len(name) + len(value) + 4
-        if len(headers) > MAX_HEADERS or self._field_bytes > MAX_HEAD_BYTES:
+        size = len(name) + len(value) + 3  # at least "name:value\r\n"
+        if not self._in_head:
+            # A trailer field (chunked body, RFC 9110 6.5): never a header of the
+            # request; bounded like a head, then dropped.
+            self._trailer_bytes += size
+            if self._trailer_bytes > MAX_HEAD_BYTES:
+                self._refuse_head()
+                raise _Stop
+            return
+        self._field_bytes += size
+        self._fields += 1
+        if self._fields > MAX_HEADERS or self._field_bytes > MAX_HEAD_BYTES:
             self._refuse_head()
             raise _Stop
-        lower = name.lower()
-        if lower == b"content-type":
+        bit = _SINGLE_FIELDS.get(name.lower())
+        if bit is None:
+            return
+        if self._seen & bit:
+            self._bad_request("duplicate_header", f"{_FIELD_NAMES[bit]} is given more than "
+                                                  f"once")
+            raise _Stop
+        self._seen |= bit
+        if bit == _CONTENT_TYPE:
             self._content_type = value
-        elif lower == b"content-length":
-            # llhttp has checked it is digits and not repeated differently.
+        elif bit == _CONTENT_LENGTH:
+            # llhttp has checked it is digits.
             try:
                 self._content_length = int(value)
             except ValueError:
-                self._bad_request("Content-Length is not a number")
+                self._bad_request("malformed", "Content-Length is not a number")
                 raise _Stop from None
-        elif lower == b"authorization":
+        elif bit == _AUTHORIZATION:
             self._authorization = value
-        elif lower == b"expect":
+        elif bit == _EXPECT:
             self._expect = value.strip().lower() == b"100-continue"
-        elif lower == b"content-encoding":
-            self._encoded = value.strip().lower() not in (b"", b"identity")
+        elif bit == _CONTENT_ENCODING:
+            self._encoding = value
 
     def on_headers_complete(self) -> None:
         parser = self._parser
         self._in_head = False
         self._keep_alive = parser.should_keep_alive()
         self._http10 = parser.get_http_version() == "1.0"
-        chunked = self._content_length is None and any(
-            n.lower() == b"transfer-encoding" for n, _ in self._headers)
-        if parser.should_upgrade() and (chunked or self._content_length):
+        if parser.should_upgrade() and (self._seen & _TRANSFER_ENCODING
+                                        or self._content_length):
             # llhttp hands the body of an Upgrade request to the "new protocol";
             # no client of ours sends one, so refuse it rather than misread it.
-            self._bad_request("Upgrade on a request with a body is not supported")
+            self._bad_request("malformed", "Upgrade on a request with a body is not supported")
             raise _Stop
         url = self._url
         path = url.partition(b"?")[0] if b"?" in url else url
-        api = None
-        if not self.shim_mode and not self._encoded and parser.get_method() == b"POST":
+        api = self._paths.get(path)
+        if api is None or parser.get_method() != b"POST":
+            self._route_other(parser.get_method(), path, api)
+            return
+        self._api = api
+        self._route = _CALL
+        self._started = started = time.perf_counter()
+        calls = self._calls
+        encoding = self._encoding
+        if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+            # Before authentication and before the body: nothing is decompressed here.
+            self._server.refused("content_encoding", self._remote, _shown(encoding))
+            status, payload = calls.refuse(
+                api, 415, f"Content-Encoding {_shown(encoding.strip())!r} is not accepted: "
+                          f"send the body unencoded", started)
+            self._refuse(status, payload)
+            return
+        if self._auth_on:
+            authorization = self._authorization
+            self._token = calls.authenticate(
+                None if authorization is None else authorization.decode("latin-1"))
+            if self._token is None:
+                self._refuse(401, auth.unauthorized_msgpack(), extra=b"WWW-Authenticate: %b\r\n"
+                             % auth.WWW_AUTHENTICATE.encode())
+                return
+        content_type = self._content_type
+        refusal = calls.early_refusal(
+            api, None if content_type is None else content_type.decode("latin-1"),
+            self._content_length, started)
+        if refusal is not None:
+            self._refuse(*refusal)
+            return
+        if self._expect:
+            self._continue()
+
+    def _route_other(self, method: bytes, path: bytes, api: str | None) -> None:
+        """Anything but a protocol call: the catalog read, or 404/405."""
+        if path.startswith((b"http://", b"https://")):
+            # The absolute form (RFC 9112 3.2.2): its path is what counts.
+            path = b"/" + [*path.split(b"/", 3), b""][3]
             api = self._paths.get(path)
-        if api is None:
-            self.shim_mode = True
-        else:
-            self._api = api
-            self._started = started = time.perf_counter()
-            calls = self._calls
-            refusal: Result | None = None
+            if api is not None and method == b"POST":
+                self._url = path
+                self.on_headers_complete()  # route it again, now by its path
+                return
+        if path == CATALOG_PATH and method == b"GET":
+            self._route = _CATALOG
             if self._auth_on:
                 authorization = self._authorization
-                self._token = calls.authenticate(
+                self._token = self._calls.authenticate(
                     None if authorization is None else authorization.decode("latin-1"))
                 if self._token is None:
-                    refusal = 401, auth.unauthorized_msgpack()
-                    self._www_authenticate = True
-            if refusal is None:
-                content_type = self._content_type
-                refusal = calls.early_refusal(
-                    api, None if content_type is None else content_type.decode("latin-1"),
-                    self._content_length, started)
-            if refusal is not None:
-                length = self._content_length
-                if self._expect or refusal[0] == 413 or (length is not None
-                                                         and length > self._max_body):
-                    # Answer now, without reading the body, and close (RFC 9110
-                    # 10.1.1: the client may not send the body at all).
-                    self._reply_and_stop(refusal)
-                    raise _Stop
-                self._refusal = refusal  # read and drop the body, then answer
-                return
-        if self._expect:
-            if self._task is None and not self._queue:
-                self._write(_CONTINUE)
-            else:
-                self._continue_owed = True
+                    self._refuse(401, _error_json(ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                                  auth.UNAUTHORIZED_MESSAGE), _JSON,
+                                 b"WWW-Authenticate: %b\r\n" % auth.WWW_AUTHENTICATE.encode())
+                    return
+            if self._expect:
+                self._continue()
+            return
+        if api is not None or path == CATALOG_PATH:
+            allowed = b"GET" if api is None else b"POST"
+            message = (f"{_shown(method)} is not allowed on {_shown(path)}: use "
+                       f"{allowed.decode()}; {ADMIN_HINT}")
+            self._server.refused("method_not_allowed", self._remote, message)
+            self._refuse(405, _error_msgpack(message), extra=b"Allow: %b\r\n" % allowed)
+            return
+        message = (f"no protocol call at {_shown(method)} {_shown(path)}: this listener "
+                   f"serves POST /v1/{{{','.join(sorted(self._calls.apis))}}} and GET "
+                   f"/v1/resources; {ADMIN_HINT}")
+        self._server.refused("not_found", self._remote, message)
+        self._refuse(404, _error_msgpack(message))
+
+    def _continue(self) -> None:
+        if self._task is None and not self._queue:
+            self._write(_CONTINUE)
+        else:
+            self._continue_owed = True
+
+    def _refuse(self, status: int, payload: bytes, content_type: bytes = _MSGPACK,
+                extra: bytes = b"") -> None:
+        """Refuse the request whose head was just read: at once and close (its body
+        may be large, or not sent at all after ``Expect``), else after its body is
+        read and dropped, keeping the connection."""
+        length = self._content_length
+        if self._expect or status == 413 or (length is not None and length > self._max_body):
+            self._reply_and_stop(status, payload, content_type, extra)
+            raise _Stop
+        self._refusal = (status, payload, content_type, extra)
 
     def on_body(self, body: bytes) -> None:
-        if self._refusal is not None:
-            return
         self._body_len += len(body)
         if self._body_len > self._max_body:
-            if self._api is not None:
-                self._reply_and_stop(self._calls.refuse(
-                    self._api, 413, f"body is over the limit of {self._max_body} bytes",
-                    self._started))
+            refusal = self._refusal
+            message = f"body is over the limit of {self._max_body} bytes"
+            if refusal is not None:
+                self._reply_and_stop(*refusal)
+            elif self._route == _CALL:
+                status, payload = self._calls.refuse(self._api, 413, message, self._started)
+                self._reply_and_stop(status, payload)
             else:
-                # aiohttp answers 413 for its routes when it sees the body over
-                # the limit; it gets one byte more than the limit, then the end.
-                self._body.append(body)
-                data = b"".join(self._body)[:self._max_body + 1]
-                self._enqueue(_Pending(_SHIM, raw=self._reserialise(data, close=True)))
-                self._stop()
+                self._reply_and_stop(413, _error_json(ErrorCode.INVALID_REQUEST, message),
+                                     _JSON)
             raise _Stop
-        self._body.append(body)
+        if self._route == _CALL and self._refusal is None:
+            self._body.append(body)
 
     def on_message_complete(self) -> None:
         self._begun = None
+        self._in_head = False
         self._continue_owed = False
-        body = b"".join(self._body) if self._body else b""
-        self._body = []
-        if self._api is None:
-            self._enqueue(_Pending(_SHIM, raw=self._reserialise(body,
-                                                                close=not self._keep_alive)))
-        elif self._refusal is not None:
-            status, payload = self._refusal
-            extra = (b"WWW-Authenticate: %b\r\n" % auth.WWW_AUTHENTICATE.encode()
-                     if self._www_authenticate else b"")
+        refusal = self._refusal
+        if refusal is not None:
+            status, payload, reply_type, extra = refusal
             close = not self._keep_alive
             self._enqueue(_Pending(_REPLY, raw=response(
-                status, payload, self._server.date, close=close,
+                status, payload, self._server.date, content_type=reply_type, close=close,
                 http10_keep_alive=self._http10 and not close, extra=extra), close=close))
-        else:
+        elif self._route == _CALL:
             content_type = self._content_type
+            body = b"".join(self._body) if self._body else b""
+            self._body = []
             self._enqueue(_Pending(
                 _CALL, api=self._api, body=body, token=self._token,
                 content_type=None if content_type is None else content_type.decode("latin-1"),
                 keep_alive=self._keep_alive, http10=self._http10, started=self._started))
-
-    def _reserialise(self, body: bytes, *, close: bool) -> bytes:
-        parser = self._parser
-        out = [b"%b %b HTTP/%b\r\n" % (parser.get_method(), self._url,
-                                        parser.get_http_version().encode("ascii"))]
-        for name, value in self._headers:
-            lower = name.lower()
-            if lower in _DROPPED or (lower == b"expect" and self._expect):
-                continue
-            out.append(b"%b: %b\r\n" % (name, value))
-        out.append(b"Connection: close\r\n" if close else b"Connection: keep-alive\r\n")
-        out.append(b"Content-Length: %d\r\n\r\n" % len(body))
-        out.append(body)
-        return b"".join(out)
+        elif self._route == _CATALOG:
+            self._enqueue(_Pending(_CATALOG, token=self._token, keep_alive=self._keep_alive,
+                                   http10=self._http10))
 
     # ------------------------------------------------------------ refusals
 
@@ -679,34 +721,26 @@ class FastProtocol(asyncio.Protocol):
         self._begun = None
         self._update_reading()
 
-    def _reply_and_stop(self, result: Result) -> None:
-        status, payload = result
-        extra = (b"WWW-Authenticate: %b\r\n" % auth.WWW_AUTHENTICATE.encode()
-                 if self._www_authenticate else b"")
+    def _reply_and_stop(self, status: int, payload: bytes, content_type: bytes = _MSGPACK,
+                        extra: bytes = b"") -> None:
         self._enqueue(_Pending(_REPLY, raw=response(status, payload, self._server.date,
-                                                    close=True, extra=extra), close=True))
+                                                    content_type=content_type, close=True,
+                                                    extra=extra), close=True))
         self._stop()
 
-    def _bad_request(self, message: str) -> None:
+    def _bad_request(self, reason: str, message: str) -> None:
         if self._stopped:
             return
-        if self.shim_mode:
-            self._enqueue(_Pending(_SHIM, raw=_MALFORMED))
-        else:
-            self._enqueue(_Pending(_REPLY, close=True, raw=response(
-                400, message.encode("utf-8", "replace") + b"\n", self._server.date,
-                content_type=b"text/plain; charset=utf-8", close=True)))
-        self._stop()
+        self._server.refused(reason, self._remote, message)
+        self._reply_and_stop(400, message.encode("utf-8", "replace") + b"\n", _TEXT)
 
     def _refuse_head(self) -> None:
-        if self.shim_mode:
-            self._bad_request("request head too large")
-        else:
-            self._enqueue(_Pending(_REPLY, close=True, raw=response(
-                431, b"request head over %d bytes or %d fields\n" % (MAX_HEAD_BYTES,
-                                                                      MAX_HEADERS),
-                self._server.date, content_type=b"text/plain", close=True)))
-            self._stop()
+        if self._stopped:
+            return
+        message = (f"request head or trailer section over {MAX_HEAD_BYTES} bytes or "
+                   f"{MAX_HEADERS} fields")
+        self._server.refused("head_too_large", self._remote, message)
+        self._reply_and_stop(431, message.encode("ascii") + b"\n", _TEXT)
 
     # ------------------------------------------------------------ answering in order
 
@@ -729,8 +763,9 @@ class FastProtocol(asyncio.Protocol):
             if kind == _CALL:
                 if not self._call(item):
                     return
-            elif kind == _SHIM:
-                self._feed_shim(item.raw)
+            elif kind == _CATALOG:
+                if not self._catalog(item):
+                    return
             else:
                 self._write(item.raw)
                 if item.close:
@@ -776,6 +811,10 @@ class FastProtocol(asyncio.Protocol):
         task.add_done_callback(functools.partial(_cancel_if_suspended, coro))
         return False
 
+    def _catalog(self, item: _Pending) -> bool:
+        status, payload = self._calls.catalog()
+        return self._answer(item, (status, payload), _JSON)
+
     async def _finish(self, item: _Pending, coro: Coroutine[Any, Any, Result],
                       waiting_for: Any) -> None:
         result = await _resume(coro, waiting_for)
@@ -784,14 +823,14 @@ class FastProtocol(asyncio.Protocol):
             queue = self._queue
             self._run(queue.popleft() if queue else None)
 
-    def _answer(self, item: _Pending, result: Result) -> bool:
+    def _answer(self, item: _Pending, result: Result, content_type: bytes = _MSGPACK) -> bool:
         transport = self._transport
         if transport is None:
             return False
         status, payload = result
         close = not item.keep_alive
-        transport.write(response(status, payload, self._server.date, close=close,
-                                 http10_keep_alive=item.http10 and not close))
+        transport.write(response(status, payload, self._server.date, content_type=content_type,
+                                 close=close, http10_keep_alive=item.http10 and not close))
         if close:
             transport.close()
             return False
@@ -802,7 +841,7 @@ class FastProtocol(asyncio.Protocol):
         transport = self._transport
         if transport is None:
             return
-        if self._lingering or not transport.can_write_eof() or self._shim is not None:
+        if self._lingering or not transport.can_write_eof():
             transport.close()
             return
         transport.write_eof()
@@ -816,12 +855,3 @@ class FastProtocol(asyncio.Protocol):
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
-
-    def _feed_shim(self, raw: bytes) -> None:
-        if self._shim is None:
-            assert self._transport is not None
-            handler = self._server.web_server()()
-            self._shim = handler
-            handler.connection_made(_ShimTransport(self._transport, self))
-        self._shim.data_received(raw)
-

@@ -21,7 +21,7 @@ from protocol.resources import ResourceAssignment
 
 def run(server: ServerProcess, *args: str, env: dict[str, str] | None = None
         ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([GROUPCOORD, *args, "--url", server.url], capture_output=True,
+    return subprocess.run([GROUPCOORD, *args, "--url", server.admin_url], capture_output=True,
                           text=True, timeout=60, env=env)
 
 

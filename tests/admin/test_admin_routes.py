@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from coordinator.core.commands import Commit, Join, Sync
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.http.app import build_app
+from coordinator.http.app import build_admin_app
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import WallClock
 from coordinator.runtime.runtime import Runtime
@@ -63,7 +63,7 @@ async def admin(tmp_path: Path) -> AsyncIterator[Admin]:
     metrics = Metrics()
     runtime = Runtime(core, storage, WallClock(), metrics)
     await runtime.start()
-    app = build_app(runtime, metrics, max_body_bytes=65536)
+    app = build_admin_app(runtime, metrics, max_body_bytes=65536)
     async with TestClient(TestServer(app)) as client:
         yield Admin(client, runtime)
     await runtime.stop()

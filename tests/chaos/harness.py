@@ -229,13 +229,15 @@ class Coordinator:
         self.proc: asyncio.subprocess.Process | None = None
         self.url = ""
         self.port = 0
+        #: the admin listener (catalog changes, /metrics).
+        self.admin_url = ""
 
     async def start(self) -> None:
         c = self.config
         with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0", "--db", str(self.db),
-                "--min-session-timeout-ms", "100",
+                GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0", "--admin-port", "0",
+                "--db", str(self.db), "--min-session-timeout-ms", "100",
                 "--initial-rebalance-delay-ms", str(c.initial_rebalance_delay_ms),
                 "--log-level", "WARNING",
                 stdout=asyncio.subprocess.PIPE, stderr=log, preexec_fn=_die_with_parent)
@@ -246,7 +248,9 @@ class Coordinator:
             if not line:
                 break
             text = line.decode().strip()
-            if text.startswith("listening on "):
+            if text.startswith("admin listening on "):  # printed first
+                self.admin_url = text[len("admin listening on "):]
+            elif text.startswith("listening on "):
                 self.url = text[len("listening on "):]
                 self.port = int(self.url.rsplit(":", 1)[1])
                 return
@@ -359,7 +363,7 @@ class Run:
     async def put_catalog(self, name: str, partitions: int) -> bool:
         assert self.session is not None
         try:
-            async with self.session.put(f"{self.coordinator.url}/v1/resources/{name}",
+            async with self.session.put(f"{self.coordinator.admin_url}/v1/resources/{name}",
                                         json={"partitions": partitions}) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
@@ -548,7 +552,7 @@ class Run:
         """Storage transactions over 0.5 s, from the coordinator's own histogram."""
         assert self.session is not None
         try:
-            async with self.session.get(f"{self.coordinator.url}/metrics") as resp:
+            async with self.session.get(f"{self.coordinator.admin_url}/metrics") as resp:
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError):
             return "?"

@@ -99,7 +99,7 @@ async def test_a_member_whose_join_is_lost_gives_up_before_its_resources_move(
     rule (a session timeout after its last successful heartbeat was sent)
     says the coordinator may have expired it."""
     server = start_server()
-    async with aiohttp.ClientSession() as s, s.put(f"{server.url}/v1/resources/s",
+    async with aiohttp.ClientSession() as s, s.put(f"{server.admin_url}/v1/resources/s",
                                                    json={"partitions": 4}) as resp:
         assert resp.status == 200
     settings: dict[str, Any] = dict(assignors=["cooperative-sticky"], session_timeout_ms=1_000,
@@ -147,7 +147,7 @@ async def test_a_revocation_stuck_in_its_final_commit_ends_before_the_resources_
     commit after it can only be refused, so the library should not wait for
     one past it."""
     server = start_server()
-    async with aiohttp.ClientSession() as s, s.put(f"{server.url}/v1/resources/s",
+    async with aiohttp.ClientSession() as s, s.put(f"{server.admin_url}/v1/resources/s",
                                                    json={"partitions": 4}) as resp:
         assert resp.status == 200
     settings: dict[str, Any] = dict(assignors=["range"], session_timeout_ms=1_000,

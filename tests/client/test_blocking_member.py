@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_blocking_member_commits_fetches_and_closes(start_server: Any, tmp_path: Path) -> None:
     server = start_server(tmp_path / "g.db")
-    req = urllib.request.Request(f"{server.url}/v1/resources/s", method="PUT",
+    req = urllib.request.Request(f"{server.admin_url}/v1/resources/s", method="PUT",
                                  data=json.dumps({"partitions": 3}).encode(),
                                  headers={"Content-Type": "application/json"})
     urllib.request.urlopen(req, timeout=5).read()
@@ -49,6 +49,6 @@ def test_blocking_member_commits_fetches_and_closes(start_server: Any, tmp_path:
     assert calls[-1][:2] == ("revoked", everything)
     assert all(name == "groupcoord-member" for _, _, name in calls)  # the member thread
     assert len(errors) == 1 and "listener callback" in str(errors[0])
-    with urllib.request.urlopen(f"{server.url}/v1/groups/g", timeout=5) as resp:
+    with urllib.request.urlopen(f"{server.admin_url}/v1/groups/g", timeout=5) as resp:
         assert json.loads(resp.read())["members"] == []  # it left
     assert server.terminate() == 0

@@ -109,7 +109,7 @@ class Cluster:
 def run_scenario(start_server: Any, tmp_path: Path, assignor: list[str],
                  blocking_newcomer: bool = False) -> tuple[Cluster, dict[str, Any]]:
     server = start_server(tmp_path / "g.db")
-    put_resource(server.url, "s", TOTAL)
+    put_resource(server.admin_url, "s", TOTAL)
     cluster = Cluster(server.url, tmp_path, assignor, {}, {})
     report: dict[str, Any] = {}
     try:

@@ -28,7 +28,7 @@ from coordinator.console.views import assignment_grid
 from coordinator.core.commands import PutResource
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.http.app import build_app
+from coordinator.http.app import build_admin_app
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import WallClock
 from coordinator.runtime.runtime import Runtime
@@ -133,7 +133,7 @@ async def _console(tmp_path: Path, tokens: TokenStore | None, token: str | None
     runtime = Runtime(core, storage, WallClock(), metrics)
     await runtime.start()
     await runtime.call(lambda rid: PutResource(rid, "orders", 4))
-    app = build_app(runtime, metrics, max_body_bytes=64 * 1024, tokens=tokens)
+    app = build_admin_app(runtime, metrics, max_body_bytes=64 * 1024, tokens=tokens)
     # No cookie jar: each request says which session cookie it sends.
     async with TestClient(TestServer(app), cookie_jar=DummyCookieJar()) as client:
         yield Console(client, runtime, app, token)
@@ -479,7 +479,7 @@ async def test_under_tls_the_session_cookie_is_secure(tmp_path: Path) -> None:
     client_context = ssl.create_default_context()
     ca.configure_trust(client_context)
     async for c in _console(tmp_path, _store(), OPS):
-        app = build_app(c.runtime, Metrics(), max_body_bytes=64 * 1024, tokens=_store())
+        app = build_admin_app(c.runtime, Metrics(), max_body_bytes=64 * 1024, tokens=_store())
         runner = web.AppRunner(app)
         await runner.setup()
         port = free_port()

@@ -88,7 +88,7 @@ def _request(server: ServerProcess, method: str, path: str, body: bytes | None =
     headers = {"Content-Type": content_type}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(server.url + path, data=body, method=method, headers=headers)
+    req = urllib.request.Request(server.admin_url + path, data=body, method=method, headers=headers)
     with urllib.request.urlopen(req, timeout=5) as resp:
         data = resp.read()
     return codec.decode(data) if content_type == codec.CONTENT_TYPE else json.loads(data or b"{}")
@@ -162,7 +162,7 @@ def test_a_group_of_member_processes_shows_live_and_a_kill_updates_the_page(
     # A group that never formed (checkpoints only): listed, with no rebalance.
     _simple_commit(server, "billing-nightly", [["orders", 0, 1]])
     page = browser.page
-    page.goto(f"{server.url}/console/")
+    page.goto(f"{server.admin_url}/console/")
     page.evaluate("window.__sameDocument = true")
     # Members start after the page loaded: the group appears without a reload.
     for name in ("worker-1", "worker-2", "worker-3"):
@@ -219,7 +219,7 @@ def test_reset_in_the_console_shows_before_and_after_then_executes(
     _put_resource(server, "orders", 8)
     _simple_commit(server, GROUP, [["orders", i, 500 + i] for i in range(6)])
     page = browser.page
-    page.goto(f"{server.url}/console/groups/{GROUP}")
+    page.goto(f"{server.admin_url}/console/groups/{GROUP}")
     page.check("#mode-shift-by")
     page.fill("#reset-value", "-100")
     page.fill("#reset-resources", "orders:0-2")
@@ -245,7 +245,7 @@ def test_the_pages_work_with_the_keyboard(start_server: StartServer, browser: Br
     server = start_server()
     _simple_commit(server, GROUP, [["orders", 0, 7]])
     page = browser.page
-    page.goto(f"{server.url}/console/")
+    page.goto(f"{server.admin_url}/console/")
 
     def focused() -> dict[str, Any]:
         info: dict[str, Any] = page.evaluate("""() => {
@@ -292,7 +292,7 @@ def test_the_pages_work_with_the_keyboard(start_server: StartServer, browser: Br
     page.keyboard.press("Enter")
     page.locator("text=Done: 1 checkpoint changed").wait_for()
     # Every data table has column headers.
-    page.goto(f"{server.url}/console/groups/{GROUP}")
+    page.goto(f"{server.admin_url}/console/groups/{GROUP}")
     for table in page.locator("table").all():
         assert table.locator("thead th[scope=col]").count() > 0
         assert table.locator("caption").count() == 1
@@ -311,7 +311,7 @@ def test_with_tokens_the_console_signs_in_with_an_admin_token(
     _one_member_group(server, GROUP, loader)
     _one_member_group(server, "billing", loader)
     page = browser.page
-    page.goto(f"{server.url}/console/groups/{GROUP}")
+    page.goto(f"{server.admin_url}/console/groups/{GROUP}")
     page.wait_for_url(lambda url: "/console/login?next=" in url)
     page.fill("#token", ops)
     page.press("#token", "Enter")
@@ -320,7 +320,7 @@ def test_with_tokens_the_console_signs_in_with_an_admin_token(
     # The session cookie is out of the scripts' reach, and the token is in no page.
     assert page.evaluate("document.cookie") == ""
     assert ops not in page.content()
-    page.goto(f"{server.url}/console/")
+    page.goto(f"{server.admin_url}/console/")
     overview = page.locator("table.groups").inner_text()
     assert GROUP in overview and "billing" not in overview  # outside the token's grant
     page.locator("#live-status[data-state='on']").wait_for()

@@ -44,7 +44,7 @@ def exported(text: str) -> set[str]:
 def test_every_metric_the_dashboard_and_alerts_name_is_exported(
         start_server: StartServer) -> None:
     server = start_server()
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as answer:
+    with urllib.request.urlopen(f"{server.admin_url}/metrics", timeout=10) as answer:
         names = exported(answer.read().decode())
     dashboard, alerts = dashboard_exprs(), alert_exprs()
     assert len(dashboard) >= 10 and len(alerts) >= 5

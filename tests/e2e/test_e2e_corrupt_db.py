@@ -22,7 +22,8 @@ RUN_TIMEOUT_S = 30
 
 def _serve(db: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0", "--db", str(db)],
+        [GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0", "--admin-port", "0",
+         "--db", str(db)],
         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
 
 

@@ -9,7 +9,9 @@ address; SIGTERM exits 0.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +141,7 @@ async def test_stable_group_survives_kill_9(start_server: StartServer, tmp_path:
         assert again[0]["assignment"] == assignment_of(0, 1)
         assert again[1]["assignment"] == assignment_of(2, 3)
         assert await members[0].fetch() == {("orders", 0): 100, ("orders", 2): 102}
-        view = await admin_group(http, server.url, "g")
+        view = await admin_group(http, server.admin_url, "g")
         assert (view["state"], view["generation_id"]) == ("Stable", generation)
         assert sorted(m["assignment"]["orders"] for m in view["members"]) == [[0, 1], [2, 3]]
     assert server.terminate() == 0
@@ -201,7 +203,7 @@ async def test_inflight_rebalance_restarts_cleanly(start_server: StartServer,
         synced = await member.sync({member.member_id: assignment_of(0)})
         assert synced["error"] is None and synced["assignment"] == assignment_of(0)
         assert (await member.heartbeat())["error"] is None
-        view = await admin_group(http, server.url, "g")
+        view = await admin_group(http, server.admin_url, "g")
         assert view["state"] == "Stable"
     assert server.terminate() == 0
 
@@ -240,4 +242,22 @@ def test_bad_setting_is_a_clear_error(tmp_path: Path) -> None:
 def test_port_zero_prints_the_address(start_server: StartServer) -> None:
     server: ServerProcess = start_server()
     assert server.host == "127.0.0.1" and server.port > 0
+    # The admin listener's line too (--admin-port 0: a free port of its own).
+    assert server.admin_url.startswith("http://127.0.0.1:")
+    assert server.admin_url != server.url
+    with urllib.request.urlopen(f"{server.admin_url}/readyz", timeout=5) as resp:
+        assert json.loads(resp.read()) == {"status": "ready"}
+    assert server.terminate() == 0
+
+
+def test_a_busy_admin_port_is_a_clear_error(start_server: StartServer, tmp_path: Path) -> None:
+    server: ServerProcess = start_server()
+    admin_port = server.admin_url.rsplit(":", 1)[1]
+    done = subprocess.run([GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0",
+                           "--admin-port", admin_port, "--db", str(tmp_path / "other.db")],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{admin_port} (admin listener, --admin-port)" in (
+        done.stderr)
+    assert "listening on" not in done.stdout
     assert server.terminate() == 0

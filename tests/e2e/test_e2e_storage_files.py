@@ -122,14 +122,14 @@ async def test_a_commit_after_the_database_was_deleted_is_not_acknowledged(
     db = tmp_path / "g.db"
     server = start_server(db)
     async with aiohttp.ClientSession() as http:
-        await put_catalog(http, server.url)
+        await put_catalog(http, server.admin_url)
         assert await commit(http, server.url, [["orders", 0, 1]]) is None
         for suffix in ("", "-wal", "-shm"):
             os.unlink(f"{db}{suffix}")
         # Whatever the idle check did meanwhile, this commit is not acknowledged.
         assert await commit(http, server.url, [["orders", 1, 2]]) in (
             "COORDINATOR_NOT_AVAILABLE", "no answer")
-        assert await readyz(http, server.url) in (503, None)
+        assert await readyz(http, server.admin_url) in (503, None)
     assert server.proc.wait(NOTICE_S) == 1
     only_line(server.stderr, "the file was deleted while the server had it open")
 
@@ -139,8 +139,8 @@ async def test_an_idle_server_notices_its_database_was_replaced(start_server: St
     db = tmp_path / "g.db"
     server = start_server(db)
     async with aiohttp.ClientSession() as http:
-        await put_catalog(http, server.url)
-        assert await readyz(http, server.url) == 200
+        await put_catalog(http, server.admin_url)
+        assert await readyz(http, server.admin_url) == 200
     os.rename(db, tmp_path / "old.db")
     db.write_bytes(b"")
     assert wait_until(lambda: not server.running(), NOTICE_S), "the server kept serving"
@@ -156,7 +156,7 @@ async def test_a_removed_wal_stops_the_server_and_keeps_what_was_acknowledged(
     db = tmp_path / "g.db"
     server = start_server(db)
     async with aiohttp.ClientSession() as http:
-        await put_catalog(http, server.url)
+        await put_catalog(http, server.admin_url)
         assert await commit(http, server.url, [["orders", 0, "kept"]]) is None
     os.unlink(f"{db}-wal")
     assert wait_until(lambda: not server.running(), NOTICE_S), "the server kept serving"
@@ -256,7 +256,7 @@ async def test_a_full_filesystem_is_reported_as_such(start_server: StartServer,
                                                      small_filesystem: Path) -> None:
     server: ServerProcess = start_server(small_filesystem / "g.db")
     async with aiohttp.ClientSession() as http:
-        await put_catalog(http, server.url)
+        await put_catalog(http, server.admin_url)
         assert await commit(http, server.url, [["orders", 0, 1]]) is None
         fill(small_filesystem)
         big = [["orders", i, "x" * 200] for i in range(1000)]

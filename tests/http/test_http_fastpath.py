@@ -1,9 +1,9 @@
-"""The protocol handlers answer their own failures (no error middleware in front).
+"""The protocol listener answers its own failures (no error middleware in front).
 
 What a user relies on, unchanged by the hot-path work: an unexpected failure
 in a protocol call is a 500 with an ``UNKNOWN_SERVER_ERROR`` msgpack body and
 is counted; a content type with parameters is still msgpack; an admin
-refusal is still JSON.
+refusal (on the admin listener) is still JSON.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 
 import msgpack
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from listeners_kit import InProcess, serve_in_process
 
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.http import app as app_module
+from coordinator.http import calls as calls_module
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import WallClock
 from coordinator.runtime.runtime import Runtime
@@ -33,7 +33,7 @@ class Broken(Exception):
 
 @pytest.fixture
 async def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                 ) -> AsyncIterator[tuple[TestClient[Any, Any], Metrics]]:
+                 ) -> AsyncIterator[tuple[InProcess, Metrics]]:
     storage = await Storage.open(tmp_path / "g.db")
     core = GroupCoordinator(CoreConfig(min_session_timeout_ms=100, initial_rebalance_delay_ms=0))
     metrics = Metrics()
@@ -43,19 +43,18 @@ async def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     def broken_fetch(_wire: object) -> Any:
         raise Broken("a bug")
 
-    # Bound when the app is built, so patch before building it.
-    apis = dict(app_module.PROTOCOL_APIS)
+    # Bound when the listeners' Calls is made, so patch before starting them.
+    apis = dict(calls_module.PROTOCOL_APIS)
     apis["fetch"] = (broken_fetch, apis["fetch"][1])
-    monkeypatch.setattr(app_module, "PROTOCOL_APIS", apis)
-    app = app_module.build_app(runtime, metrics, max_body_bytes=4096)
-    async with TestClient(TestServer(app)) as test_client:
+    monkeypatch.setattr(calls_module, "PROTOCOL_APIS", apis)
+    async with serve_in_process(runtime, metrics, max_body_bytes=4096) as test_client:
         yield test_client, metrics
     await runtime.stop()
     await storage.close()
 
 
 async def test_an_unexpected_failure_in_a_protocol_call_is_a_counted_500(
-        client: tuple[TestClient[Any, Any], Metrics]) -> None:
+        client: tuple[InProcess, Metrics]) -> None:
     http, metrics = client
     resp = await http.post("/v1/fetch", data=msgpack.packb({"group_id": "g"}),
                            headers={"Content-Type": "application/msgpack"})
@@ -67,7 +66,7 @@ async def test_an_unexpected_failure_in_a_protocol_call_is_a_counted_500(
 
 
 async def test_content_type_parameters_and_case_are_accepted(
-        client: tuple[TestClient[Any, Any], Metrics]) -> None:
+        client: tuple[InProcess, Metrics]) -> None:
     http, _ = client
     for content_type in ("application/msgpack; charset=binary", "Application/MsgPack",
                          "application/x-msgpack"):
@@ -81,7 +80,7 @@ async def test_content_type_parameters_and_case_are_accepted(
     assert msgpack.unpackb(await resp.read())["error"] == "INVALID_REQUEST"
 
 
-async def test_admin_refusals_stay_json(client: tuple[TestClient[Any, Any], Metrics]) -> None:
+async def test_admin_refusals_stay_json(client: tuple[InProcess, Metrics]) -> None:
     http, _ = client
     resp = await http.put("/v1/resources/orders", data=b"{",
                           headers={"Content-Type": "application/json"})

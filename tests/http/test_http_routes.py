@@ -1,4 +1,5 @@
-"""HTTP routes through aiohttp's test client, with the real runtime, core and SQLite.
+"""HTTP routes of both listeners (in-process, listeners_kit), with the real runtime, core
+and SQLite.
 
 Bad input: 400/413/415 with an ``INVALID_REQUEST`` body in the call's encoding,
 naming the field, and no state change.
@@ -14,11 +15,10 @@ from typing import Any
 
 import msgpack
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from listeners_kit import InProcess, serve_in_process
 
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.http.app import build_app
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import WallClock
 from coordinator.runtime.runtime import Runtime
@@ -42,7 +42,7 @@ def join_body(member_id: str = "", group: str = "g", **extra: Any) -> dict[str, 
 
 
 class Api:
-    def __init__(self, client: TestClient[Any, Any], runtime: Runtime, storage: Storage) -> None:
+    def __init__(self, client: InProcess, runtime: Runtime, storage: Storage) -> None:
         self.client = client
         self.runtime = runtime
         self.storage = storage
@@ -77,8 +77,7 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
     metrics.watch_core(core.state_counts, core.member_count)
     runtime = Runtime(core, storage, WallClock(), metrics)
     await runtime.start()
-    app = build_app(runtime, metrics, max_body_bytes=MAX_BODY)
-    async with TestClient(TestServer(app)) as client:
+    async with serve_in_process(runtime, metrics, max_body_bytes=MAX_BODY) as client:
         yield Api(client, runtime, storage)
     await runtime.stop()
     await storage.close()
@@ -315,9 +314,9 @@ async def test_tokens_guard_groups_and_member_ids(tmp_path: Path) -> None:
                                                   initial_rebalance_delay_ms=0)),
                       storage, WallClock(), Metrics())
     await runtime.start()
-    app = build_app(runtime, Metrics(), max_body_bytes=MAX_BODY, tokens=tokens)
     try:
-        async with TestClient(TestServer(app)) as client:
+        async with serve_in_process(runtime, Metrics(), max_body_bytes=MAX_BODY,
+                                    tokens=tokens) as client:
             async def call(token: str | None, body: dict[str, Any]) -> tuple[int, Any]:
                 headers = dict(MSGPACK)
                 if token is not None:

@@ -38,6 +38,30 @@ def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
     assert config.log_level == "INFO"   # default
 
 
+def test_the_admin_listener_settings(tmp_path: Path) -> None:
+    """Issue 11: --admin-port (9081) and --admin-host (the --host value by default),
+    from a flag, GROUPCOORD_* or the file, like every setting."""
+    config = resolve(no_flags(), {})
+    assert (config.admin_host, config.admin_port) == ("", 9081)
+    assert config.admin_address == "127.0.0.1"
+    assert resolve(no_flags() | {"host": "0.0.0.0"}, {}).admin_address == "0.0.0.0"
+    cfg = tmp_path / "gc.toml"
+    cfg.write_text('admin-port = 7001\nadmin_host = "10.0.0.2"\n')
+    config = resolve(no_flags(), {}, str(cfg))
+    assert (config.admin_address, config.admin_port) == ("10.0.0.2", 7001)
+    config = resolve(no_flags() | {"admin_port": 0}, {"GROUPCOORD_ADMIN_PORT": "7002",
+                                                      "GROUPCOORD_ADMIN_HOST": "::1"})
+    assert (config.admin_address, config.admin_port) == ("::1", 0)
+    with pytest.raises(ConfigError, match=r"admin_port \(GROUPCOORD_ADMIN_PORT\): must be "
+                                          r"between 0 and 65535"):
+        resolve(no_flags(), {"GROUPCOORD_ADMIN_PORT": "70000"})
+    with pytest.raises(ConfigError, match=r"admin_port \(9080\) must differ from port"):
+        resolve(no_flags() | {"admin_port": 9080}, {})
+    # Another host, or port 0 (two free ports): no conflict.
+    assert resolve(no_flags() | {"admin_port": 9080, "admin_host": "10.0.0.3"}, {})
+    assert resolve(no_flags() | {"admin_port": 0, "port": 0}, {})
+
+
 def test_config_file_from_environment(tmp_path: Path) -> None:
     cfg = tmp_path / "gc.toml"
     cfg.write_text("initial_rebalance_delay_ms = 0\n")

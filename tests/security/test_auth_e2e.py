@@ -65,16 +65,16 @@ async def test_tokens_grants_and_member_binding_end_to_end(
     async with aiohttp.ClientSession() as session:
         # Health and metrics stay open; everything else needs a token.
         for path in ("/healthz", "/readyz", "/metrics"):
-            async with session.get(server.url + path) as resp:
+            async with session.get(server.admin_url + path) as resp:
                 assert resp.status == 200, path
-        async with session.put(f"{server.url}/v1/resources/orders",
+        async with session.put(f"{server.admin_url}/v1/resources/orders",
                                json={"partitions": 4}) as resp:
             assert resp.status == 401
-        async with session.put(f"{server.url}/v1/resources/orders", json={"partitions": 4},
-                               headers=_auth(APP_A)) as resp:
+        async with session.put(f"{server.admin_url}/v1/resources/orders",
+                               json={"partitions": 4}, headers=_auth(APP_A)) as resp:
             assert resp.status == 403  # not an admin token
-        async with session.put(f"{server.url}/v1/resources/orders", json={"partitions": 4},
-                               headers=_auth(OPS)) as resp:
+        async with session.put(f"{server.admin_url}/v1/resources/orders",
+                               json={"partitions": 4}, headers=_auth(OPS)) as resp:
             assert resp.status == 200
 
         member = _member(server.url, "orders-eu", APP_A)
@@ -98,7 +98,7 @@ async def test_tokens_grants_and_member_binding_end_to_end(
             assert status == 200 and body["error"] in ("UNKNOWN_MEMBER_ID", None)
             if body["error"] is None:
                 assert [m["error"] for m in body["members"]] == ["UNKNOWN_MEMBER_ID"]
-            async with session.get(f"{server.url}/v1/groups/orders-eu",
+            async with session.get(f"{server.admin_url}/v1/groups/orders-eu",
                                    headers=_auth(OPS)) as resp:
                 view = await resp.json()
             assert [m["member_id"] for m in view["members"]] == [mid]

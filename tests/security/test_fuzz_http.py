@@ -1,7 +1,8 @@
 """Fuzzing every HTTP endpoint of the coordinator (issue 6, "Bad input").
 
-The real app (core, runtime, SQLite storage, routes) runs in-process behind
-aiohttp's test server. Before fuzzing, a two-member group ("stable") is
+The real server (core, runtime, SQLite storage, both listeners) runs
+in-process (tests/listeners_kit.py): protocol calls go to the protocol
+listener, admin calls to the admin listener. Before fuzzing, a two-member group ("stable") is
 formed and checkpointed. Every generated request is then sent:
 
 * a protocol call whose body the protocol layer refuses is aimed at the stable
@@ -14,7 +15,7 @@ formed and checkpointed. Every generated request is then sent:
 
 Afterwards the stable group must be exactly as it was (state, generation,
 leader, members, assignments, checkpoints), its members' heartbeats must
-still succeed, and the server must have logged no error.
+still succeed, and the server (and aiohttp, and asyncio) must have logged no error.
 """
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ import logging
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import msgpack
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from listeners_kit import InProcess, serve_in_process
 
 from protocol import codec
 from protocol.messages import (
@@ -59,7 +59,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
 MSGPACK = {"Content-Type": codec.CONTENT_TYPE}
 STABLE = "stable"
 MAX_BODY = 64 * 1024
-REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=10)
+REQUEST_TIMEOUT_S = 10.0
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**64 - 1),
@@ -99,7 +99,8 @@ class Harness:
     def __init__(self, tmp: Path) -> None:
         self.loop = asyncio.new_event_loop()
         self.tmp = tmp
-        self.client: TestClient[web.Request, web.Application] | None = None
+        self.client: InProcess | None = None
+        self._stack = AsyncExitStack()
         self.runtime: Any = None
         self.storage: Any = None
         self.stable: Stable | None = None
@@ -111,7 +112,6 @@ class Harness:
     async def start(self) -> None:
         from coordinator.core import GroupCoordinator
         from coordinator.core.config import CoreConfig
-        from coordinator.http.app import build_app
         from coordinator.metrics import Metrics
         from coordinator.runtime.clock import WallClock
         from coordinator.runtime.runtime import Runtime
@@ -123,20 +123,19 @@ class Harness:
         self.storage = await Storage.open(self.tmp / "fuzz.db")
         self.runtime = Runtime(core, self.storage, WallClock(), metrics)
         await self.runtime.start()
-        app = build_app(self.runtime, metrics, max_body_bytes=MAX_BODY)
-        self.client = TestClient(TestServer(app, host="127.0.0.1"), timeout=REQUEST_TIMEOUT)
-        await self.client.start_server()
+        self.client = await self._stack.enter_async_context(
+            serve_in_process(self.runtime, metrics, max_body_bytes=MAX_BODY,
+                             timeout_s=REQUEST_TIMEOUT_S))
 
     async def stop(self) -> None:
-        if self.client is not None:
-            await self.client.close()
+        await self._stack.aclose()
         if self.runtime is not None:
             await self.runtime.stop()
         if self.storage is not None:
             await self.storage.close()
 
     @property
-    def tc(self) -> TestClient[web.Request, web.Application]:
+    def tc(self) -> InProcess:
         assert self.client is not None
         return self.client
 
@@ -232,7 +231,9 @@ class ErrorLog(logging.Handler):
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[Harness]:
     errors = ErrorLog()
-    logging.getLogger("groupcoord").addHandler(errors)
+    # Issue 11: no request may make the server (or aiohttp under it) log an error.
+    for name in ("groupcoord", "aiohttp", "asyncio"):
+        logging.getLogger(name).addHandler(errors)
     h = Harness(tmp_path)
     h.errors = errors
     try:
@@ -245,7 +246,8 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
         h.run(h.stable_heartbeats_succeed())
         assert not errors.records, [r.getMessage() for r in errors.records]
     finally:
-        logging.getLogger("groupcoord").removeHandler(errors)
+        for name in ("groupcoord", "aiohttp", "asyncio"):
+            logging.getLogger(name).removeHandler(errors)
         h.run(h.stop())
         h.loop.close()
 

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from listeners_kit import InProcess, serve_in_process
 
 from protocol import codec
 from protocol.messages import HeartbeatRequest, JoinRequest, SyncRequest
@@ -26,14 +25,13 @@ MSGPACK = {"Content-Type": codec.CONTENT_TYPE}
 MAX_BODY = 4096
 META = MemberMetadata(sets=("orders",)).encode()
 
-Client = TestClient[web.Request, web.Application]
+Client = InProcess
 
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[Client]:
     from coordinator.core import GroupCoordinator
     from coordinator.core.config import CoreConfig
-    from coordinator.http.app import build_app
     from coordinator.metrics import Metrics
     from coordinator.runtime.clock import WallClock
     from coordinator.runtime.runtime import Runtime
@@ -45,8 +43,7 @@ async def client(tmp_path: Path) -> AsyncIterator[Client]:
                                                   group_max_size=2)),
                       storage, WallClock(), Metrics())
     await runtime.start()
-    app = build_app(runtime, Metrics(), max_body_bytes=MAX_BODY)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as tc:
+    async with serve_in_process(runtime, Metrics(), max_body_bytes=MAX_BODY) as tc:
         yield tc
     await runtime.stop()
     await storage.close()
@@ -130,7 +127,6 @@ async def limited(tmp_path: Path) -> AsyncIterator[Client]:
     """A server holding at most 2 groups and 2 parked requests."""
     from coordinator.core import GroupCoordinator
     from coordinator.core.config import CoreConfig
-    from coordinator.http.app import build_app
     from coordinator.metrics import Metrics
     from coordinator.runtime.clock import WallClock
     from coordinator.runtime.runtime import Runtime
@@ -143,8 +139,7 @@ async def limited(tmp_path: Path) -> AsyncIterator[Client]:
                                                   max_groups=2)),
                       storage, WallClock(), metrics, max_parked_requests=2)
     await runtime.start()
-    app = build_app(runtime, metrics, max_body_bytes=MAX_BODY)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as tc:
+    async with serve_in_process(runtime, metrics, max_body_bytes=MAX_BODY) as tc:
         yield tc
     await runtime.stop()
     await storage.close()
@@ -210,7 +205,6 @@ async def capped(tmp_path: Path) -> AsyncIterator[Client]:
     """A server with small checkpoint caps: 20 per group, 8-byte values."""
     from coordinator.core import GroupCoordinator
     from coordinator.core.config import CoreConfig
-    from coordinator.http.app import build_app
     from coordinator.metrics import Metrics
     from coordinator.runtime.clock import WallClock
     from coordinator.runtime.runtime import Runtime
@@ -224,8 +218,7 @@ async def capped(tmp_path: Path) -> AsyncIterator[Client]:
                                                   max_checkpoint_value_bytes=8)),
                       storage, WallClock(), metrics)
     await runtime.start()
-    app = build_app(runtime, metrics, max_body_bytes=1024 * 1024)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as tc:
+    async with serve_in_process(runtime, metrics, max_body_bytes=1024 * 1024) as tc:
         yield tc
     await runtime.stop()
     await storage.close()

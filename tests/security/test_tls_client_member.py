@@ -33,8 +33,9 @@ async def _tls_server(start_server: StartServer, files: TLSFiles, partitions: in
                       ) -> ServerProcess:
     server = start_server(tls_cert=files.server_cert, tls_key=files.server_key)
     assert server.url.startswith("https://127.0.0.1:")
+    assert server.admin_url.startswith("https://127.0.0.1:")
     async with aiohttp.ClientSession() as session, session.put(
-            f"{server.url}/v1/resources/orders", json={"partitions": partitions},
+            f"{server.admin_url}/v1/resources/orders", json={"partitions": partitions},
             ssl=client_ssl_context(files.ca_cert)) as resp:
         assert resp.status == 200
     return server

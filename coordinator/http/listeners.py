@@ -1,0 +1,109 @@
+"""The two listeners of one server: protocol (workers) and admin (operators).
+
+Each byte stream is parsed by exactly one parser with one set of limits
+(issue 11): the protocol listener (``--host``/``--port``, default 9080) is
+the lean llhttp path of :mod:`coordinator.http.fast` and serves only the
+protocol calls (and the catalog read a leader needs); the admin listener
+(``--admin-host``/``--admin-port``, default 9081) is aiohttp with the app of
+:mod:`coordinator.http.app`: admin JSON, ``/metrics``, ``/healthz``,
+``/readyz``. Operators can firewall the admin port apart from the workers'.
+TLS and tokens apply to both. docs/operations.md, "Listeners".
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from coordinator import auth
+from coordinator.http.app import AdminServerLog, build_admin_app
+from coordinator.http.calls import Calls
+from coordinator.http.fast import BACKLOG, KEEPALIVE_TIMEOUT_S, REQUEST_TIMEOUT_S, FastServer
+from coordinator.metrics import Metrics
+from coordinator.runtime.runtime import Runtime
+from protocol.limits import DEFAULT_MAX_METADATA_BYTES
+
+#: seconds the admin listener gives its open requests at shutdown.
+ADMIN_SHUTDOWN_S = 2.0
+
+
+class ListenError(OSError):
+    """A listener could not bind; the message names which one and the address."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """Where a listener listens (``port`` is the one bound when 0 was asked)."""
+
+    host: str
+    port: int
+    scheme: str
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+class Listeners:
+    """The protocol and admin listeners of one runtime; :meth:`start`, then :meth:`stop`."""
+
+    def __init__(self, runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
+                 max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
+                 tokens: auth.TokenStore | None = None,
+                 keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        self.calls = Calls(runtime, metrics, max_body_bytes=max_body_bytes,
+                           max_metadata_bytes=max_metadata_bytes, tokens=tokens)
+        self.protocol = FastServer(self.calls, keepalive_timeout_s=keepalive_timeout_s,
+                                   request_timeout_s=request_timeout_s)
+        self.admin_app = build_admin_app(runtime, metrics, max_body_bytes=max_body_bytes,
+                                         tokens=tokens)
+        # auto_decompress off: no body is ever decompressed on this listener
+        # (Content-Encoding is refused 415 before the body is read anyway).
+        self._runner = web.AppRunner(self.admin_app, access_log=None,
+                                     shutdown_timeout=ADMIN_SHUTDOWN_S,
+                                     keepalive_timeout=keepalive_timeout_s,
+                                     logger=AdminServerLog(metrics), auto_decompress=False)
+        self._site: web.TCPSite | None = None
+        self._set_up = False
+
+    async def start(self, host: str, port: int, admin_host: str, admin_port: int,
+                    ssl_context: ssl.SSLContext | None = None) -> tuple[Bound, Bound]:
+        """Listen on both; returns (protocol, admin) as bound. :class:`ListenError`
+        if either address cannot be used (nothing is left listening then)."""
+        scheme = "https" if ssl_context is not None else "http"
+        try:
+            bound_host, bound_port = await self.protocol.start(host, port, ssl_context)
+        except OSError as exc:
+            raise ListenError(f"cannot listen on {host}:{port} (protocol listener, --port): "
+                              f"{exc.strerror or exc}") from exc
+        protocol = Bound(bound_host, bound_port, scheme)
+        await self._runner.setup()
+        self._set_up = True
+        site = web.TCPSite(self._runner, admin_host, admin_port, ssl_context=ssl_context,
+                           backlog=BACKLOG, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            self.protocol.close_listener()
+            raise ListenError(f"cannot listen on {admin_host}:{admin_port} (admin listener, "
+                              f"--admin-port): {exc.strerror or exc}") from exc
+        self._site = site
+        name = self._runner.addresses[0]
+        admin = Bound(str(name[0]), int(name[1]), scheme)
+        return protocol, admin
+
+    def close(self) -> None:
+        """Accept no new connections on the protocol listener (the first thing at
+        shutdown, before the runtime answers what is parked)."""
+        self.protocol.close_listener()
+
+    async def stop(self, grace_s: float) -> None:
+        """Answer what is in flight (``grace_s`` at most) and close everything."""
+        await self.protocol.shutdown(grace_s)
+        if self._set_up:
+            await self._runner.cleanup()
+        await self.protocol.finish()
