@@ -43,20 +43,23 @@ class InProcess:
         protocol = method.upper() == "POST" and path.partition("?")[0] in PROTOCOL_PATHS
         return (self.url if protocol else self.admin_url) + path
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        return await self.session.request(method, self.url_for(method, path), **kwargs)
+    # Plain methods returning aiohttp's request object, which is both awaitable
+    # (``resp = await tc.get(...)``) and an async context manager (``async with
+    # tc.get(...) as resp``), as aiohttp's TestClient methods are.
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.session.request(method, self.url_for(method, path), **kwargs)
 
-    async def get(self, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        return await self.request("GET", path, **kwargs)
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", path, **kwargs)
 
-    async def post(self, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        return await self.request("POST", path, **kwargs)
+    def post(self, path: str, **kwargs: Any) -> Any:
+        return self.request("POST", path, **kwargs)
 
-    async def put(self, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        return await self.request("PUT", path, **kwargs)
+    def put(self, path: str, **kwargs: Any) -> Any:
+        return self.request("PUT", path, **kwargs)
 
-    async def delete(self, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        return await self.request("DELETE", path, **kwargs)
+    def delete(self, path: str, **kwargs: Any) -> Any:
+        return self.request("DELETE", path, **kwargs)
 
 
 @asynccontextmanager

@@ -102,7 +102,7 @@ def test_the_machine_answers_by_the_clock_it_is_given() -> None:
 def test_blocking_member_assignment_is_empty_past_the_deadline(start_server: Any,
                                                                tmp_path: Path) -> None:
     server = start_server(tmp_path / "g.db")
-    req = urllib.request.Request(f"{server.url}/v1/resources/s", method="PUT",
+    req = urllib.request.Request(f"{server.admin_url}/v1/resources/s", method="PUT",
                                  data=json.dumps({"partitions": 3}).encode(),
                                  headers={"Content-Type": "application/json"})
     urllib.request.urlopen(req, timeout=5).read()

@@ -35,7 +35,7 @@ async def _put_shards(url: str) -> None:
 async def test_members_with_the_minimum_session_and_default_heartbeat_stay_stable(
         start_server: StartServer) -> None:
     server = start_server(min_session_timeout_ms=SESSION_MS, initial_rebalance_delay_ms=0)
-    await _put_shards(server.url)
+    await _put_shards(server.admin_url)
     ledger = Ledger()
     members = [GroupMember(server.url, "indexers", ["shards"],
                            listener=ledger.listener(name), client_id=name,

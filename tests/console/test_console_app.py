@@ -19,6 +19,7 @@ import msgpack
 import pytest
 from aiohttp import DummyCookieJar, web
 from aiohttp.test_utils import TestClient, TestServer
+from listeners_kit import InProcess, serve_in_process
 from server_harness import free_port
 
 from coordinator.auth import TokenEntry, TokenStore, hash_token
@@ -53,11 +54,13 @@ def _store() -> TokenStore:
 
 class Console:
     def __init__(self, client: TestClient[Any, Any], runtime: Runtime, app: web.Application,
-                 token: str | None) -> None:
+                 token: str | None, protocol: InProcess) -> None:
         self.client = client
         self.runtime = runtime
         self.app = app
         self.token = token
+        #: the protocol listener of the same runtime (the members' calls).
+        self.protocol = protocol
         #: (group, client id) -> member id, so that a member rejoins as itself.
         self.members: dict[tuple[str, str], str] = {}
 
@@ -65,9 +68,11 @@ class Console:
         headers = dict(MSGPACK)
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        resp = await self.client.post(f"/v1/{api}", data=msgpack.packb(body), headers=headers)
-        assert resp.status == 200, await resp.read()
-        doc: dict[str, Any] = msgpack.unpackb(await resp.read(), raw=False)
+        async with self.protocol.post(f"/v1/{api}", data=msgpack.packb(body),
+                                      headers=headers) as resp:
+            data = await resp.read()
+            assert resp.status == 200, data
+        doc: dict[str, Any] = msgpack.unpackb(data, raw=False)
         return doc
 
     async def join(self, group: str, client_id: str) -> dict[str, Any]:
@@ -135,8 +140,10 @@ async def _console(tmp_path: Path, tokens: TokenStore | None, token: str | None
     await runtime.call(lambda rid: PutResource(rid, "orders", 4))
     app = build_admin_app(runtime, metrics, max_body_bytes=64 * 1024, tokens=tokens)
     # No cookie jar: each request says which session cookie it sends.
-    async with TestClient(TestServer(app), cookie_jar=DummyCookieJar()) as client:
-        yield Console(client, runtime, app, token)
+    async with TestClient(TestServer(app), cookie_jar=DummyCookieJar()) as client, \
+            serve_in_process(runtime, metrics, max_body_bytes=64 * 1024,
+                             tokens=tokens) as protocol:
+        yield Console(client, runtime, app, token, protocol)
     await runtime.stop()
     await storage.close()
 

@@ -88,7 +88,9 @@ def _request(server: ServerProcess, method: str, path: str, body: bytes | None =
     headers = {"Content-Type": content_type}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(server.admin_url + path, data=body, method=method, headers=headers)
+    # Protocol calls go to the protocol listener, everything else to the admin one.
+    base = server.url if content_type == codec.CONTENT_TYPE else server.admin_url
+    req = urllib.request.Request(base + path, data=body, method=method, headers=headers)
     with urllib.request.urlopen(req, timeout=5) as resp:
         data = resp.read()
     return codec.decode(data) if content_type == codec.CONTENT_TYPE else json.loads(data or b"{}")

@@ -97,9 +97,10 @@ async def put_orders(http: aiohttp.ClientSession, url: str) -> None:
         assert resp.status == 200
 
 
-async def form_stable_group(http: aiohttp.ClientSession, url: str) -> list[Member]:
+async def form_stable_group(http: aiohttp.ClientSession, url: str,
+                            admin_url: str) -> list[Member]:
     """Two members, one generation, the leader's assignment delivered."""
-    await put_orders(http, url)
+    await put_orders(http, admin_url)
     members = [Member(http, url), Member(http, url)]
     # Both join at once; the server's initial rebalance delay (GROUP_DELAY_MS)
     # lets the second land in the first generation.
@@ -124,7 +125,7 @@ async def test_stable_group_survives_kill_9(start_server: StartServer, tmp_path:
     db = tmp_path / "g.db"
     server = start_server(db, initial_rebalance_delay_ms=GROUP_DELAY_MS)
     async with aiohttp.ClientSession() as http:
-        members = await form_stable_group(http, server.url)
+        members = await form_stable_group(http, server.url, server.admin_url)
         generation = members[0].generation
         for m, idx in zip(members, (0, 2), strict=True):
             assert (await m.commit([["orders", idx, 100 + idx]]))["error"] is None
@@ -153,7 +154,7 @@ async def test_every_acknowledged_checkpoint_survives_kill_9(
     server = start_server(db)
     acked: dict[int, int] = {}
     async with aiohttp.ClientSession() as http:
-        await put_orders(http, server.url)
+        await put_orders(http, server.admin_url)
         member = Member(http, server.url)
         await member.join()
         assert (await member.sync({member.member_id: assignment_of(0, 1, 2, 3)}))["error"] is None
