@@ -34,11 +34,17 @@ def group_rows(runtime: Runtime, entry: auth.TokenEntry | None,
                states: frozenset[str] | None = None) -> list[dict[str, Any]]:
     """``GET /v1/groups``: every group ``entry`` is granted, in a state of ``states``
     (``None``: any), sorted by group id."""
-    return [{"group_id": g.group_id, "state": g.state, "protocol_type": g.protocol_type,
-             "protocol_name": g.protocol_name, "generation_id": g.generation_id,
-             "member_count": g.member_count}
-            for g in runtime.core.list_groups()
-            if (states is None or g.state in states) and auth.authorize(entry, g.group_id)]
+    now = runtime.clock.now_ms()
+    core = runtime.core
+    rows = []
+    for g in core.list_groups():
+        if (states is None or g.state in states) and auth.authorize(entry, g.group_id):
+            health = core.health(g.group_id, now)
+            rows.append({"group_id": g.group_id, "state": g.state,
+                         "protocol_type": g.protocol_type, "protocol_name": g.protocol_name,
+                         "generation_id": g.generation_id, "member_count": g.member_count,
+                         "health": health.status, "health_reasons": list(health.reasons)})
+    return rows
 
 
 def assignment_json(protocol_type: str | None, data: bytes) -> Any:

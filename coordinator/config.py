@@ -61,6 +61,12 @@ class ServerConfig:
     max_checkpoints_per_group: int = DEFAULT_MAX_CHECKPOINTS_PER_GROUP
     max_checkpoint_bytes_per_group: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP
     max_checkpoint_value_bytes: int = DEFAULT_MAX_CHECKPOINT_VALUE_BYTES
+    #: group health rules (docs/operations.md, "Group health").
+    health_window_ms: int = 600_000
+    health_storm_rebalances: int = 5
+    health_stall_ms: int = 600_000
+    #: groups with their own series on /metrics (the largest first); 0: none.
+    group_metrics: int = 0
     log_level: str = "INFO"
     #: tokens file (coordinator.auth); empty: authentication off.
     auth_tokens: str = ""
@@ -85,6 +91,9 @@ class ServerConfig:
             max_checkpoints_per_group=self.max_checkpoints_per_group,
             max_checkpoint_bytes_per_group=self.max_checkpoint_bytes_per_group,
             max_checkpoint_value_bytes=self.max_checkpoint_value_bytes,
+            health_window_ms=self.health_window_ms,
+            health_storm_rebalances=self.health_storm_rebalances,
+            health_stall_ms=self.health_stall_ms,
         )
 
 
@@ -169,6 +178,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_checkpoint_value_bytes", int, "largest checkpoint value (bytes of a string's "
             "UTF-8 or of a byte string; larger: 400); Kafka's offset.metadata.max.bytes; "
             "0 is unlimited", _int_range(0, 2**31 - 1)),
+    Setting("health_window_ms", int, "window of the STORM and REWIND health rules",
+            _int_range(1_000, MAX_RETENTION_MS)),
+    Setting("health_storm_rebalances", int, "a group is STORM with this many rebalances "
+            "started within --health-window-ms; 0: never", _int_range(0, 1_000_000)),
+    Setting("health_stall_ms", int, "a group with members and checkpoints is STALLED after "
+            "this long without a commit; 0: never", _int_range(0, MAX_RETENTION_MS)),
+    Setting("group_metrics", int, "groups that get their own series on /metrics (members, "
+            "generation, state, health), the largest by members first; 0: none (the "
+            "default: per-group series grow with the number of groups)",
+            _int_range(0, 10_000)),
     Setting("log_level", str, "DEBUG, INFO, WARNING, ERROR or CRITICAL", _log_level),
     Setting("auth_tokens", str, "tokens file for bearer authentication (empty: off)", _any),
     Setting("tls_cert", str, "PEM certificate chain for HTTPS (empty: plain HTTP)", _any),

@@ -1,7 +1,8 @@
 """Prometheus metrics of one coordinator (``GET /metrics``; PROTOCOL.md: ``groupcoord_*``).
 
 Each server instance owns its :class:`CollectorRegistry`, so tests can run many
-servers in one process. No metric has a per-member or per-group label: the
+servers in one process. No metric has a per-member label, and per-group series
+exist only when asked for (``--group-metrics N``, at most N groups): the
 number of series stays bounded however many groups come and go. Group and
 member gauges are read from the core when scraped, so they cannot drift.
 """
@@ -9,7 +10,7 @@ member gauges are read from the core when scraped, so they cannot drift.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import (
     CollectorRegistry,
@@ -23,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from coordinator.core.views import GroupSummary
 from protocol.errors import ErrorCode
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -60,6 +62,43 @@ class _CoreGauges(Collector):
         yield groups
         yield GaugeMetricFamily("groupcoord_members", "Members of all groups",
                                 value=self._member_count())
+
+
+class _GroupGauges(Collector):
+    """Per-group series (``--group-metrics N``): at most ``cap`` groups, the largest
+    by members first (ties by group id), so the series stay bounded; the rest are
+    counted in ``groupcoord_group_metrics_omitted``."""
+
+    def __init__(self, groups: Callable[[], Sequence[GroupSummary]],
+                 health: Callable[[str], str], cap: int) -> None:
+        self._groups = groups
+        self._health = health
+        self._cap = cap
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        groups = sorted(self._groups(), key=lambda g: (-g.member_count, g.group_id))
+        shown = groups[:self._cap]
+        members = GaugeMetricFamily("groupcoord_group_members", "Members of one group",
+                                    labels=["group"])
+        generation = GaugeMetricFamily("groupcoord_group_generation",
+                                       "Generation of one group", labels=["group"])
+        state = GaugeMetricFamily("groupcoord_group_state",
+                                  "1 for the state one group is in", labels=["group", "state"])
+        health = GaugeMetricFamily("groupcoord_group_health",
+                                   "1 for one group's health: OK, STORM, REWIND or STALLED",
+                                   labels=["group", "health"])
+        for g in shown:
+            members.add_metric([g.group_id], g.member_count)
+            generation.add_metric([g.group_id], g.generation_id)
+            state.add_metric([g.group_id, g.state], 1)
+            health.add_metric([g.group_id, self._health(g.group_id)], 1)
+        yield members
+        yield generation
+        yield state
+        yield health
+        yield GaugeMetricFamily("groupcoord_group_metrics_omitted",
+                                "Groups without their own series (over --group-metrics)",
+                                value=len(groups) - len(shown))
 
 
 class _Series:
@@ -172,6 +211,12 @@ class Metrics:
     def watch_core(self, state_counts: Callable[[], Mapping[str, int]],
                    member_count: Callable[[], int]) -> None:
         self.registry.register(_CoreGauges(state_counts, member_count))
+
+    def watch_groups(self, groups: Callable[[], Sequence[GroupSummary]],
+                     health: Callable[[str], str], cap: int) -> None:
+        """Per-group series for at most ``cap`` groups (``--group-metrics``; 0: none)."""
+        if cap > 0:
+            self.registry.register(_GroupGauges(groups, health, cap))
 
     def observe_request(self, api: str, error: ErrorCode | str | None, seconds: float) -> None:
         self._requests.observe(api, "ok" if error is None else str(error), seconds)

@@ -91,7 +91,11 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     core = GroupCoordinator(config.core_config())
     metrics = Metrics()
     metrics.watch_core(core.state_counts, core.member_count)
-    runtime = Runtime(core, storage, WallClock(), metrics,
+    clock = WallClock()
+    metrics.watch_groups(core.list_groups,
+                         lambda group_id: core.health(group_id, clock.now_ms()).status,
+                         config.group_metrics)
+    runtime = Runtime(core, storage, clock, metrics,
                       max_parked_requests=config.max_parked_requests)
     listeners = Listeners(runtime, metrics, max_body_bytes=config.max_body_bytes,
                           max_metadata_bytes=config.max_metadata_bytes, tokens=tokens)

@@ -87,6 +87,7 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
             # Kafka: a commit also counts as a sign of life.
             k.arm_session(g, g.members[req.member_id])
     if plan is not None:
+        _note_progress(k, req.group_id, plan)
         apply_checkpoints(k, req.group_id, plan)
         k.persist(CheckpointsWritten(req.group_id, tuple(req.checkpoints), k.now))
     k.reply(rid, CommitResponse(None))
@@ -178,6 +179,21 @@ def admit(k: Kernel, g: Group | None, group_id: str, checkpoints: Sequence[Check
                        f"over --max-checkpoint-bytes-per-group ({max_bytes}); "
                        "nothing was written")
     return plan
+
+
+def _note_progress(k: Kernel, group_id: str, plan: Plan) -> None:
+    """Health (health.py): the group committed, and whether an integer went backwards."""
+    health = k.health_of(group_id)
+    health.committed(k.now)
+    store = k.checkpoints.get(group_id)
+    if store is None:
+        return
+    old_values = store.values
+    for key, value in plan.changes.items():
+        if type(value) is int:
+            old = old_values.get(key)
+            if type(old) is int and value < old:
+                health.rewound(k.now, key, old, value)
 
 
 def apply_checkpoints(k: Kernel, group_id: str, plan: Plan) -> None:

@@ -33,3 +33,9 @@ class CoreConfig:
     max_checkpoint_bytes_per_group: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP
     #: bytes of one checkpoint value (protocol.validate.value_size); larger: 400. 0: unlimited.
     max_checkpoint_value_bytes: int = DEFAULT_MAX_CHECKPOINT_VALUE_BYTES
+    #: group health (coordinator/core/health.py): STORM at this many rebalances within
+    #: the window (0: never), REWIND within the window, STALLED after this long
+    #: without a commit (0: never).
+    health_window_ms: int = 600_000
+    health_storm_rebalances: int = 5
+    health_stall_ms: int = 600_000

@@ -39,6 +39,7 @@ from coordinator.core.commands import (
 from coordinator.core.config import CoreConfig
 from coordinator.core.effects import Effect
 from coordinator.core.group import Group
+from coordinator.core.health import HEALTHY, Health, assess
 from coordinator.core.kernel import Kernel
 from coordinator.core.rebalance import prepare_rebalance
 from coordinator.core.records import Snapshot
@@ -123,6 +124,9 @@ class GroupCoordinator:
         k.resources_epoch = snapshot.resources_epoch
         k.checkpoints = {gid: CheckpointStore(values)
                          for gid, values in snapshot.checkpoints.items() if values}
+        for gid in k.checkpoints:
+            # Health: a group's last commit is known from storage, else "now".
+            k.health_of(gid).committed(snapshot.last_commit_ms.get(gid, now_ms))
         for record in snapshot.groups:
             if record.state == GroupState.DEAD.value:
                 continue
@@ -161,6 +165,16 @@ class GroupCoordinator:
     def describe_group(self, group_id: str) -> GroupView | None:
         group = self._k.groups.get(group_id)
         return None if group is None else group.view()
+
+    def health(self, group_id: str, now_ms: int) -> Health:
+        """The group's health at ``now_ms`` (coordinator/core/health.py)."""
+        k = self._k
+        group = k.groups.get(group_id)
+        if group is None:
+            return HEALTHY
+        return assess(k.health.get(group_id), now_ms, k.config,
+                      has_members=bool(group.members),
+                      keeps_checkpoints=group_id in k.checkpoints)
 
     def catalog(self) -> dict[str, int]:
         return dict(self._k.catalog)

@@ -28,6 +28,7 @@ from coordinator.core.effects import (
     ScheduleTimer,
 )
 from coordinator.core.group import Group, Member, heartbeat_key, pending_key
+from coordinator.core.health import GroupHealth
 from coordinator.core.records import CheckpointsWritten, GroupOwner, GroupRecord, Record
 from coordinator.core.states import GroupState, check_transition
 from protocol.errors import ErrorCode
@@ -71,6 +72,8 @@ class Kernel:
         self.retention: dict[str, int] = {}
         #: token name -> groups held that it created (``Group.owner``).
         self.owned_groups: dict[str, int] = {}
+        #: group id -> what its health is computed from (health.py); dropped with the group.
+        self.health: dict[str, GroupHealth] = {}
         self.now = 0
         self.out: list[Effect] = []
 
@@ -146,12 +149,20 @@ class Kernel:
         group.state_timestamp_ms = self.now
         self.out.append(GroupStateChanged(group.group_id, old.value, new.value,
                                           group.generation_id, reason))
+        if new is GroupState.PREPARING_REBALANCE and old is not new:
+            self.health_of(group.group_id).rebalance_started(self.now, self.config)
         # KIP-211: retention counts from the moment a group becomes Empty, and
         # stops when a member joins (or the group dies).
         if new is GroupState.EMPTY:
             self.arm_retention(group.group_id, self.now)
         elif old is GroupState.EMPTY:
             self.disarm_retention(group.group_id)
+
+    def health_of(self, group_id: str) -> GroupHealth:
+        found = self.health.get(group_id)
+        if found is None:
+            found = self.health[group_id] = GroupHealth()
+        return found
 
     def arm_retention(self, group_id: str, since_ms: int) -> None:
         """Expire an Empty group ``group_retention_ms`` after ``since_ms`` (0: never)."""
@@ -182,6 +193,7 @@ class Kernel:
             self.disarm(pending_key(group.group_id, member_id))
         group.pending.clear()
         del self.groups[group.group_id]
+        self.health.pop(group.group_id, None)
         owner = group.owner
         if owner is not None:
             left = self.owned_groups[owner] - 1

@@ -8,8 +8,9 @@ this, and nothing else answers them. Given the call's name, its raw body, its
 What a call goes through, in order (a refused request never reaches the
 core, so it changes no state):
 
-1. 415 for another content type, 413 for a body over ``--max-body-bytes``
-   (``{error: INVALID_REQUEST, message}``);
+1. 415 for another content type than msgpack or JSON (v1.1: a JSON call is
+   answered in JSON, bytes as base64: :mod:`protocol.json_wire`), 413 for a
+   body over ``--max-body-bytes`` (``{error: INVALID_REQUEST, message}``);
 2. decode and validate into the request's dataclass; 400 ``INVALID_REQUEST``
    naming the field, also for a join's protocol metadata or a sync's
    per-member assignment over ``--max-metadata-bytes``;
@@ -38,7 +39,7 @@ from coordinator.core.commands import Command, Commit, Fetch, Heartbeat, Join, L
 from coordinator.core.effects import AdminResult
 from coordinator.metrics import Metrics
 from coordinator.runtime.runtime import Answer, Runtime, error_answer
-from protocol import codec
+from protocol import codec, json_wire
 from protocol.errors import ErrorCode
 from protocol.limits import DEFAULT_MAX_METADATA_BYTES
 from protocol.messages import (
@@ -54,6 +55,9 @@ from protocol.validate import ValidationError
 log = logging.getLogger("groupcoord.http")
 
 MSGPACK_TYPES = frozenset({codec.CONTENT_TYPE, "application/x-msgpack"})
+#: PROTOCOL.md v1.1: a call in JSON is answered in JSON (protocol/json_wire.py).
+JSON_TYPES = frozenset({json_wire.CONTENT_TYPE})
+ACCEPTED_TYPES = MSGPACK_TYPES | JSON_TYPES
 SERVER_FAILED = "the server failed on this request; see its log"
 
 #: (HTTP status, msgpack body).
@@ -90,8 +94,15 @@ def media_type(content_type: str | None) -> str:
     return content_type.partition(";")[0].strip().lower()
 
 
-def error_body(code: ErrorCode, message: str) -> bytes:
-    return codec.encode({"error": code.value, "message": message})
+def is_json(content_type: str | None) -> bool:
+    """Whether a call's ``Content-Type`` asks for JSON (else msgpack, the default)."""
+    return (content_type is not None and content_type not in MSGPACK_TYPES
+            and media_type(content_type) in JSON_TYPES)
+
+
+def error_body(code: ErrorCode, message: str, json_body: bool = False) -> bytes:
+    doc = {"error": code.value, "message": message}
+    return json_wire.encode_error(doc) if json_body else codec.encode(doc)
 
 
 def _member_ids(msg: Any) -> list[str]:
@@ -165,31 +176,33 @@ class Calls:
         assert self.tokens is not None
         return auth.entry_for_header(self.tokens, authorization)
 
-    def refuse(self, api: str, status: int, message: str, started: float) -> Result:
+    def refuse(self, api: str, status: int, message: str, started: float,
+               json_body: bool = False) -> Result:
         """A counted ``INVALID_REQUEST`` refusal (4xx) of a call that never reached the core."""
         self._observe(api, ErrorCode.INVALID_REQUEST, time.perf_counter() - started)
-        return status, error_body(ErrorCode.INVALID_REQUEST, message)
+        return status, error_body(ErrorCode.INVALID_REQUEST, message, json_body)
 
     def early_refusal(self, api: str, content_type: str | None, content_length: int | None,
                       started: float) -> Result | None:
         """415 or 413 from the headers alone (before the body is read), else ``None``."""
         # The raw header usually is exactly the media type: skip parsing it then.
-        if content_type not in MSGPACK_TYPES and media_type(content_type) not in MSGPACK_TYPES:
+        if content_type not in MSGPACK_TYPES and media_type(content_type) not in ACCEPTED_TYPES:
             return self.refuse(api, 415, f"Content-Type must be "
-                               f"{' or '.join(sorted(MSGPACK_TYPES))}, got "
+                               f"{' or '.join(sorted(ACCEPTED_TYPES))}, got "
                                f"{media_type(content_type)!r}", started)
         if content_length is not None and content_length > self.max_body_bytes:
             return self.refuse(api, 413, f"body of {content_length} bytes is over the limit "
-                               f"of {self.max_body_bytes} bytes", started)
+                               f"of {self.max_body_bytes} bytes", started,
+                               is_json(content_type))
         return None
 
     def catalog(self) -> Result:
         """The JSON answer of ``GET /v1/resources`` (:func:`catalog_answer`)."""
         return catalog_answer(self.runtime)
 
-    def server_error(self, api: str) -> Result:
+    def server_error(self, api: str, json_body: bool = False) -> Result:
         self._observe(api, ErrorCode.UNKNOWN_SERVER_ERROR, 0.0)
-        return 500, error_body(ErrorCode.UNKNOWN_SERVER_ERROR, SERVER_FAILED)
+        return 500, error_body(ErrorCode.UNKNOWN_SERVER_ERROR, SERVER_FAILED, json_body)
 
     async def call(self, api: str, body: bytes, content_type: str | None, remote: str,
                    token: TokenEntry | None, started: float) -> Result:
@@ -198,17 +211,19 @@ class Calls:
         ``token`` is the caller's entry when authentication is on (the caller
         has answered 401 already when there is none).
         """
+        as_json = is_json(content_type)
         try:
             refused = self.early_refusal(api, content_type, len(body), started)
             if refused is not None:
                 return refused
             parse, command = self._apis[api]
             try:
-                msg = parse(codec.decode(body))
+                msg = parse(json_wire.decode_request(api, body) if as_json
+                            else codec.decode(body))
                 if api == "join" or api == "sync":
                     check_metadata(msg, self.max_metadata_bytes)
             except (codec.DecodeError, ValidationError) as exc:
-                return self.refuse(api, 400, str(exc), started)
+                return self.refuse(api, 400, str(exc), started, as_json)
             answer: Answer
             if self.tokens is None:
                 answer = await self.runtime.call(lambda rid: command(msg, rid, remote, None))
@@ -217,7 +232,8 @@ class Calls:
                     self._observe(api, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                                   time.perf_counter() - started)
                     return 403, error_body(ErrorCode.GROUP_AUTHORIZATION_FAILED,
-                                           auth.forbidden_message(token, msg.group_id))
+                                           auth.forbidden_message(token, msg.group_id),
+                                           as_json)
                 if all(auth.member_bound(token, msg.group_id, m) for m in _member_ids(msg)):
                     answer = await self.runtime.call(
                         lambda rid: command(msg, rid, remote, token))
@@ -231,8 +247,10 @@ class Calls:
                 # outside the catalog, a value over its limit, a fetch too big
                 # for one answer): a 400 like any bad input, naming the field.
                 message = getattr(answer, "message", "") or "invalid request"
-                return 400, error_body(ErrorCode.INVALID_REQUEST, message)
+                return 400, error_body(ErrorCode.INVALID_REQUEST, message, as_json)
+            if as_json:
+                return 200, json_wire.encode_response(api, answer.to_wire())
             return 200, codec.encode(answer.to_wire())
         except Exception:
             log.exception("unhandled error on POST /v1/%s", api)
-            return self.server_error(api)
+            return self.server_error(api, as_json)

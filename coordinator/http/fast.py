@@ -70,7 +70,7 @@ import httptools
 
 from coordinator import auth
 from coordinator.auth import TokenEntry
-from coordinator.http.calls import Calls, Result
+from coordinator.http.calls import Calls, Result, is_json
 from protocol import codec
 from protocol.errors import ErrorCode
 
@@ -210,17 +210,19 @@ class _Stop(Exception):
 class _Pending:
     """One complete request waiting for its turn (or a prepared answer)."""
 
-    __slots__ = ("api", "body", "close", "content_type", "http10", "keep_alive", "kind",
-                 "raw", "started", "token")
+    __slots__ = ("api", "body", "close", "content_type", "http10", "json", "keep_alive",
+                 "kind", "raw", "started", "token")
 
     def __init__(self, kind: int, *, api: str = "", body: bytes = b"",
                  content_type: str | None = None, token: TokenEntry | None = None,
                  keep_alive: bool = True, http10: bool = False, started: float = 0.0,
-                 raw: bytes = b"", close: bool = False) -> None:
+                 raw: bytes = b"", close: bool = False, json: bool = False) -> None:
         self.kind = kind
         self.api = api
         self.body = body
         self.content_type = content_type
+        #: _CALL: answer in JSON (the call came in JSON, PROTOCOL.md v1.1).
+        self.json = json
         self.token = token
         self.keep_alive = keep_alive
         self.http10 = http10
@@ -324,6 +326,8 @@ class FastProtocol(asyncio.Protocol):
         #: _CALL or _CATALOG once the head is read and routed.
         self._route = _REPLY
         self._api = ""
+        #: the call being read came in JSON: so do its answer and its refusals.
+        self._json = False
         self._token: TokenEntry | None = None
         #: a refused request whose body is read and dropped: (status, body, type, headers).
         self._refusal: tuple[int, bytes, bytes, bytes] | None = None
@@ -593,29 +597,34 @@ class FastProtocol(asyncio.Protocol):
         self._route = _CALL
         self._started = started = time.perf_counter()
         calls = self._calls
+        content_type = self._content_type
+        self._json = as_json = (content_type is not None and content_type != _MSGPACK
+                                and is_json(content_type.decode("latin-1")))
+        reply_type = _JSON if as_json else _MSGPACK
         encoding = self._encoding
         if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
             # Before authentication and before the body: nothing is decompressed here.
             self._server.refused("content_encoding", self._remote, _shown(encoding))
             status, payload = calls.refuse(
                 api, 415, f"Content-Encoding {_shown(encoding.strip())!r} is not accepted: "
-                          f"send the body unencoded", started)
-            self._refuse(status, payload)
+                          f"send the body unencoded", started, as_json)
+            self._refuse(status, payload, reply_type)
             return
         if self._auth_on:
             authorization = self._authorization
             self._token = calls.authenticate(
                 None if authorization is None else authorization.decode("latin-1"))
             if self._token is None:
-                self._refuse(401, auth.unauthorized_msgpack(), extra=b"WWW-Authenticate: %b\r\n"
-                             % auth.WWW_AUTHENTICATE.encode())
+                self._refuse(401, _error_json(ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                              auth.UNAUTHORIZED_MESSAGE)
+                             if as_json else auth.unauthorized_msgpack(), reply_type,
+                             extra=b"WWW-Authenticate: %b\r\n" % auth.WWW_AUTHENTICATE.encode())
                 return
-        content_type = self._content_type
         refusal = calls.early_refusal(
             api, None if content_type is None else content_type.decode("latin-1"),
             self._content_length, started)
         if refusal is not None:
-            self._refuse(*refusal)
+            self._refuse(*refusal, reply_type)
             return
         if self._expect:
             self._continue()
@@ -682,8 +691,9 @@ class FastProtocol(asyncio.Protocol):
             if refusal is not None:
                 self._reply_and_stop(*refusal)
             elif self._route == _CALL:
-                status, payload = self._calls.refuse(self._api, 413, message, self._started)
-                self._reply_and_stop(status, payload)
+                status, payload = self._calls.refuse(self._api, 413, message, self._started,
+                                                     self._json)
+                self._reply_and_stop(status, payload, _JSON if self._json else _MSGPACK)
             else:
                 self._reply_and_stop(413, _error_json(ErrorCode.INVALID_REQUEST, message),
                                      _JSON)
@@ -709,7 +719,8 @@ class FastProtocol(asyncio.Protocol):
             self._enqueue(_Pending(
                 _CALL, api=self._api, body=body, token=self._token,
                 content_type=None if content_type is None else content_type.decode("latin-1"),
-                keep_alive=self._keep_alive, http10=self._http10, started=self._started))
+                keep_alive=self._keep_alive, http10=self._http10, started=self._started,
+                json=self._json))
         elif self._route == _CATALOG:
             self._enqueue(_Pending(_CATALOG, token=self._token, keep_alive=self._keep_alive,
                                    http10=self._http10))
@@ -806,7 +817,7 @@ class FastProtocol(asyncio.Protocol):
         try:
             waiting_for = coro.send(None)
         except StopIteration as done:
-            return self._answer(item, done.value)
+            return self._answer(item, done.value, _JSON if item.json else _MSGPACK)
         self._task = task = self._loop.create_task(self._finish(item, coro, waiting_for))
         task.add_done_callback(functools.partial(_cancel_if_suspended, coro))
         return False
@@ -819,7 +830,7 @@ class FastProtocol(asyncio.Protocol):
                       waiting_for: Any) -> None:
         result = await _resume(coro, waiting_for)
         self._task = None
-        if self._answer(item, result):
+        if self._answer(item, result, _JSON if item.json else _MSGPACK):
             queue = self._queue
             self._run(queue.popleft() if queue else None)
 

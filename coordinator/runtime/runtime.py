@@ -85,6 +85,7 @@ from coordinator.core.effects import (
     RequestRefused,
     ScheduleTimer,
 )
+from coordinator.core.health import Health
 from coordinator.core.records import (
     REBALANCE_REASONS,
     CatalogChanged,
@@ -138,6 +139,8 @@ class Core(Protocol):
     def list_groups(self) -> Sequence[GroupSummary]: ...
 
     def describe_group(self, group_id: str) -> GroupView | None: ...
+
+    def health(self, group_id: str, now_ms: int) -> Health: ...
 
     def catalog(self) -> Mapping[str, int]: ...
 

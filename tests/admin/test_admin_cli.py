@@ -61,9 +61,10 @@ def test_groups_describe_remove_member_and_rebalances(start_server: StartServer)
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
     assert lines[0].split() == ["GROUP", "STATE", "HEALTH", "PROTOCOL", "GENERATION", "MEMBERS"]
-    assert lines[1].split()[:2] == ["orders", "Stable"]
+    assert lines[1].split()[:3] == ["orders", "Stable", "OK"]
     as_json = json.loads(run(server, "groups", "list", "--state", "Stable", "--json").stdout)
     assert [g["group_id"] for g in as_json["groups"]] == ["orders"]
+    assert as_json["groups"][0]["health"] == "OK" and as_json["groups"][0]["health_reasons"] == []
     assert json.loads(run(server, "groups", "list", "--state", "Empty", "--json").stdout) == \
         {"groups": []}
 

@@ -43,7 +43,7 @@ def exported(text: str) -> set[str]:
 
 def test_every_metric_the_dashboard_and_alerts_name_is_exported(
         start_server: StartServer) -> None:
-    server = start_server()
+    server = start_server(group_metrics=10)
     with urllib.request.urlopen(f"{server.admin_url}/metrics", timeout=10) as answer:
         names = exported(answer.read().decode())
     dashboard, alerts = dashboard_exprs(), alert_exprs()
