@@ -5,7 +5,9 @@
 temp directory, starts it on a free port of 127.0.0.1 (its unix socket in the
 same directory) and stops it (``pg_ctl stop -m fast``) when asked. The
 superuser ``postgres`` has a password (``PASSWORD``), checked with
-SCRAM-SHA-256 on TCP, so tests pass real passwords through real URLs.
+SCRAM-SHA-256 on TCP, so tests pass real passwords through real URLs. The
+database ``groupcoord`` is made at the first start; the ``pg_url`` fixture
+gives each test a schema of its own in it.
 
 Where the binaries come from, first found wins:
 
@@ -123,6 +125,7 @@ class PostgresServer:
         self.data = self.dir / "data"
         self.log = self.dir / "server.log"
         self.port = 0
+        self._created = False
         self._initdb()
 
     def _run(self, *args: str, timeout: float = 120) -> str:
@@ -155,6 +158,9 @@ class PostgresServer:
             try:
                 self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l",
                           str(self.log), "-o", options, "-w", "-t", "60", "start")
+                if not self._created:
+                    self.psql("CREATE DATABASE groupcoord")
+                    self._created = True
                 return
             except PostgresUnavailable:
                 if attempt == 2:
@@ -168,7 +174,8 @@ class PostgresServer:
                       "stop")
 
     def remove(self) -> None:
-        self.stop()
+        """Stop at once (the cluster is thrown away: no shutdown checkpoint) and delete it."""
+        self.stop("immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def url(self, database: str = "postgres", *, password: str | None = PASSWORD) -> str:
@@ -190,7 +197,7 @@ class PostgresServer:
 # ---------------------------------------------------------------- fixtures
 # Import both into a conftest.py (``from pg_harness import pg_url, postgres_server``).
 
-_databases = itertools.count()
+_schemas = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -209,7 +216,13 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 @pytest.fixture
 def pg_url(postgres_server: PostgresServer) -> str:
-    """The URL (password included) of a new, empty database of its own."""
-    name = f"t{os.getpid()}_{next(_databases)}"
-    postgres_server.psql(f"CREATE DATABASE {name}")
-    return postgres_server.url(name)
+    """The URL (password included) of an empty schema of the test's own.
+
+    A schema, not a database: ``CREATE DATABASE`` copies its template through
+    the WAL (megabytes, fsynced) at every test. The URL's ``search_path``
+    parameter (sent by asyncpg as a session setting) makes the store's tables
+    land in it, as a user sharing one database between applications would do.
+    """
+    name = f"t{os.getpid()}_{next(_schemas)}"
+    postgres_server.psql(f"CREATE SCHEMA {name}", "groupcoord")
+    return postgres_server.url("groupcoord") + f"?search_path={name}"

@@ -45,8 +45,8 @@ from coordinator.storage import pgurl
 from coordinator.storage.pg_schema import PARTITIONS_KEY
 from coordinator.storage.postgres import (
     CONNECT_TIMEOUT_S,
-    database_errors,
     connect,
+    database_errors,
     describe_error,
 )
 from coordinator.storage.sqlite import StorageError
