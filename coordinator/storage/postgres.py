@@ -530,9 +530,14 @@ class PostgresStorage:
         try:
             rows = await (await self._connection()).fetch(f"{sql} ORDER BY {order}", *args)
         except database_errors() as exc:
-            raise CorruptDatabaseError(self.path, table, "",
-                                       f"cannot read it: {describe_error(exc, self._url)}"
-                                       ) from None
+            problem = f"cannot read it: {describe_error(exc, self._url)}"
+            exceptions = _driver().exceptions
+            if isinstance(exc, exceptions.SyntaxOrAccessError | exceptions.InternalServerError):
+                # A table or column gone, or PostgreSQL's "data corrupted" class (XX):
+                # the database itself must be fixed.
+                raise CorruptDatabaseError(self.path, table, "", problem) from None
+            # The link or the server failed (not the data): a restart may cure it.
+            raise StorageError(f"database {self.path}: table {table}: {problem}") from None
         out = []
         for record in rows:
             row = tuple(record)

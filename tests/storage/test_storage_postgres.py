@@ -260,3 +260,32 @@ def test_sqlite_serving_does_not_need_asyncpg() -> None:
                          timeout=60, check=True).stdout
     assert out.strip() == ("a postgresql:// database needs the asyncpg package: "
                            "pip install 'asyncpg>=0.29'")
+
+
+async def test_a_load_that_fails_on_the_server_is_not_called_a_damaged_database(
+        pg_url: str) -> None:
+    """A damaged database stops the server for good (exit 2); a statement the server
+    cancelled (here: a lock held past ``statement_timeout``) must not be taken for one:
+    it is a plain StorageError, which a restart may cure."""
+    store = await PostgresStorage.open(pg_url + "&statement_timeout=300", partitions=8)
+    locker = await asyncpg.connect(pg_url)
+    try:
+        await store.write([group("g1", "Stable", 1, member("m1", b"a"))])
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("LOCK TABLE groups IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(StorageError) as caught:
+            await store.load()
+        await tx.rollback()
+        assert not isinstance(caught.value, CorruptDatabaseError)
+        assert str(caught.value).startswith(
+            f"database {_redacted(pg_url)}&statement_timeout=300: table groups: cannot "
+            f"read it: canceling statement due to statement timeout")
+        assert len((await store.load()).groups) == 1
+        await _sql(pg_url, "ALTER TABLE groups DROP COLUMN leader")
+        with pytest.raises(CorruptDatabaseError, match="table groups: cannot read it: "
+                                                       "column \"leader\" does not exist"):
+            await store.load()
+    finally:
+        await locker.close()
+        await store.close()
