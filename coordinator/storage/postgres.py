@@ -467,7 +467,19 @@ class PostgresStorage:
         return self._conn
 
     async def schema_version(self) -> int:
-        return await _schema_version(await self._connection(), self.path)
+        try:
+            return await _schema_version(await self._connection(), self.path)
+        except database_errors() as exc:
+            raise StorageError(f"database {self.path}: cannot read the schema version: "
+                               f"{describe_error(exc, self._url)}") from None
+
+    async def _fetch(self, what: str, sql: str, *args: Any) -> list[Any]:
+        """Rows of a query for tools; a failure is one :class:`StorageError` line."""
+        try:
+            return list(await (await self._connection()).fetch(sql, *args))
+        except database_errors() as exc:
+            raise StorageError(f"database {self.path}: cannot read {what}: "
+                               f"{describe_error(exc, self._url)}") from None
 
     # ------------------------------------------------------------ loading
 
@@ -626,6 +638,8 @@ class PostgresStorage:
 
     async def rebalances(self, group_id: str, limit: int) -> list[dict[str, Any]]:
         """The group's most recent journal rows, newest first (at most ``limit``)."""
+        if limit < 0:
+            raise ValueError(f"limit must be 0 or more, got {limit}")
         return await self._journal(group_id, newest_first=True, limit=limit)
 
     async def _journal(self, group_id: str | None, *, newest_first: bool,
@@ -641,7 +655,7 @@ class PostgresStorage:
         if limit is not None:
             args.append(limit)
             sql += f" LIMIT ${len(args)}"
-        rows = await (await self._connection()).fetch(sql, *args)
+        rows = await self._fetch("the rebalance journal", sql, *args)
         return [{
             "group_id": r[0], "generation_id": r[1], "protocol_type": r[2],
             "protocol_name": r[3], "leader": r[4], "member_count": r[5],
@@ -652,7 +666,8 @@ class PostgresStorage:
 
     async def generations(self, group_id: str) -> list[dict[str, Any]]:
         """Rows of the ``generations`` table for one group, oldest first."""
-        rows = await (await self._connection()).fetch(
+        rows = await self._fetch(
+            "generations",
             "SELECT generation_id, protocol_type, protocol_name, leader, formed_ms, "
             "member_count, members, assignments FROM generations WHERE group_id = $1 "
             "ORDER BY generation_id", group_id)

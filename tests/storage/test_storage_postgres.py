@@ -197,6 +197,8 @@ async def test_rebalances_are_the_newest_journal_rows_first(pg_url: str) -> None
         rows = await store.rebalances("g1", 2)
         assert [r["generation_id"] for r in rows] == [3, 2]
         assert await store.rebalances("other", 5) == []
+        with pytest.raises(ValueError, match="limit must be 0 or more, got -1"):
+            await store.rebalances("g1", -1)
     finally:
         await store.close()
 
