@@ -126,7 +126,11 @@ class PostgresServer:
         self.log = self.dir / "server.log"
         self.port = 0
         self._created = False
-        self._initdb()
+        try:
+            self._initdb()
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
 
     def _run(self, *args: str, timeout: float = 120) -> str:
         result = subprocess.run([*self._as_user, *args], capture_output=True, text=True,
