@@ -1,0 +1,133 @@
+"""The PostgreSQL schema, as an ordered list of migrations.
+
+The row ``meta.key = 'schema_version'`` holds the number of migrations applied
+(SQLite keeps it in ``PRAGMA user_version``; PostgreSQL has no such slot). A
+database whose version is higher than ``len(MIGRATIONS)`` comes from a newer
+groupcoord and is refused (never downgraded). Each migration runs in its own
+transaction under an advisory lock, so coordinators started together against
+an empty database migrate it once.
+
+The tables, columns and encodings are those of the SQLite schema
+(``coordinator/storage/schema.py``, version 2), so both stores hold the same
+bytes: ``members``, ``assignments`` and checkpoint ``value`` are the same
+msgpack blobs (``BYTEA``), the journal's ``members``/``joined``/``left`` and
+``generations.members`` the same JSON text. JSON stays ``TEXT``, not
+``JSONB``: the rows are written far more often than read, ``JSONB`` would
+parse and re-encode each value on insert (and reorder keys), and every reader
+(``Storage.journal``, the pipeline) parses the text in Python anyway.
+
+What PostgreSQL adds:
+
+``partition`` (every group-owned row)
+    ``crc32(utf-8 group_id) % P`` (PROTOCOL.md v1.1), so a coordinator loads
+    the groups of one partition at a time; indexed. ``P`` is
+    ``meta.partitions``, fixed when the database is created.
+``partition_leases``
+    one row per partition: ``owner_id``/``owner_url`` (NULL while nobody owns
+    it), ``epoch`` (increases at every acquisition), ``expires_at`` (the
+    database's clock). Every fenced write checks its row in the same
+    transaction.
+``coordinators``
+    the coordinators that registered: ``id``, advertised ``url``,
+    ``started_at``, ``last_seen`` (database clock, refreshed by heartbeats).
+
+``"left"`` is quoted: ``LEFT`` is a reserved word of PostgreSQL.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the SQLite schema of version 2, with partitions, leases and coordinators.
+    """
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value BIGINT NOT NULL
+    );
+    CREATE TABLE groups (
+        group_id TEXT PRIMARY KEY,
+        partition INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        generation_id BIGINT NOT NULL,
+        protocol_type TEXT,
+        protocol_name TEXT,
+        leader TEXT,
+        state_timestamp_ms BIGINT NOT NULL,
+        members BYTEA NOT NULL
+    );
+    CREATE INDEX groups_partition ON groups (partition);
+    CREATE TABLE generations (
+        group_id TEXT NOT NULL,
+        generation_id BIGINT NOT NULL,
+        partition INTEGER NOT NULL,
+        protocol_type TEXT,
+        protocol_name TEXT,
+        leader TEXT,
+        formed_ms BIGINT NOT NULL,
+        member_count INTEGER NOT NULL,
+        members TEXT NOT NULL,
+        assignments BYTEA,
+        PRIMARY KEY (group_id, generation_id)
+    );
+    CREATE TABLE checkpoints (
+        group_id TEXT NOT NULL,
+        resource_set TEXT NOT NULL,
+        idx BIGINT NOT NULL,
+        partition INTEGER NOT NULL,
+        value BYTEA NOT NULL,
+        PRIMARY KEY (group_id, resource_set, idx)
+    );
+    CREATE INDEX checkpoints_partition ON checkpoints (partition);
+    CREATE TABLE catalog (
+        name TEXT PRIMARY KEY,
+        partitions INTEGER NOT NULL
+    );
+    CREATE TABLE rebalance_journal (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        group_id TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        generation_id BIGINT NOT NULL,
+        protocol_type TEXT,
+        protocol_name TEXT,
+        leader TEXT,
+        member_count INTEGER NOT NULL,
+        members TEXT NOT NULL,
+        joined TEXT NOT NULL,
+        "left" TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        started_ms BIGINT NOT NULL,
+        ended_ms BIGINT NOT NULL,
+        assignments BYTEA NOT NULL
+    );
+    CREATE INDEX rebalance_journal_group ON rebalance_journal (group_id, generation_id);
+    CREATE TABLE last_commits (
+        group_id TEXT PRIMARY KEY,
+        partition INTEGER NOT NULL,
+        committed_ms BIGINT NOT NULL
+    );
+    CREATE INDEX last_commits_partition ON last_commits (partition);
+    CREATE TABLE partition_leases (
+        partition INTEGER PRIMARY KEY,
+        owner_id TEXT,
+        owner_url TEXT,
+        epoch BIGINT NOT NULL DEFAULT 0,
+        acquired_at TIMESTAMPTZ,
+        expires_at TIMESTAMPTZ NOT NULL DEFAULT '-infinity'
+    );
+    CREATE TABLE coordinators (
+        id TEXT PRIMARY KEY,
+        url TEXT NOT NULL,
+        started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        last_seen TIMESTAMPTZ NOT NULL DEFAULT now()
+    )
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+#: Keys of ``meta`` besides ``resources_epoch``.
+SCHEMA_VERSION_KEY = "schema_version"
+PARTITIONS_KEY = "partitions"
+
+#: ``pg_advisory_xact_lock`` key held while migrating or fixing ``P`` (any
+#: 64-bit number no other tool of the database uses; this one spells "grpcoord").
+ADVISORY_LOCK = 0x67727063_6F6F7264
