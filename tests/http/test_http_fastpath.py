@@ -75,7 +75,7 @@ async def test_content_type_parameters_and_case_are_accepted(
         assert resp.status == 200, content_type
         assert msgpack.unpackb(await resp.read())["error"] == "UNKNOWN_MEMBER_ID"
     resp = await http.post("/v1/heartbeat", data=HEARTBEAT,
-                           headers={"Content-Type": "application/json"})
+                           headers={"Content-Type": "text/plain"})
     assert resp.status == 415
     assert msgpack.unpackb(await resp.read())["error"] == "INVALID_REQUEST"
 

@@ -262,8 +262,8 @@ async def test_body_over_the_limit_is_413_without_reading_it(lean: Lean) -> None
 
 async def test_wrong_content_type_is_415_and_the_connection_stays(lean: Lean) -> None:
     reader, writer = await lean.open()
-    writer.write(request("/v1/heartbeat", b'{"group_id": "g"}',
-                         headers=b"Content-Type: application/json\r\n"))
+    writer.write(request("/v1/heartbeat", b'group_id=g',
+                         headers=b"Content-Type: application/x-www-form-urlencoded\r\n"))
     status, _, body = await read_response(reader)
     assert status == 415 and unpack(body)["error"] == "INVALID_REQUEST"
     writer.write(request("/v1/heartbeat", HEARTBEAT_UNKNOWN,

@@ -153,7 +153,7 @@ async def test_oversize_wrong_type_and_state_untouched(api: Api) -> None:
     big = pack(join_body(member, reason="x" * (MAX_BODY + 10)))
     await _assert_refused(api, "/v1/join", big, 413, "over the limit")
     await _assert_refused(api, "/v1/heartbeat", pack({"group_id": "g"}), 415, "Content-Type",
-                          content_type="application/json")
+                          content_type="text/plain")
     await _assert_refused(api, "/v1/heartbeat", b"", 415, "Content-Type", content_type="")
     for _, data, _ in BAD_REQUESTS:
         await _assert_refused(api, "/v1/join", data, 400, "")
@@ -180,7 +180,8 @@ async def test_admin_groups(api: Api) -> None:
     assert resp.status == 200
     assert (await resp.json())["groups"] == [{
         "group_id": "g", "state": "Stable", "protocol_type": "resources",
-        "protocol_name": "range", "generation_id": generation, "member_count": 1}]
+        "protocol_name": "range", "generation_id": generation, "member_count": 1,
+        "health": "OK", "health_reasons": []}]
     resp = await api.client.get("/v1/groups/g")
     doc = await resp.json()
     assert doc["leader"] == member
