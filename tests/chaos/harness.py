@@ -234,6 +234,10 @@ class Coordinator:
 
     async def start(self) -> None:
         c = self.config
+        # An instance whose start was cancelled half-way (end_faults cancels a pending
+        # restart) may still run: it would hold the database, and a second server on
+        # the same file is refused (issue 11, item 14). Never leave one behind.
+        await self.kill()
         with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
                 GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0", "--admin-port", "0",
@@ -242,19 +246,25 @@ class Coordinator:
                 "--log-level", "WARNING",
                 stdout=asyncio.subprocess.PIPE, stderr=log, preexec_fn=_die_with_parent)
         assert self.proc.stdout is not None
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), 20)
-            if not line:
-                break
-            text = line.decode().strip()
-            if text.startswith("admin listening on "):  # printed first
-                self.admin_url = text[len("admin listening on "):]
-            elif text.startswith("listening on "):
-                self.url = text[len("listening on "):]
-                self.port = int(self.url.rsplit(":", 1)[1])
-                return
-        raise RuntimeError(f"the coordinator did not start; see {self.log}")
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                line = await asyncio.wait_for(self.proc.stdout.readline(), 20)
+                if not line:
+                    break
+                text = line.decode().strip()
+                if text.startswith("admin listening on "):  # printed first
+                    self.admin_url = text[len("admin listening on "):]
+                elif text.startswith("listening on "):
+                    self.url = text[len("listening on "):]
+                    self.port = int(self.url.rsplit(":", 1)[1])
+                    return
+            raise RuntimeError(f"the coordinator did not start; see {self.log}")
+        except BaseException:
+            # Cancelled or failed before it was ready: the process must not outlive
+            # this call (the next start would find the database held).
+            await asyncio.shield(self.kill())
+            raise
 
     async def kill(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
