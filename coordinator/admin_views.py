@@ -113,9 +113,20 @@ def checkpoint_json(resource_set: str, index: int, value: Scalar) -> dict[str, A
 
 
 def checkpoints_doc(runtime: Runtime, group_id: str) -> list[dict[str, Any]]:
-    """``GET /v1/groups/{group_id}/checkpoints``: the group's checkpoints, by resource."""
-    return [checkpoint_json(s, i, v)
-            for (s, i), v in sorted(runtime.core.checkpoints(group_id).items())]
+    """``GET /v1/groups/{group_id}/checkpoints``: the group's checkpoints, by resource,
+    with who wrote each and when (``committed_at``: Unix ms; ``member_id`` ``None``
+    for an operator's reset; all ``None`` for rows stored before that was kept)."""
+    core = runtime.core
+    meta = core.checkpoint_meta(group_id)
+    out = []
+    for (s, i), v in sorted(core.checkpoints(group_id).items()):
+        doc = checkpoint_json(s, i, v)
+        written = meta.get((s, i))
+        doc["committed_at"] = None if written is None else written.committed_ms
+        doc["member_id"] = None if written is None else written.member_id
+        doc["generation_id"] = None if written is None else written.generation_id
+        out.append(doc)
+    return out
 
 
 def _resource(item: object, field: str) -> tuple[str, int]:

@@ -21,6 +21,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
+from coordinator.core.records import CheckpointMeta
 from protocol.validate import Scalar, checkpoint_size
 
 Key = tuple[str, int]
@@ -42,10 +43,14 @@ class Plan(NamedTuple):
 class CheckpointStore:
     """The checkpoints of one group (never holds a ``None`` value)."""
 
-    __slots__ = ("_keys", "nbytes", "values")
+    __slots__ = ("_keys", "meta", "nbytes", "values")
 
-    def __init__(self, values: Mapping[Key, Scalar] | None = None) -> None:
+    def __init__(self, values: Mapping[Key, Scalar] | None = None,
+                 meta: Mapping[Key, CheckpointMeta] | None = None) -> None:
         self.values: dict[Key, Scalar] = {}
+        #: who wrote each checkpoint and when, where known; one shared tuple per
+        #: commit, so a key costs a dict slot, not an object.
+        self.meta: dict[Key, CheckpointMeta] = {}
         #: every key of ``values``, sorted.
         self._keys: list[Key] = []
         #: bytes counted against --max-checkpoint-bytes-per-group (checkpoint_size).
@@ -54,6 +59,8 @@ class CheckpointStore:
             self.values = {key: value for key, value in values.items() if value is not None}
             self._keys = sorted(self.values)
             self.nbytes = sum(checkpoint_size(s, v) for (s, _), v in self.values.items())
+        if meta:
+            self.meta = {key: m for key, m in meta.items() if key in self.values}
 
     def __len__(self) -> int:
         return len(self.values)
@@ -81,15 +88,20 @@ class CheckpointStore:
                 nbytes += checkpoint_size(key[0], value)
         return Plan(changes, count, nbytes)
 
-    def apply(self, plan: Plan) -> None:
-        """Write what :meth:`plan` worked out (on this store, unchanged since)."""
+    def apply(self, plan: Plan, meta: CheckpointMeta | None = None) -> None:
+        """Write what :meth:`plan` worked out (on this store, unchanged since);
+        ``meta``: who wrote it and when."""
         values = self.values
         changes = plan.changes
         added = [k for k, v in changes.items() if v is not None and k not in values]
         removed = [k for k, v in changes.items() if v is None and k in values]
+        written = self.meta
         for key in removed:
             del values[key]
+            written.pop(key, None)
         values.update((k, v) for k, v in changes.items() if v is not None)
+        if meta is not None:
+            written.update((k, meta) for k, v in changes.items() if v is not None)
         self.nbytes = plan.nbytes
         keys = self._keys
         if len(removed) <= _IN_PLACE:

@@ -24,7 +24,7 @@ from coordinator.core.commands import Commit, Fetch
 from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel
 from coordinator.core.membership import validate_member
-from coordinator.core.records import CheckpointsWritten
+from coordinator.core.records import CheckpointMeta, CheckpointsWritten
 from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_FETCH_CHECKPOINTS
@@ -88,8 +88,10 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
             k.arm_session(g, g.members[req.member_id])
     if plan is not None:
         _note_progress(k, req.group_id, plan)
-        apply_checkpoints(k, req.group_id, plan)
-        k.persist(CheckpointsWritten(req.group_id, tuple(req.checkpoints), k.now))
+        apply_checkpoints(k, req.group_id, plan,
+                          CheckpointMeta(k.now, req.member_id, req.generation_id))
+        k.persist(CheckpointsWritten(req.group_id, tuple(req.checkpoints), k.now,
+                                     req.member_id, req.generation_id))
     k.reply(rid, CommitResponse(None))
     k.forget_if_vacant(g)
     if req.checkpoints and g.generation_id == 0 and g.state is GroupState.EMPTY \
@@ -196,11 +198,11 @@ def _note_progress(k: Kernel, group_id: str, plan: Plan) -> None:
                 health.rewound(k.now, key, old, value)
 
 
-def apply_checkpoints(k: Kernel, group_id: str, plan: Plan) -> None:
+def apply_checkpoints(k: Kernel, group_id: str, plan: Plan, meta: CheckpointMeta) -> None:
     store = k.checkpoints.get(group_id)
     if store is None:
         store = k.checkpoints[group_id] = CheckpointStore()
-    store.apply(plan)
+    store.apply(plan, meta)
     if not store.values:
         del k.checkpoints[group_id]
 

@@ -42,7 +42,7 @@ from coordinator.core.group import Group
 from coordinator.core.health import HEALTHY, Health, assess
 from coordinator.core.kernel import Kernel
 from coordinator.core.rebalance import prepare_rebalance
-from coordinator.core.records import Snapshot
+from coordinator.core.records import CheckpointMeta, Snapshot
 from coordinator.core.states import GroupState
 from coordinator.core.views import GroupSummary, GroupView
 from protocol.validate import Scalar
@@ -122,7 +122,7 @@ class GroupCoordinator:
         k.begin(now_ms)
         k.catalog = dict(snapshot.catalog)
         k.resources_epoch = snapshot.resources_epoch
-        k.checkpoints = {gid: CheckpointStore(values)
+        k.checkpoints = {gid: CheckpointStore(values, snapshot.checkpoint_meta.get(gid))
                          for gid, values in snapshot.checkpoints.items() if values}
         for gid in k.checkpoints:
             # Health: a group's last commit is known from storage, else "now".
@@ -197,6 +197,11 @@ class GroupCoordinator:
         """A copy of a group's checkpoints (for tests and the admin API)."""
         store = self._k.checkpoints.get(group_id)
         return {} if store is None else dict(store.values)
+
+    def checkpoint_meta(self, group_id: str) -> dict[tuple[str, int], CheckpointMeta]:
+        """Who wrote each of a group's checkpoints and when, where known (admin API)."""
+        store = self._k.checkpoints.get(group_id)
+        return {} if store is None else dict(store.meta)
 
     def pending_member_count(self, group_id: str) -> int:
         group = self._k.groups.get(group_id)

@@ -26,7 +26,7 @@ from coordinator.core.commands import RemoveMember, ResetCheckpoints
 from coordinator.core.effects import AdminResult
 from coordinator.core.kernel import Kernel
 from coordinator.core.rebalance import after_removal, remove_member
-from coordinator.core.records import CheckpointsWritten
+from coordinator.core.records import CheckpointMeta, CheckpointsWritten
 from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
 from protocol.validate import Scalar
@@ -99,7 +99,7 @@ def handle_reset(k: Kernel, cmd: ResetCheckpoints) -> None:
     before = tuple((s, i, values[(s, i)]) for s, i in targets if (s, i) in values)
     result = tuple(c for c in changes if c[2] is not None)
     if not cmd.dry_run and changes:
-        apply_checkpoints(k, cmd.group_id, admitted)
+        apply_checkpoints(k, cmd.group_id, admitted, CheckpointMeta(k.now, None, -1))
         k.persist(CheckpointsWritten(cmd.group_id, changes, k.now))
     k.reply(rid, AdminResult(None, k.resources_epoch, before=before, after=result))
 

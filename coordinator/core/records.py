@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from protocol.validate import Scalar
 
@@ -67,6 +68,17 @@ class GroupOwner:
     owner: str
 
 
+class CheckpointMeta(NamedTuple):
+    """Who wrote a checkpoint and when (``GET /v1/groups/{id}/checkpoints``)."""
+
+    #: wall-clock ms of the commit.
+    committed_ms: int
+    #: the committing member (a simple commit's own id); ``None``: an operator's reset.
+    member_id: str | None
+    #: its generation; -1 for a simple commit or a reset.
+    generation_id: int
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointsWritten:
     """Checkpoints of one group; a ``None`` value deletes that resource's entry."""
@@ -77,6 +89,10 @@ class CheckpointsWritten:
     #: that never formed a generation runs from its last commit. Bookkeeping, not
     #: content: two records writing the same values compare equal whatever their time.
     committed_ms: int = field(default=0, compare=False)
+    #: who wrote them (the admin API shows it): the committing member and its
+    #: generation; ``None`` and -1 for an operator's reset.
+    member_id: str | None = field(default=None, compare=False)
+    generation_id: int = field(default=-1, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,3 +161,7 @@ class Snapshot:
     last_commit_ms: Mapping[str, int] = field(default_factory=dict)
     #: group id -> the name of the token that created it (:class:`GroupOwner`).
     owners: Mapping[str, str] = field(default_factory=dict)
+    #: group id -> resource -> who wrote its checkpoint and when (rows written
+    #: before schema version 4 have none).
+    checkpoint_meta: Mapping[str, Mapping[tuple[str, int], CheckpointMeta]] = field(
+        default_factory=dict)

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from coordinator.core.effects import Effect, Persist
 from coordinator.core.records import (
     CatalogChanged,
+    CheckpointMeta,
     CheckpointsWritten,
     GroupDeleted,
     GroupOwner,
@@ -41,6 +42,7 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
     epoch = 0
     last_commit: dict[str, int] = {}
     owners: dict[str, str] = {}
+    written: dict[str, dict[tuple[str, int], CheckpointMeta]] = {}
     if base is not None:
         groups = {g.group_id: g for g in base.groups}
         checkpoints = {gid: dict(values) for gid, values in base.checkpoints.items()}
@@ -48,6 +50,7 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
         epoch = base.resources_epoch
         last_commit = dict(base.last_commit_ms)
         owners = dict(base.owners)
+        written = {gid: dict(meta) for gid, meta in base.checkpoint_meta.items()}
     for record in records:
         if isinstance(record, GroupRecord):
             groups[record.group_id] = record
@@ -56,17 +59,28 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
             checkpoints.pop(record.group_id, None)
             last_commit.pop(record.group_id, None)
             owners.pop(record.group_id, None)
+            written.pop(record.group_id, None)
         elif isinstance(record, GroupOwner):
             owners[record.group_id] = record.owner
         elif isinstance(record, CheckpointsWritten):
             store = checkpoints.setdefault(record.group_id, {})
+            meta = written.setdefault(record.group_id, {})
+            who = (CheckpointMeta(record.committed_ms, record.member_id, record.generation_id)
+                   if record.committed_ms > 0 else None)
             for resource_set, index, value in record.checkpoints:
+                key = (resource_set, index)
                 if value is None:
-                    store.pop((resource_set, index), None)
+                    store.pop(key, None)
                 else:
-                    store[(resource_set, index)] = value
+                    store[key] = value
+                if value is None or who is None:
+                    meta.pop(key, None)
+                else:
+                    meta[key] = who
             if not store:
                 del checkpoints[record.group_id]
+            if not meta:
+                del written[record.group_id]
             if record.committed_ms > 0:
                 last_commit[record.group_id] = max(record.committed_ms,
                                                    last_commit.get(record.group_id, 0))
@@ -83,4 +97,4 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
     # Like storage, a last commit time only for groups that still hold checkpoints.
     return Snapshot(tuple(groups[gid] for gid in sorted(groups)), checkpoints, catalog, epoch,
                     {gid: ms for gid, ms in last_commit.items() if gid in checkpoints},
-                    owners)
+                    owners, written)

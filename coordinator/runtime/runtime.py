@@ -89,6 +89,7 @@ from coordinator.core.health import Health
 from coordinator.core.records import (
     REBALANCE_REASONS,
     CatalogChanged,
+    CheckpointMeta,
     CheckpointsWritten,
     GroupDeleted,
     GroupOwner,
@@ -145,6 +146,8 @@ class Core(Protocol):
     def catalog(self) -> Mapping[str, int]: ...
 
     def checkpoints(self, group_id: str) -> Mapping[tuple[str, int], Scalar]: ...
+
+    def checkpoint_meta(self, group_id: str) -> Mapping[tuple[str, int], CheckpointMeta]: ...
 
     @property
     def resources_epoch(self) -> int: ...

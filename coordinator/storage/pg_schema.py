@@ -74,6 +74,9 @@ MIGRATIONS: tuple[str, ...] = (
         idx BIGINT NOT NULL,
         partition INTEGER NOT NULL,
         value BYTEA NOT NULL,
+        committed_ms BIGINT,
+        member_id TEXT,
+        generation_id BIGINT,
         PRIMARY KEY (group_id, resource_set, idx)
     );
     CREATE INDEX checkpoints_partition ON checkpoints (partition);
@@ -105,6 +108,12 @@ MIGRATIONS: tuple[str, ...] = (
         committed_ms BIGINT NOT NULL
     );
     CREATE INDEX last_commits_partition ON last_commits (partition);
+    CREATE TABLE group_owners (
+        group_id TEXT PRIMARY KEY,
+        partition INTEGER NOT NULL,
+        owner TEXT NOT NULL
+    );
+    CREATE INDEX group_owners_partition ON group_owners (partition);
     CREATE TABLE partition_leases (
         partition INTEGER PRIMARY KEY,
         owner_id TEXT,

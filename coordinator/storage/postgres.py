@@ -45,8 +45,10 @@ from typing import Any, TypeVar
 
 from coordinator.core.records import (
     CatalogChanged,
+    CheckpointMeta,
     CheckpointsWritten,
     GroupDeleted,
+    GroupOwner,
     GroupRecord,
     JournalEntry,
     Record,
@@ -70,12 +72,14 @@ from coordinator.storage.sqlite import (
     StorageError,
     _BadValue,
     _catalog_row,
+    _checkpoint_meta,
     _checkpoint_row,
     _decode_problem,
     _epoch_row,
     _group_row,
     _last_commit_row,
     _member_triples,
+    _owner_row,
     encode_members,
 )
 from protocol.codec import DecodeError, decode, encode
@@ -197,9 +201,12 @@ ON CONFLICT (group_id, generation_id) DO UPDATE SET
 """
 
 _UPSERT_CHECKPOINT = """
-INSERT INTO checkpoints (group_id, resource_set, idx, partition, value)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (group_id, resource_set, idx) DO UPDATE SET value = EXCLUDED.value
+INSERT INTO checkpoints (group_id, resource_set, idx, partition, value, committed_ms,
+                         member_id, generation_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (group_id, resource_set, idx) DO UPDATE SET
+    value = EXCLUDED.value, committed_ms = EXCLUDED.committed_ms,
+    member_id = EXCLUDED.member_id, generation_id = EXCLUDED.generation_id
 """
 
 _DELETE_CHECKPOINT = (
@@ -229,7 +236,12 @@ INSERT INTO catalog (name, partitions) VALUES ($1, $2)
 ON CONFLICT (name) DO UPDATE SET partitions = EXCLUDED.partitions
 """
 
-_GROUP_TABLES = ("groups", "generations", "checkpoints", "last_commits")
+_GROUP_TABLES = ("groups", "generations", "checkpoints", "last_commits", "group_owners")
+
+_UPSERT_OWNER = """
+INSERT INTO group_owners (group_id, partition, owner) VALUES ($1, $2, $3)
+ON CONFLICT (group_id) DO UPDATE SET owner = EXCLUDED.owner
+"""
 
 # Lease rows of a fenced write, locked against a change of owner until COMMIT.
 _FENCE = """
@@ -268,6 +280,9 @@ def statements(record: Record, partitions: int) -> list[Statement]:
         case GroupDeleted():
             return [(f"DELETE FROM {table} WHERE group_id = $1", (record.group_id,))
                     for table in _GROUP_TABLES]
+        case GroupOwner():
+            return [(_UPSERT_OWNER, (record.group_id, partition_of(record.group_id, partitions),
+                                     record.owner))]
         case CheckpointsWritten():
             p = partition_of(record.group_id, partitions)
             out = []
@@ -276,7 +291,9 @@ def statements(record: Record, partitions: int) -> list[Statement]:
                     out.append((_DELETE_CHECKPOINT, (record.group_id, resource_set, idx)))
                 else:
                     out.append((_UPSERT_CHECKPOINT,
-                                (record.group_id, resource_set, idx, p, encode(value))))
+                                (record.group_id, resource_set, idx, p, encode(value),
+                                 record.committed_ms or None, record.member_id,
+                                 record.generation_id)))
             if record.committed_ms > 0:
                 out.append((_UPSERT_LAST_COMMIT, (record.group_id, p, record.committed_ms)))
             return out
@@ -398,7 +415,8 @@ _T = TypeVar("_T")
 
 _GROUP_COLUMNS = ("group_id", "state", "generation_id", "protocol_type", "protocol_name",
                   "leader", "state_timestamp_ms", "members")
-_CHECKPOINT_COLUMNS = ("group_id", "resource_set", "idx", "value")
+_CHECKPOINT_COLUMNS = ("group_id", "resource_set", "idx", "value", "committed_ms",
+                       "member_id", "generation_id")
 
 
 class PostgresStorage:
@@ -505,12 +523,16 @@ class PostgresStorage:
             key = f"group_id={row[0]!r} generation_id={row[2]!r}"
             groups.append(self._decoded("groups", key, _group_row, row))
         checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
+        checkpoint_meta: dict[str, dict[tuple[str, int], CheckpointMeta]] = {}
         for row in await self._rows("checkpoints", _CHECKPOINT_COLUMNS,
                                     "group_id, resource_set, idx", partition):
             key = f"group_id={row[0]!r} resource_set={row[1]!r} idx={row[2]!r}"
             group_id, resource_set, idx, value = self._decoded(
                 "checkpoints", key, _checkpoint_row, row)
             checkpoints.setdefault(group_id, {})[(resource_set, idx)] = value
+            written = self._decoded("checkpoints", key, _checkpoint_meta, row)
+            if written is not None:
+                checkpoint_meta.setdefault(group_id, {})[(resource_set, idx)] = written
         catalog: dict[str, int] = {}
         for row in await self._rows("catalog", ("name", "partitions"), "name", None):
             name, count = self._decoded("catalog", f"name={row[0]!r}", _catalog_row, row)
@@ -526,8 +548,15 @@ class PostgresStorage:
                                                    _last_commit_row, row)
             if group_id in checkpoints:
                 last_commit[group_id] = committed_ms
+        owners: dict[str, str] = {}
+        for row in await self._rows("group_owners", ("group_id", "owner"), "group_id",
+                                    partition):
+            group_id, owner = self._decoded("group_owners", f"group_id={row[0]!r}",
+                                            _owner_row, row)
+            owners[group_id] = owner
         return Snapshot(groups=tuple(groups), checkpoints=checkpoints, catalog=catalog,
-                        resources_epoch=epoch, last_commit_ms=last_commit)
+                        resources_epoch=epoch, last_commit_ms=last_commit, owners=owners,
+                        checkpoint_meta=checkpoint_meta)
 
     async def _rows(self, table: str, columns: Sequence[str], order: str,
                     partition: int | None) -> list[tuple[Any, ...]]:

@@ -39,6 +39,13 @@ Version 3 adds:
     counts the same after a restart. Groups created with authentication off, or
     before version 3, have no row and count for no token.
 
+Version 4 adds to ``checkpoints``:
+
+``committed_ms``, ``member_id``, ``generation_id``
+    who wrote the checkpoint and when (Unix ms; the committing member and its
+    generation; ``member_id`` NULL for an operator's reset), shown by
+    ``GET /v1/groups/{id}/checkpoints``. Rows written before version 4 hold NULLs.
+
 The ``groups.members`` blob holds each member as an array; a ninth field, the
 owner of a static instance (:attr:`MemberRecord.owner`), is written when set and
 read when present (eight-field members, as written before, have no owner), so
@@ -120,6 +127,13 @@ MIGRATIONS: tuple[str, ...] = (
         group_id TEXT PRIMARY KEY,
         owner TEXT NOT NULL
     );
+    """,
+    # 4: who wrote each checkpoint and when, for the admin API (issue 13). Rows of
+    # earlier versions keep NULLs: "not known".
+    """
+    ALTER TABLE checkpoints ADD COLUMN committed_ms INTEGER;
+    ALTER TABLE checkpoints ADD COLUMN member_id TEXT;
+    ALTER TABLE checkpoints ADD COLUMN generation_id INTEGER;
     """,
 )
 

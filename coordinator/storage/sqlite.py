@@ -52,6 +52,7 @@ import aiosqlite
 
 from coordinator.core.records import (
     CatalogChanged,
+    CheckpointMeta,
     CheckpointsWritten,
     GroupDeleted,
     GroupOwner,
@@ -220,8 +221,12 @@ ON CONFLICT (group_id, generation_id) DO UPDATE SET
 """
 
 _UPSERT_CHECKPOINT = """
-INSERT INTO checkpoints (group_id, resource_set, idx, value) VALUES (?, ?, ?, ?)
-ON CONFLICT (group_id, resource_set, idx) DO UPDATE SET value = excluded.value
+INSERT INTO checkpoints (group_id, resource_set, idx, value, committed_ms, member_id,
+                         generation_id)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (group_id, resource_set, idx) DO UPDATE SET
+    value = excluded.value, committed_ms = excluded.committed_ms,
+    member_id = excluded.member_id, generation_id = excluded.generation_id
 """
 
 # The largest time wins: a wall-clock step back must not bring an expiry forward.
@@ -283,7 +288,9 @@ def _statements(record: Record) -> list[tuple[str, tuple[Any, ...]]]:
                                 (record.group_id, resource_set, idx)))
                 else:
                     out.append((_UPSERT_CHECKPOINT,
-                                (record.group_id, resource_set, idx, encode(value))))
+                                (record.group_id, resource_set, idx, encode(value),
+                                 record.committed_ms or None, record.member_id,
+                                 record.generation_id)))
             if record.committed_ms > 0:
                 out.append((_UPSERT_LAST_COMMIT, (record.group_id, record.committed_ms)))
             return out
@@ -311,7 +318,8 @@ _T = TypeVar("_T")
 
 _GROUP_COLUMNS = ("group_id", "state", "generation_id", "protocol_type", "protocol_name",
                   "leader", "state_timestamp_ms", "members")
-_CHECKPOINT_COLUMNS = ("group_id", "resource_set", "idx", "value")
+_CHECKPOINT_COLUMNS = ("group_id", "resource_set", "idx", "value", "committed_ms",
+                       "member_id", "generation_id")
 _STATES = frozenset(state.value for state in GroupState)
 
 
@@ -388,6 +396,17 @@ def _checkpoint_row(row: Any) -> tuple[str, str, int, Scalar]:
         # A stored checkpoint is a non-null scalar (None deletes, PROTOCOL.md /v1/commit).
         raise _BadValue(f"column value: expected a msgpack scalar, got {_short(value)}")
     return group_id, resource_set, idx, value
+
+
+def _checkpoint_meta(row: Any) -> CheckpointMeta | None:
+    """Who wrote a checkpoint row and when (columns 4-6); ``None`` if not kept."""
+    committed_ms, member_id, generation_id = row[4:7]
+    if committed_ms is None:
+        return None
+    _column("committed_ms", committed_ms, int)
+    _column("member_id", member_id, str, nullable=True)
+    _column("generation_id", generation_id, int)
+    return CheckpointMeta(committed_ms, member_id, generation_id)
 
 
 def _catalog_row(row: Any) -> tuple[str, int]:
@@ -595,12 +614,16 @@ class Storage:
             groups.append(self._decoded(
                 "groups", f"group_id={row[0]!r} generation_id={row[2]!r}", _group_row, row))
         checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
+        checkpoint_meta: dict[str, dict[tuple[str, int], CheckpointMeta]] = {}
         for row in await self._rows("checkpoints", _CHECKPOINT_COLUMNS,
                                     "group_id, resource_set, idx"):
             key = f"group_id={row[0]!r} resource_set={row[1]!r} idx={row[2]!r}"
             group_id, resource_set, idx, value = self._decoded(
                 "checkpoints", key, _checkpoint_row, row)
             checkpoints.setdefault(group_id, {})[(resource_set, idx)] = value
+            written = self._decoded("checkpoints", key, _checkpoint_meta, row)
+            if written is not None:
+                checkpoint_meta.setdefault(group_id, {})[(resource_set, idx)] = written
         catalog: dict[str, int] = {}
         for row in await self._rows("catalog", ("name", "partitions"), "name"):
             name, partitions = self._decoded("catalog", f"name={row[0]!r}", _catalog_row, row)
@@ -623,7 +646,8 @@ class Storage:
                                             _owner_row, row)
             owners[group_id] = owner
         return Snapshot(groups=tuple(groups), checkpoints=checkpoints, catalog=catalog,
-                        resources_epoch=epoch, last_commit_ms=last_commit, owners=owners)
+                        resources_epoch=epoch, last_commit_ms=last_commit, owners=owners,
+                        checkpoint_meta=checkpoint_meta)
 
     async def _rows(self, table: str, columns: Sequence[str], order: str) -> list[Any]:
         """Rows of one table; an SQLite error (a damaged page, a missing column) names it."""

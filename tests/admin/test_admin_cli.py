@@ -129,7 +129,9 @@ def test_bad_input_is_one_line_and_changes_nothing(start_server: StartServer,
     usage = run(server, "checkpoints", "reset", "g")
     assert usage.returncode == 2
     shown = json.loads(run(server, "checkpoints", "show", "g", "--json").stdout)
-    assert shown["checkpoints"] == [{"set": "s", "index": 0, "value": "text"}]
+    assert [{k: c[k] for k in ("set", "index", "value")} for c in shown["checkpoints"]] == [
+        {"set": "s", "index": 0, "value": "text"}]
+    assert shown["checkpoints"][0]["member_id"] == "tool"
 
 
 def test_resources_set_list_delete(start_server: StartServer) -> None:

@@ -4,6 +4,7 @@ removal, the state filter. Bad input is a 400 naming the field and changes nothi
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -70,13 +71,24 @@ async def admin(tmp_path: Path) -> AsyncIterator[Admin]:
     await storage.close()
 
 
-async def test_checkpoints_listing_shows_bytes_as_base64(admin: Admin) -> None:
+async def test_checkpoints_listing_shows_bytes_as_base64_and_who_wrote_them(
+        admin: Admin) -> None:
+    before = int(time.time() * 1000)
     await admin.simple_commit("g", [("s", 1, 42), ("s", 0, b"\x01\x02"), ("t", 0, "x")])
     doc = await admin.get("/v1/groups/g/checkpoints")
+    who = {"member_id": "tool", "generation_id": -1}
+    written = [c.pop("committed_at") for c in doc["checkpoints"]]
     assert doc["checkpoints"] == [
-        {"set": "s", "index": 0, "value": "AQI=", "encoding": "base64"},
-        {"set": "s", "index": 1, "value": 42},
-        {"set": "t", "index": 0, "value": "x"}]
+        {"set": "s", "index": 0, "value": "AQI=", "encoding": "base64", **who},
+        {"set": "s", "index": 1, "value": 42, **who},
+        {"set": "t", "index": 0, "value": "x", **who}]
+    assert all(before <= t <= int(time.time() * 1000) for t in written)
+    # An operator's reset is nobody's commit.
+    await admin.send("POST", "/v1/groups/g/checkpoints/reset",
+                     {"dry_run": False, "resources": [["s", 1]], "to_value": 0})
+    doc = await admin.get("/v1/groups/g/checkpoints")
+    assert doc["checkpoints"][1]["member_id"] is None
+    assert doc["checkpoints"][1]["generation_id"] == -1
     assert (await admin.get("/v1/groups/nope/checkpoints", 404))["error"] == "UNKNOWN_GROUP"
 
 

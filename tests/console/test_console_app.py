@@ -173,13 +173,13 @@ async def test_overview_lists_groups_with_their_last_rebalance(open_console: Con
     html = await open_console.page("/console/")
     text = _text(html)
     assert 'href="/console/groups/orders-eu"' in html
-    assert "orders-eu Stable 1 2" in text
+    assert "orders-eu Stable 1 2 OK" in text
     assert "generation 1" in text and "took" in text
     # The last rebalance's reason is the journal's.
     rows = await open_console.runtime.storage.rebalances("orders-eu", 1)
     assert rows[0]["reason"] in text
-    # No health column until the group documents carry one.
-    assert "Health" not in text
+    # The group's health (coordinator/core/health.py) has its column.
+    assert "Health" in text and "orders-eu Stable 1 2 OK" in text
     # /console without its slash goes to the overview.
     resp = await open_console.client.get("/console", allow_redirects=False)
     assert resp.status == 308 and resp.headers["Location"] == "/console/"
