@@ -39,6 +39,7 @@ from coordinator.core.commands import (
 )
 from coordinator.core.effects import AdminResult
 from coordinator.core.states import GroupState
+from coordinator.http import openapi
 from coordinator.http.calls import SERVER_FAILED, catalog_answer
 from coordinator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from coordinator.metrics import Metrics
@@ -297,6 +298,11 @@ async def readyz(request: web.Request) -> web.StreamResponse:
     return web.json_response({"status": state}, status=503)
 
 
+async def openapi_description(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/openapi.json``: every route of both listeners (coordinator/http/openapi.py)."""
+    return web.json_response(openapi.description())
+
+
 async def metrics_page(request: web.Request) -> web.StreamResponse:
     body = request.app[METRICS_KEY].render()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
@@ -397,6 +403,7 @@ def build_admin_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
     app.router.add_get("/v1/resources", guarded(list_resources))
     app.router.add_put("/v1/resources/{name:.+}", guarded(put_resource))
     app.router.add_delete("/v1/resources/{name:.+}", guarded(delete_resource))
+    app.router.add_get("/v1/openapi.json", guarded(openapi_description))
     app.router.add_get("/metrics", guarded(metrics_page))
     app.router.add_get("/healthz", guarded(healthz))
     app.router.add_get("/readyz", guarded(readyz))
