@@ -256,16 +256,7 @@ async def list_resources(request: web.Request) -> web.StreamResponse:
 
 async def put_resource(request: web.Request) -> web.StreamResponse:
     name = _path_name(request, "name")
-    body = await read_body(request, frozenset({"application/json"}))
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise Refused(400, f"body is not valid JSON: {exc}") from None
-    except RecursionError:
-        # json.loads recurses once per nesting level: a deep body is bad input, not a bug.
-        raise Refused(400, "body nests too deeply") from None
-    if not isinstance(doc, dict):
-        raise Refused(400, 'body: expected an object {"partitions": N}')
+    doc = await _json_object(request, '{"partitions": N}')
     try:
         partitions = Fields(doc).integer("partitions", lo=1, hi=MAX_PARTITIONS)
     except ValidationError as exc:
