@@ -85,6 +85,13 @@ def test_groups_describe_remove_member_and_rebalances(start_server: StartServer)
     history = json.loads(run(server, "rebalances", "orders", "--json").stdout)["rebalances"]
     assert history[0]["reason"] == "initial" and history[0]["resources"]["assigned"] == 4
 
+    # The member is gone, so the group is Empty and can be deleted (with its checkpoints).
+    deleted = run(server, "groups", "delete", "orders")
+    assert deleted.returncode == 0, deleted.stderr
+    assert "deleted group orders" in deleted.stdout
+    gone = run(server, "groups", "describe", "orders")
+    assert gone.returncode == 1 and "UNKNOWN_GROUP" in gone.stderr
+
 
 def test_checkpoints_reset_dry_run_export_execute_and_undo(start_server: StartServer,
                                                            tmp_path: Path) -> None:
