@@ -332,6 +332,8 @@ class SimMember:
             self._commit_finished()
             return
         self.world.on_commit_sent(self, request, now)
+        self.sim.log(f"{self.tag} send commit value={value} n={len(resources)} "
+                     f"gen={request.generation_id} timeout={timeout}")
         self.commit_request = request
         self.commit_value = value
         self.commit_conn = self.world.net.open(self, "commit", request)
@@ -343,6 +345,7 @@ class SimMember:
         if conn is not self.commit_conn:
             return
         self.world.net.close(conn)
+        self.sim.log(f"{self.tag} commit value={self.commit_value} timed out")
         self._commit_done(self.local(), CoordinatorUnavailableError("commit: timed out"))
         self.world.touched(self)
 
@@ -409,17 +412,24 @@ class SimMember:
 
     def reset_connections(self) -> None:
         """A reset on the way: every open call of this member fails now."""
-        if self.state != UP:
+        if self.state not in (UP, PAUSED):
             return
         for conn in (self.main, self.bg, self.commit_conn):
             if conn is not None and not conn.closed:
                 self.sim.after(0, self._reset_one, conn)
 
     def _reset_one(self, conn: Conn) -> None:
-        if conn.closed or self.state != UP:
+        if conn.closed or self.state in (DEAD, STOPPED):
             return
         self.world.net.close(conn)  # the coordinator sees the connection go
-        self._deliver(conn, CoordinatorUnavailableError(f"{conn.api}: connection reset"))
+        self._reset_delivery(conn)
+
+    def _reset_delivery(self, conn: Conn) -> None:
+        if self._defer(self._reset_delivery, conn):
+            return
+        if conn is self.main or conn is self.bg or conn is self.commit_conn:
+            self._deliver(conn, CoordinatorUnavailableError(f"{conn.api}: connection reset"))
+            self.world.touched(self)
 
 
 def _claims(request: JoinRequest) -> frozenset[Resource]:

@@ -64,6 +64,8 @@ class SimConfig:
     faulty: bool
     fault_ms: int
     upgrade: bool
+    #: "space": drawn from the whole valid space; "chaos": the chaos harness's settings.
+    profile: str = "space"
     faults: tuple[Fault, ...] = field(default=())
 
     @property
@@ -93,7 +95,27 @@ def _log_uniform(rng: random.Random, lo: int, hi: int) -> int:
     return int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
 
 
-def draw_config(seed: int) -> SimConfig:
+def chaos_config(seed: int) -> SimConfig:
+    """The real-process chaos harness's settings (tests/chaos/harness.py,
+    ``ChaosConfig``): one cooperative-sticky group of three, orders 8 and
+    users 4, session 1500, interval 400, rebalance 3000, initial delay 200,
+    request timeout 5000, commits every 150 ms, 12 s of faults, a local
+    network (well under a millisecond) and SQLite commits of a few ms."""
+    rng = random.Random(seed)
+    return SimConfig(
+        seed=seed, members=3, static=(False,) * 5, assignors=("cooperative-sticky",),
+        session_timeout_ms=1500, rebalance_timeout_ms=3000, heartbeat_interval_ms=400,
+        request_timeout_ms=5000, initial_rebalance_delay_ms=200,
+        catalog=(("orders", 8), ("users", 4)), sets=("orders", "users"),
+        incremental_delay_ms=0, commit_interval_ms=150, listener_ms=(0, 5),
+        latency=(0, 1, 0.01, 20), disk_ms=(1, 10),
+        drift_ppm=tuple(rng.randint(-MAX_DRIFT_PPM, MAX_DRIFT_PPM) for _ in range(5)),
+        faulty=True, fault_ms=12_000, upgrade=False, profile="chaos")
+
+
+def draw_config(seed: int, profile: str = "space") -> SimConfig:
+    if profile == "chaos":
+        return chaos_config(seed)
     rng = random.Random(seed)
     session = _log_uniform(rng, 300, 30_000)
     rebalance = max(session // 2, _log_uniform(rng, session // 2 + 1, 3 * session))
@@ -147,9 +169,18 @@ def draw_config(seed: int) -> SimConfig:
     )
 
 
+#: the chaos harness's own fault kinds and weights (its proxy never loses a message).
+CHAOS_WEIGHTS: tuple[tuple[str, float], ...] = (
+    ("kill", 2), ("zombie", 2), ("coord_crash", 1.5), ("latency", 1.5), ("partition", 2),
+    ("catalog", 1), ("join", 1), ("leave", 1),
+    # What a loaded machine adds (its notes: slow SQLite commits, a stalled
+    # harness loop stalling every proxy at once).
+    ("slow_disk", 1), ("stall", 1),
+)
 FAULT_WEIGHTS: tuple[tuple[str, float], ...] = (
     ("kill", 2), ("zombie", 2), ("coord_crash", 1.5), ("slow_disk", 1), ("latency", 1.5),
     ("drops", 1), ("reset", 1), ("partition", 2), ("catalog", 1), ("join", 1), ("leave", 1),
+    ("stall", 0.5),
 )
 
 
@@ -164,8 +195,9 @@ def draw_faults(config: SimConfig) -> tuple[Fault, ...]:
     left: set[str] = set()
     extra = 0
     coord_up_at = 0
-    kinds = [k for k, _ in FAULT_WEIGHTS]
-    weights = [w for _, w in FAULT_WEIGHTS]
+    table = CHAOS_WEIGHTS if config.profile == "chaos" else FAULT_WEIGHTS
+    kinds = [k for k, _ in table]
+    weights = [w for _, w in table]
     faults: list[Fault] = []
     start = s  # let the group form first
     if config.upgrade:
@@ -182,7 +214,7 @@ def draw_faults(config: SimConfig) -> tuple[Fault, ...]:
         return tuple(faults)
     t = start + rng.randint(0, s // 2)
     end = start + config.fault_ms
-    mean_gap = max(1, s // 2)
+    mean_gap = 800 if config.profile == "chaos" else max(1, s // 2)
     while t < end:
         kind = rng.choices(kinds, weights)[0]
 
@@ -214,12 +246,15 @@ def draw_faults(config: SimConfig) -> tuple[Fault, ...]:
         elif kind == "drops" and live:
             fault = Fault(t, kind, rng.choice(live), rng.randint(1, 2 * s),
                           (("p", rng.choice([0.05, 0.2, 0.5])),))
+        elif kind == "stall":
+            # Every member's network stalls at once (delivered late, not lost).
+            fault = Fault(t, kind, "", rng.randint(1, max(1, s // 3)))
         elif kind == "reset" and live:
             fault = Fault(t, kind, rng.choice(live))
         elif kind == "partition" and spare:
             slot = rng.choice(spare)
             dur = rng.randint(1, int(2.5 * s))
-            fault = Fault(t, kind, slot, dur, (("blackhole", rng.random() < 0.5),))
+            fault = Fault(t, kind, slot, dur, (("cut", rng.random() < 0.5),))
             busy_until[slot] = t + dur
         elif kind == "catalog":
             name = rng.choice(config.sets)
