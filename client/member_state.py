@@ -69,7 +69,7 @@ import enum
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from client.assignors import Assignor, RebalanceProtocol, get_assignor
 from client.errors import (
@@ -926,7 +926,11 @@ class MemberStateMachine:
                 assignments = {m.member_id: ResourceAssignment(error=failure)
                                for m in self._join_members}
             else:
-                assignments = result.assignments
+                # Each member's assignment says which catalog epoch it covers:
+                # a later leader process that syncs without assigning (KIP-814)
+                # rejoins when the catalog moved since.
+                assignments = {m: replace(a, resources_epoch=catalog.resources_epoch)
+                               for m, a in result.assignments.items()}
                 failure = "; ".join(result.undecodable.values())
         if failure:
             self.last_error = failure
@@ -1043,8 +1047,14 @@ class MemberStateMachine:
                                  assignment.delay_ms)
         if self.is_leader:
             if self._skip_assignment or self._assigned_epoch is None:
-                self._assigned_epoch = resp.resources_epoch
-            elif resp.resources_epoch > self._assigned_epoch:
+                # Assigned by an earlier leader process (KIP-814): from the
+                # epoch its assignment carries (older leaders' carry none:
+                # then the sync's epoch, and a catalog change made meanwhile
+                # waits for the next rebalance).
+                self._assigned_epoch = (assignment.resources_epoch
+                                        if assignment.resources_epoch is not None
+                                        else resp.resources_epoch)
+            if resp.resources_epoch > self._assigned_epoch:
                 self._request_rejoin(now_ms, "resource catalog changed during the rebalance")
 
     def _on_heartbeat(self, now_ms: int, sent_ms: int, request: HeartbeatRequest,

@@ -34,6 +34,7 @@ from client.member_state import (
     Wait,
 )
 from client.transport import CatalogResponse
+from protocol import codec
 from protocol.errors import ErrorCode
 from protocol.messages import (
     HeartbeatRequest,
@@ -213,6 +214,23 @@ def test_static_leader_with_skip_assignment_syncs_without_assignments() -> None:
     assert sync.request.assignments == ()
     m.receive(2, SyncResponse(None, assignment=assignment(0, 1, 2), resources_epoch=4))
     expect_callback(m, 2, CallbackKind.ASSIGNED, res(0, 1, 2))
+
+
+def test_static_leader_with_skip_assignment_rejoins_for_a_catalog_change_made_meanwhile() -> None:
+    """Simulator seed 184: the leader process died, the catalog changed, a new
+    process of the static leader came back (KIP-814, skip_assignment) and
+    took the sync's epoch as its baseline: nobody ever assigned the new
+    resources. The assignment carries the epoch it was computed from."""
+    m = make(group_instance_id="i-1")
+    expect_call(m, 0, "join")
+    members = (JoinMember("m1", "i-1", MemberMetadata(sets=("s",)).encode()),)
+    m.receive(1, JoinResponse(None, 2, "resources", "cooperative-sticky", "m1", "m1", members,
+                              skip_assignment=True))
+    expect_call(m, 1, "sync")
+    assigned_at_3 = codec.encode({"v": 1, "assigned": {"s": [0, 1, 2]}, "resources_epoch": 3})
+    m.receive(2, SyncResponse(None, assignment=assigned_at_3, resources_epoch=4))
+    expect_callback(m, 2, CallbackKind.ASSIGNED, res(0, 1, 2))
+    expect_call(m, 2, "join")
 
 
 def test_protocol_choice_follows_kafka() -> None:
@@ -512,6 +530,8 @@ def test_leader_rejoins_when_the_catalog_epoch_moves_followers_do_not() -> None:
     leader.receive(0, CatalogResponse(3, {"s": 2}))
     sync = expect_call(leader, 0, "sync")
     assert isinstance(sync.request, SyncRequest)
+    # Each assignment carries the catalog epoch it was computed from.
+    assert ResourceAssignment.decode(sync.request.assignments[0].assignment).resources_epoch == 3
     leader.receive(0, SyncResponse(None, assignment=sync.request.assignments[0].assignment,
                                    resources_epoch=3))
     expect_callback(leader, 0, CallbackKind.ASSIGNED, res(0, 1))
