@@ -93,6 +93,8 @@ class SimCoordinator:
         self.disk_ms = disk_ms
         self.slow_disk_until = -1
         self.slow_disk_factor = 1
+        #: when the batch being written commits (a slow write outlasts its fault).
+        self.inflight_done_at = 0
         self.up = False
         #: bumped by every crash: events of an older incarnation are dropped.
         self.epoch = 0
@@ -288,6 +290,7 @@ class SimCoordinator:
         ms = self.rng.randint(lo, hi)
         if self.sim.now < self.slow_disk_until:
             ms *= self.slow_disk_factor
+        self.inflight_done_at = self.sim.now + ms
         self.sim.after(ms, self._committed, (self.epoch, batch))
 
     def _committed(self, arg: tuple[int, _Batch]) -> None:

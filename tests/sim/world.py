@@ -281,7 +281,10 @@ class World:
         lasts until it ends: docs/reliability.md)."""
         c = self.config
         timeout = c.rebalance_timeout_ms + max(5000, c.session_timeout_ms)
-        until = self.sim.now + timeout
+        self._quiet_from(self.sim.now + timeout)
+
+    def _quiet_from(self, until: int) -> None:
+        c = self.config
         if until > self.quiet_at:
             self.quiet_at = until
             self.check_at = until + c.convergence_bound_ms
@@ -303,6 +306,9 @@ class World:
         self.sim.log("FAULTS END")
         self._restart_server()
         self.server.slow_disk_until = -1
+        if self.server.up and self.server.inflight_done_at > self.quiet_at:
+            # A write started on the slow disk ends when it ends.
+            self._quiet_from(self.server.inflight_done_at)
         for link in self.links.values():
             self.net.heal(link)
         for slot in self.slots.values():
