@@ -356,6 +356,9 @@ class MemberStateMachine:
         self._next_send_ms = 0
         self._attempts = 0
         self._rejoin_needed = False
+        #: the next join/sync/catalog call waits out a backoff after a failure
+        #: to reach the coordinator.
+        self._retry_pending = False
         self._rejoin_at_ms = 0
         self._rejoin_reason = ""
         self._join_reason = "initial join"
@@ -688,6 +691,8 @@ class MemberStateMachine:
             # ILLEGAL_GENERATION must not reset a member that just joined).
             return
         code = response.error
+        if code is None or code is ErrorCode.REBALANCE_IN_PROGRESS:
+            self._coordinator_answered(now_ms)
         if code is None:
             # The coordinator was in CompletingRebalance or Stable with our
             # generation: we are known, and no join phase was in progress.
@@ -715,6 +720,17 @@ class MemberStateMachine:
             # the join's answer decides, and the rule's bounds hold meanwhile.
             return
         self._apply_side(now_ms, code, action)
+
+    def _coordinator_answered(self, now_ms: int) -> None:
+        """The coordinator answers again: a join, sync or catalog read waiting
+        out the backoff of a failure to reach it goes now (the member would
+        otherwise sit out up to ``retry_backoff_max_ms`` holding nothing while
+        the coordinator, answered by its heartbeats, counts it as a member
+        holding its resources: simulator seed 737)."""
+        if self._retry_pending and self._in_flight is None and self._next_send_ms > now_ms:
+            self._retry_pending = False
+            self._attempts = 0
+            self._next_send_ms = now_ms
 
     def background_failed(self, now_ms: int, error: Exception) -> None:
         """A background heartbeat got no answer (network, timeout, 5xx). It
@@ -1129,10 +1145,14 @@ class MemberStateMachine:
                                                        self._lease_end_now())
             return
         self._next_send_ms = now_ms + self._backoff_ms()
+        # Waiting out a backoff for want of a coordinator: an answer on the
+        # side channel ends it (background_received).
+        self._retry_pending = True
 
     # ------------------------------------------------------------ helpers
 
     def _send(self, now_ms: int, call: Call) -> Call:
+        self._retry_pending = False
         self._in_flight = call
         self._in_flight_sent_ms = now_ms
         return call

@@ -363,6 +363,35 @@ def test_join_retries_with_exponential_backoff_and_jitter() -> None:
     assert delays == [80, 240, 400, 400, 400]  # 100*0.8, 200*1.2, then capped at 400
 
 
+def test_a_coordinator_answering_the_side_channel_ends_the_join_backoff() -> None:
+    """Simulator seed 737: the coordinator was down, the member's lease ran
+    out and its join failed after a run of failures, so the retry waited out
+    a full backoff while its background heartbeats were answered: the
+    coordinator kept it as a member and nobody owned its resources. An answer
+    proves the coordinator is back: the join goes at once."""
+    m = make(retry_backoff_ms=100, retry_backoff_max_ms=1_000)
+    join_as_follower(m, 0, 0, 1)
+    hb = expect_call(m, 0, "heartbeat")
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    now = 10
+    for _ in range(4):  # failures in a row: the backoff grows to its cap
+        expect_call(m, now, "join")
+        m.call_failed(now, CoordinatorUnavailableError("connection refused"))
+        wait = m.next_action(now)
+        assert isinstance(wait, Wait) and wait.until_ms is not None
+        retry_at = wait.until_ms
+        if _ < 3:
+            now = retry_at
+    bg = m.background_heartbeat(now)
+    if isinstance(bg, Wait) and bg.until_ms is not None:
+        now = bg.until_ms
+        bg = m.background_heartbeat(now)
+    assert isinstance(bg, Call) and bg.api == "heartbeat", (bg, hb)
+    assert retry_at > now + 100  # the backoff is not over
+    m.background_received(now + 5, HeartbeatResponse(None))
+    expect_call(m, now + 5, "join")
+
+
 def test_transport_fatal_error_stops_the_member() -> None:
     from client.errors import InvalidRequestError
     m = make()
