@@ -1111,6 +1111,10 @@ class MemberStateMachine:
     def _apply(self, now_ms: int, api: str, code: ErrorCode,
                action: ErrorAction | None = None) -> None:
         action = action or ERROR_ACTIONS.get(code, ErrorAction.RETRY)
+        if action is not ErrorAction.RETRY:
+            # The coordinator answered: the backoff grows only while it is
+            # unreachable or unavailable (simulator seed 1424).
+            self._attempts = 0
         in_rebalance = api in ("join", "sync")
         if in_rebalance and action is not ErrorAction.RETRY:
             self._fail_rebalance(now_ms, f"{api}: {code.value}")

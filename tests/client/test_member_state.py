@@ -392,6 +392,28 @@ def test_a_coordinator_answering_the_side_channel_ends_the_join_backoff() -> Non
     expect_call(m, now + 5, "join")
 
 
+def test_a_protocol_answer_restarts_the_backoff_from_its_base() -> None:
+    """Simulator seed 1424: after a run of connection failures a join was
+    answered UNKNOWN_MEMBER_ID, and the rejoin still waited the capped
+    backoff (1 s, several session timeouts) although the coordinator had just
+    answered; the group converged, then rebalanced again for it long after
+    the faults. The backoff grows only while the coordinator is unreachable
+    or unavailable; an answer restarts it from ``retry_backoff_ms``."""
+    m = make(retry_backoff_ms=100, retry_backoff_max_ms=1_000)
+    now = 0
+    for _ in range(5):
+        expect_call(m, now, "join")
+        m.call_failed(now, CoordinatorUnavailableError("connection reset"))
+        wait = m.next_action(now)
+        assert isinstance(wait, Wait) and wait.until_ms is not None
+        now = wait.until_ms
+    expect_call(m, now, "join")
+    m.receive(now, JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id="m1"))
+    wait = m.next_action(now)
+    assert isinstance(wait, Wait) and wait.until_ms is not None
+    assert wait.until_ms - now <= 120  # retry_backoff_ms with its jitter
+
+
 def test_transport_fatal_error_stops_the_member() -> None:
     from client.errors import InvalidRequestError
     m = make()
