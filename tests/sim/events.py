@@ -52,11 +52,20 @@ class Sim:
         self.now = max(self.now, end)
 
     def log(self, line: str) -> None:
+        """A line of the trace. Lines of every message are logged only when
+        the trace is kept (``verbose``; the callers check it); the hash is
+        then over all of them, else over the rest (faults, crashes, group
+        states, callbacks, violations), so equal seeds give equal hashes in
+        either mode."""
         text = f"{self.now} {line}"
         self._hash.update(text.encode())
         self._hash.update(b"\n")
         if self.keep_trace:
             self.trace.append(text)
+
+    @property
+    def verbose(self) -> bool:
+        return self.keep_trace
 
     def trace_hash(self) -> str:
         return self._hash.hexdigest()

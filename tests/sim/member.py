@@ -105,6 +105,8 @@ class SimMember:
         self.join_claims: frozenset[Resource] = frozenset()
         self.last_assigned: frozenset[Resource] | None = None
         self.planned_revoke: frozenset[Resource] | None = None
+        #: ``owned_at`` as the invariant checker last saw it.
+        self.seen: frozenset[Resource] = frozenset()
 
     # ------------------------------------------------------------ clock and wake-ups
 
@@ -162,7 +164,8 @@ class SimMember:
                 return
             action = m.next_action(now)
             if isinstance(action, Call):
-                self.sim.log(f"{self.tag} send {action.api} {_brief(action.request)}")
+                if self.sim.verbose:
+                    self.sim.log(f"{self.tag} send {action.api} {_brief(action.request)}")
                 if isinstance(action.request, JoinRequest):
                     self.world.on_join_sent(self, action.request)
                     self.join_claims = _claims(action.request)
@@ -201,7 +204,8 @@ class SimMember:
             m.background_failed(now, CoordinatorUnavailableError("heartbeat: no answer in time"))
         action = m.background_heartbeat(now)
         if isinstance(action, Call):
-            self.sim.log(f"{self.tag} send bg-heartbeat {_brief(action.request)}")
+            if self.sim.verbose:
+                self.sim.log(f"{self.tag} send bg-heartbeat {_brief(action.request)}")
             self.bg = self.world.net.open(self, "heartbeat", action.request)
             self.bg_deadline = now + action.timeout_ms
             return self.bg_deadline
@@ -221,7 +225,8 @@ class SimMember:
     def _deliver(self, conn: Conn, response: Any) -> None:
         m = self.machine
         now = self.local()
-        self.sim.log(f"{self.tag} recv {conn.api} {_brief(response)}")
+        if self.sim.verbose:
+            self.sim.log(f"{self.tag} recv {conn.api} {_brief(response)}")
         if conn is self.main:
             self.main = None
             if isinstance(response, Exception):
@@ -332,8 +337,9 @@ class SimMember:
             self._commit_finished()
             return
         self.world.on_commit_sent(self, request, now)
-        self.sim.log(f"{self.tag} send commit value={value} n={len(resources)} "
-                     f"gen={request.generation_id} timeout={timeout}")
+        if self.sim.verbose:
+            self.sim.log(f"{self.tag} send commit value={value} n={len(resources)} "
+                         f"gen={request.generation_id} timeout={timeout}")
         self.commit_request = request
         self.commit_value = value
         self.commit_conn = self.world.net.open(self, "commit", request)

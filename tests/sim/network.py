@@ -76,9 +76,10 @@ class Link:
         self.held: list[tuple[Callable[[Any], None], Any]] = []
 
     def latency(self, rng: random.Random, now: int) -> int:
-        ms = self.base_ms + (rng.randint(0, self.jitter_ms) if self.jitter_ms else 0)
+        # int(random() * (n + 1)) is randint(0, n), at a fraction of its cost.
+        ms = self.base_ms + (int(rng.random() * (self.jitter_ms + 1)) if self.jitter_ms else 0)
         if self.tail and rng.random() < self.tail:
-            ms += rng.randint(0, self.tail_ms)
+            ms += int(rng.random() * (self.tail_ms + 1))
         if now < self.extra_until:
             ms += self.extra_ms
         return max(1, ms)

@@ -158,13 +158,13 @@ def draw_config(seed: int, profile: str = "space") -> SimConfig:
         initial_rebalance_delay_ms=rng.choice([0, 0, rng.randint(0, min(3000, rebalance))]),
         catalog=catalog, sets=sets,
         incremental_delay_ms=rng.randint(0, session),
-        commit_interval_ms=rng.randint(max(1, effective // 2), max(1, 2 * effective)),
+        commit_interval_ms=rng.randint(max(1, effective), max(1, 3 * effective)),
         listener_ms=(0, listener_hi),
         latency=(base, jitter, tail, tail_ms),
         disk_ms=(rng.randint(0, 2), rng.randint(2, max(2, min(50, reply_ms // 8)))),
         drift_ppm=tuple(rng.randint(-MAX_DRIFT_PPM, MAX_DRIFT_PPM) for _ in range(members + 2)),
         faulty=faulty or upgrade,
-        fault_ms=rng.randint(3, 6) * session,
+        fault_ms=rng.randint(2, 5) * session,
         upgrade=upgrade,
     )
 

@@ -177,6 +177,8 @@ class World:
     def member_stopped(self, member: SimMember, error: FatalMemberError | None) -> None:
         if member in self.live:
             self.live.remove(member)
+        if self.sim.now >= self.t_end and self.config.faulty:
+            self._watch_convergence()
         if error is not None:
             self.violation(f"{member.tag} stopped with a fatal error: {error}")
 
@@ -319,6 +321,7 @@ class World:
             member = slot.member
             if slot.want_up and (member is None or member.state in (DEAD, STOPPED)):
                 self.spawn(slot)
+        self._watch_convergence()
 
     # ------------------------------------------------------------ invariant hooks
 
@@ -326,15 +329,27 @@ class World:
         return (o for o in self.live if o is not member and o.state in (UP, PAUSED))
 
     def touched(self, member: SimMember) -> None:
-        """After an event of ``member``: exclusivity, then the liveness watch."""
-        if member.state in (UP, PAUSED):
-            mine = member.machine.owned_at(member.local())
-            if mine:
-                for other in self._others(member):
-                    both = mine & other.machine.owned_at(other.local())
-                    if both:
-                        self.violation(f"exclusive: {sorted(both)} owned by {member.tag} and "
-                                       f"{other.tag} at once")
+        """After an event of ``member``: exclusivity, then the liveness watch.
+
+        A member's ``owned_at`` grows only through its own events (time only
+        shrinks it), so exclusivity is checked when it grew since this
+        member's last check: an overlap is always caught at the event of
+        whichever member acquired the resource last."""
+        mine = (member.machine.owned_at(member.local()) if member.state in (UP, PAUSED)
+                else frozenset())
+        if mine == member.seen:
+            if not self.config.faulty and self.settled_at is None and self._settled():
+                self.settled_at = self.sim.now
+                self.sim.log("SETTLED")
+            return
+        grew = not mine <= member.seen
+        member.seen = mine
+        if grew:
+            for other in self._others(member):
+                both = mine & other.machine.owned_at(other.local())
+                if both:
+                    self.violation(f"exclusive: {sorted(both)} owned by {member.tag} and "
+                                   f"{other.tag} at once")
         if not self.config.faulty and self.settled_at is None and self._settled():
             self.settled_at = self.sim.now
             self.sim.log("SETTLED")
