@@ -571,11 +571,14 @@ class World:
             if m.state == UP:
                 for r in m.machine.owned_at(m.local()):
                     owners.setdefault(r, []).append(m.tag)
-        unowned = sorted((name, i) for name, n in catalog.items() if name in self.config.sets
-                         for i in range(n) if (name, i) not in owners)
+        expected = {(name, i) for name, n in catalog.items() if name in self.config.sets
+                    for i in range(n)}
+        unowned = sorted(expected - set(owners))
         twice = sorted(r for r, o in owners.items() if len(o) > 1)
+        outside = sorted(set(owners) - expected)
         states = ", ".join(f"{m.tag}:{m.machine.state.value}/gen{m.machine.generation_id}"
                            for m in self.live)
         view = core.describe_group(GROUP) if core is not None else None
         group = f"{view.state} gen {view.generation_id}" if view is not None else "none"
-        return f"unowned {unowned}, owned twice {twice}; group {group}; members {states}"
+        return (f"unowned {unowned}, owned twice {twice}, owned outside the catalog {outside}; "
+                f"group {group}; members {states}")
