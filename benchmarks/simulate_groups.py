@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from sim import SeedResult, report, run_seed  # noqa: E402
+from sim import SeedResult, report, run_seed
 
 
 def _block(args: tuple[int, int, str]) -> list[SeedResult]:

@@ -21,7 +21,7 @@ from sim import SeedResult, report, run_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from simulate_groups import run_many, summary  # noqa: E402
+from simulate_groups import run_many, summary
 
 FIXED_FIRST = 0
 FIXED_COUNT = 2_000
@@ -70,3 +70,20 @@ def test_a_failure_report_names_the_seed_the_config_the_faults_and_the_replay() 
     assert "an example violation" in text
     assert "benchmarks/simulate_groups.py --seed 3 --trace" in text
     assert "trace (shortened):" in text and "FAULT" in text
+
+
+#: Seeds that found a bug, each failing on the code before its fix
+#: (docs/reliability.md, "What the simulator found").
+REGRESSION_SEEDS = {
+    1554: "a returning static leader (KIP-814) rejoins for a catalog change made meanwhile",
+    2771: "incremental-cooperative hands out what a returning member's share leaves",
+    3159: "incremental-cooperative hands out what a returning member's share leaves",
+    2938: "an answer on the side channel ends a join backoff taken for want of a coordinator",
+    1170: "a coordinator's answer restarts the backoff from retry_backoff_ms",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(REGRESSION_SEEDS))
+def test_seed_that_found_a_bug_passes(seed: int) -> None:
+    result = run_seed(seed)
+    assert result.ok, f"{REGRESSION_SEEDS[seed]}\n{report(result)}"
