@@ -223,6 +223,8 @@ class SimMember:
         self._deliver(conn, response)
 
     def _deliver(self, conn: Conn, response: Any) -> None:
+        if not self.world.config.faulty:
+            self.world.on_response(self, conn.api, response)
         m = self.machine
         now = self.local()
         if self.sim.verbose:

@@ -16,7 +16,9 @@ safety
     after its safety deadline.
 
 liveness
-  * without faults no member loses anything (``on_lost``) or stops, and once
+  * without faults no member loses anything (``on_lost``) or stops, no call
+    fails or is answered with an error (REBALANCE_IN_PROGRESS and the first
+    join's MEMBER_ID_REQUIRED aside), no session expires, and once
     the group settled (every member stable in the group's generation, every
     resource owned exactly once, no rejoin pending) no rebalance starts;
   * after the faults end, every resource of the catalog is owned exactly
@@ -42,7 +44,8 @@ from client.errors import FatalMemberError
 from client.member_state import CallbackKind, InvokeListener, MemberConfig, MemberState, Resource
 from coordinator.core.commands import Command, Commit, Sync
 from coordinator.core.config import CoreConfig
-from coordinator.core.effects import Effect, GroupStateChanged, Reply
+from coordinator.core.effects import Effect, GroupStateChanged, MemberExpired, Reply
+from protocol.errors import ErrorCode
 from protocol.messages import CommitRequest, JoinRequest
 from protocol.resources import MemberMetadata, ResourceAssignment
 from protocol.validate import ValidationError
@@ -420,6 +423,14 @@ class World:
             self.violation(f"cooperative: {member.tag} rejoins still owning "
                            f"{sorted(planned & machine.owned)} that the assignor moved")
 
+    def on_response(self, member: SimMember, api: str, response: Any) -> None:
+        """Without faults no call fails and no member is told it is not one."""
+        error = response if isinstance(response, Exception) else getattr(response, "error", None)
+        if error is None or error in (ErrorCode.REBALANCE_IN_PROGRESS,
+                                      ErrorCode.MEMBER_ID_REQUIRED):
+            return
+        self.violation(f"liveness: {member.tag}'s {api} answered {error} without any fault")
+
     def on_act(self, member: SimMember, owned: frozenset[Resource], now: int) -> None:
         if owned:
             deadline = member.machine.safety_deadline_ms()
@@ -454,6 +465,13 @@ class World:
             self._check_commit(command, effects, conn)
         elif isinstance(command, Sync):
             self._check_assignment(command, effects)
+        if not self.config.faulty:
+            for effect in effects:
+                if isinstance(effect, MemberExpired) or (
+                        isinstance(effect, GroupStateChanged)
+                        and effect.reason in ("sync_timeout", "join_timeout")):
+                    self.violation(f"liveness: a member lost its membership without any "
+                                   f"fault ({effect})")
         if self.settled_at is not None and not self.config.faulty:
             for effect in effects:
                 if (isinstance(effect, GroupStateChanged)
