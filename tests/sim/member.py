@@ -224,7 +224,7 @@ class SimMember:
 
     def _deliver(self, conn: Conn, response: Any) -> None:
         if not self.world.config.faulty:
-            self.world.on_response(self, conn.api, response)
+            self.world.on_response(self, conn, response)
         m = self.machine
         now = self.local()
         if self.sim.verbose:
