@@ -69,7 +69,7 @@ import enum
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from client.assignors import Assignor, RebalanceProtocol, get_assignor
 from client.errors import (
@@ -359,6 +359,9 @@ class MemberStateMachine:
         self._next_send_ms = 0
         self._attempts = 0
         self._rejoin_needed = False
+        #: the next join/sync/catalog call waits out a backoff after a failure
+        #: to reach the coordinator.
+        self._retry_pending = False
         self._rejoin_at_ms = 0
         self._rejoin_reason = ""
         self._join_reason = "initial join"
@@ -691,6 +694,8 @@ class MemberStateMachine:
             # ILLEGAL_GENERATION must not reset a member that just joined).
             return
         code = response.error
+        if code is None or code is ErrorCode.REBALANCE_IN_PROGRESS:
+            self._coordinator_answered(now_ms)
         if code is None:
             # The coordinator was in CompletingRebalance or Stable with our
             # generation: we are known, and no join phase was in progress.
@@ -718,6 +723,17 @@ class MemberStateMachine:
             # the join's answer decides, and the rule's bounds hold meanwhile.
             return
         self._apply_side(now_ms, code, action)
+
+    def _coordinator_answered(self, now_ms: int) -> None:
+        """The coordinator answers again: a join, sync or catalog read waiting
+        out the backoff of a failure to reach it goes now (the member would
+        otherwise sit out up to ``retry_backoff_max_ms`` holding nothing while
+        the coordinator, answered by its heartbeats, counts it as a member
+        holding its resources: simulator seed 737)."""
+        if self._retry_pending and self._in_flight is None and self._next_send_ms > now_ms:
+            self._retry_pending = False
+            self._attempts = 0
+            self._next_send_ms = now_ms
 
     def background_failed(self, now_ms: int, error: Exception) -> None:
         """A background heartbeat got no answer (network, timeout, 5xx). It
@@ -929,7 +945,11 @@ class MemberStateMachine:
                 assignments = {m.member_id: ResourceAssignment(error=failure)
                                for m in self._join_members}
             else:
-                assignments = result.assignments
+                # Each member's assignment says which catalog epoch it covers:
+                # a later leader process that syncs without assigning (KIP-814)
+                # rejoins when the catalog moved since.
+                assignments = {m: replace(a, resources_epoch=catalog.resources_epoch)
+                               for m, a in result.assignments.items()}
                 failure = "; ".join(result.undecodable.values())
         if failure:
             self.last_error = failure
@@ -1046,8 +1066,14 @@ class MemberStateMachine:
                                  assignment.delay_ms)
         if self.is_leader:
             if self._skip_assignment or self._assigned_epoch is None:
-                self._assigned_epoch = resp.resources_epoch
-            elif resp.resources_epoch > self._assigned_epoch:
+                # Assigned by an earlier leader process (KIP-814): from the
+                # epoch its assignment carries (older leaders' carry none:
+                # then the sync's epoch, and a catalog change made meanwhile
+                # waits for the next rebalance).
+                self._assigned_epoch = (assignment.resources_epoch
+                                        if assignment.resources_epoch is not None
+                                        else resp.resources_epoch)
+            if resp.resources_epoch > self._assigned_epoch:
                 self._request_rejoin(now_ms, "resource catalog changed during the rebalance")
 
     def _on_heartbeat(self, now_ms: int, sent_ms: int, request: HeartbeatRequest,
@@ -1088,6 +1114,10 @@ class MemberStateMachine:
     def _apply(self, now_ms: int, api: str, code: ErrorCode,
                action: ErrorAction | None = None) -> None:
         action = action or ERROR_ACTIONS.get(code, ErrorAction.RETRY)
+        if action is not ErrorAction.RETRY:
+            # The coordinator answered: the backoff grows only while it is
+            # unreachable or unavailable (simulator seed 1424).
+            self._attempts = 0
         in_rebalance = api in ("join", "sync")
         if in_rebalance and action is not ErrorAction.RETRY:
             self._fail_rebalance(now_ms, f"{api}: {code.value}")
@@ -1122,10 +1152,14 @@ class MemberStateMachine:
                                                        self._lease_end_now())
             return
         self._next_send_ms = now_ms + self._backoff_ms()
+        # Waiting out a backoff for want of a coordinator: an answer on the
+        # side channel ends it (background_received).
+        self._retry_pending = True
 
     # ------------------------------------------------------------ helpers
 
     def _send(self, now_ms: int, call: Call) -> Call:
+        self._retry_pending = False
         self._in_flight = call
         self._in_flight_sent_ms = now_ms
         return call

@@ -43,6 +43,12 @@ def _opt_bytes(f: Fields, key: str) -> bytes | None:
     return raw
 
 
+def _opt_epoch(f: Fields) -> int | None:
+    if f.raw("resources_epoch") is None:
+        return None
+    return f.integer("resources_epoch", lo=0, hi=2**63 - 1)
+
+
 @dataclass(frozen=True, slots=True)
 class MemberMetadata:
     """What a member tells the leader: its subscription and what it owns (KIP-429)."""
@@ -96,6 +102,10 @@ class ResourceAssignment:
     delay_ms: int = 0
     error: str | None = None
     v: int = VERSION
+    #: the catalog epoch the leader assigned from (``GET /v1/resources``);
+    #: absent from older leaders' assignments. A later leader process that
+    #: syncs without assigning (KIP-814) compares it with the current epoch.
+    resources_epoch: int | None = None
 
     def encode(self) -> bytes:
         doc: dict[str, Any] = {
@@ -108,6 +118,8 @@ class ResourceAssignment:
             doc["delay_ms"] = self.delay_ms
         if self.error is not None:
             doc["error"] = self.error
+        if self.resources_epoch is not None:
+            doc["resources_epoch"] = self.resources_epoch
         return encode(doc)
 
     @classmethod
@@ -126,4 +138,5 @@ class ResourceAssignment:
             delay_ms=f.integer("delay_ms", lo=0, hi=2**31 - 1, required=False),
             error=f.opt_string("error", max_len=4096),
             v=f.integer("v", lo=0, hi=2**31 - 1, required=False, default=VERSION),
+            resources_epoch=_opt_epoch(f),
         )

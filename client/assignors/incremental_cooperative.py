@@ -153,6 +153,32 @@ def _revoked(
     return out
 
 
+def _cut_for_owners(
+    planned: Mapping[str, Assignment],
+    subscriptions: Mapping[str, Subscription],
+    resources: Mapping[str, int],
+) -> dict[str, dict[str, list[int]]]:
+    """KIP-429's rule on an eager plan: a resource that another member owns
+    (validly) is not given to a new owner this round; its owner revokes it
+    (the plan does not give it back) and the follow-up hands it over."""
+    owner: dict[tuple[str, int], str] = {}
+    newest: dict[tuple[str, int], int] = {}
+    for m, sub in subscriptions.items():
+        for r in _valid(sub.owned, resources):
+            # Two claims: the newer generation's is the owner (as the plan reads them).
+            if r not in owner or sub.generation > newest[r]:
+                owner[r], newest[r] = m, sub.generation
+    result: dict[str, dict[str, list[int]]] = {}
+    for m, a in planned.items():
+        out: dict[str, list[int]] = {}
+        for s, idx in a.assigned.items():
+            kept = [i for i in idx if owner.get((s, i), m) == m]
+            if kept:
+                out[s] = kept
+        result[m] = out
+    return result
+
+
 def _identity(member_id: str, sub: Subscription) -> str:
     return sub.group_instance_id if sub.group_instance_id is not None else member_id
 
@@ -220,9 +246,22 @@ class IncrementalCooperativeAssignor:
                     mine.setdefault(s, []).append(i)
                 subs[m] = replace(sub, owned=mine, generation=max(top, sub.generation, 0))
 
-        planned = sticky_plan(resources, subs, cooperative=True)
-        # Shallow copies: a list is replaced, never changed in place.
-        result = {m: dict(a.assigned) for m, a in planned.items()}
+        if subs.keys() == subscriptions.keys() and all(
+                subs[m] is subscriptions[m] for m in subs):
+            planned = sticky_plan(resources, subs, cooperative=True)
+            # Shallow copies: a list is replaced, never changed in place.
+            result = {m: dict(a.assigned) for m, a in planned.items()}
+        else:
+            # A returning member's old resources are claims for the plan's
+            # stickiness, not ownership (it restarted, or they were reserved
+            # for it): the cooperative rule -- no resource to a new owner
+            # while another member still owns it -- applies to the real
+            # claims only. Left to the cooperative plan, the part of a return
+            # beyond the member's share was withheld from everyone, and with
+            # nobody to revoke it no follow-up ever handed it out (simulator
+            # seed 112).
+            planned = sticky_plan(resources, subs, cooperative=False)
+            result = _cut_for_owners(planned, subscriptions, resources)
         if reserved:  # deferred: nobody gets a departed member's resources yet
             for assigned in result.values():
                 for s in list(assigned):

@@ -213,3 +213,25 @@ def test_state_survives_a_copy_holder_leaving() -> None:
     r = g.round(100)
     assert r["m1"].delay_ms == DELAY
     assert not any(flat(a) & gone for a in r.values())
+
+
+def test_returning_member_over_its_share_leaves_nothing_unassigned() -> None:
+    """Simulator seed 112: a member comes back (restarted, owning nothing)
+    to a group that grew meanwhile, so its old resources exceed its share.
+    Its claim on them is the assignor's own bookkeeping, not ownership: what
+    the plan does not give back to it must go to the others in this round
+    (nobody revokes it, so no follow-up rebalance would ever hand it out)."""
+    g = Group(assignor(), ["a", "b"])
+    settle(g, 0)
+    g.leave("b")
+    r = g.round(1_000)
+    assert r["a"].delay_ms == DELAY
+    # Everyone restarts at once, and c is new: nobody owns anything.
+    g.subs = {m: Subscription(sets=SETS, user_data=sub.user_data)
+              for m, sub in g.subs.items()}
+    g.join("b")
+    g.join("c")
+    r = g.round(2_000)
+    assert len(owners(r)) == sum(RES.values()), (
+        f"unassigned with no follow-up asked for: {plain(r)}")
+    assert spread(r) <= 1

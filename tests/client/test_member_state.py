@@ -34,6 +34,7 @@ from client.member_state import (
     Wait,
 )
 from client.transport import CatalogResponse
+from protocol import codec
 from protocol.errors import ErrorCode
 from protocol.messages import (
     HeartbeatRequest,
@@ -215,6 +216,23 @@ def test_static_leader_with_skip_assignment_syncs_without_assignments() -> None:
     expect_callback(m, 2, CallbackKind.ASSIGNED, res(0, 1, 2))
 
 
+def test_static_leader_with_skip_assignment_rejoins_for_a_catalog_change_made_meanwhile() -> None:
+    """Simulator seed 184: the leader process died, the catalog changed, a new
+    process of the static leader came back (KIP-814, skip_assignment) and
+    took the sync's epoch as its baseline: nobody ever assigned the new
+    resources. The assignment carries the epoch it was computed from."""
+    m = make(group_instance_id="i-1")
+    expect_call(m, 0, "join")
+    members = (JoinMember("m1", "i-1", MemberMetadata(sets=("s",)).encode()),)
+    m.receive(1, JoinResponse(None, 2, "resources", "cooperative-sticky", "m1", "m1", members,
+                              skip_assignment=True))
+    expect_call(m, 1, "sync")
+    assigned_at_3 = codec.encode({"v": 1, "assigned": {"s": [0, 1, 2]}, "resources_epoch": 3})
+    m.receive(2, SyncResponse(None, assignment=assigned_at_3, resources_epoch=4))
+    expect_callback(m, 2, CallbackKind.ASSIGNED, res(0, 1, 2))
+    expect_call(m, 2, "join")
+
+
 def test_protocol_choice_follows_kafka() -> None:
     assert make(("cooperative-sticky",)).protocol is RebalanceProtocol.COOPERATIVE
     assert make(("range", "cooperative-sticky")).protocol is RebalanceProtocol.EAGER
@@ -343,6 +361,57 @@ def test_join_retries_with_exponential_backoff_and_jitter() -> None:
         delays.append(wait.until_ms - now)
         now = wait.until_ms
     assert delays == [80, 240, 400, 400, 400]  # 100*0.8, 200*1.2, then capped at 400
+
+
+def test_a_coordinator_answering_the_side_channel_ends_the_join_backoff() -> None:
+    """Simulator seed 737: the coordinator was down, the member's lease ran
+    out and its join failed after a run of failures, so the retry waited out
+    a full backoff while its background heartbeats were answered: the
+    coordinator kept it as a member and nobody owned its resources. An answer
+    proves the coordinator is back: the join goes at once."""
+    m = make(retry_backoff_ms=100, retry_backoff_max_ms=1_000)
+    join_as_follower(m, 0, 0, 1)
+    hb = expect_call(m, 0, "heartbeat")
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    now = 10
+    for _ in range(4):  # failures in a row: the backoff grows to its cap
+        expect_call(m, now, "join")
+        m.call_failed(now, CoordinatorUnavailableError("connection refused"))
+        wait = m.next_action(now)
+        assert isinstance(wait, Wait) and wait.until_ms is not None
+        retry_at = wait.until_ms
+        if _ < 3:
+            now = retry_at
+    bg = m.background_heartbeat(now)
+    if isinstance(bg, Wait) and bg.until_ms is not None:
+        now = bg.until_ms
+        bg = m.background_heartbeat(now)
+    assert isinstance(bg, Call) and bg.api == "heartbeat", (bg, hb)
+    assert retry_at > now + 100  # the backoff is not over
+    m.background_received(now + 5, HeartbeatResponse(None))
+    expect_call(m, now + 5, "join")
+
+
+def test_a_protocol_answer_restarts_the_backoff_from_its_base() -> None:
+    """Simulator seed 1424: after a run of connection failures a join was
+    answered UNKNOWN_MEMBER_ID, and the rejoin still waited the capped
+    backoff (1 s, several session timeouts) although the coordinator had just
+    answered; the group converged, then rebalanced again for it long after
+    the faults. The backoff grows only while the coordinator is unreachable
+    or unavailable; an answer restarts it from ``retry_backoff_ms``."""
+    m = make(retry_backoff_ms=100, retry_backoff_max_ms=1_000)
+    now = 0
+    for _ in range(5):
+        expect_call(m, now, "join")
+        m.call_failed(now, CoordinatorUnavailableError("connection reset"))
+        wait = m.next_action(now)
+        assert isinstance(wait, Wait) and wait.until_ms is not None
+        now = wait.until_ms
+    expect_call(m, now, "join")
+    m.receive(now, JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id="m1"))
+    wait = m.next_action(now)
+    assert isinstance(wait, Wait) and wait.until_ms is not None
+    assert wait.until_ms - now <= 120  # retry_backoff_ms with its jitter
 
 
 def test_transport_fatal_error_stops_the_member() -> None:
@@ -512,6 +581,8 @@ def test_leader_rejoins_when_the_catalog_epoch_moves_followers_do_not() -> None:
     leader.receive(0, CatalogResponse(3, {"s": 2}))
     sync = expect_call(leader, 0, "sync")
     assert isinstance(sync.request, SyncRequest)
+    # Each assignment carries the catalog epoch it was computed from.
+    assert ResourceAssignment.decode(sync.request.assignments[0].assignment).resources_epoch == 3
     leader.receive(0, SyncResponse(None, assignment=sync.request.assignments[0].assignment,
                                    resources_epoch=3))
     expect_callback(leader, 0, CallbackKind.ASSIGNED, res(0, 1))

@@ -1,0 +1,465 @@
+"""A member under simulation: the real machine, a driver that decides as
+``client/member.py`` does, and an application that acts on ``assignment``.
+
+The driver is a transcription of ``GroupMember._run`` / ``_perform`` /
+``_sleep`` / ``_background`` / ``_invoke`` onto simulation events (the
+asyncio driver awaits futures; here each wake-up is an event):
+
+- ask ``next_action(now)``; a ``Call`` opens a connection and is awaited
+  until its answer, its ``timeout_ms``, ``wants_interrupt(now)`` (checked on
+  every wake-up: an answer on the side channel, a poke, the safety
+  deadline), exactly the checks of ``_perform`` in its order;
+- while a call or a ``Wait`` is outstanding the side channel runs
+  (``background_heartbeat``; its answer is awaited ``timeout_ms``, as
+  ``asyncio.wait_for`` does); a side-channel answer arriving while a
+  listener runs is read when the listener returns (the asyncio driver reads
+  it only while it waits);
+- an ``InvokeListener`` runs the application's callback, which takes
+  simulated time (``on_revoked`` commits the final checkpoints first, as the
+  chaos worker does); nothing else of the driver runs meanwhile;
+- ``Stop`` ends the driver (the side channel is abandoned).
+
+Time is the member's own :class:`~sim.events.DriftClock`. The application
+ticks every ``commit_interval_ms``: it acts on ``machine.owned_at(now)`` (the
+``assignment`` property of ``GroupMember``) and commits a checkpoint for each
+resource it acts on, one commit at a time, bounded by the safety deadline
+the way ``GroupMember._commit_locked`` bounds it.
+
+A paused process (the zombie) runs nothing: every event addressed to it is
+kept and replayed in order when it resumes; its clock keeps running, so its
+``owned_at`` still empties at its safety deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from client.errors import (
+    CoordinatorUnavailableError,
+    GroupCoordError,
+)
+from client.member_state import (
+    Call,
+    CallbackKind,
+    InvokeListener,
+    MemberConfig,
+    MemberStateMachine,
+    Resource,
+    Stop,
+    Wait,
+)
+from protocol.messages import CommitRequest, JoinRequest, SyncResponse
+from protocol.resources import MemberMetadata, ResourceAssignment
+from protocol.validate import ValidationError
+
+if TYPE_CHECKING:
+    from sim.events import DriftClock
+    from sim.network import Conn, Link
+    from sim.world import World
+
+__all__ = ["SimMember"]
+
+UP, PAUSED, DEAD, STOPPED = "up", "paused", "dead", "stopped"
+
+
+def _earliest(*times: int | None) -> int | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
+
+
+class SimMember:
+    def __init__(self, world: World, name: str, incarnation: int, config: MemberConfig,
+                 clock: DriftClock, link: Link, rng: random.Random, *,
+                 commit_interval_ms: int, listener_ms: tuple[int, int]) -> None:
+        self.world = world
+        self.sim = world.sim
+        self.name = name
+        self.incarnation = incarnation
+        self.tag = f"{name}#{incarnation}"
+        self.config = config
+        self.clock = clock
+        self.link = link
+        self.rng = rng
+        self.machine = MemberStateMachine(config, rng=rng.random, assignor_clock=world.wall_ms)
+        self.state = UP
+        self.commit_interval_ms = commit_interval_ms
+        self.listener_ms = listener_ms
+        self.main: Conn | None = None
+        self.main_deadline = 0
+        self.bg: Conn | None = None
+        self.bg_deadline = 0
+        #: a side-channel answer read when the running listener returns.
+        self.bg_stash: Any = None
+        self.listener: InvokeListener | None = None
+        self.commit_conn: Conn | None = None
+        self.commit_request: CommitRequest | None = None
+        self.commit_value = 0
+        #: the running listener waits for the commit lock with these resources.
+        self.listener_commit: frozenset[Resource] | None = None
+        self._wake_token = 0
+        self.deferred: list[tuple[Callable[[Any], None], Any]] = []
+        #: what the latest join claimed (KIP-429 ``owned``) and the latest delivered sync.
+        self.join_claims: frozenset[Resource] = frozenset()
+        self.last_assigned: frozenset[Resource] | None = None
+        self.planned_revoke: frozenset[Resource] | None = None
+        #: ``owned_at`` as the invariant checker last saw it.
+        self.seen: frozenset[Resource] = frozenset()
+
+    # ------------------------------------------------------------ clock and wake-ups
+
+    def local(self) -> int:
+        return self.clock.local(self.sim.now)
+
+    def _wake_at(self, local_ms: int | None) -> None:
+        self._wake_token += 1
+        if local_ms is None:
+            return
+        self.sim.at(self.clock.global_at(local_ms), self._wake, self._wake_token)
+
+    def _wake(self, token: int) -> None:
+        if token != self._wake_token or self.state != UP:
+            if self.state == PAUSED and token == self._wake_token:
+                self.deferred.append((self._wake, token))
+            return
+        self.run()
+        self.world.touched(self)
+
+    def _defer(self, fn: Callable[[Any], None], arg: Any) -> bool:
+        """Keep an event for after a pause; True when it must not run now."""
+        if self.state == PAUSED:
+            self.deferred.append((fn, arg))
+            return True
+        return self.state != UP
+
+    # ------------------------------------------------------------ the driver
+
+    def start(self) -> None:
+        self.sim.log(f"{self.tag} start {self.config.assignors} "
+                     f"static={self.config.group_instance_id is not None}")
+        self.run()
+        self._schedule_tick()
+
+    def run(self) -> None:
+        if self.state != UP or self.listener is not None:
+            return
+        m = self.machine
+        for _ in range(10_000):
+            now = self.local()
+            if self.main is not None:
+                bg_due = self._service_bg(now)
+                if m.wants_interrupt(now):
+                    self._close_main()
+                    m.call_abandoned(now)
+                    continue
+                if now >= self.main_deadline:
+                    api = self.main.api
+                    self._close_main()
+                    m.call_failed(now, CoordinatorUnavailableError(
+                        f"{api}: no answer within the call's timeout"))
+                    continue
+                self._wake_at(_earliest(self.main_deadline, bg_due, m.safety_deadline_ms()))
+                return
+            action = m.next_action(now)
+            if isinstance(action, Call):
+                if self.sim.verbose:
+                    self.sim.log(f"{self.tag} send {action.api} {_brief(action.request)}")
+                if isinstance(action.request, JoinRequest):
+                    self.world.on_join_sent(self, action.request)
+                    self.join_claims = _claims(action.request)
+                self.main = self.world.net.open(self, action.api, action.request)
+                self.main_deadline = now + action.timeout_ms
+                continue
+            if isinstance(action, InvokeListener):
+                self._start_listener(action)
+                return
+            if isinstance(action, Wait):
+                bg_due = self._service_bg(now)
+                until = action.until_ms
+                if until is not None and until <= now:
+                    until = now + 1
+                self._wake_at(_earliest(until, bg_due))
+                return
+            assert isinstance(action, Stop)
+            self._stop(action)
+            return
+        raise RuntimeError(f"{self.tag}: the driver loop did not settle")
+
+    def _close_main(self) -> None:
+        conn, self.main = self.main, None
+        if conn is not None:
+            self.world.net.close(conn)
+
+    def _service_bg(self, now: int) -> int | None:
+        """``GroupMember._background``: time out the side channel's heartbeat,
+        send the next one when due; returns when to look again."""
+        m = self.machine
+        if self.bg is not None:
+            if now < self.bg_deadline:
+                return self.bg_deadline
+            conn, self.bg = self.bg, None
+            self.world.net.close(conn)
+            m.background_failed(now, CoordinatorUnavailableError("heartbeat: no answer in time"))
+        action = m.background_heartbeat(now)
+        if isinstance(action, Call):
+            if self.sim.verbose:
+                self.sim.log(f"{self.tag} send bg-heartbeat {_brief(action.request)}")
+            self.bg = self.world.net.open(self, "heartbeat", action.request)
+            self.bg_deadline = now + action.timeout_ms
+            return self.bg_deadline
+        if isinstance(action, Wait):
+            return action.until_ms
+        return None
+
+    def on_answer(self, arg: tuple[Conn, Any]) -> None:
+        if self._defer(self.on_answer, arg):
+            return
+        conn, response = arg
+        if conn.closed:
+            return
+        conn.closed = True  # answered: back to the pool, nothing more on it
+        self._deliver(conn, response)
+
+    def _deliver(self, conn: Conn, response: Any) -> None:
+        if not self.world.config.faulty:
+            self.world.on_response(self, conn, response)
+        m = self.machine
+        now = self.local()
+        if self.sim.verbose:
+            self.sim.log(f"{self.tag} recv {conn.api} {_brief(response)}")
+        if conn is self.main:
+            self.main = None
+            if isinstance(response, Exception):
+                m.call_failed(now, response)
+            else:
+                if isinstance(response, SyncResponse) and response.error is None:
+                    self._note_sync(response)
+                m.receive(now, response)
+            self.run()
+        elif conn is self.bg:
+            self.bg = None
+            if self.listener is not None:
+                self.bg_stash = response
+            else:
+                self._bg_result(now, response)
+                self.run()
+        elif conn is self.commit_conn:
+            self._commit_done(now, response)
+        self.world.touched(self)
+
+    def _bg_result(self, now: int, response: Any) -> None:
+        if isinstance(response, Exception):
+            self.machine.background_failed(now, response)
+        else:
+            self.machine.background_received(now, response)
+
+    def _note_sync(self, response: SyncResponse) -> None:
+        try:
+            assignment = ResourceAssignment.decode(response.assignment)
+        except ValidationError:
+            return
+        if assignment.error is not None:
+            return
+        assigned = frozenset((s, i) for s, idx in assignment.assigned.items() for i in idx)
+        self.last_assigned = assigned
+        self.planned_revoke = self.join_claims - assigned
+
+    def _stop(self, action: Stop) -> None:
+        self.state = STOPPED
+        self._wake_token += 1
+        if self.bg is not None:
+            conn, self.bg = self.bg, None
+            self.world.net.close(conn)
+            self.machine.background_abandoned(self.local())
+        self.sim.log(f"{self.tag} stopped error={action.error!r}")
+        self.world.member_stopped(self, action.error)
+
+    # ------------------------------------------------------------ listeners
+
+    def _start_listener(self, action: InvokeListener) -> None:
+        self.listener = action
+        self.sim.log(f"{self.tag} on_{action.kind.value} {sorted(action.resources)}")
+        self.world.on_listener(self, action)
+        if action.kind is CallbackKind.REVOKED and action.resources:
+            # The hand-over: final checkpoints, then the resources are given up.
+            self.listener_commit = action.resources
+            self._commit(action.resources)
+            return
+        self._listener_work()
+
+    def _listener_work(self) -> None:
+        lo, hi = self.listener_ms
+        self.sim.after(self.rng.randint(lo, hi), self._listener_end, self.incarnation)
+
+    def _listener_end(self, _: int) -> None:
+        if self._defer(self._listener_end, _):
+            return
+        action, self.listener = self.listener, None
+        assert action is not None
+        now = self.local()
+        self.machine.listener_done(now)
+        stash, self.bg_stash = self.bg_stash, None
+        if stash is not None:
+            self._bg_result(now, stash)
+        self.run()
+        self.world.touched(self)
+
+    # ------------------------------------------------------------ the application
+
+    def _schedule_tick(self) -> None:
+        self.sim.at(self.clock.global_at(self.local() + self.commit_interval_ms), self._tick,
+                    self.incarnation)
+
+    def _tick(self, _: int) -> None:
+        if self._defer(self._tick, _):
+            return
+        now = self.local()
+        owned = self.machine.owned_at(now)
+        self.world.on_act(self, owned, now)
+        if owned and self.commit_conn is None and self.listener_commit is None:
+            self._commit(owned)
+        self._schedule_tick()
+
+    def _commit(self, resources: frozenset[Resource]) -> None:
+        if self.commit_conn is not None:
+            return  # the listener's commit waits for the one in flight (the commit lock)
+        m = self.machine
+        now = self.local()
+        value = self.world.next_value()
+        request: CommitRequest | None = None
+        with contextlib.suppress(GroupCoordError):  # not owned, closed, no generation
+            request = m.build_commit({r: value for r in resources})
+        timeout = self.config.request_timeout_ms
+        deadline = m.safety_deadline_ms()
+        if request is not None and deadline is not None:
+            timeout = min(timeout, deadline - now)
+        if request is None or timeout <= 0:
+            self._commit_finished()
+            return
+        self.world.on_commit_sent(self, request, now)
+        if self.sim.verbose:
+            self.sim.log(f"{self.tag} send commit value={value} n={len(resources)} "
+                         f"gen={request.generation_id} timeout={timeout}")
+        self.commit_request = request
+        self.commit_value = value
+        self.commit_conn = self.world.net.open(self, "commit", request)
+        self.sim.at(self.clock.global_at(now + timeout), self._commit_timeout, self.commit_conn)
+
+    def _commit_timeout(self, conn: Conn) -> None:
+        if self._defer(self._commit_timeout, conn):
+            return
+        if conn is not self.commit_conn:
+            return
+        self.world.net.close(conn)
+        self.sim.log(f"{self.tag} commit value={self.commit_value} timed out")
+        self._commit_done(self.local(), CoordinatorUnavailableError("commit: timed out"))
+        self.world.touched(self)
+
+    def _commit_done(self, now: int, response: Any) -> None:
+        request = self.commit_request
+        self.commit_conn = None
+        self.commit_request = None
+        assert request is not None
+        if not isinstance(response, Exception):
+            code = response.error
+            self.machine.commit_result(now, request, code)
+            if code is None:
+                self.world.on_commit_acked(self, request, self.commit_value)
+        self._commit_finished()
+        self.run()  # GroupMember.commit pokes the driver
+
+    def _commit_finished(self) -> None:
+        if self.listener_commit is not None and self.listener is not None:
+            self.listener_commit = None
+            self._listener_work()
+
+    # ------------------------------------------------------------ faults
+
+    def crash(self) -> None:
+        """SIGKILL: nothing more runs; the OS closes every connection."""
+        if self.state in (DEAD, STOPPED):
+            return
+        self.sim.log(f"{self.tag} CRASH")
+        self.state = DEAD
+        self._wake_token += 1
+        self.deferred.clear()
+        for conn in (self.main, self.bg, self.commit_conn):
+            if conn is not None:
+                self.world.net.close(conn)
+        self.main = self.bg = self.commit_conn = None
+
+    def pause(self) -> None:
+        if self.state == UP:
+            self.sim.log(f"{self.tag} PAUSE")
+            self.state = PAUSED
+
+    def resume(self, _: Any = None) -> None:
+        if self.state != PAUSED:
+            return
+        self.sim.log(f"{self.tag} RESUME")
+        self.state = UP
+        deferred, self.deferred = self.deferred, []
+        for fn, arg in deferred:
+            if self.state != UP:
+                break
+            fn(arg)
+        if self.state == UP:
+            self.run()
+        self.world.touched(self)
+
+    def close(self) -> None:
+        """A clean shutdown (SIGTERM in the chaos worker): revoke, leave, stop."""
+        if self.state != UP:
+            return
+        self.sim.log(f"{self.tag} CLOSE")
+        self.machine.close()
+        self.run()
+        self.world.touched(self)
+
+    def reset_connections(self) -> None:
+        """A reset on the way: every open call of this member fails now."""
+        if self.state not in (UP, PAUSED):
+            return
+        for conn in (self.main, self.bg, self.commit_conn):
+            if conn is not None and not conn.closed:
+                self.sim.after(0, self._reset_one, conn)
+
+    def _reset_one(self, conn: Conn) -> None:
+        if conn.closed or self.state in (DEAD, STOPPED):
+            return
+        self.world.net.close(conn)  # the coordinator sees the connection go
+        self._reset_delivery(conn)
+
+    def _reset_delivery(self, conn: Conn) -> None:
+        if self._defer(self._reset_delivery, conn):
+            return
+        if conn is self.main or conn is self.bg or conn is self.commit_conn:
+            self._deliver(conn, CoordinatorUnavailableError(f"{conn.api}: connection reset"))
+            self.world.touched(self)
+
+
+def _claims(request: JoinRequest) -> frozenset[Resource]:
+    if not request.protocols:
+        return frozenset()
+    try:
+        meta = MemberMetadata.decode(request.protocols[0][1])
+    except ValidationError:
+        return frozenset()
+    return frozenset((s, i) for s, idx in meta.owned.items() for i in idx)
+
+
+def _brief(message: Any) -> str:
+    """A short, deterministic description of a request or an answer."""
+    if isinstance(message, Exception):
+        return f"ERR {message}"
+    error = getattr(message, "error", None)
+    parts = [type(message).__name__]
+    if error is not None:
+        parts.append(str(error.value))
+    for attr in ("member_id", "generation_id", "wait_ms"):
+        value = getattr(message, attr, None)
+        if value not in (None, ""):
+            parts.append(f"{attr[:3]}={value}")
+    return " ".join(parts)

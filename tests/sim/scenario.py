@@ -1,0 +1,287 @@
+"""What one seed runs: a configuration drawn from the valid space, and faults.
+
+Everything is drawn from ``random.Random(seed)`` before the run starts (the
+fault schedule against a model of which slots are up, as the chaos harness
+does), so a seed names one configuration and one schedule.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from client.lease import HEARTBEATS_PER_LEASE
+
+__all__ = ["Fault", "SimConfig", "draw_config", "draw_faults"]
+
+EAGER_ASSIGNORS = ("range", "roundrobin", "sticky")
+COOPERATIVE_ASSIGNORS = ("cooperative-sticky", "incremental-cooperative")
+#: the KIP-429 upgrade: eager, then both (still eager), then cooperative only.
+UPGRADE_STEPS = (("range",), ("cooperative-sticky", "range"), ("cooperative-sticky",))
+#: the bound on a member clock's drift against the coordinator's (parts per million).
+MAX_DRIFT_PPM = 100
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: int
+    kind: str
+    slot: str = ""
+    duration: int = 0
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def describe(self) -> str:
+        extra = "".join(f" {k}={v}" for k, v in self.params)
+        target = f" {self.slot}" if self.slot else ""
+        dur = f" for {self.duration}ms" if self.duration else ""
+        return f"t={self.at}ms {self.kind}{target}{dur}{extra}"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    seed: int
+    members: int
+    static: tuple[bool, ...]
+    assignors: tuple[str, ...]
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    #: None: derived by the client's timing rule.
+    heartbeat_interval_ms: int | None
+    request_timeout_ms: int
+    initial_rebalance_delay_ms: int
+    catalog: tuple[tuple[str, int], ...]
+    #: sets every member subscribes to (may name sets the catalog gains later).
+    sets: tuple[str, ...]
+    incremental_delay_ms: int
+    commit_interval_ms: int
+    listener_ms: tuple[int, int]
+    #: per member: (base, jitter, tail probability, tail) one-way latency, ms.
+    latency: tuple[int, int, float, int]
+    disk_ms: tuple[int, int]
+    drift_ppm: tuple[int, ...]
+    faulty: bool
+    fault_ms: int
+    upgrade: bool
+    #: "space": drawn from the whole valid space; "chaos": the chaos harness's settings.
+    profile: str = "space"
+    faults: tuple[Fault, ...] = field(default=())
+
+    @property
+    def convergence_bound_ms(self) -> int:
+        """Faults over -> every resource owned exactly once (issue 14): two
+        session timeouts plus the rebalance timeout, plus the initial delay of
+        a group that emptied and an incremental-cooperative assignor's delay."""
+        extra = self.incremental_delay_ms if "incremental-cooperative" in self.assignors else 0
+        return (2 * self.session_timeout_ms + self.rebalance_timeout_ms
+                + self.initial_rebalance_delay_ms + extra)
+
+    def describe(self) -> str:
+        interval = (f"{self.heartbeat_interval_ms}" if self.heartbeat_interval_ms is not None
+                    else "derived")
+        return (f"seed={self.seed} members={self.members} static={list(self.static)} "
+                f"assignors={list(self.assignors)} session={self.session_timeout_ms} "
+                f"rebalance={self.rebalance_timeout_ms} interval={interval} "
+                f"request_timeout={self.request_timeout_ms} "
+                f"initial_delay={self.initial_rebalance_delay_ms} catalog={dict(self.catalog)} "
+                f"sets={list(self.sets)} incremental_delay={self.incremental_delay_ms} "
+                f"commit_interval={self.commit_interval_ms} listener={self.listener_ms} "
+                f"latency={self.latency} disk={self.disk_ms} drift_ppm={list(self.drift_ppm)} "
+                f"faulty={self.faulty} fault_ms={self.fault_ms} upgrade={self.upgrade}")
+
+
+def _log_uniform(rng: random.Random, lo: int, hi: int) -> int:
+    return int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+def chaos_config(seed: int) -> SimConfig:
+    """The real-process chaos harness's settings (tests/chaos/harness.py,
+    ``ChaosConfig``): one cooperative-sticky group of three, orders 8 and
+    users 4, session 1500, interval 400, rebalance 3000, initial delay 200,
+    request timeout 5000, commits every 150 ms, 12 s of faults, a local
+    network (well under a millisecond) and SQLite commits of a few ms."""
+    rng = random.Random(seed)
+    return SimConfig(
+        seed=seed, members=3, static=(False,) * 5, assignors=("cooperative-sticky",),
+        session_timeout_ms=1500, rebalance_timeout_ms=3000, heartbeat_interval_ms=400,
+        request_timeout_ms=5000, initial_rebalance_delay_ms=200,
+        catalog=(("orders", 8), ("users", 4)), sets=("orders", "users"),
+        incremental_delay_ms=0, commit_interval_ms=150, listener_ms=(0, 5),
+        latency=(0, 1, 0.01, 20), disk_ms=(1, 10),
+        drift_ppm=tuple(rng.randint(-MAX_DRIFT_PPM, MAX_DRIFT_PPM) for _ in range(5)),
+        faulty=True, fault_ms=12_000, upgrade=False, profile="chaos")
+
+
+def draw_config(seed: int, profile: str = "space") -> SimConfig:
+    if profile == "chaos":
+        return chaos_config(seed)
+    rng = random.Random(seed)
+    session = _log_uniform(rng, 300, 30_000)
+    rebalance = max(session // 2, _log_uniform(rng, session // 2 + 1, 3 * session))
+    lease = min(session, rebalance)
+    bound = lease // HEARTBEATS_PER_LEASE
+    interval: int | None = None if rng.random() < 0.4 else rng.randint(max(1, bound // 3), bound)
+    effective = interval if interval is not None else min(3000, bound)
+    request_timeout = rng.choice([30_000, rng.randint(max(lease // 3, 1), 30_000)])
+    members = rng.choice([1, 2, 2, 3, 3, 3, 4, 4, 5, 6])
+    upgrade = rng.random() < 0.1
+    if upgrade:
+        assignors = UPGRADE_STEPS[0]
+    elif rng.random() < 0.5:
+        assignors = (rng.choice(COOPERATIVE_ASSIGNORS),)
+    else:
+        assignors = (rng.choice(EAGER_ASSIGNORS),)
+        if rng.random() < 0.2:
+            other = rng.choice([a for a in EAGER_ASSIGNORS if a != assignors[0]])
+            assignors = (assignors[0], other)
+    static_mode = rng.random()
+    static = tuple((static_mode > 0.7) or (static_mode > 0.5 and rng.random() < 0.5)
+                   for _ in range(members + 2))
+    n_sets = rng.randint(1, 3)
+    catalog = tuple((f"s{i}", rng.randint(1, 12)) for i in range(n_sets))
+    sets = tuple(f"s{i}" for i in range(n_sets + (1 if rng.random() < 0.3 else 0)))
+    # A healthy network answers well within the timing rule's reply allowance
+    # (client/lease.py): round trip under a quarter of it.
+    reply_ms = min(request_timeout, max(1, (lease - 2 * effective) // 2))
+    one_way_max = max(1, reply_ms // 8)
+    base = rng.randint(0, max(0, min(20, one_way_max // 2)))
+    jitter = rng.randint(0, max(0, min(30, one_way_max - base)))
+    tail = rng.choice([0.0, 0.0, 0.01, 0.05])
+    tail_ms = max(0, one_way_max - base - jitter)
+    faulty = rng.random() < 0.8
+    listener_hi = max(0, min(effective // 4, 200))
+    return SimConfig(
+        seed=seed, members=members, static=static, assignors=assignors,
+        session_timeout_ms=session, rebalance_timeout_ms=rebalance,
+        heartbeat_interval_ms=interval, request_timeout_ms=request_timeout,
+        initial_rebalance_delay_ms=rng.choice([0, 0, rng.randint(0, min(3000, rebalance))]),
+        catalog=catalog, sets=sets,
+        incremental_delay_ms=rng.randint(0, session),
+        commit_interval_ms=rng.randint(max(1, effective), max(1, 3 * effective)),
+        listener_ms=(0, listener_hi),
+        latency=(base, jitter, tail, tail_ms),
+        disk_ms=(rng.randint(0, 2), rng.randint(2, max(2, min(50, reply_ms // 8)))),
+        drift_ppm=tuple(rng.randint(-MAX_DRIFT_PPM, MAX_DRIFT_PPM) for _ in range(members + 2)),
+        faulty=faulty or upgrade,
+        fault_ms=rng.randint(2, 5) * session,
+        upgrade=upgrade,
+    )
+
+
+#: the chaos harness's own fault kinds and weights (its proxy never loses a message).
+CHAOS_WEIGHTS: tuple[tuple[str, float], ...] = (
+    ("kill", 2), ("zombie", 2), ("coord_crash", 1.5), ("latency", 1.5), ("partition", 2),
+    ("catalog", 1), ("join", 1), ("leave", 1),
+    # What a loaded machine adds (its notes: slow SQLite commits, a stalled
+    # harness loop stalling every proxy at once).
+    ("slow_disk", 1), ("stall", 1),
+)
+FAULT_WEIGHTS: tuple[tuple[str, float], ...] = (
+    ("kill", 2), ("zombie", 2), ("coord_crash", 1.5), ("slow_disk", 1), ("latency", 1.5),
+    ("drops", 1), ("reset", 1), ("partition", 2), ("catalog", 1), ("join", 1), ("leave", 1),
+    ("stall", 0.5),
+)
+
+
+def draw_faults(config: SimConfig) -> tuple[Fault, ...]:
+    """The schedule against a model of which slots are up (one always stays up)."""
+    if not config.faulty:
+        return ()
+    rng = random.Random(config.seed * 7919 + 1)
+    s = config.session_timeout_ms
+    slots = [f"w{i}" for i in range(config.members)]
+    busy_until = dict.fromkeys(slots, 0)
+    left: set[str] = set()
+    extra = 0
+    coord_up_at = 0
+    table = CHAOS_WEIGHTS if config.profile == "chaos" else FAULT_WEIGHTS
+    kinds = [k for k, _ in table]
+    weights = [w for _, w in table]
+    faults: list[Fault] = []
+    start = s  # let the group form first
+    if config.upgrade:
+        # Rolling upgrade: each slot bounces in turn, twice (KIP-429).
+        gap = max(1, s // 2)
+        t = start
+        for step in (1, 2):
+            for slot in slots:
+                faults.append(Fault(t, "upgrade", slot, rng.randint(1, max(1, s // 4)),
+                                    (("step", step),)))
+                busy_until[slot] = max(busy_until[slot], t + s // 4 + 1)
+                t += gap
+            t += 2 * s + config.rebalance_timeout_ms
+        return tuple(faults)
+    t = start + rng.randint(0, s // 2)
+    end = start + config.fault_ms
+    mean_gap = 800 if config.profile == "chaos" else max(1, s // 2)
+    while t < end:
+        kind = rng.choices(kinds, weights)[0]
+
+        def up(slot: str, now: int = t) -> bool:
+            return slot not in left and busy_until[slot] <= now
+
+        live = sorted(x for x in slots if up(x))
+        spare = live if len(live) > 1 else []
+        fault: Fault | None = None
+        if kind == "kill" and spare:
+            slot = rng.choice(spare)
+            down = rng.randint(1, 2 * s)
+            fault = Fault(t, kind, slot, down)
+            busy_until[slot] = t + down
+        elif kind == "zombie" and spare:
+            slot = rng.choice(spare)
+            frozen = int(s * rng.uniform(1.3, 2.5))
+            fault = Fault(t, kind, slot, frozen)
+            busy_until[slot] = t + frozen
+        elif kind == "coord_crash" and coord_up_at <= t:
+            down = rng.randint(1, s)
+            fault = Fault(t, kind, "", down)
+            coord_up_at = t + down
+        elif kind == "slow_disk":
+            fault = Fault(t, kind, "", rng.randint(1, s), (("factor", rng.choice([5, 20, 100])),))
+        elif kind == "latency" and live:
+            fault = Fault(t, kind, rng.choice(live), rng.randint(1, 2 * s),
+                          (("ms", rng.choice([s // 20, s // 5, s // 2, s])),))
+        elif kind == "drops" and live:
+            fault = Fault(t, kind, rng.choice(live), rng.randint(1, 2 * s),
+                          (("p", rng.choice([0.05, 0.2, 0.5])),))
+        elif kind == "stall":
+            # Every member's network stalls at once (delivered late, not lost).
+            fault = Fault(t, kind, "", rng.randint(1, max(1, s // 3)))
+        elif kind == "reset" and live:
+            fault = Fault(t, kind, rng.choice(live))
+        elif kind == "partition" and spare:
+            slot = rng.choice(spare)
+            dur = rng.randint(1, int(2.5 * s))
+            fault = Fault(t, kind, slot, dur, (("cut", rng.random() < 0.5),))
+            busy_until[slot] = t + dur
+        elif kind == "catalog":
+            name = rng.choice(config.sets)
+            fault = Fault(t, kind, "", 0, (("set", name), ("partitions", rng.randint(1, 12))))
+        elif kind == "join" and extra < 2:
+            slot = f"w{config.members + extra}"
+            extra += 1
+            slots.append(slot)
+            busy_until[slot] = t
+            fault = Fault(t, kind, slot)
+        elif kind == "leave" and spare:
+            slot = rng.choice(spare)
+            back = rng.random() < 0.5
+            fault = Fault(t, kind, slot, rng.randint(1, s) if back else 0, (("back", back),))
+            if back:
+                busy_until[slot] = t + fault.duration
+            else:
+                left.add(slot)
+        if fault is not None:
+            faults.append(fault)
+        t += max(1, int(rng.expovariate(1 / mean_gap)))
+    return tuple(faults)
+
+
+def last_fault_end(config: SimConfig) -> int:
+    """When the last fault is over, at the latest: then every fault is ended."""
+    if not config.faults:
+        return 0
+    return max(f.at + f.duration for f in config.faults) if config.upgrade else \
+        config.session_timeout_ms + config.fault_ms

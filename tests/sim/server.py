@@ -1,0 +1,316 @@
+"""The coordinator under simulation: the real core behind the runtime's rules.
+
+:class:`SimCoordinator` does what ``coordinator/runtime/runtime.py`` does,
+with the simulation's clock, network and disk instead of asyncio and SQLite:
+
+- every request and timer firing is one ``core.handle(now, command)``;
+- ``Persist`` records collect in an open batch; one batch commits at a time
+  (group commit), taking a drawn disk latency (slower while a *slow disk*
+  fault lasts);
+- a reply waits for the latest uncommitted batch holding a write it depends
+  on, exactly the rule of ``Runtime._route_reply`` (its own command's earlier
+  writes, its group's writes, catalog writes);
+- timers are data: key -> deadline, re-arming replaces, a firing whose key
+  was re-armed or cancelled since is dropped;
+- a closed connection of a request still parked in the core becomes
+  ``Cancelled(request_id)``;
+- a crash loses the open and the in-flight batch (what was not committed),
+  every timer and every waiting reply (their connections reset); a restart
+  folds the committed records (``coordinator.core.replay.fold``, the
+  reference for what storage keeps) and calls ``GroupCoordinator.restore``.
+
+The catalog read (``GET /v1/resources``) is answered from memory at once,
+as the HTTP layer does.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from client.transport import CATALOG_API, CatalogResponse
+from coordinator.core.commands import (
+    Cancelled,
+    Command,
+    Commit,
+    Heartbeat,
+    Join,
+    Leave,
+    PutResource,
+    Sync,
+    TimerFired,
+)
+from coordinator.core.config import CoreConfig
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.core.effects import (
+    CancelTimer,
+    Effect,
+    GroupStateChanged,
+    Persist,
+    Reply,
+    ScheduleTimer,
+)
+from coordinator.core.records import Record
+from coordinator.core.replay import fold
+from coordinator.runtime.runtime import command_group, error_answer, record_group
+from protocol.errors import ErrorCode
+from protocol.messages import CommitRequest, HeartbeatRequest, JoinRequest, LeaveRequest
+
+if TYPE_CHECKING:
+    from sim.events import Sim
+    from sim.network import Conn, Network
+
+__all__ = ["SimCoordinator"]
+
+_COMMANDS: dict[type, Callable[[int, Any], Command]] = {
+    HeartbeatRequest: Heartbeat, LeaveRequest: Leave, CommitRequest: Commit,
+}
+
+
+@dataclass(slots=True, eq=False)
+class _Batch:
+    records: list[Record] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class _Waiter:
+    conn: Conn
+    command: Command
+    in_core: bool = True
+
+
+class SimCoordinator:
+    def __init__(self, sim: Sim, net: Network, rng: random.Random, config: CoreConfig, *,
+                 disk_ms: tuple[int, int]) -> None:
+        self.sim = sim
+        self.net = net
+        self.rng = rng
+        self.config = config
+        #: (min, max) commit latency of one batch.
+        self.disk_ms = disk_ms
+        self.slow_disk_until = -1
+        self.slow_disk_factor = 1
+        #: when the batch being written commits (a slow write outlasts its fault).
+        self.inflight_done_at = 0
+        self.up = False
+        #: bumped by every crash: events of an older incarnation are dropped.
+        self.epoch = 0
+        self.core: GroupCoordinator | None = None
+        self.durable: list[Record] = []
+        self._rid = 0
+        self._member_ids = 0
+        self._waiters: dict[int, _Waiter] = {}
+        self._timers: dict[str, int] = {}
+        self._open = _Batch()
+        self._inflight: _Batch | None = None
+        self._group_writes: dict[str, _Batch] = {}
+        self._global_write: _Batch | None = None
+        #: hooks of the invariant checker.
+        self.on_effects: Callable[[Command, list[Effect], Conn | None], None] | None = None
+        self.on_restored: Callable[[], None] | None = None
+        self.crashes = 0
+        self.core_errors: list[str] = []
+
+    # ------------------------------------------------------------ life cycle
+
+    def start(self) -> None:
+        self.core = GroupCoordinator(self.config)
+        effects = self.core.restore(fold(self.durable), self.sim.now)
+        self.up = True
+        self.sim.log(f"coord up epoch={self.epoch} records={len(self.durable)}")
+        self._execute(effects)
+        if self.on_restored is not None:
+            self.on_restored()
+
+    def crash(self) -> None:
+        if not self.up:
+            return
+        self.crashes += 1
+        lost = len(self._open.records) + (len(self._inflight.records) if self._inflight else 0)
+        self.sim.log(f"coord CRASH epoch={self.epoch} uncommitted={lost}")
+        self.up = False
+        self.epoch += 1
+        self.core = None
+        self._timers.clear()
+        self._open = _Batch()
+        self._inflight = None
+        self._group_writes.clear()
+        self._global_write = None
+        waiters, self._waiters = self._waiters, {}
+        for rid in sorted(waiters):
+            conn = waiters[rid].conn
+            if not conn.closed:
+                self.net.reset(conn, "connection reset (coordinator crashed)")
+
+    def admin(self, command_of: Callable[[int], Command]) -> bool:
+        """An admin call (catalog change) applied here; its answer is not awaited."""
+        if not self.up:
+            return False
+        self._rid += 1
+        self._apply(command_of(self._rid))
+        return True
+
+    # ------------------------------------------------------------ the network side
+
+    def on_request(self, conn: Conn) -> None:
+        if not self.up:
+            self.net.reset(conn, "connection refused (coordinator down)")
+            return
+        core = self.core
+        assert core is not None
+        if conn.api == CATALOG_API:
+            self.net.answer(conn, CatalogResponse(core.resources_epoch, dict(core.catalog())))
+            return
+        self._rid += 1
+        rid = self._rid
+        conn.rid = rid
+        request = conn.request
+        command: Command
+        if isinstance(request, JoinRequest):
+            self._member_ids += 1
+            new_id = f"{conn.member.name}-m{self._member_ids}"
+            command = Join(rid, request, conn.member.name, new_id)
+        elif conn.api == "sync":
+            command = Sync(rid, request)
+        else:
+            command = _COMMANDS[type(request)](rid, request)
+        self._waiters[rid] = _Waiter(conn, command)
+        self._apply(command)
+
+    def on_close(self, conn: Conn) -> None:
+        rid = conn.rid
+        if rid is None or not self.up:
+            return
+        waiter = self._waiters.get(rid)
+        if waiter is None or waiter.conn is not conn:
+            return
+        del self._waiters[rid]
+        if waiter.in_core:
+            self._apply(Cancelled(rid))
+
+    # ------------------------------------------------------------ apply step
+
+    def _apply(self, command: Command) -> None:
+        core = self.core
+        assert core is not None
+        try:
+            effects = core.handle(self.sim.now, command)
+        except Exception as exc:  # the runtime answers UNKNOWN_SERVER_ERROR; here it is a finding
+            self.core_errors.append(f"core raised {exc!r} on {command!r}")
+            self.sim.log(f"coord CORE ERROR {exc!r}")
+            rid = getattr(command, "request_id", None)
+            waiter = self._waiters.pop(rid, None) if isinstance(rid, int) else None
+            if waiter is not None:
+                self.net.answer(waiter.conn, error_answer(command, ErrorCode.UNKNOWN_SERVER_ERROR))
+            return
+        if self.on_effects is not None:
+            rid = getattr(command, "request_id", None)
+            waiter = self._waiters.get(rid) if isinstance(rid, int) else None
+            self.on_effects(command, effects, waiter.conn if waiter is not None else None)
+        self._execute(effects)
+
+    def _execute(self, effects: list[Effect]) -> None:
+        wrote = False
+        for effect in effects:
+            if isinstance(effect, ScheduleTimer):
+                self._arm(effect.key, effect.deadline_ms)
+            elif isinstance(effect, Reply):
+                self._route_reply(effect, wrote)
+            elif isinstance(effect, Persist):
+                record = effect.record
+                self._open.records.append(record)
+                group_id = record_group(record)
+                if group_id is None:
+                    self._global_write = self._open
+                else:
+                    self._group_writes[group_id] = self._open
+                wrote = True
+            elif isinstance(effect, CancelTimer):
+                self._timers.pop(effect.key, None)
+            elif isinstance(effect, GroupStateChanged):
+                self.sim.log(f"coord group {effect.old_state}->{effect.new_state} "
+                             f"gen={effect.generation_id} {effect.reason}")
+        if self._open.records and self._inflight is None:
+            self._start_commit()
+
+    def _route_reply(self, reply: Reply, wrote: bool) -> None:
+        # Runtime._route_reply, rule for rule.
+        waiter = self._waiters.get(reply.request_id)
+        if waiter is None:
+            return
+        waiter.in_core = False
+        if wrote:
+            self._open.replies.append(reply)
+            return
+        if self._global_write is None and not self._group_writes:
+            self._resolve(reply)
+            return
+        group_id = command_group(waiter.command)
+        group_write = self._group_writes.get(group_id) if group_id is not None else None
+        global_write = self._global_write
+        if group_write is self._open or global_write is self._open:
+            self._open.replies.append(reply)
+        elif group_write is not None or global_write is not None:
+            batch = self._inflight
+            assert batch is not None and (group_write is batch or global_write is batch)
+            batch.replies.append(reply)
+        else:
+            self._resolve(reply)
+
+    def _resolve(self, reply: Reply) -> None:
+        waiter = self._waiters.pop(reply.request_id, None)
+        if waiter is None:
+            return
+        # Sent even if the member gave up meanwhile (its close is still on the
+        # way): the member drops an answer on a connection it closed.
+        self.net.answer(waiter.conn, reply.response)
+
+    # ------------------------------------------------------------ timers
+
+    def _arm(self, key: str, deadline_ms: int) -> None:
+        self._timers[key] = deadline_ms
+        self.sim.at(deadline_ms, self._fire, (self.epoch, key, deadline_ms))
+
+    def _fire(self, arg: tuple[int, str, int]) -> None:
+        epoch, key, deadline = arg
+        if epoch != self.epoch or self._timers.get(key) != deadline:
+            return  # re-armed, cancelled, or from before a crash
+        del self._timers[key]
+        self._apply(TimerFired(key))
+
+    # ------------------------------------------------------------ group commit
+
+    def _start_commit(self) -> None:
+        batch, self._open = self._open, _Batch()
+        self._inflight = batch
+        lo, hi = self.disk_ms
+        ms = self.rng.randint(lo, hi)
+        if self.sim.now < self.slow_disk_until:
+            ms *= self.slow_disk_factor
+        self.inflight_done_at = self.sim.now + ms
+        self.sim.after(ms, self._committed, (self.epoch, batch))
+
+    def _committed(self, arg: tuple[int, _Batch]) -> None:
+        epoch, batch = arg
+        if epoch != self.epoch:
+            return  # the crash lost it
+        self.durable.extend(batch.records)
+        self._inflight = None
+        if self._global_write is batch:
+            self._global_write = None
+        for record in batch.records:
+            group_id = record_group(record)
+            if group_id is not None and self._group_writes.get(group_id) is batch:
+                del self._group_writes[group_id]
+        for reply in batch.replies:
+            self._resolve(reply)
+        if self._open.records:
+            self._start_commit()
+
+    # ------------------------------------------------------------ admin helpers
+
+    def put_resource(self, name: str, partitions: int) -> bool:
+        return self.admin(lambda rid: PutResource(rid, name, partitions))

@@ -1,0 +1,89 @@
+"""The simulator's seeds in CI (issue 14; docs/reliability.md, "Simulation").
+
+* a fixed block of 2,000 seeds (the same every run), on two worker
+  processes (``SIM_JOBS``), with no invariant violated;
+* 200 fresh seeds, their numbers printed (``-s``) so a failure is replayed
+  with ``benchmarks/simulate_groups.py --seed S --trace``;
+* determinism: a seed run twice gives a byte-identical trace;
+* every seed that found a bug, as a regression.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim import SeedResult, report, run_seed
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from simulate_groups import run_many, summary
+
+FIXED_FIRST = 0
+FIXED_COUNT = 2_000
+FRESH_COUNT = 200
+JOBS = int(os.environ.get("SIM_JOBS", "2"))
+
+
+def _fail_with(results: list[SeedResult]) -> None:
+    bad = [r for r in results if not r.ok]
+    if bad:
+        pytest.fail("\n\n".join(report(r) for r in bad[:5]), pytrace=False)
+
+
+def test_fixed_block_of_seeds_violates_nothing() -> None:
+    results, wall = run_many(FIXED_FIRST, FIXED_COUNT, jobs=JOBS)
+    print(f"\n{summary(results, wall)}")
+    assert len(results) == FIXED_COUNT
+    _fail_with(results)
+
+
+def test_fresh_seeds_violate_nothing() -> None:
+    first = random.SystemRandom().randrange(10**6, 10**9)
+    print(f"\nfresh seeds {first}..{first + FRESH_COUNT - 1}")
+    results, wall = run_many(first, FRESH_COUNT, jobs=JOBS)
+    print(summary(results, wall))
+    _fail_with(results)
+
+
+@pytest.mark.parametrize("seed", [3, 5, 152])
+def test_a_seed_gives_a_byte_identical_trace(seed: int) -> None:
+    first = run_seed(seed, keep_trace=True)
+    second = run_seed(seed, keep_trace=True)
+    assert len(first.trace) > 100
+    assert first.trace == second.trace
+    assert first.trace_hash == second.trace_hash
+    # The untraced run (the one CI and the runner do) takes the same path.
+    plain = run_seed(seed)
+    assert (plain.events, plain.violations) == (first.events, first.violations)
+
+
+def test_a_failure_report_names_the_seed_the_config_the_faults_and_the_replay() -> None:
+    result = run_seed(3)
+    result.violations = ["t=1ms an example violation"]
+    text = report(result)
+    assert "seed 3:" in text and "config: seed=3 " in text and "faults:" in text
+    assert "an example violation" in text
+    assert "benchmarks/simulate_groups.py --seed 3 --trace" in text
+    assert "trace (shortened):" in text and "FAULT" in text
+
+
+#: Seeds that found a bug, each failing on the code before its fix
+#: (docs/reliability.md, "What the simulator found").
+REGRESSION_SEEDS = {
+    1554: "a returning static leader (KIP-814) rejoins for a catalog change made meanwhile",
+    2771: "incremental-cooperative hands out what a returning member's share leaves",
+    3159: "incremental-cooperative hands out what a returning member's share leaves",
+    2938: "an answer on the side channel ends a join backoff taken for want of a coordinator",
+    1170: "a coordinator's answer restarts the backoff from retry_backoff_ms",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(REGRESSION_SEEDS))
+def test_seed_that_found_a_bug_passes(seed: int) -> None:
+    result = run_seed(seed)
+    assert result.ok, f"{REGRESSION_SEEDS[seed]}\n{report(result)}"

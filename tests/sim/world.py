@@ -1,0 +1,609 @@
+"""One seed's world: the coordinator, the members, the faults, the invariants.
+
+The invariants (issue 14), checked as the run goes:
+
+safety
+  * *exclusive*: no resource is in two members' ``assignment``
+    (``owned_at(now)`` on each member's own clock) at the same instant --
+    checked after every event of a member against every other live or paused
+    member (ownership only grows through a member's own events);
+  * *durable*: every checkpoint acknowledged to a member is in the
+    coordinator's state after every restart (values grow, so ``>=``);
+  * *fenced*: a commit the coordinator accepts is from the group's
+    generation, by a member of it, and no other process holds one of its
+    resources at that instant;
+  * *deadline*: a member never acts on (processes, commits) a resource at or
+    after its safety deadline.
+
+liveness
+  * without faults no member loses anything (``on_lost``) or stops, no call
+    fails or is answered with an error (REBALANCE_IN_PROGRESS and the first
+    join's MEMBER_ID_REQUIRED aside), no session expires, and once
+    the group settled (every member stable in the group's generation, every
+    resource owned exactly once, no rejoin pending) no rebalance starts;
+  * after the faults end, every resource of the catalog is owned exactly
+    once within :attr:`SimConfig.convergence_bound_ms`, and stays so.
+
+cooperative
+  * a member never revokes a resource its new assignment keeps;
+  * the moves are the assignor's plan: what a member revokes after a sync is
+    what it claimed at its join minus what it was assigned, and everything
+    planned is revoked before its next join (unless lost meanwhile);
+  * the leader never hands a resource to a new owner while another member
+    of the generation still claims it at the newest claimed generation.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from client.assignors import RebalanceProtocol
+from client.errors import FatalMemberError
+from client.member_state import CallbackKind, InvokeListener, MemberConfig, MemberState, Resource
+from coordinator.core.commands import Command, Commit, Sync
+from coordinator.core.config import CoreConfig
+from coordinator.core.effects import Effect, GroupStateChanged, MemberExpired, Reply
+from protocol.errors import ErrorCode
+from protocol.messages import CommitRequest, JoinRequest
+from protocol.resources import MemberMetadata, ResourceAssignment
+from protocol.validate import ValidationError
+from sim.events import DriftClock, Sim
+from sim.member import DEAD, PAUSED, STOPPED, UP, SimMember
+from sim.network import Link, Network
+from sim.scenario import UPGRADE_STEPS, Fault, SimConfig, last_fault_end
+from sim.server import SimCoordinator
+
+if TYPE_CHECKING:
+    from sim.network import Conn
+
+__all__ = ["GROUP", "World"]
+
+GROUP = "g"
+WALL_BASE_MS = 1_700_000_000_000
+MAX_VIOLATIONS = 10
+
+
+class Slot:
+    """A worker slot: its current process and what a restart starts."""
+
+    def __init__(self, name: str, index: int, assignors: tuple[str, ...]) -> None:
+        self.name = name
+        self.index = index
+        self.assignors = assignors
+        self.member: SimMember | None = None
+        self.incarnation = -1
+        #: should a process run here (False after a leave for good)
+        self.want_up = True
+
+
+class World:
+    def __init__(self, config: SimConfig, *, keep_trace: bool = False) -> None:
+        self.config = config
+        self.sim = Sim(keep_trace=keep_trace)
+        seed = config.seed
+        self.net = Network(self.sim, random.Random(seed * 31 + 7))
+        self.member_rng = random.Random(seed * 131 + 3)
+        core = CoreConfig(min_session_timeout_ms=min(300, config.session_timeout_ms),
+                          initial_rebalance_delay_ms=config.initial_rebalance_delay_ms)
+        self.server = SimCoordinator(self.sim, self.net, random.Random(seed * 17 + 5), core,
+                                     disk_ms=config.disk_ms)
+        self.net.server = self.server
+        self.net.on_cut = self._cut
+        self.net.on_lost_call = self._lost_call
+        self.server.on_effects = self._on_effects
+        self.server.on_restored = self._check_durable
+        self.slots: dict[str, Slot] = {}
+        self.links: dict[str, Link] = {}
+        self.clocks: dict[str, DriftClock] = {}
+        self.live: list[SimMember] = []
+        self.violations: list[str] = []
+        self.notes: list[str] = []
+        self.value = 0
+        self.acked: dict[Resource, int] = {}
+        #: when every fault is ended (the run restarts, resumes and heals everything).
+        self.t_end = last_fault_end(config)
+        #: when the last fault's effect is over: the end, or a hung call's timeout.
+        self.quiet_at = self.t_end
+        self.check_at = self.t_end + config.convergence_bound_ms
+        self.end = self.check_at + config.session_timeout_ms
+        self.settled_at: int | None = None
+        self.converged_since: int | None = None
+        self.applied: dict[str, int] = {}
+        self.skipped = 0
+        #: resource -> (largest value applied, the process that committed it).
+        self.applied_max: dict[Resource, tuple[int, SimMember | None]] = {}
+        #: commits applied after a later commit of the same process (known limit).
+        self.reordered = 0
+        self.rebalances_after_settle = 0
+
+    # ------------------------------------------------------------ plumbing
+
+    def wall_ms(self) -> int:
+        return WALL_BASE_MS + self.sim.now
+
+    def next_value(self) -> int:
+        self.value += 1
+        return self.value
+
+    def violation(self, text: str) -> None:
+        line = f"t={self.sim.now}ms {text}"
+        self.sim.log(f"VIOLATION {text}")
+        if len(self.violations) < MAX_VIOLATIONS:
+            self.violations.append(line)
+
+    # ------------------------------------------------------------ members
+
+    def _member_config(self, slot: Slot) -> MemberConfig:
+        c = self.config
+        static = c.static[slot.index]
+        settings: dict[str, dict[str, object]] = {}
+        if "incremental-cooperative" in slot.assignors:
+            settings["incremental-cooperative"] = {
+                "scheduled_rebalance_max_delay_ms": c.incremental_delay_ms}
+        return MemberConfig(
+            group_id=GROUP, sets=c.sets, assignors=slot.assignors,
+            group_instance_id=slot.name if static else None,
+            session_timeout_ms=c.session_timeout_ms,
+            rebalance_timeout_ms=c.rebalance_timeout_ms,
+            heartbeat_interval_ms=c.heartbeat_interval_ms,
+            client_id=slot.name, request_timeout_ms=c.request_timeout_ms,
+            assignor_settings=settings)
+
+    def add_slot(self, name: str) -> Slot:
+        index = len(self.slots)
+        slot = Slot(name, index, self.config.assignors)
+        self.slots[name] = slot
+        base, jitter, tail, tail_ms = self.config.latency
+        self.links[name] = Link(base, jitter, tail, tail_ms)
+        self.clocks[name] = DriftClock(self.member_rng.randint(0, 10**9),
+                                       self.config.drift_ppm[index])
+        return slot
+
+    def spawn(self, slot: Slot) -> None:
+        current = slot.member
+        if current is not None and current.state in (UP, PAUSED):
+            return
+        if current is not None and current in self.live:
+            self.live.remove(current)
+        slot.incarnation += 1
+        c = self.config
+        member = SimMember(self, slot.name, slot.incarnation, self._member_config(slot),
+                           self.clocks[slot.name], self.links[slot.name],
+                           random.Random(self.member_rng.getrandbits(64)),
+                           commit_interval_ms=c.commit_interval_ms, listener_ms=c.listener_ms)
+        slot.member = member
+        self.live.append(member)
+        member.start()
+
+    def member_stopped(self, member: SimMember, error: FatalMemberError | None) -> None:
+        if member in self.live:
+            self.live.remove(member)
+        if self.sim.now >= self.t_end and self.config.faulty:
+            self._watch_convergence()
+        if error is not None:
+            self.violation(f"{member.tag} stopped with a fatal error: {error}")
+
+    # ------------------------------------------------------------ the run
+
+    def run(self) -> None:
+        c = self.config
+        self.server.start()
+        for name, partitions in c.catalog:
+            self.server.put_resource(name, partitions)
+        for i in range(c.members):
+            slot = self.add_slot(f"w{i}")
+            # Workers start within a few milliseconds of each other.
+            self.sim.at(self.member_rng.randint(0, 20), self._spawn_event, slot)
+        for fault in c.faults:
+            self.sim.at(fault.at, self._apply, fault)
+        if c.faults:
+            self.sim.at(self.t_end, self._end_faults)
+        while self.sim.now < self.end:
+            self.sim.run_until(self.end)  # the end moves when a hung call extends the faults
+        self._final_checks()
+
+    def _spawn_event(self, slot: Slot) -> None:
+        if slot.want_up:
+            self.spawn(slot)
+
+    # ------------------------------------------------------------ faults
+
+    def _apply(self, fault: Fault) -> None:
+        if self.sim.now >= self.t_end and fault.kind != "upgrade":
+            return
+        slot = self.slots.get(fault.slot)
+        member = slot.member if slot is not None else None
+        up = member is not None and member.state == UP
+        params = dict(fault.params)
+        kind = fault.kind
+        applied = True
+        if kind == "kill" and up and member is not None and slot is not None:
+            member.crash()
+            self.sim.after(fault.duration, self._spawn_event, slot)
+        elif kind == "zombie" and up and member is not None:
+            member.pause()
+            self.sim.after(fault.duration, member.resume)
+        elif kind == "coord_crash" and self.server.up:
+            self.server.crash()
+            self.sim.after(fault.duration, self._restart_server)
+        elif kind == "slow_disk":
+            self.server.slow_disk_until = self.sim.now + fault.duration
+            self.server.slow_disk_factor = params["factor"]
+        elif kind == "latency" and slot is not None:
+            link = self.links[slot.name]
+            link.extra_ms = params["ms"]
+            link.extra_until = self.sim.now + fault.duration
+        elif kind == "drops" and slot is not None:
+            self.links[slot.name].drop = params["p"]
+            self.sim.after(fault.duration, self._undrop, slot.name)
+        elif kind == "reset" and up and member is not None:
+            member.reset_connections()
+        elif kind == "partition" and slot is not None:
+            self.net.partition(self.links[slot.name], fault.duration, params["cut"])
+        elif kind == "stall":
+            for link in self.links.values():
+                self.net.partition(link, fault.duration, False)
+        elif kind == "catalog":
+            applied = self.server.put_resource(params["set"], params["partitions"])
+        elif kind == "join":
+            new = self.add_slot(fault.slot)
+            self.spawn(new)
+        elif kind == "leave" and up and member is not None and slot is not None:
+            member.close()
+            if params["back"]:
+                self.sim.after(fault.duration, self._spawn_event, slot)
+            else:
+                slot.want_up = False
+        elif kind == "upgrade" and slot is not None:
+            slot.assignors = UPGRADE_STEPS[params["step"]]
+            if member is not None and member.state == UP:
+                member.close()
+            self.sim.after(fault.duration, self._respawn_after_close, (slot, member))
+        else:
+            applied = False
+        self.sim.log(f"FAULT {fault.describe()}" + ("" if applied else " (skipped)"))
+        if applied:
+            self.applied[kind] = self.applied.get(kind, 0) + 1
+        else:
+            self.skipped += 1
+
+    def _respawn_after_close(self, arg: tuple[Slot, SimMember | None]) -> None:
+        slot, closed = arg
+        member = slot.member
+        if member is not closed:
+            return  # restarted meanwhile (the end of the faults)
+        if member is not None and member.state == UP:
+            # Not closed yet (a revocation waiting on a slow commit): kill it.
+            member.crash()
+        self.spawn(slot)
+
+    def _lost_call(self, api: str) -> None:
+        """A join or sync lost on a hung connection: its member learns only at the
+        call's timeout (the rebalance timeout + max(5000, session), client/
+        member_state.py), and the convergence bound counts from then (the fault
+        lasts until it ends: docs/reliability.md)."""
+        c = self.config
+        timeout = c.rebalance_timeout_ms + max(5000, c.session_timeout_ms)
+        self._quiet_from(self.sim.now + timeout)
+
+    def _quiet_from(self, until: int) -> None:
+        c = self.config
+        if until > self.quiet_at:
+            self.quiet_at = until
+            self.check_at = until + c.convergence_bound_ms
+            self.end = max(self.end, self.check_at + c.session_timeout_ms)
+
+    def _cut(self, link: Link) -> None:
+        for slot in self.slots.values():
+            if self.links[slot.name] is link and slot.member is not None:
+                slot.member.reset_connections()
+
+    def _undrop(self, name: str) -> None:
+        self.links[name].drop = 0.0
+
+    def _restart_server(self, _: Any = None) -> None:
+        if not self.server.up:
+            self.server.start()
+
+    def _end_faults(self, _: Any = None) -> None:
+        self.sim.log("FAULTS END")
+        self._restart_server()
+        self.server.slow_disk_until = -1
+        if self.server.up and self.server.inflight_done_at > self.quiet_at:
+            # A write started on the slow disk ends when it ends.
+            self._quiet_from(self.server.inflight_done_at)
+        for link in self.links.values():
+            self.net.heal(link)
+        for slot in self.slots.values():
+            member = slot.member
+            if member is not None and member.state == PAUSED:
+                member.resume()
+        for slot in self.slots.values():
+            member = slot.member
+            if slot.want_up and (member is None or member.state in (DEAD, STOPPED)):
+                self.spawn(slot)
+        self._watch_convergence()
+
+    # ------------------------------------------------------------ invariant hooks
+
+    def _others(self, member: SimMember) -> Iterable[SimMember]:
+        return (o for o in self.live if o is not member and o.state in (UP, PAUSED))
+
+    def touched(self, member: SimMember) -> None:
+        """After an event of ``member``: exclusivity, then the liveness watch.
+
+        A member's ``owned_at`` grows only through its own events (time only
+        shrinks it), so exclusivity is checked when it grew since this
+        member's last check: an overlap is always caught at the event of
+        whichever member acquired the resource last."""
+        mine = (member.machine.owned_at(member.local()) if member.state in (UP, PAUSED)
+                else frozenset())
+        if mine == member.seen:
+            if not self.config.faulty and self.settled_at is None and self._settled():
+                self.settled_at = self.sim.now
+                self.sim.log("SETTLED")
+            return
+        grew = not mine <= member.seen
+        member.seen = mine
+        if grew:
+            for other in self._others(member):
+                both = mine & other.machine.owned_at(other.local())
+                if both:
+                    self.violation(f"exclusive: {sorted(both)} owned by {member.tag} and "
+                                   f"{other.tag} at once")
+        if not self.config.faulty and self.settled_at is None and self._settled():
+            self.settled_at = self.sim.now
+            self.sim.log("SETTLED")
+        if self.sim.now >= self.t_end and self.config.faulty:
+            self._watch_convergence()
+
+    def _exactly_once(self) -> bool:
+        core = self.server.core
+        if core is None:
+            return False
+        expected = {(name, i) for name, n in core.catalog().items()
+                    if name in self.config.sets for i in range(n)}
+        seen: set[Resource] = set()
+        total = 0
+        for m in self.live:
+            if m.state != UP:
+                continue
+            owned = m.machine.owned_at(m.local())
+            total += len(owned)
+            seen |= owned
+        return total == len(seen) and seen == expected
+
+    def _watch_convergence(self) -> None:
+        if self._exactly_once():
+            if self.converged_since is None:
+                self.converged_since = self.sim.now
+        elif self.converged_since is not None:
+            self.sim.log("CONVERGENCE LOST")
+            self.converged_since = None
+
+    def _settled(self) -> bool:
+        core = self.server.core
+        if core is None:
+            return False
+        view = core.describe_group(GROUP)
+        if view is None or view.state != "Stable":
+            return False
+        for m in self.live:
+            machine = m.machine
+            if (machine.state is not MemberState.STABLE
+                    or machine.generation_id != view.generation_id
+                    or machine._rejoin_needed or m.listener is not None):
+                return False
+        return self._exactly_once()
+
+    def on_listener(self, member: SimMember, action: InvokeListener) -> None:
+        kind = action.kind
+        if kind is CallbackKind.LOST and not self.config.faulty:
+            self.violation(f"liveness: {member.tag} lost {sorted(action.resources)} without "
+                           f"any fault ({member.machine.last_error})")
+        machine = member.machine
+        if (kind is CallbackKind.REVOKED and machine.protocol is RebalanceProtocol.COOPERATIVE
+                and not machine.closing):
+            kept = action.resources & (member.last_assigned or frozenset())
+            if kept:
+                self.violation(f"cooperative: {member.tag} revokes {sorted(kept)} which its "
+                               "new assignment keeps")
+            planned = member.planned_revoke
+            if planned is not None and not action.resources <= planned:
+                self.violation(f"cooperative: {member.tag} revokes "
+                               f"{sorted(action.resources - planned)} the assignor did not move")
+
+    def on_join_sent(self, member: SimMember, request: JoinRequest) -> None:
+        machine = member.machine
+        planned = member.planned_revoke
+        if (planned and machine.protocol is RebalanceProtocol.COOPERATIVE
+                and planned & machine.owned):
+            self.violation(f"cooperative: {member.tag} rejoins still owning "
+                           f"{sorted(planned & machine.owned)} that the assignor moved")
+
+    def on_response(self, member: SimMember, conn: Conn, response: Any) -> None:
+        """Without faults no call fails and no member is told it is not one."""
+        error = response if isinstance(response, Exception) else getattr(response, "error", None)
+        if error is None or error in (ErrorCode.REBALANCE_IN_PROGRESS,
+                                      ErrorCode.MEMBER_ID_REQUIRED):
+            return
+        if (error is ErrorCode.ILLEGAL_GENERATION and conn is member.bg
+                and (member.machine.state is MemberState.JOINING
+                     or conn.request.generation_id != member.machine.generation_id)):
+            # The join phase completed with us while (or before) our join's
+            # answer came: a side-channel heartbeat still carried the old
+            # generation (the machine ignores this answer; client/member_state.py).
+            return
+        self.violation(f"liveness: {member.tag}'s {conn.api} answered {error} without any fault")
+
+    def on_act(self, member: SimMember, owned: frozenset[Resource], now: int) -> None:
+        if owned:
+            deadline = member.machine.safety_deadline_ms()
+            if deadline is not None and now >= deadline:
+                self.violation(f"deadline: {member.tag} acts on {sorted(owned)} at {now}, "
+                               f"its safety deadline was {deadline}")
+
+    def on_commit_sent(self, member: SimMember, request: CommitRequest, now: int) -> None:
+        deadline = member.machine.safety_deadline_ms()
+        if deadline is None or now >= deadline:
+            self.violation(f"deadline: {member.tag} commits at {now} past its safety deadline "
+                           f"{deadline}")
+
+    def on_commit_acked(self, member: SimMember, request: CommitRequest, value: int) -> None:
+        for name, index, _ in request.checkpoints:
+            key = (name, index)
+            if self.acked.get(key, 0) < value:
+                self.acked[key] = value
+
+    def _check_durable(self) -> None:
+        core = self.server.core
+        assert core is not None
+        stored = core.checkpoints(GROUP)
+        for key, value in sorted(self.acked.items()):
+            got = stored.get(key)
+            if not isinstance(got, int) or got < value:
+                self.violation(f"durable: checkpoint {key} acknowledged at {value}, "
+                               f"the restarted coordinator has {got!r}")
+
+    def _on_effects(self, command: Command, effects: list[Effect], conn: Conn | None) -> None:
+        if isinstance(command, Commit):
+            self._check_commit(command, effects, conn)
+        elif isinstance(command, Sync):
+            self._check_assignment(command, effects)
+        if not self.config.faulty:
+            for effect in effects:
+                if isinstance(effect, MemberExpired) or (
+                        isinstance(effect, GroupStateChanged)
+                        and effect.reason in ("sync_timeout", "join_timeout")):
+                    self.violation(f"liveness: a member lost its membership without any "
+                                   f"fault ({effect})")
+        if self.settled_at is not None and not self.config.faulty:
+            for effect in effects:
+                if (isinstance(effect, GroupStateChanged)
+                        and effect.new_state == "PreparingRebalance"):
+                    self.rebalances_after_settle += 1
+                    self.violation(f"liveness: rebalance ({effect.reason}) after the group "
+                                   f"settled at {self.settled_at}ms, without any fault")
+
+    def _check_commit(self, command: Commit, effects: list[Effect],
+                      conn: Conn | None) -> None:
+        request = command.request
+        accepted = any(isinstance(e, Reply) and e.request_id == command.request_id
+                       and getattr(e.response, "error", 1) is None for e in effects)
+        if not accepted or not request.checkpoints:
+            return
+        core = self.server.core
+        assert core is not None
+        view = core.describe_group(GROUP)
+        if view is None or view.generation_id != request.generation_id or not any(
+                m.member_id == request.member_id for m in view.members):
+            self.violation(f"fenced: commit of {request.member_id} generation "
+                           f"{request.generation_id} accepted")
+        sender = conn.member if conn is not None else None
+        resources = {(s, i) for s, i, _ in request.checkpoints}
+        for name, index, value in request.checkpoints:
+            key = (name, index)
+            if not isinstance(value, int):
+                continue
+            before = self.applied_max.get(key)
+            if before is None or before[0] < value:
+                self.applied_max[key] = (value, sender)
+            elif before[1] is sender:
+                # One process's commit that it gave up on (timeout, reset)
+                # arrived after its next one: the older value overwrites the
+                # newer, even an acknowledged one. No wire field orders one
+                # member's commits (docs/reliability.md, "Findings"): counted.
+                self.reordered += 1
+                self.sim.log(f"REORDERED commit {key} value {value} after {before[0]}")
+                if self.acked.get(key, 0) > value:
+                    self.acked[key] = value
+            else:
+                self.violation(f"fenced: {key} value {value} from "
+                               f"{sender.tag if sender else request.member_id} applied after "
+                               f"value {before[0]} of "
+                               f"{before[1].tag if before[1] else '?'}")
+        for other in self.live:
+            if other is sender or other.state not in (UP, PAUSED):
+                continue
+            both = resources & other.machine.owned_at(other.local())
+            if both:
+                self.violation(f"fenced: commit of {sorted(both)} by "
+                               f"{sender.tag if sender else request.member_id} accepted while "
+                               f"{other.tag} owns them")
+
+    def _check_assignment(self, command: Sync, effects: list[Effect]) -> None:
+        """The leader's assignment completing a generation: no resource to a new
+        owner while a member still claims it (cooperative assignors)."""
+        if not any(isinstance(e, GroupStateChanged) and e.new_state == "Stable"
+                   for e in effects):
+            return
+        core = self.server.core
+        assert core is not None
+        group = core._k.groups.get(GROUP)
+        if group is None or group.protocol_name not in ("cooperative-sticky",
+                                                        "incremental-cooperative"):
+            return
+        protocol = group.protocol_name
+        claims: dict[Resource, list[tuple[int, str]]] = {}
+        for member in group.members.values():
+            try:
+                meta = MemberMetadata.decode(member.metadata_for(protocol))
+            except (ValidationError, KeyError):
+                continue
+            for name, indexes in meta.owned.items():
+                for i in indexes:
+                    claims.setdefault((name, i), []).append((meta.generation, member.member_id))
+        for member in group.members.values():
+            try:
+                assignment = ResourceAssignment.decode(member.assignment or b"")
+            except ValidationError:
+                continue
+            for name, indexes in assignment.assigned.items():
+                for i in indexes:
+                    claimers = claims.get((name, i), [])
+                    if not claimers:
+                        continue
+                    newest = max(g for g, _ in claimers)
+                    holders = [mid for g, mid in claimers if g == newest]
+                    if member.member_id not in holders:
+                        self.violation(
+                            f"cooperative: generation {group.generation_id} gives {(name, i)} "
+                            f"to {member.member_id} while {holders} still claim it")
+
+    def _final_checks(self) -> None:
+        c = self.config
+        if self.server.core is not None:
+            self._check_durable()
+        if not c.faulty:
+            if self.settled_at is None:
+                self.violation("liveness: the group never settled without any fault")
+            return
+        bound = c.convergence_bound_ms
+        if self.converged_since is None:
+            self.violation(f"liveness: not converged {self.end - self.quiet_at}ms after the "
+                           f"faults ended (bound {bound}ms): {self._ownership_summary()}")
+        elif self.converged_since > self.check_at:
+            self.violation(f"liveness: converged {self.converged_since - self.quiet_at}ms after "
+                           f"the faults ended, over the bound of {bound}ms")
+
+    def _ownership_summary(self) -> str:
+        core = self.server.core
+        catalog = core.catalog() if core is not None else {}
+        owners: dict[Resource, list[str]] = {}
+        for m in self.live:
+            if m.state == UP:
+                for r in m.machine.owned_at(m.local()):
+                    owners.setdefault(r, []).append(m.tag)
+        expected = {(name, i) for name, n in catalog.items() if name in self.config.sets
+                    for i in range(n)}
+        unowned = sorted(expected - set(owners))
+        twice = sorted(r for r, o in owners.items() if len(o) > 1)
+        outside = sorted(set(owners) - expected)
+        states = ", ".join(f"{m.tag}:{m.machine.state.value}/gen{m.machine.generation_id}"
+                           for m in self.live)
+        view = core.describe_group(GROUP) if core is not None else None
+        group = f"{view.state} gen {view.generation_id}" if view is not None else "none"
+        return (f"unowned {unowned}, owned twice {twice}, owned outside the catalog {outside}; "
+                f"group {group}; members {states}")
