@@ -3,7 +3,8 @@
 ``local[*]`` is the default; under ``spark-submit --master URL`` (or with
 ``--master URL``) the same jobs run on a cluster: the session takes the
 submitted master, and groupcoord's own packages are shipped to the executors
-as a zip (they still need ``msgpack``; docs/pipeline.md, "On a cluster").
+as a zip; the executors need the pipeline's dependencies, which
+:func:`check_executors` checks first (docs/pipeline.md, "On a cluster").
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ def session(app: str, master: str | None = None, conf: Sequence[str] = ()) -> An
     chosen = master or submitted or "local[*]"
     builder = SparkSession.builder.appName(app).master(chosen)
     local = chosen.startswith("local")
+    if local or _loopback_master(chosen):
+        # Nothing outside this machine takes part: listen on the loopback
+        # interface only (not on the address the host name resolves to).
+        for key in ("spark.driver.host", "spark.driver.bindAddress"):
+            builder = builder.config(key, settings.pop(key, "127.0.0.1"))
     if local:
         # Workers must run this interpreter (it has msgpack and groupcoord),
         # not whatever `python3` is first on PATH.
@@ -112,6 +118,75 @@ def session(app: str, master: str | None = None, conf: Sequence[str] = ()) -> An
     if not local:
         spark.sparkContext.addPyFile(_package_zip())
     return spark
+
+
+def _loopback_master(master: str) -> bool:
+    """A ``spark://`` master on this machine's loopback interface."""
+    hosts = master.removeprefix("spark://").split(",")
+    return master.startswith("spark://") and all(
+        h.rsplit(":", 1)[0] in ("127.0.0.1", "localhost", "[::1]") for h in hosts)
+
+
+#: What the executors of ``analyze`` import: Arrow, numpy, pandas (PySpark's
+#: Arrow UDFs), msgpack and groupcoord's own packages (the shipped zip).
+ANALYZE_MODULES = ("pyarrow", "numpy", "pandas", "msgpack", "pipeline.facts")
+#: What the executors of ``simulate`` import.
+SIMULATE_MODULES = ("msgpack", "pipeline.simcell", "client.assignors")
+
+
+def probe_imports(modules: Sequence[str]) -> tuple[str, str, tuple[str, ...]]:
+    """Runs on an executor: (host, python executable, what of ``modules``
+    does not import: the missing module's name, or ``module (error)``)."""
+    import importlib
+    import socket
+    missing: list[str] = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # ImportError, or a module failing as it loads
+            what = (exc.name if isinstance(exc, ModuleNotFoundError) and exc.name
+                    else f"{name} ({type(exc).__name__}: {exc})")
+            if what not in missing:
+                missing.append(what)
+    return socket.gethostname(), sys.executable, tuple(missing)
+
+
+_LOST_TASK = re.compile(r"Lost task \S+ in stage \S+ \(TID \d+\) \((\S+) executor")
+_PYTHON_ERROR = re.compile(
+    r"(ModuleNotFoundError: No module named '[^']+'|ImportError: [^\n]+|"
+    r"Cannot run program \"[^\"]+\"[^\n]*)")
+
+
+def check_executors(spark: Any, modules: Sequence[str]) -> None:
+    """A tiny job (two tasks per core) importing ``modules`` on the executors;
+    a PipelineError saying in one line what is missing where (host, python
+    executable, module) instead of the failure of the first real task."""
+    sc = spark.sparkContext
+    slots = max(1, int(sc.defaultParallelism) * 2)
+    names = tuple(modules)
+    try:
+        found = sc.parallelize(range(slots), slots) \
+            .map(lambda _: probe_imports(names)).distinct().collect()
+    except Exception as exc:
+        # The probe itself could not run (no such python, or pyspark's worker
+        # or groupcoord's packages do not import): read Spark's message.
+        text = str(exc)
+        what = _PYTHON_ERROR.search(text)
+        host = _LOST_TASK.search(text)
+        python = os.environ.get("PYSPARK_PYTHON") or sc.getConf().get(
+            "spark.pyspark.python", "python3")
+        raise PipelineError(
+            f"the executors cannot run the pipeline: on {host.group(1) if host else '?'} "
+            f"{python}: {what.group(1) if what else text.splitlines()[0][:300]}"
+            f"{_REMEDY}") from exc
+    bad = sorted((h, py, miss) for h, py, miss in found if miss)
+    if bad:
+        where = "; ".join(f"on {h} {py}: missing {', '.join(m)}" for h, py, m in bad)
+        raise PipelineError(f"the executors cannot run the pipeline: {where}{_REMEDY}")
+
+
+_REMEDY = (" (install groupcoord[pipeline] for that python, or ship an environment: "
+           "docs/pipeline.md, \"On a cluster\")")
 
 
 @contextmanager
