@@ -89,11 +89,12 @@ def _is_dir_input(p: str | Path) -> bool:
 
 
 def run_from_cli(inputs: Sequence[str], out: str, options: AnalyzeOptions,
-                 master: str | None, conf: Sequence[str]) -> AnalyzeResult:
+                 master: str | None, conf: Sequence[str], verbose: bool = False
+                 ) -> AnalyzeResult:
     from pipeline.spark import ANALYZE_MODULES, check_executors, session
     plan = plan_inputs(inputs)  # fail fast, before the JVM starts
     extra = ["spark.sql.session.timeZone=UTC", *conf]
-    spark = session("groupcoord analyze", master, extra)
+    spark = session("groupcoord analyze", master, extra, verbose)
     try:
         if not spark.sparkContext.master.startswith("local"):
             check_executors(spark, ANALYZE_MODULES)

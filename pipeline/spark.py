@@ -73,7 +73,42 @@ def _package_zip() -> str:
     return name
 
 
-def session(app: str, master: str | None = None, conf: Sequence[str] = ()) -> Any:
+#: Spark's own log lines on the driver: errors only, to stderr (``--verbose``:
+#: Spark's default, warnings and up). Shipped next to this module.
+QUIET_LOG4J = Path(__file__).resolve().parent / "log4j2-quiet.properties"
+
+
+def session_settings(master: str, conf: Sequence[str] = (), verbose: bool = False
+                     ) -> dict[str, str]:
+    """The Spark settings of a CLI run on ``master``: ``--conf KEY=VALUE``
+    items win over the defaults chosen here."""
+    settings: dict[str, str] = {}
+    for item in conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise PipelineError(f"--conf {item!r}: expected KEY=VALUE")
+        settings[key] = value
+    # The command prints its own progress lines.
+    out = {"spark.ui.showConsoleProgress": "false"}
+    if not verbose:
+        # Before the JVM logs anything; a -D of the user's own comes later and wins.
+        opts = f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}"
+        user = settings.pop("spark.driver.extraJavaOptions", "")
+        out["spark.driver.extraJavaOptions"] = f"{opts} {user}".strip()
+    local = master.startswith("local")
+    if local or _loopback_master(master):
+        # Nothing outside this machine takes part: listen on the loopback
+        # interface only (not on the address the host name resolves to).
+        out |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    if local:
+        # Spark's web UI costs ~1 s of start-up; `--conf spark.ui.enabled=true`
+        # brings it back.
+        out |= {"spark.ui.enabled": "false", "spark.driver.memory": "4g"}
+    return out | settings
+
+
+def session(app: str, master: str | None = None, conf: Sequence[str] = (),
+            verbose: bool = False) -> Any:
     """A SparkSession for a CLI run (tests build their own shared one)."""
     problem = java_problem()
     if problem is not None:
@@ -84,37 +119,22 @@ def session(app: str, master: str | None = None, conf: Sequence[str] = ()) -> An
     except ImportError as exc:
         raise PipelineError("pyspark is not installed: pip install 'groupcoord[pipeline]'") \
             from exc
-    settings: dict[str, str] = {}
-    for item in conf:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise PipelineError(f"--conf {item!r}: expected KEY=VALUE")
-        settings[key] = value
     submitted = SparkConf().get("spark.master")  # set by spark-submit
     chosen = master or submitted or "local[*]"
-    builder = SparkSession.builder.appName(app).master(chosen)
+    settings = session_settings(chosen, conf, verbose)
     local = chosen.startswith("local")
-    if local or _loopback_master(chosen):
-        # Nothing outside this machine takes part: listen on the loopback
-        # interface only (not on the address the host name resolves to).
-        for key in ("spark.driver.host", "spark.driver.bindAddress"):
-            builder = builder.config(key, settings.pop(key, "127.0.0.1"))
     if local:
-        # Workers must run this interpreter (it has msgpack and groupcoord),
+        # Workers must run this interpreter (it has the pipeline's packages),
         # not whatever `python3` is first on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
-        # The command prints its own progress; Spark's web UI costs ~1 s of
-        # start-up. `--conf spark.ui.enabled=true` brings it back.
-        builder = builder.config("spark.ui.enabled", settings.pop("spark.ui.enabled", "false"))
-        builder = builder.config("spark.driver.memory", settings.pop("spark.driver.memory", "4g"))
+    builder = SparkSession.builder.appName(app).master(chosen)
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()
     except Exception as exc:  # the JVM failed to start: say so, not a py4j trace
         raise PipelineError(f"Spark did not start (master {chosen}): {exc}") from exc
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
     if not local:
         spark.sparkContext.addPyFile(_package_zip())
     return spark
