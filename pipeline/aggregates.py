@@ -45,10 +45,10 @@ def _durations() -> list[Any]:
             F.max("duration_ms").alias("duration_max_ms")]
 
 
-def _sums(threshold: int) -> list[Any]:
+def _sums(threshold: int, storms: bool = True) -> list[Any]:
     """Per key: rebalances, the ownership sums (a rebalance without figures
     adds 0), follow-ups (null when no rebalance of the key has figures),
-    the reasons and the storm rebalances."""
+    the reasons and (``storms``) the storm rebalances."""
     from pyspark.sql import functions as F
     out = [F.count(F.lit(1)).alias("rebalances")]
     out += [F.coalesce(F.sum(c), F.lit(0)).cast("long").alias(c) for c in _SUMMED]
@@ -58,8 +58,9 @@ def _sums(threshold: int) -> list[Any]:
                    .alias(f"reason_{r}"))
     known = F.col("reason").isin(*REASONS)
     out.append(F.sum(F.when(known, 0).otherwise(1)).cast("long").alias("reason_other"))
-    out.append(F.sum(F.when(F.col("window_count") >= threshold, 1).otherwise(0)).cast("long")
-               .alias("storm_rebalances"))
+    if storms:
+        out.append(F.sum(F.when(F.col("window_count") >= threshold, 1).otherwise(0))
+                   .cast("long").alias("storm_rebalances"))
     return out
 
 
@@ -114,11 +115,12 @@ def fleet_columns() -> list[str]:
 
 
 def overall(rebalances: Any) -> dict[str, Any]:
-    """Exact duration percentiles over every rebalance, the groups and
-    sources, and the span of the journal (one Spark job)."""
+    """Exact duration percentiles over every rebalance, and over rebalances
+    and initial joins apart (``duration_split``), the groups and sources, and
+    the span of the journal (one Spark job)."""
     from pyspark.sql import functions as F
     row = rebalances.agg(
-        *_durations(),
+        *_durations(), *duration_split(),
         F.count_distinct("source", "group_id").alias("groups"),
         F.count_distinct("source").alias("sources"),
         F.min("started_ms").alias("first_started_ms"),
@@ -133,3 +135,89 @@ def histogram(rebalances: Any) -> list[tuple[int, int]]:
     b = F.floor(F.log10(F.greatest(F.col("duration_ms"), F.lit(1)).cast("double")) * 5)
     rows = rebalances.groupBy(b.cast("long").alias("b")).count().orderBy("b").collect()
     return [(int(r["b"]), int(r["count"])) for r in rows]
+
+
+# ---------------------------------------------------------------- the report's series
+
+#: Widths the report's time series may use: the smallest that gives at most
+#: MAX_BUCKETS over the journal's span (a 5-minute incident in minutes, a
+#: month in days).
+BUCKETS_MS: tuple[int, ...] = (60_000, 300_000, 900_000, HOUR_MS, 6 * HOUR_MS, 24 * HOUR_MS,
+                               7 * 24 * HOUR_MS)
+MAX_BUCKETS = 300
+
+
+def bucket_width(first_ms: int, last_ms: int) -> int:
+    """The report's bucket width for a journal from ``first_ms`` to ``last_ms``."""
+    span = max(0, int(last_ms) - int(first_ms))
+    for width in BUCKETS_MS:
+        if span // width + 1 <= MAX_BUCKETS:
+            return width
+    return BUCKETS_MS[-1]
+
+
+def _split_durations(prefix: str, keep: Any) -> list[Any]:
+    """Exact p50/p95/p99/max of ``duration_ms`` over the rows where ``keep``."""
+    from pyspark.sql import functions as F
+    d = F.when(keep, F.col("duration_ms"))
+    pct = F.percentile(d, list(PERCENTILES))
+    return [*(pct[i].alias(f"{prefix}_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)),
+            F.max(d).alias(f"{prefix}_max_ms"), F.count(d).alias(f"{prefix}_count")]
+
+
+def duration_split() -> list[Any]:
+    """Durations of rebalances proper (``rebalance_*``) apart from the initial
+    joins (``initial_*``: reason ``initial``, whose length is mostly the
+    coordinator's deliberate initial-rebalance delay)."""
+    from pyspark.sql import functions as F
+    initial = F.coalesce(F.col("reason") == "initial", F.lit(False))
+    return [*_split_durations("rebalance", ~initial), *_split_durations("initial", initial)]
+
+
+def series(rebalances: Any, width_ms: int, threshold: int) -> list[dict[str, Any]]:
+    """The report's time series, one dict per bucket of ``width_ms`` that had a
+    rebalance, in time order: counts by reason, cost, groups rebalancing and
+    storming, and the split durations."""
+    from pyspark.sql import functions as F
+    start = (F.col("started_ms") - F.pmod("started_ms", F.lit(width_ms))).alias("bucket_ms")
+    key = F.concat_ws("\u0000", "source", "group_id")
+    storm = F.when(F.col("window_count") >= threshold, key)
+    rows = rebalances.groupBy(start).agg(
+        *_sums(threshold, storms=False),
+        F.count_distinct(key).alias("groups"),
+        F.count_distinct(storm).alias("storming_groups"),
+        *duration_split()).orderBy("bucket_ms").collect()
+    return [r.asDict() for r in rows]
+
+
+def attribution(journal: Any, top: int) -> list[dict[str, Any]]:
+    """Who started rebalances: a join is started by the members that joined,
+    a leave, session expiry or join/sync timeout by those that left. The
+    ``top`` members by rebalances started, with how many of each kind."""
+    from pyspark.sql import functions as F
+    joins = F.col("reason").isin("join", "static_change")
+    leaves = F.col("reason").isin("leave", "session_expiry", "join_timeout", "sync_timeout")
+    who = journal.select(
+        "source", "group_id", "reason",
+        F.explode(F.when(joins, F.col("joined")).when(leaves, F.col("left"))).alias("member_id"))
+    reasons = ("join", "static_change", "leave", "session_expiry", "join_timeout",
+               "sync_timeout")
+    rows = who.groupBy("source", "group_id", "member_id").agg(
+        F.count(F.lit(1)).alias("rebalances"),
+        *(F.sum(F.when(F.col("reason") == r, 1).otherwise(0)).cast("long").alias(r)
+          for r in reasons)).orderBy(F.desc("rebalances"), "source", "group_id", "member_id") \
+        .limit(top).collect()
+    return [r.asDict() for r in rows]
+
+
+def generations(rebalances: Any, keys: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    """(source, group_id, started_ms, generation_id, reason) of the groups
+    ``keys``, in time order: their generation timelines."""
+    from pyspark.sql import functions as F
+    if not keys:
+        return []
+    names = sorted({g for _, g in keys})
+    rows = rebalances.where(F.col("group_id").isin(names)) \
+        .select("source", "group_id", "started_ms", "generation_id", "reason") \
+        .orderBy("started_ms", "journal_id").collect()
+    return [r.asDict() for r in rows if (r["source"], r["group_id"]) in keys]

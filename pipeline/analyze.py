@@ -249,6 +249,10 @@ def _write(df: Any, out: Path) -> None:
     df.write.mode("overwrite").parquet(str(out))
 
 
+#: Groups whose generation timeline the report draws (the worst ones).
+TIMELINE_GROUPS = 5
+
+
 def totals(fleet: list[dict[str, Any]], rebalances: Any) -> dict[str, Any]:
     """The report's headline figures: sums over the fleet's hours, exact
     percentiles over all durations, groups, sources and span."""
@@ -316,9 +320,15 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
                     .select("source", "group_id", "hour_start_ms", "rebalances").collect()
                     if (r["source"], r["group_id"]) in keys]
         hist = agg.histogram(rebalances)
+        width = agg.bucket_width(tot["first_started_ms"], tot["last_ended_ms"])
+        series = agg.series(rebalances, width, opts.storm_threshold) if tot["rebalances"] else []
+        starters = agg.attribution(journal, opts.top)
+        timelines = agg.generations(rebalances, {(w["source"], w["group_id"])
+                                                 for w in worst[:TIMELINE_GROUPS]})
     with progress(spark, "analyze [4/4] writing report.html", show):
         report = write_report(out_dir / "report.html", ReportData(
             totals=tot, fleet_hours=fleet, worst_groups=worst, heat=heat, histogram=hist,
+            series=series, bucket_ms=width, starters=starters, timelines=timelines,
             storm_window_ms=opts.storm_window_ms, storm_threshold=opts.storm_threshold,
             inputs=[str(j.path) for j in plan.sqlite] + sorted(
                 {str(Path(p).parent.parent) for p in plan.journal_parquet})))
