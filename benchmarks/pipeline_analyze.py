@@ -1,8 +1,14 @@
-"""Wall time of ``groupcoord analyze`` on local[1] and local[2] (docs/bench-pipeline.md).
+"""Wall time of ``groupcoord analyze`` on local[1] and local[2], against a
+floor job (docs/bench-pipeline.md).
 
 Runs the real command line (a fresh JVM per run, as a user would) on an input
-made by benchmarks/gen_journal.py and prints the wall times and the speed-up
-from the second core.
+made by benchmarks/gen_journal.py and prints the wall times, the speed-up
+from the second core, and analyze/floor per master. The floor is plain Spark
+SQL over the same journal, in a fresh JVM with the same session settings:
+per group-and-hour sums, the storm window (a window function), exact
+duration percentiles per group-hour and per fleet hour, every table written
+through the DataFrame writer; what analyze costs beyond it is the per-group
+ownership accounting in Python.
 
     .venv/bin/python benchmarks/gen_journal.py --rows 10000000 --groups 10000 --out /tmp/j10m
     .venv/bin/python benchmarks/pipeline_analyze.py /tmp/j10m
@@ -20,19 +26,14 @@ from pathlib import Path
 from pipeline_cpu import run_measured
 
 
-def run(inputs: list[str], master: str, out: Path, conf: list[str]) -> float:
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "coordinator.cli", "analyze", *inputs, "-o", str(out),
-           "--master", master]  # progress lines (not a terminal): the phase times
-    for c in conf:
-        cmd += ["--conf", c]
+def run(cmd: list[str], label: str) -> float:
     proc, wall, cpu = run_measured(cmd)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-3000:])
-        raise SystemExit(f"analyze on {master} failed ({proc.returncode})")
+        raise SystemExit(f"{label} failed ({proc.returncode})")
     # CPU seconds of the JVM, the driver and the Python workers: on a shared
     # machine (load average below) wall time alone says little.
-    print(f"  {master}: {wall:.1f} s wall, {cpu:.1f} s CPU, load average "
+    print(f"  {label}: {wall:.1f} s wall, {cpu:.1f} s CPU, load average "
           f"{os.getloadavg()[0]:.1f}   ({proc.stdout.strip()})", flush=True)
     for line in proc.stderr.splitlines():
         if "done in" in line:
@@ -40,20 +41,91 @@ def run(inputs: list[str], master: str, out: Path, conf: list[str]) -> float:
     return wall
 
 
+def analyze(inputs: list[str], master: str, out: Path, conf: list[str]) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "coordinator.cli", "analyze", *inputs, "-o", str(out),
+           "--master", master]  # progress lines (not a terminal): the phase times
+    for c in conf:
+        cmd += ["--conf", c]
+    return run(cmd, f"analyze {master}")
+
+
+def floor(inputs: list[str], master: str, out: Path, conf: list[str]) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, __file__, "--floor-job", str(out), "--masters", master, *inputs]
+    for c in conf:
+        cmd += ["--conf", c]
+    return run(cmd, f"floor {master}")
+
+
+def floor_job(inputs: list[str], out: Path, master: str, conf: list[str],
+              window_ms: int = 600_000, threshold: int = 10) -> str:
+    """The floor: the Spark SQL part of analyze without the Python accounting."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from pipeline.aggregates import HOUR_MS, PERCENTILES
+    from pipeline.analyze import _load_journal, plan_inputs
+    from pipeline.spark import session
+    plan = plan_inputs(inputs)
+    spark = session("groupcoord floor", master, ["spark.sql.session.timeZone=UTC", *conf])
+    try:
+        journal = _load_journal(spark, plan)
+        window = Window.partitionBy("source", "group_id").orderBy("started_ms") \
+            .rangeBetween(-(window_ms - 1), 0)
+        rows = journal.select(
+            "source", "group_id", "id", "reason", "started_ms",
+            (F.col("ended_ms") - F.col("started_ms")).alias("duration_ms"),
+            (F.col("started_ms") - F.pmod("started_ms", F.lit(HOUR_MS))).alias("hour_start_ms"),
+            F.coalesce(F.size("joined"), F.lit(0)).alias("joined"),
+            F.coalesce(F.size("left"), F.lit(0)).alias("left"),
+            "member_count").withColumn("window_count", F.count(F.lit(1)).over(window))
+        rows.write.mode("overwrite").parquet(str(out / "rebalances"))
+        facts = spark.read.parquet(str(out / "rebalances"))
+
+        def stats() -> list[object]:
+            pct = F.percentile("duration_ms", list(PERCENTILES))
+            return [F.count(F.lit(1)).alias("rebalances"),
+                    *(F.sum(c).alias(c) for c in ("joined", "left", "member_count")),
+                    F.sum(F.when(F.col("window_count") >= threshold, 1).otherwise(0))
+                    .alias("storm_rebalances"),
+                    *(pct[i].alias(f"p{i}") for i in range(len(PERCENTILES))),
+                    F.max("duration_ms").alias("duration_max_ms")]
+        facts.groupBy("source", "group_id", "hour_start_ms").agg(*stats()) \
+            .write.mode("overwrite").parquet(str(out / "group_hours"))
+        facts.groupBy("hour_start_ms").agg(*stats()).repartition(1) \
+            .write.mode("overwrite").parquet(str(out / "fleet_hours"))
+        n = spark.read.parquet(str(out / "rebalances")).count()
+    finally:
+        spark.stop()
+    return f"{n} rebalances"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("inputs", nargs="+", help="export directories and/or SQLite files")
     ap.add_argument("--masters", default="local[1],local[2]")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--no-floor", action="store_true", help="analyze only")
+    ap.add_argument("--floor-job", metavar="OUT", help=argparse.SUPPRESS)  # the child run
     args = ap.parse_args()
+    if args.floor_job:
+        print(floor_job(args.inputs, Path(args.floor_job), args.masters, args.conf))
+        return 0
     work = Path(tempfile.mkdtemp(prefix="bench-analyze-"))
-    times = {}
+    times: dict[str, float] = {}
+    floors: dict[str, float] = {}
     print(f"groupcoord analyze {' '.join(args.inputs)}", flush=True)
     for master in args.masters.split(","):
-        times[master] = run(args.inputs, master, work / master.replace("[", "").replace("]", ""),
-                            args.conf)
+        name = master.replace("[", "").replace("]", "")
+        times[master] = analyze(args.inputs, master, work / name, args.conf)
+        if not args.no_floor:
+            floors[master] = floor(args.inputs, master, work / f"floor-{name}", args.conf)
+            print(f"  analyze/floor on {master}: {times[master] / floors[master]:.2f}",
+                  flush=True)
     if "local[1]" in times and "local[2]" in times:
-        print(f"  speed-up from the second core: {times['local[1]'] / times['local[2]']:.2f}x")
+        print(f"  speed-up from the second core (local[1]/local[2] wall): "
+              f"{times['local[1]'] / times['local[2]']:.2f}x")
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

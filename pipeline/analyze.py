@@ -5,32 +5,25 @@ The job (docs/pipeline.md):
 1. load every input into one DataFrame of journal rows: SQLite files through
    ``sqlite3`` -> Arrow -> Spark (pipeline/sources.py), export directories
    straight from Parquet;
-2. per-rebalance facts: rows are partitioned by group (JVM only); one
-   Python task per partition orders its rows by group and journal id and
-   computes, in numpy, the facts of whole groups at a time
-   (pipeline/facts.py: moved resources, unavailability, follow-ups, the
-   storm counter) -> ``rebalances/``, and their exact per group-hour and per
-   group aggregates (pipeline/aggregates.py) -> ``group_hours/`` and
-   ``groups/``'s sums; it returns its duration counts and its groups' sums
-   per hour;
-3. what spans groups: ``groups/`` (Spark SQL: with the generations, worst
-   first) and ``fleet_hours/`` (the tasks' hour sums added up; exact
-   percentiles from the duration counts);
+2. per-rebalance facts: ``groupBy(bucket of (source, group_id)).applyInArrow``
+   runs the sequential ownership accounting of whole groups in Python
+   (pipeline/facts.py, numpy); the storm counter is a window function;
+   written by Spark -> ``rebalances/``;
+3. Spark SQL over ``rebalances/`` (pipeline/aggregates.py): ``group_hours/``,
+   ``groups/`` (with the generations, worst first), ``fleet_hours/``, exact
+   percentiles, the report's totals and histogram;
 4. report.html from the small aggregates (pipeline/analyze_report.py).
 """
 
 from __future__ import annotations
 
-import functools
-import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline.aggregates import FACT_COUNTS, FLEET_SUMS
 from pipeline.errors import PipelineError
-from pipeline.ownership import cooperative_names
 from pipeline.sources import (
     GENERATIONS_SCHEMA,
     JOURNAL_SCHEMA,
@@ -96,12 +89,15 @@ def _is_dir_input(p: str | Path) -> bool:
 
 
 def run_from_cli(inputs: Sequence[str], out: str, options: AnalyzeOptions,
-                 master: str | None, conf: Sequence[str]) -> AnalyzeResult:
-    from pipeline.spark import session
+                 master: str | None, conf: Sequence[str], verbose: bool = False
+                 ) -> AnalyzeResult:
+    from pipeline.spark import ANALYZE_MODULES, check_executors, session
     plan = plan_inputs(inputs)  # fail fast, before the JVM starts
     extra = ["spark.sql.session.timeZone=UTC", *conf]
-    spark = session("groupcoord analyze", master, extra)
+    spark = session("groupcoord analyze", master, extra, verbose)
     try:
+        if not spark.sparkContext.master.startswith("local"):
+            check_executors(spark, ANALYZE_MODULES)
         return analyze(spark, plan, out, options)
     finally:
         spark.stop()
@@ -126,10 +122,9 @@ def _read_parquet(spark: Any, files: Sequence[str], schema: Any) -> Any:
     they are read with the schema given, and Spark starts no job to infer
     it. Shared storage (``scheme://``) is not checked beforehand: Spark
     infers its schema, so a missing column fails instead of reading as null."""
-    from pyspark.sql.pandas.types import from_arrow_schema  # pyarrow only, despite the name
     if any("://" in f for f in files):
         return spark.read.parquet(*files)
-    return spark.read.schema(from_arrow_schema(schema)).parquet(*files)
+    return spark.read.schema(ddl(schema)).parquet(*files)
 
 
 def _load_journal(spark: Any, plan: InputPlan) -> Any:
@@ -159,138 +154,57 @@ def _load_generations(spark: Any, plan: InputPlan) -> Any:
     return df.dropDuplicates(["source", "group_id", "generation_id"])
 
 
-def _facts_task(window_ms: int, cooperative: tuple[str, ...], threshold: int,
-                out_dirs: tuple[str, str, str], batches: Iterator[Any]) -> Iterator[Any]:
-    """Runs on an executor (``mapInArrow``): the Arrow batches of one shuffle
-    partition (every row of its groups, in no particular order) in; its part of
-    ``rebalances/``, ``group_hours/`` and of the per-group table written with
-    pyarrow; the partition's duration cells and hour sums (pipeline/aggregates.py
-    ``task_result``) out.
-
-    No row crosses between the JVM and Python other than as Arrow; the facts
-    of whole groups at a time, in numpy (pipeline/facts.py,
-    pipeline/aggregates.py), in chunks of whole groups ordered by the task
-    (pipeline/facts.py ``partition_chunks``).
-    """
-    import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
-    from pyspark import TaskContext
-
-    from pipeline.aggregates import (
-        aggregate,
-        duration_cells,
-        group_hours_schema,
-        groups_schema,
-        hour_sums,
-        merge_cells,
-        merge_hour_sums,
-        task_result,
-    )
-    from pipeline.facts import facts_for_chunk, facts_schema, partition_chunks
-    ctx = TaskContext.get()
-    number = ctx.partitionId() if ctx is not None else 0
-    is_coop = cooperative_names(cooperative)
-    schemas = (facts_schema(), group_hours_schema(), groups_schema())
-    writers: list[Any] = []
-    cells: list[Any] = []
-    sums: list[Any] = []
-    try:
-        for chunk in partition_chunks(batches):
-            if not writers:  # only partitions with rows write files
-                for out_dir, schema in zip(out_dirs, schemas, strict=True):
-                    fs, base = pafs.FileSystem.from_uri(out_dir)
-                    writers.append(pq.ParquetWriter(
-                        f"{base.rstrip('/')}/part-{number:05d}.parquet", schema,
-                        filesystem=fs, **_parquet_options(schema)))
-            facts = facts_for_chunk(chunk, is_coop, window_ms)
-            hours, groups = aggregate(facts, threshold)
-            for writer, table in zip(writers, (facts, hours, groups), strict=True):
-                writer.write_table(table)
-            cells.append(duration_cells(facts))
-            sums.append(hour_sums(hours, facts))
-    finally:
-        for writer in writers:
-            writer.close()
-    yield from task_result(merge_cells(cells), merge_hour_sums(sums)).to_batches(
-        max_chunksize=1 << 20)
-
-
-def _parquet_options(schema: Any) -> dict[str, Any]:
-    """How the facts tasks write Parquet: dictionaries for the string columns
-    only, delta encoding for the 64-bit integers, snappy. On 1M rebalances:
-    0.39 CPU-s and 16 MB, against 1.06 CPU-s and 22 MB with pyarrow's
-    defaults and zstd (a dictionary was tried on every column)."""
-    import pyarrow as pa
-    return {"compression": "snappy",
-            "use_dictionary": [f.name for f in schema if pa.types.is_string(f.type)],
-            "column_encoding": {f.name: "DELTA_BINARY_PACKED" for f in schema
-                                if pa.types.is_int64(f.type)}}
-
-
 def _uri(path: str | Path) -> str:
     text = str(path)
     return text if "://" in text else Path(text).absolute().as_uri()
 
 
-def _map_in_arrow(df: Any, func: Any, schema: str) -> Any:
-    """``df.mapInArrow(func, schema)`` without pandas.
-
-    PySpark's ``DataFrame.mapInArrow`` builds its UDF with ``pandas_udf``,
-    which insists on pandas being installed although an Arrow map never uses
-    it (the Python worker's SQL_MAP_ARROW_ITER_UDF path is pyarrow only). The
-    same UDF is built here directly, with the same evaluation type.
-    """
-    from pyspark.rdd import PythonEvalType
-    from pyspark.sql import DataFrame
-    from pyspark.sql.udf import UserDefinedFunction
-    udf = UserDefinedFunction(func, returnType=schema,
-                              evalType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
-    column = udf(*[df[c] for c in df.columns])
-    return DataFrame(df._jdf.mapInArrow(column._jc, False, None), df.sparkSession)
-
-
-#: Input bytes (Spark's estimate: the Parquet files' sizes) per facts task.
-#: A task holds its partition in memory: for journals like the benchmark's,
-#: about 16 times its share of zstd-compressed Parquet.
+#: Input bytes (the input files' sizes) per facts call: a call holds its
+#: groups' rows in memory, about 16 times their share of zstd-compressed
+#: Parquet for journals like the benchmark's.
 INPUT_BYTES_PER_TASK = 64 << 20
 
 
-def _partitions(spark: Any, journal: Any) -> int:
-    """Facts tasks: two per core, more when the input is big (memory)."""
-    least = max(1, int(spark.sparkContext.defaultParallelism) * 2)
-    try:
-        size = int(str(journal._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
-    except Exception:  # an estimate only: the default is still correct
-        return least
-    return max(least, -(-size // INPUT_BYTES_PER_TASK))
-
-
-def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
-                          outs: tuple[str | Path, str | Path, str | Path]) -> tuple[Any, Any]:
-    """Write ``rebalances`` (FACTS_FIELDS), ``group_hours`` and the per-group
-    aggregates to the three directories ``outs``; returns the duration cells
-    of all rebalances (an Arrow table, ``aggregates.cells_schema()``, one row
-    per hour and duration) and the sums of ``group_hours`` per hour
-    (``aggregates.hour_sums_schema()``).
-
-    Spark shuffles each group into one partition (JVM only, no sort); one
-    Python task per partition takes its rows straight from the shuffle as
-    Arrow batches (``mapInArrow``), orders them by group and journal id
-    (pipeline/facts.py ``partition_chunks``), computes the facts
-    (pipeline/facts.py) and the per-group aggregates (pipeline/aggregates.py)
-    and writes them with pyarrow.
-    """
+def input_bytes(plan: InputPlan) -> int:
+    """The size of the inputs on disk (SQLite files and export files; shared
+    storage is asked through pyarrow's file systems)."""
     import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
+    total = sum(j.path.stat().st_size for j in plan.sqlite)
+    for f in plan.journal_parquet:
+        if "://" not in f:
+            total += Path(f).stat().st_size
+            continue
+        try:
+            fs, base = pafs.FileSystem.from_uri(f)
+            infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True,
+                                                       recursive=True))
+            total += sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+        except Exception:  # an estimate only: the default is still correct
+            pass
+    return total
+
+
+def facts_calls(spark: Any, plan: InputPlan) -> int:
+    """How many calls of the facts function (buckets of whole groups): two
+    per core, more when the input is big (each call holds its rows)."""
+    least = max(1, int(spark.sparkContext.defaultParallelism) * 2)
+    return max(least, -(-input_bytes(plan) // INPUT_BYTES_PER_TASK))
+
+
+def rebalance_facts(journal: Any, options: AnalyzeOptions, buckets: int) -> Any:
+    """The ``rebalances/`` rows (``facts.facts_schema()``) of ``journal``.
+
+    The ownership accounting is sequential per group and runs in Python:
+    ``groupBy(bucket).applyInArrow`` hands each call the rows of whole groups
+    (a bucket is a hash of ``(source, group_id)``: one call per group cost
+    a Python round trip per group), which pipeline/facts.py orders by group
+    and journal id and turns into facts with numpy. The storm counter is a
+    window function.
+    """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from pipeline.aggregates import (
-        group_hours_schema,
-        groups_schema,
-        split_task_results,
-        task_result_schema,
-    )
-    from pipeline.facts import facts_schema
+    from pipeline.facts import chunk_facts_schema, facts_of_groups, facts_schema
     rows = journal.select(
         "source", "group_id",
         F.col("id").cast("long").alias("id"),
@@ -301,105 +215,51 @@ def write_rebalance_facts(spark: Any, journal: Any, options: AnalyzeOptions,
         F.col("member_count").cast("long").alias("member_count"),
         F.coalesce(F.size("joined"), F.lit(0)).cast("long").alias("joined_count"),
         F.coalesce(F.size("left"), F.lit(0)).cast("long").alias("left_count"),
-        "assignments")
-    parts = _partitions(spark, journal)
-    out_uris = (_uri(outs[0]), _uri(outs[1]), _uri(outs[2]))
-    for out_uri in out_uris:
-        fs, base = pafs.FileSystem.from_uri(out_uri)
-        fs.delete_dir_contents(base, missing_dir_ok=True)
-        fs.create_dir(base, recursive=True)
-    fn = functools.partial(_facts_task, options.storm_window_ms, options.cooperative,
-                           options.storm_threshold, out_uris)
-    # Not sorted by Spark: its sort copied every row's bytes (the assignments
-    # are most of them) into sort pages, and cost more than ordering the rows
-    # in the task.
-    grouped = rows.repartition(parts, "source", "group_id")
-    ddl = ", ".join(f"{f.name} long" for f in task_result_schema())
-    cells, sums = split_task_results(_map_in_arrow(grouped, fn, ddl).toArrow())
-    for out_uri, schema in zip(out_uris, (facts_schema(), group_hours_schema(),
-                                          groups_schema()), strict=True):
-        fs, base = pafs.FileSystem.from_uri(out_uri)
-        if not fs.get_file_info(pafs.FileSelector(base)):
-            # An empty journal: one empty file gives the table its columns.
-            pq.write_table(schema.empty_table(), f"{base.rstrip('/')}/part-00000.parquet",
-                           filesystem=fs)
-    return cells, sums
+        "assignments",
+        F.pmod(F.xxhash64("source", "group_id"), F.lit(buckets)).alias("bucket"))
+    facts = rows.groupBy("bucket").applyInArrow(
+        facts_of_groups(options.cooperative), ddl(chunk_facts_schema()))
+    # (S - W, S]: whole milliseconds, so [S - W + 1, S].
+    window = Window.partitionBy("source", "group_id").orderBy("started_ms") \
+        .rangeBetween(-(options.storm_window_ms - 1), 0)
+    facts = facts.withColumn("window_count", F.count(F.lit(1)).over(window))
+    return facts.select(*facts_schema().names)
 
 
-# ---------------------------------------------------------------- aggregates
-#
-# group_hours/ and the per-group sums are written by the facts tasks (exact
-# percentiles, pipeline/aggregates.py), and the tasks send the driver every
-# rebalance's hour and duration as counts (duration cells) and their groups'
-# sums per hour: fleet_hours/, the fleet-wide percentiles, the histogram and
-# the totals come from those and from the small tables; rebalances/ is never
-# read again.
-
-_DURATIONS = ("duration_p50_ms", "duration_p95_ms", "duration_p99_ms", "duration_max_ms")
+def ddl(schema: Any) -> str:
+    """An Arrow schema of the pipeline's own tables as a Spark DDL string
+    (``name type, ...``): the public way to give Spark a schema."""
+    return ", ".join(f"`{f.name}` {_ddl_type(f.type)}" for f in schema)
 
 
-def fleet_schema() -> Any:
+def _ddl_type(t: Any) -> str:
     import pyarrow as pa
-    return pa.schema([("hour_start_ms", pa.int64()),
-                      *((c, pa.int64()) for c in (*FLEET_SUMS, "groups", "storming_groups")),
-                      *((c, pa.int64() if c == "duration_max_ms" else pa.float64())
-                        for c in _DURATIONS)])
+    simple = {pa.int64(): "bigint", pa.int32(): "int", pa.bool_(): "boolean",
+              pa.string(): "string", pa.binary(): "binary", pa.float64(): "double"}
+    if t in simple:
+        return simple[t]
+    if pa.types.is_list(t):
+        return f"array<{_ddl_type(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ", ".join(f"`{f.name}`: {_ddl_type(f.type)}" for f in t) + ">"
+    raise TypeError(f"no Spark DDL for Arrow type {t}")
 
 
-def fleet_hours(sums: Any, cells: Any) -> list[dict[str, Any]]:
-    """One dict per hour over all groups, in time order: the tasks' sums of
-    ``group_hours`` (``aggregates.hour_sums_schema()``, in time order),
-    exact duration percentiles from the cells."""
-    import numpy as np
-
-    from pipeline.aggregates import cell_percentiles
-    pct = cell_percentiles(*(np.asarray(cells[c].to_numpy(), dtype=np.int64)
-                             for c in ("hour_start_ms", "duration_ms", "rebalances")))
-    empty = dict.fromkeys(_DURATIONS)
-    return [r | pct.get(int(r["hour_start_ms"]), empty) for r in sums.to_pylist()]
+def _write(df: Any, out: Path) -> None:
+    df.write.mode("overwrite").parquet(str(out))
 
 
-def write_table(rows: list[dict[str, Any]], schema: Any, out: str | Path) -> None:
-    """A small table the driver computed, as one Parquet file in directory ``out``."""
-    import pyarrow as pa
-    import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
-    fs, base = pafs.FileSystem.from_uri(_uri(out))
-    fs.delete_dir_contents(base, missing_dir_ok=True)
-    fs.create_dir(base, recursive=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema),
-                   f"{base.rstrip('/')}/part-00000.parquet", filesystem=fs)
+#: Groups whose generation timeline the report draws (the worst ones).
+TIMELINE_GROUPS = 5
 
 
-def groups_table(per_group: Any, generations: Any) -> Any:
-    from pyspark.sql import functions as F
-    gens = generations.groupBy("source", "group_id").agg(
-        F.count(F.lit(1)).alias("generations_formed"),
-        F.sum(F.when(F.col("has_assignments"), 0).otherwise(1)).cast("long")
-        .alias("generations_without_assignment"))
-    return per_group.join(gens, ["source", "group_id"], "left")
-
-
-def totals(fleet: list[dict[str, Any]], cells: Any, groups: Any) -> dict[str, Any]:
-    """The report's headline figures: sums over the fleet's hours (the
-    tasks' hour sums), exact percentiles over all durations, spans of the
-    groups."""
-    import numpy as np
-    from pyspark.sql import functions as F
-
-    from pipeline.aggregates import cell_percentiles
+def totals(fleet: list[dict[str, Any]], rebalances: Any) -> dict[str, Any]:
+    """The report's headline figures: sums over the fleet's hours, exact
+    percentiles over all durations, groups, sources and span."""
+    from pipeline.aggregates import overall
     tot: dict[str, Any] = {c: sum(int(h[c] or 0) for h in fleet)
                            for c in (*FLEET_SUMS, *FACT_COUNTS)}
-    count = np.asarray(cells["rebalances"].to_numpy(), dtype=np.int64)
-    duration = np.asarray(cells["duration_ms"].to_numpy(), dtype=np.int64)
-    order = np.argsort(duration, kind="stable")
-    tot |= cell_percentiles(np.zeros(len(order), np.int64), duration[order],
-                            count[order]).get(0, dict.fromkeys(_DURATIONS))
-    g = groups.agg(F.count(F.lit(1)).alias("groups"),
-                   F.countDistinct("source").alias("sources"),
-                   F.min("first_started_ms").alias("first_started_ms"),
-                   F.max("last_ended_ms").alias("last_ended_ms")).collect()[0].asDict()
-    return {k: (v if v is not None else 0) for k, v in (tot | g).items()}
+    return tot | overall(rebalances)
 
 
 # ---------------------------------------------------------------- the job
@@ -410,7 +270,7 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
     """Run the whole analysis with ``spark``; returns where things were written."""
     from pyspark.sql import functions as F
 
-    from pipeline.aggregates import cell_histogram
+    from pipeline import aggregates as agg
     from pipeline.analyze_report import ReportData, write_report
     from pipeline.spark import progress
     opts = options or AnalyzeOptions()
@@ -420,29 +280,33 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
     tables = {name: out_dir / name for name in ("rebalances", "group_hours", "groups",
                                                 "fleet_hours")}
     show = opts.progress
-    per_group = out_dir / "groups_by_task"
-    with progress(spark, "analyze [1/4] reading journals, per-rebalance accounting, "
-                  "per group and hour", show):
+    with progress(spark, "analyze [1/4] reading journals, per-rebalance accounting", show):
         journal = _load_journal(spark, plan)
         try:
-            cells, sums = write_rebalance_facts(spark, journal, opts, (
-                tables["rebalances"], tables["group_hours"], per_group))
+            _write(rebalance_facts(journal, opts, facts_calls(spark, plan)),
+                   tables["rebalances"])
         except Exception as exc:
             raise _spark_input_error(exc, plan) from exc
-    hours = spark.read.parquet(str(tables["group_hours"]))
+    rebalances = spark.read.parquet(str(tables["rebalances"]))
     generations = _load_generations(spark, plan)
-    with progress(spark, "analyze [2/4] aggregating per group and fleet-wide", show):
-        # Small tables go out as one file, in a useful order (no global sort job).
-        groups_table(spark.read.parquet(str(per_group)), generations).coalesce(1) \
-            .sortWithinPartitions(F.desc("peak_window_rebalances"), F.desc("rebalances"),
-                                  "source", "group_id") \
-            .write.mode("overwrite").parquet(str(tables["groups"]))
-        fleet = fleet_hours(sums, cells)
-        write_table(fleet, fleet_schema(), tables["fleet_hours"])
-        shutil.rmtree(per_group, ignore_errors=True)
+    with progress(spark, "analyze [2/4] aggregating per group and hour, per group, "
+                  "fleet-wide", show):
+        _write(agg.group_hours(rebalances, opts.storm_threshold), tables["group_hours"])
+        hours = spark.read.parquet(str(tables["group_hours"]))
+        # Small tables go out as one file, in a useful order (repartition, not
+        # coalesce: that would run the aggregation itself in one task).
+        _write(agg.groups(rebalances, generations, opts.storm_threshold).repartition(1)
+               .sortWithinPartitions(F.desc("peak_window_rebalances"), F.desc("rebalances"),
+                                     "source", "group_id"), tables["groups"])
+        # Kept for the report, with the FACT_COUNTS that fleet_hours/ leaves out.
+        fleet_df = agg.fleet_hours(rebalances, hours).repartition(1) \
+            .sortWithinPartitions("hour_start_ms").cache()
+        _write(fleet_df.select(*agg.fleet_columns()), tables["fleet_hours"])
     with progress(spark, "analyze [3/4] collecting figures for the report", show):
+        fleet = [r.asDict() for r in fleet_df.collect()]
+        fleet_df.unpersist()
+        tot = totals(fleet, rebalances)
         groups = spark.read.parquet(str(tables["groups"]))
-        tot = totals(fleet, cells, groups)
         worst = [r.asDict() for r in groups.orderBy(
             F.desc("peak_window_rebalances"), F.desc("rebalances"), "source", "group_id")
             .limit(opts.top).collect()]
@@ -455,10 +319,16 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
             heat = [r.asDict() for r in hours.where(F.col("group_id").isin(names))
                     .select("source", "group_id", "hour_start_ms", "rebalances").collect()
                     if (r["source"], r["group_id"]) in keys]
-        hist = cell_histogram(cells)
+        hist = agg.histogram(rebalances)
+        width = agg.bucket_width(tot["first_started_ms"], tot["last_ended_ms"])
+        series = agg.series(rebalances, width, opts.storm_threshold) if tot["rebalances"] else []
+        starters = agg.attribution(journal, opts.top)
+        timelines = agg.generations(rebalances, {(w["source"], w["group_id"])
+                                                 for w in worst[:TIMELINE_GROUPS]})
     with progress(spark, "analyze [4/4] writing report.html", show):
         report = write_report(out_dir / "report.html", ReportData(
             totals=tot, fleet_hours=fleet, worst_groups=worst, heat=heat, histogram=hist,
+            series=series, bucket_ms=width, starters=starters, timelines=timelines,
             storm_window_ms=opts.storm_window_ms, storm_threshold=opts.storm_threshold,
             inputs=[str(j.path) for j in plan.sqlite] + sorted(
                 {str(Path(p).parent.parent) for p in plan.journal_parquet})))

@@ -15,7 +15,19 @@ from typing import Any
 import numpy as np
 
 from pipeline.aggregates import HOUR_MS, REASONS
-from pipeline.report import cards, esc, figure, num, page, png, seconds, table, utc
+from pipeline.report import (
+    amount,
+    cards,
+    empty,
+    esc,
+    figure,
+    num,
+    page,
+    png,
+    seconds,
+    table,
+    utc,
+)
 
 
 @dataclass
@@ -28,44 +40,68 @@ class ReportData:
     storm_window_ms: int
     storm_threshold: int
     inputs: list[str] = field(default_factory=list)
+    #: aggregates.series: one row per bucket of ``bucket_ms`` with a rebalance
+    series: list[dict[str, Any]] = field(default_factory=list)
+    bucket_ms: int = HOUR_MS
+    #: aggregates.attribution: the members whose joins and leaves started most
+    starters: list[dict[str, Any]] = field(default_factory=list)
+    #: aggregates.generations: the worst groups' rebalances in time order
+    timelines: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _hours(rows: list[dict[str, Any]]) -> list[datetime]:
-    return [datetime.fromtimestamp(r["hour_start_ms"] / 1000, tz=UTC) for r in rows]
+def bucket_name(width_ms: int) -> str:
+    """``minute``, ``5 minutes``, ``hour``, ``day``, ... for a bucket width."""
+    for unit, ms in (("week", 7 * 24 * HOUR_MS), ("day", 24 * HOUR_MS), ("hour", HOUR_MS),
+                     ("minute", 60_000), ("second", 1000)):
+        if width_ms % ms == 0:
+            n = width_ms // ms
+            return unit if n == 1 else f"{n} {unit}s"
+    return f"{width_ms} ms"
 
 
-def _hourly(fleet: list[dict[str, Any]], keys: Sequence[str]
-            ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Every hour from the first to the last of ``fleet`` (hours without a
-    rebalance are 0) as matplotlib date numbers, one more for the last
-    hour's end, and the values of ``keys`` per hour."""
+def _grid(series: list[dict[str, Any]], width: int, keys: Sequence[str]
+          ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Every bucket from the first to the last of ``series`` (buckets without
+    a rebalance are 0) as matplotlib date numbers, one more for the last
+    bucket's end, and the values of ``keys`` per bucket."""
     import matplotlib.dates as mdates
-    first = int(fleet[0]["hour_start_ms"]) // HOUR_MS
-    n = int(fleet[-1]["hour_start_ms"]) // HOUR_MS - first + 1
-    at = np.array([int(r["hour_start_ms"]) // HOUR_MS - first for r in fleet], dtype=np.int64)
+    first = int(series[0]["bucket_ms"]) // width
+    n = int(series[-1]["bucket_ms"]) // width - first + 1
+    at = np.array([int(r["bucket_ms"]) // width - first for r in series], dtype=np.int64)
     date2num: Callable[[datetime], float] = mdates.date2num  # untyped in matplotlib
-    start = date2num(datetime.fromtimestamp(first * HOUR_MS / 1000, tz=UTC))
-    edges = start + np.arange(n + 1) / 24
+    start = date2num(datetime.fromtimestamp(first * width / 1000, tz=UTC))
+    edges = start + np.arange(n + 1) * (width / 86_400_000)
     values = {}
     for key in keys:
         v = np.zeros(n, dtype=np.float64)
-        v[at] = [float(r[key] or 0) for r in fleet]
+        v[at] = [float(r[key] or 0) for r in series]
         values[key] = v
     return edges, values
 
 
+def _time_axis(ax: Any, edges: np.ndarray) -> None:
+    """A date axis over exactly the journal's buckets, labelled to fit them."""
+    import matplotlib.dates as mdates
+    ax.set_xlim(float(edges[0]), float(edges[-1]))
+    locator_of: Callable[..., Any] = mdates.AutoDateLocator  # untyped in matplotlib
+    formatter_of: Callable[..., Any] = mdates.ConciseDateFormatter
+    locator = locator_of(tz=UTC, minticks=3, maxticks=10)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(formatter_of(locator, tz=UTC))
+
+
 def _steps(ax: Any, edges: np.ndarray, top: np.ndarray, bottom: np.ndarray | None = None,
            **style: Any) -> None:
-    """One filled step area per series (hour by hour): a bar per hour was a
-    matplotlib artist each, and most of the report's time."""
+    """One filled step area per series (bucket by bucket): a bar per bucket
+    was a matplotlib artist each, and most of the report's time."""
     ax.stairs(top, edges, baseline=bottom if bottom is not None else 0, fill=True, **style)
-    ax.xaxis_date()
 
 
-def _plot_reasons(fleet: list[dict[str, Any]]) -> str:
+def _plot_reasons(series: list[dict[str, Any]], width: int) -> str:
+    from pipeline.report import figure
     fig, ax = figure()
     keys = [f"reason_{r}" for r in (*REASONS, "other")]
-    edges, values = _hourly(fleet, keys)
+    edges, values = _grid(series, width, keys)
     bottom = np.zeros(len(edges) - 1)
     for reason, key in zip((*REASONS, "other"), keys, strict=True):
         ys = values[key]
@@ -73,53 +109,106 @@ def _plot_reasons(fleet: list[dict[str, Any]]) -> str:
             continue
         _steps(ax, edges, bottom + ys, bottom, label=reason.replace("_", " "))
         bottom = bottom + ys
-    ax.set_ylabel("rebalances per hour")
+    _time_axis(ax, edges)
+    ax.set_ylabel(f"rebalances per {bucket_name(width)}")
     ax.set_ylim(0, max(float(bottom.max(initial=0)), 1) * 1.3)  # room for the legend
-    ax.set_title("Rebalances per hour, by why they started (UTC)")
+    ax.set_title(f"Rebalances per {bucket_name(width)}, by why they started (UTC)")
     ax.legend(fontsize=8, ncol=6, loc="upper left")
-    fig.autofmt_xdate()
-    return png(fig)
+    return png(fig, "rebalances by reason", int(np.count_nonzero(bottom)))
 
 
-def _plot_durations(fleet: list[dict[str, Any]]) -> str:
+def _plot_storms(series: list[dict[str, Any]], width: int, window_ms: int,
+                 threshold: int) -> str:
+    from pipeline.report import figure
+    edges, values = _grid(series, width, ("groups", "storming_groups"))
     fig, ax = figure()
-    x = _hours(fleet)
-    for key, label, style in (("duration_p50_ms", "p50", "-"), ("duration_p95_ms", "p95", "-"),
-                              ("duration_p99_ms", "p99", "--"), ("duration_max_ms", "max", ":")):
-        ax.plot(x, [max(float(r[key] or 0) / 1000, 1e-3) for r in fleet], style, label=label,
-                marker="." if len(x) < 50 else None)
+    ax.stairs(values["groups"], edges, label="groups that rebalanced")
+    storms = values["storming_groups"]
+    if storms.any():
+        _steps(ax, edges, storms, color="tab:red", alpha=0.6,
+               label=f"groups in a storm (>= {threshold} rebalances in {seconds(window_ms)})")
+    _time_axis(ax, edges)
+    ax.set_ylim(0, max(float(values["groups"].max(initial=0)), 1) * 1.25)
+    ax.set_ylabel("groups")
+    ax.set_title(f"Groups rebalancing, and groups in a rebalance storm, per {bucket_name(width)}")
+    ax.legend(fontsize=8, loc="upper left")
+    out = png(fig, "groups rebalancing and storming", int(np.count_nonzero(values["groups"])))
+    if not storms.any():
+        out += empty(f"No storm: no group had {threshold} or more rebalances within "
+                     f"{seconds(window_ms)}.")
+    return out
+
+
+def _plot_durations(series: list[dict[str, Any]], width: int) -> str:
+    from pipeline.report import figure
+    if not any(r["rebalance_max_ms"] is not None for r in series):
+        return empty("No rebalance other than initial joins: no duration to plot.")
+    keys = ("rebalance_p50_ms", "rebalance_p95_ms", "rebalance_p99_ms", "rebalance_max_ms")
+    edges, values = _grid(series, width, keys)
+    present = np.zeros(len(edges) - 1, dtype=bool)
+    first = int(series[0]["bucket_ms"]) // width
+    for r in series:
+        if r["rebalance_max_ms"] is not None:
+            present[int(r["bucket_ms"]) // width - first] = True
+    fig, ax = figure()
+    for key, label in zip(keys, ("p50", "p95", "p99", "max"), strict=True):
+        ys = np.where(present, np.maximum(values[key] / 1000, 1e-3), np.nan)
+        ax.stairs(ys, edges, label=label, linestyle="--" if label == "max" else "-")
+    _time_axis(ax, edges)
     ax.set_yscale("log")
     ax.set_ylabel("rebalance duration (s)")
-    ax.set_title("Rebalance duration per hour, fleet-wide")
-    ax.legend(fontsize=8)
-    fig.autofmt_xdate()
-    return png(fig)
+    ax.set_title(f"Rebalance duration per {bucket_name(width)}, fleet-wide "
+                 "(without the initial joins)")
+    ax.legend(fontsize=8, loc="upper left")
+    return png(fig, "rebalance durations", int(present.sum()))
 
 
-def _plot_cost(fleet: list[dict[str, Any]]) -> str:
+def _plot_cost(series: list[dict[str, Any]], width: int) -> str:
     import matplotlib.pyplot as plt
+    edges, values = _grid(series, width, ("moved", "unavailable_ms"))
+    moved, unowned = values["moved"], values["unavailable_ms"] / 1000
+    if not moved.any() and not unowned.any():
+        return empty("No resource moved and none was unowned: nothing to plot.")
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 5), dpi=100, sharex=True)
-    edges, values = _hourly(fleet, ("moved", "unavailable_ms"))
-    _steps(ax1, edges, values["moved"], color="tab:orange")
+    _steps(ax1, edges, moved, color="tab:orange")
     ax1.set_ylabel("resources moved")
-    ax1.set_title("What rebalances cost per hour: resources moved, and resource-seconds unowned")
-    _steps(ax2, edges, values["unavailable_ms"] / 1000, color="tab:red")
+    ax1.set_title(f"What rebalances cost per {bucket_name(width)}: resources moved, and "
+                  f"resource-seconds unowned (total {amount(float(unowned.sum()))})")
+    _steps(ax2, edges, unowned, color="tab:red")
     ax2.set_ylabel("unowned resource-s")
-    fig.autofmt_xdate()
-    return png(fig)
+    ax2.set_ylim(0, max(float(unowned.max(initial=0)), 1e-3) * 1.1)
+    _time_axis(ax2, edges)
+    return png(fig, "cost of rebalances", int(np.count_nonzero(moved + unowned)))
 
 
-def _plot_storms(fleet: list[dict[str, Any]], window_ms: int, threshold: int) -> str:
+def _plot_timelines(timelines: list[dict[str, Any]], worst: list[dict[str, Any]],
+                    many: bool) -> str:
+    import matplotlib.dates as mdates
+
+    from pipeline.report import figure
+    if not timelines:
+        return empty("No group to draw a generation timeline for.")
     fig, ax = figure()
-    x = _hours(fleet)
-    ax.plot(x, [int(r["groups"] or 0) for r in fleet], label="groups that rebalanced")
-    ax.plot(x, [int(r["storming_groups"] or 0) for r in fleet], color="tab:red",
-            label=f"groups in a storm (>= {threshold} rebalances in {seconds(window_ms)})")
-    ax.set_ylabel("groups")
-    ax.set_title("Trend: groups rebalancing, and groups in a rebalance storm, per hour")
-    ax.legend(fontsize=8)
-    fig.autofmt_xdate()
-    return png(fig)
+    date2num: Callable[[datetime], float] = mdates.date2num
+    order = [(g["source"], g["group_id"]) for g in worst]
+    lo = min(int(r["started_ms"]) for r in timelines)
+    hi = max(int(r["started_ms"]) for r in timelines)
+    pad = max((hi - lo) * 0.02, 1000)
+    for key in order:
+        rows = [r for r in timelines if (r["source"], r["group_id"]) == key]
+        if not rows:
+            continue
+        x = [date2num(datetime.fromtimestamp(int(r["started_ms"]) / 1000, tz=UTC))
+             for r in rows]
+        ax.step(x, [int(r["generation_id"]) for r in rows], where="post", marker=".",
+                markersize=3, label=_gname({"source": key[0], "group_id": key[1]}, many))
+    edges = np.array([date2num(datetime.fromtimestamp((lo - pad) / 1000, tz=UTC)),
+                      date2num(datetime.fromtimestamp((hi + pad) / 1000, tz=UTC))])
+    _time_axis(ax, edges)
+    ax.set_ylabel("generation")
+    ax.set_title("Generation timeline of the worst groups (each step a rebalance)")
+    ax.legend(fontsize=8, loc="upper left")
+    return png(fig, "generation timelines", len(timelines))
 
 
 def _plot_histogram(hist: list[tuple[int, int]]) -> str:
@@ -131,8 +220,8 @@ def _plot_histogram(hist: list[tuple[int, int]]) -> str:
     ax.set_xscale("log")
     ax.set_xlabel("rebalance duration (s)")
     ax.set_ylabel("rebalances")
-    ax.set_title("How long rebalances take (all groups)")
-    return png(fig)
+    ax.set_title("How long rebalances take (all groups, initial joins included)")
+    return png(fig, "duration histogram", sum(1 for _, c in hist if c))
 
 
 def _gname(g: dict[str, Any], many_sources: bool) -> str:
@@ -151,7 +240,7 @@ def _plot_worst(worst: list[dict[str, Any]], threshold: int, window_ms: int,
     ax.set_xlabel(f"most rebalances within {seconds(window_ms)}")
     ax.set_title("Worst groups: rebalance storms")
     ax.legend(fontsize=8, loc="lower right")
-    return png(fig)
+    return png(fig, "worst groups", sum(1 for p in peaks if p))
 
 
 def _plot_heat(heat: list[dict[str, Any]], worst: list[dict[str, Any]], many: bool) -> str:
@@ -175,7 +264,7 @@ def _plot_heat(heat: list[dict[str, Any]], worst: list[dict[str, Any]], many: bo
                   rotation=30, ha="right", fontsize=8)
     fig.colorbar(im, ax=ax, label="rebalances in the hour")
     ax.set_title("Worst groups, hour by hour")
-    return png(fig)
+    return png(fig, "worst groups per hour", len(heat))
 
 
 def render(data: ReportData) -> str:
@@ -190,20 +279,25 @@ def render(data: ReportData) -> str:
         return page("groupcoord rebalance report", body)
     many = int(t.get("sources") or 0) > 1
     unavailable_s = int(t.get("unavailable_ms") or 0) / 1000
+    initial = int(t.get("initial_count") or 0)
     body.append(cards([
         ("rebalances", num(n)),
         ("groups", num(int(t["groups"]))),
         ("coordinators", num(int(t["sources"]))),
         ("from", utc(t["first_started_ms"])), ("to", utc(t["last_ended_ms"])),
-        ("duration p50", seconds(t["duration_p50_ms"])),
-        ("duration p95", seconds(t["duration_p95_ms"])),
-        ("duration p99", seconds(t["duration_p99_ms"])),
-        ("longest", seconds(t["duration_max_ms"])),
+        ("rebalance p50", seconds(t.get("rebalance_p50_ms"))),
+        ("rebalance p95", seconds(t.get("rebalance_p95_ms"))),
+        ("rebalance p99", seconds(t.get("rebalance_p99_ms"))),
+        ("longest rebalance", seconds(t.get("rebalance_max_ms"))),
+        ("initial joins", num(initial)),
+        ("initial join p95", seconds(t.get("initial_p95_ms")) if initial else "-"),
         ("resources moved", num(int(t["moved"]))),
-        ("unowned resource-seconds", num(unavailable_s)),
+        ("unowned resource-seconds", amount(unavailable_s)),
         ("cooperative follow-ups", num(int(t["follow_up_rebalances"] or 0))),
     ]))
-    notes = []
+    notes = ["Rebalance durations leave out the initial joins (reason \"initial\": the "
+             "group's first members wait for the coordinator's initial-rebalance delay on "
+             "purpose); the initial joins are counted apart."]
     if int(t.get("unreadable") or 0):
         notes.append(f"{num(int(t['unreadable']))} rebalances have no ownership figures "
                      "(another protocol_type than \"resources\", or undecodable assignments: "
@@ -212,15 +306,17 @@ def render(data: ReportData) -> str:
         notes.append(f"{num(int(t['unowned_at_end']))} revoked resources were never owned "
                      "again in the journal; they count as unowned until the group's last "
                      "rebalance.")
-    if notes:
-        body.append("<p class='note'>" + " ".join(esc(x) for x in notes) + "</p>")
+    body.append("<p class='note'>" + " ".join(esc(x) for x in notes) + "</p>")
 
-    fleet = data.fleet_hours
-    body.append("<h2>Trend over time</h2>")
-    body.append(_plot_reasons(fleet))
-    body.append(_plot_storms(fleet, data.storm_window_ms, data.storm_threshold))
-    body.append(_plot_durations(fleet))
-    body.append(_plot_cost(fleet))
+    series, width = data.series, data.bucket_ms
+    body.append(f"<h2>Trend over time (per {esc(bucket_name(width))})</h2>")
+    if series:
+        body.append(_plot_reasons(series, width))
+        body.append(_plot_storms(series, width, data.storm_window_ms, data.storm_threshold))
+        body.append(_plot_durations(series, width))
+        body.append(_plot_cost(series, width))
+    else:
+        body.append(empty("No time series."))
     body.append("<h2>Rebalance durations</h2>")
     body.append(_plot_histogram(data.histogram))
 
@@ -229,6 +325,20 @@ def render(data: ReportData) -> str:
     body.append(table(["reason", "rebalances", "share"],
                       [[esc(r.replace("_", " ")), num(c), f"{100 * c / n:.1f}%"]
                        for r, c in sorted(reasons, key=lambda x: -x[1]) if c]))
+    body.append("<h2>Who started them</h2>")
+    if data.starters:
+        kinds = ("join", "static_change", "leave", "session_expiry", "join_timeout",
+                 "sync_timeout")
+        body.append("<p class='note'>A join is started by the members that joined; a leave, "
+                    "session expiry or join/sync timeout by the members that left. Other "
+                    "reasons (rejoins, metadata changes, initial joins) are not "
+                    "attributed.</p>")
+        body.append(table(
+            ["member", "group", "rebalances started", *(k.replace("_", " ") for k in kinds)],
+            [[esc(m["member_id"]), esc(_gname(m, many)), num(m["rebalances"]),
+              *(num(m[k]) for k in kinds)] for m in data.starters], left=2))
+    else:
+        body.append(empty("No rebalance was started by a member joining or leaving."))
 
     worst = data.worst_groups
     body.append(f"<h2>Worst groups (top {len(worst)})</h2>")
@@ -238,13 +348,14 @@ def render(data: ReportData) -> str:
     body.append(_plot_worst(worst, data.storm_threshold, data.storm_window_ms, many))
     if data.heat:
         body.append(_plot_heat(data.heat, worst, many))
+    body.append(_plot_timelines(data.timelines, worst, many))
     body.append(table(
         ["group", "protocol", "rebalances", "peak in window", "storm rebalances", "p95",
          "max", "moved", "unowned res-s", "follow-ups", "gens w/o assignment"],
         [[esc(_gname(g, many)), esc(g["protocol_name"] or "-"), num(g["rebalances"]),
           num(g["peak_window_rebalances"]), num(g["storm_rebalances"]),
           seconds(g["duration_p95_ms"]), seconds(g["duration_max_ms"]), num(g["moved"]),
-          num(int(g["unavailable_ms"] or 0) / 1000), num(g["follow_up_rebalances"]),
+          amount(int(g["unavailable_ms"] or 0) / 1000), num(g["follow_up_rebalances"]),
           num(g.get("generations_without_assignment"))] for g in worst], left=2))
     body.append("<h2>Tables</h2><p class='note'>Parquet beside this file: rebalances/ (one row "
                 "per rebalance), group_hours/, groups/, fleet_hours/ (docs/pipeline.md).</p>")

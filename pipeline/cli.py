@@ -20,6 +20,29 @@ def _spark_options(p: argparse.ArgumentParser) -> None:
                    help="extra Spark setting, repeatable (e.g. spark.driver.memory=4g)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (progress lines still go to stderr)")
+    p.add_argument("--verbose", action="store_true",
+                   help="also show Spark's own log lines (warnings and up; default: errors)")
+
+
+#: What each command imports (the `pipeline` extra of pyproject.toml).
+_NEEDS = {"analyze": ("pyspark", "pyarrow", "numpy", "pandas", "matplotlib", "tqdm"),
+          "simulate": ("pyspark", "pyarrow", "pandas", "matplotlib", "tqdm"),
+          "journal export": ("pyarrow",)}
+
+
+def _missing_packages(command: str) -> str | None:
+    """One line naming what the command needs and is not installed, or None."""
+    import importlib
+    missing = []
+    for name in _NEEDS[command]:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if not missing:
+        return None
+    return (f"needs the pipeline's packages, missing {', '.join(missing)}: "
+            "pip install 'groupcoord[pipeline]'")
 
 
 def register(subparsers: Any) -> None:
@@ -76,6 +99,9 @@ def _fail(command: str, message: str) -> int:
 
 
 def _run_analyze(args: argparse.Namespace) -> int:
+    missing = _missing_packages("analyze")
+    if missing:
+        return _fail("analyze", missing)
     from pipeline.errors import PipelineError
     try:
         from pipeline.analyze import AnalyzeOptions, run_from_cli
@@ -86,7 +112,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
             top=args.top,
             progress=not args.no_progress,
         )
-        result = run_from_cli(args.inputs, args.out, options, args.master, args.conf)
+        result = run_from_cli(args.inputs, args.out, options, args.master, args.conf,
+                              verbose=args.verbose)
     except PipelineError as exc:
         return _fail("analyze", str(exc))
     print(f"{result.rebalances} rebalances of {result.groups} groups analysed; "
@@ -95,12 +122,15 @@ def _run_analyze(args: argparse.Namespace) -> int:
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
+    missing = _missing_packages("simulate")
+    if missing:
+        return _fail("simulate", missing)
     from pipeline.errors import PipelineError
     try:
         from pipeline.simulate import run_from_cli
         result = run_from_cli(args.sweep, args.out, full=args.full, limit=args.limit,
                               master=args.master, conf=args.conf,
-                              progress=not args.no_progress)
+                              progress=not args.no_progress, verbose=args.verbose)
     except PipelineError as exc:
         return _fail("simulate", str(exc))
     print(f"{result.cells} cells simulated ({result.failed} failed); report: {result.report}")
@@ -108,6 +138,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def _run_export(args: argparse.Namespace) -> int:
+    missing = _missing_packages("journal export")
+    if missing:
+        return _fail("journal export", missing)
     from pipeline.errors import PipelineError
     from pipeline.sources import export, open_sqlite
     if args.source is not None and len(args.databases) > 1:

@@ -63,8 +63,16 @@ _OWNERSHIP = ("owned_before", "owned_after", "revoked", "moved", "first_assigned
 
 
 def facts_schema() -> pa.Schema:
+    """The columns of ``rebalances/``."""
     return pa.schema([(n, pa.int64() if n in _LONG else pa.bool_() if n in _BOOL
                        else pa.string()) for n in FACTS_FIELDS])
+
+
+def chunk_facts_schema() -> pa.Schema:
+    """What :func:`facts_for_chunk` computes: ``facts_schema()`` without
+    ``window_count`` (Spark counts it: pipeline/analyze.py)."""
+    schema = facts_schema()
+    return schema.remove(schema.get_field_index("window_count"))
 
 
 # ---------------------------------------------------------------- decoding
@@ -381,45 +389,21 @@ def _shift_differs(col: Any) -> np.ndarray:
     return out
 
 
-def _window_counts(group: np.ndarray, started: np.ndarray, window_ms: int) -> np.ndarray:
-    """Rebalances of the same group started in ``(S_i - W, S_i]`` among rows
-    ``<= i`` (the storm counter of GroupHistory: a queue of start times)."""
-    n = len(started)
-    if n == 0:
-        return np.zeros(0, np.int64)
-    values = np.concatenate([started, started - window_ms])
-    _, rank = np.unique(values, return_inverse=True)
-    key = (group.astype(np.int64) << 32) | rank[:n]
-    lo = np.searchsorted(key, (group.astype(np.int64) << 32) | rank[n:], side="right")
-    counts: np.ndarray = np.maximum(0, np.arange(n) - lo + 1)
-    backwards = np.flatnonzero((group[1:] == group[:-1]) & (started[1:] < started[:-1]))
-    for g in np.unique(group[backwards + 1]):
-        # Start times out of journal order: replay the queue exactly.
-        (rows,) = np.nonzero(group == g)
-        queue: list[int] = []
-        head = 0
-        for k in rows:
-            queue.append(int(started[k]))
-            while head < len(queue) and queue[head] <= started[k] - window_ms:
-                head += 1
-            counts[k] = len(queue) - head
-    return counts
-
-
 def _bucket_width(width: int) -> int:
     return max(8, 1 << max(0, int(width) - 1).bit_length())
 
 
-def facts_for_chunk(table: pa.Table, is_cooperative: Callable[[str | None], bool],
-                    window_ms: int) -> pa.Table:
-    """The facts (``facts_schema()``) of every journal row in ``table``.
+def facts_for_chunk(table: pa.Table, is_cooperative: Callable[[str | None], bool]
+                    ) -> pa.Table:
+    """The facts (:func:`chunk_facts_schema`: all but the storm counter, which
+    Spark counts with a window function) of every journal row in ``table``.
 
     ``table`` has :data:`INPUT_COLUMNS` and holds whole groups, each group's
     rows contiguous and in journal order (a row given twice counts once).
     """
     table = table.combine_chunks()
     if table.num_rows == 0:
-        return facts_schema().empty_table()
+        return chunk_facts_schema().empty_table()
     new_group = _shift_differs(table["source"]) | _shift_differs(table["group_id"])
     group = np.cumsum(new_group) - 1
     ids = _np(table["id"])
@@ -509,11 +493,10 @@ def facts_for_chunk(table: pa.Table, is_cooperative: Callable[[str | None], bool
         "member_count": pa.array(_np(rows["member_count"])),
         "joined": pa.array(_np(rows["joined_count"])),
         "left": pa.array(_np(rows["left_count"])),
-        "window_count": pa.array(_window_counts(group, started, window_ms)),
         "assignment_error": pa.array(readable_type & bad_bytes)}
     for name, values in figures.items():
         columns[name] = pa.array(values, mask=null) if null.any() else pa.array(values)
-    schema = facts_schema()
+    schema = chunk_facts_schema()
     return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
 
 
@@ -600,6 +583,26 @@ def partition_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
         columns["assignments"] = pa.DictionaryArray.from_arrays(pa.array(indices[pick]), blobs)
         yield pa.table([columns[c] for c in INPUT_COLUMNS], names=list(INPUT_COLUMNS))
         start = end
+
+
+# ---------------------------------------------------------------- the Spark UDF
+
+
+def facts_of_groups(cooperative: Sequence[str]) -> Callable[[pa.Table], pa.Table]:
+    """The function ``groupBy(...).applyInArrow`` runs on the executors: the
+    journal rows of whole groups (:data:`INPUT_COLUMNS`, in any order) in,
+    their facts out (:func:`chunk_facts_schema`).
+
+    The type hints tell PySpark it is the table-to-table form."""
+    names = tuple(cooperative)
+
+    def facts_of(table: pa.Table) -> pa.Table:
+        from pipeline.ownership import cooperative_names
+        is_coop = cooperative_names(names)
+        parts = [facts_for_chunk(chunk, is_coop)
+                 for chunk in partition_chunks(table.to_batches())]
+        return pa.concat_tables(parts) if parts else chunk_facts_schema().empty_table()
+    return facts_of
 
 
 # ---------------------------------------------------------------- for tests and tools

@@ -23,6 +23,7 @@ th{background:#f4f4f4}td.l,th.l{text-align:left}
 .card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;min-width:9em}
 .card b{display:block;font-size:1.4em}
 .note{color:#666;font-size:.9em}img{max-width:100%}
+.empty{border:1px dashed #bbb;color:#555;padding:1em;margin:.5em 0}
 """
 
 
@@ -34,15 +35,18 @@ def figure() -> tuple[Any, Any]:
     return fig, ax
 
 
-def png(fig: Any) -> str:
-    """An ``<img>`` tag with the figure as an embedded PNG; closes the figure."""
+def png(fig: Any, title: str = "plot", points: int | None = None) -> str:
+    """An ``<img>`` tag with the figure as an embedded PNG; closes the figure.
+    ``points``: how many non-empty data points it shows (``data-points``,
+    which the report's browser test checks)."""
     import matplotlib.pyplot as plt
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png")
     plt.close(fig)
     data = base64.b64encode(buf.getvalue()).decode("ascii")
-    return f'<img alt="plot" src="data:image/png;base64,{data}">'
+    count = f' data-points="{points}"' if points is not None else ""
+    return f'<img class="chart" alt="{esc(title)}"{count} src="data:image/png;base64,{data}">'
 
 
 def esc(value: object) -> str:
@@ -57,6 +61,25 @@ def num(value: object, digits: int = 0) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return esc(value)
+
+
+def amount(value: object) -> str:
+    """A figure that may have a fraction (resource-seconds), the same way in
+    tiles, tables and chart labels: three significant digits below 100, whole
+    numbers with thousands separators above; 0 only when it is 0."""
+    if value is None:
+        return "-"
+    v = float(value)  # type: ignore[arg-type]
+    if v == 0:
+        return "0"
+    if abs(v) < 100:
+        return f"{v:.3g}"
+    return f"{v:,.0f}"
+
+
+def empty(what: str) -> str:
+    """What stands where a chart would have nothing to show."""
+    return f"<p class='empty'>{esc(what)}</p>"
 
 
 def seconds(ms: object) -> str:

@@ -224,11 +224,14 @@ def simulate_sweep(spark: Any, sweep: Sweep, out: str | Path, progress: bool = T
 
 
 def run_from_cli(sweep_path: str, out: str, full: bool, limit: int | None, master: str | None,
-                 conf: Sequence[str], progress: bool) -> SimulateResult:
-    from pipeline.spark import session
+                 conf: Sequence[str], progress: bool, verbose: bool = False) -> SimulateResult:
+    from pipeline.spark import SIMULATE_MODULES, check_executors, session
     sweep = load_sweep(sweep_path, full=full)  # fail fast, before the JVM starts
-    spark = session("groupcoord simulate", master, ["spark.sql.session.timeZone=UTC", *conf])
+    spark = session("groupcoord simulate", master, ["spark.sql.session.timeZone=UTC", *conf],
+                    verbose)
     try:
+        if not spark.sparkContext.master.startswith("local"):
+            check_executors(spark, SIMULATE_MODULES)
         return simulate_sweep(spark, sweep, out, progress=progress, limit=limit)
     finally:
         spark.stop()

@@ -3,7 +3,8 @@
 ``local[*]`` is the default; under ``spark-submit --master URL`` (or with
 ``--master URL``) the same jobs run on a cluster: the session takes the
 submitted master, and groupcoord's own packages are shipped to the executors
-as a zip (they still need ``msgpack``; docs/pipeline.md, "On a cluster").
+as a zip; the executors need the pipeline's dependencies, which
+:func:`check_executors` checks first (docs/pipeline.md, "On a cluster").
 """
 
 from __future__ import annotations
@@ -72,7 +73,42 @@ def _package_zip() -> str:
     return name
 
 
-def session(app: str, master: str | None = None, conf: Sequence[str] = ()) -> Any:
+#: Spark's own log lines on the driver: errors only, to stderr (``--verbose``:
+#: Spark's default, warnings and up). Shipped next to this module.
+QUIET_LOG4J = Path(__file__).resolve().parent / "log4j2-quiet.properties"
+
+
+def session_settings(master: str, conf: Sequence[str] = (), verbose: bool = False
+                     ) -> dict[str, str]:
+    """The Spark settings of a CLI run on ``master``: ``--conf KEY=VALUE``
+    items win over the defaults chosen here."""
+    settings: dict[str, str] = {}
+    for item in conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise PipelineError(f"--conf {item!r}: expected KEY=VALUE")
+        settings[key] = value
+    # The command prints its own progress lines.
+    out = {"spark.ui.showConsoleProgress": "false"}
+    if not verbose:
+        # Before the JVM logs anything; a -D of the user's own comes later and wins.
+        opts = f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}"
+        user = settings.pop("spark.driver.extraJavaOptions", "")
+        out["spark.driver.extraJavaOptions"] = f"{opts} {user}".strip()
+    local = master.startswith("local")
+    if local or _loopback_master(master):
+        # Nothing outside this machine takes part: listen on the loopback
+        # interface only (not on the address the host name resolves to).
+        out |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    if local:
+        # Spark's web UI costs ~1 s of start-up; `--conf spark.ui.enabled=true`
+        # brings it back.
+        out |= {"spark.ui.enabled": "false", "spark.driver.memory": "4g"}
+    return out | settings
+
+
+def session(app: str, master: str | None = None, conf: Sequence[str] = (),
+            verbose: bool = False) -> Any:
     """A SparkSession for a CLI run (tests build their own shared one)."""
     problem = java_problem()
     if problem is not None:
@@ -83,35 +119,94 @@ def session(app: str, master: str | None = None, conf: Sequence[str] = ()) -> An
     except ImportError as exc:
         raise PipelineError("pyspark is not installed: pip install 'groupcoord[pipeline]'") \
             from exc
-    settings: dict[str, str] = {}
-    for item in conf:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise PipelineError(f"--conf {item!r}: expected KEY=VALUE")
-        settings[key] = value
     submitted = SparkConf().get("spark.master")  # set by spark-submit
     chosen = master or submitted or "local[*]"
-    builder = SparkSession.builder.appName(app).master(chosen)
+    settings = session_settings(chosen, conf, verbose)
     local = chosen.startswith("local")
     if local:
-        # Workers must run this interpreter (it has msgpack and groupcoord),
+        # Workers must run this interpreter (it has the pipeline's packages),
         # not whatever `python3` is first on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
-        # The command prints its own progress; Spark's web UI costs ~1 s of
-        # start-up. `--conf spark.ui.enabled=true` brings it back.
-        builder = builder.config("spark.ui.enabled", settings.pop("spark.ui.enabled", "false"))
-        builder = builder.config("spark.driver.memory", settings.pop("spark.driver.memory", "4g"))
+    builder = SparkSession.builder.appName(app).master(chosen)
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()
     except Exception as exc:  # the JVM failed to start: say so, not a py4j trace
         raise PipelineError(f"Spark did not start (master {chosen}): {exc}") from exc
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
     if not local:
         spark.sparkContext.addPyFile(_package_zip())
     return spark
+
+
+def _loopback_master(master: str) -> bool:
+    """A ``spark://`` master on this machine's loopback interface."""
+    hosts = master.removeprefix("spark://").split(",")
+    return master.startswith("spark://") and all(
+        h.rsplit(":", 1)[0] in ("127.0.0.1", "localhost", "[::1]") for h in hosts)
+
+
+#: What the executors of ``analyze`` import: Arrow, numpy, pandas (PySpark's
+#: Arrow UDFs), msgpack and groupcoord's own packages (the shipped zip).
+ANALYZE_MODULES = ("pyarrow", "numpy", "pandas", "msgpack", "pipeline.facts")
+#: What the executors of ``simulate`` import.
+SIMULATE_MODULES = ("msgpack", "pipeline.simcell", "client.assignors")
+
+
+def probe_imports(modules: Sequence[str]) -> tuple[str, str, tuple[str, ...]]:
+    """Runs on an executor: (host, python executable, what of ``modules``
+    does not import: the missing module's name, or ``module (error)``)."""
+    import importlib
+    import socket
+    missing: list[str] = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # ImportError, or a module failing as it loads
+            what = (exc.name if isinstance(exc, ModuleNotFoundError) and exc.name
+                    else f"{name} ({type(exc).__name__}: {exc})")
+            if what not in missing:
+                missing.append(what)
+    return socket.gethostname(), sys.executable, tuple(missing)
+
+
+_LOST_TASK = re.compile(r"Lost task \S+ in stage \S+ \(TID \d+\) \((\S+) executor")
+_PYTHON_ERROR = re.compile(
+    r"(ModuleNotFoundError: No module named '[^']+'|ImportError: [^\n]+|"
+    r"Cannot run program \"[^\"]+\"[^\n]*)")
+
+
+def check_executors(spark: Any, modules: Sequence[str]) -> None:
+    """A tiny job (two tasks per core) importing ``modules`` on the executors;
+    a PipelineError saying in one line what is missing where (host, python
+    executable, module) instead of the failure of the first real task."""
+    sc = spark.sparkContext
+    slots = max(1, int(sc.defaultParallelism) * 2)
+    names = tuple(modules)
+    try:
+        found = sc.parallelize(range(slots), slots) \
+            .map(lambda _: probe_imports(names)).distinct().collect()
+    except Exception as exc:
+        # The probe itself could not run (no such python, or pyspark's worker
+        # or groupcoord's packages do not import): read Spark's message.
+        text = str(exc)
+        what = _PYTHON_ERROR.search(text)
+        host = _LOST_TASK.search(text)
+        python = os.environ.get("PYSPARK_PYTHON") or sc.getConf().get(
+            "spark.pyspark.python", "python3")
+        raise PipelineError(
+            f"the executors cannot run the pipeline: on {host.group(1) if host else '?'} "
+            f"{python}: {what.group(1) if what else text.splitlines()[0][:300]}"
+            f"{_REMEDY}") from exc
+    bad = sorted((h, py, miss) for h, py, miss in found if miss)
+    if bad:
+        where = "; ".join(f"on {h} {py}: missing {', '.join(m)}" for h, py, m in bad)
+        raise PipelineError(f"the executors cannot run the pipeline: {where}{_REMEDY}")
+
+
+_REMEDY = (" (install groupcoord[pipeline] for that python, or ship an environment: "
+           "docs/pipeline.md, \"On a cluster\")")
 
 
 @contextmanager

@@ -81,6 +81,7 @@ def test_group_hours(result: dict[str, Any]) -> None:
     assert (c["rebalances"], c["moved"], c["unavailable_ms"], c["follow_up_rebalances"],
             c["reason_rejoin"]) == (4, 4, 1000, 1, 1)
     assert c["duration_p95_ms"] == pytest.approx(185)
+    assert (e["storm_rebalances"], c["storm_rebalances"]) == (2, 2)
 
 
 def test_groups_and_storms(result: dict[str, Any]) -> None:
@@ -123,23 +124,23 @@ def test_empty_journal_gives_an_empty_report(spark: Any, tmp_path: Path) -> None
     assert spark.read.parquet(str(tmp_path / "out" / "rebalances")).count() == 0
 
 
-def test_big_inputs_get_more_facts_tasks(spark: Any, tmp_path: Path,
+def test_big_inputs_get_more_facts_calls(spark: Any, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """A facts task holds its whole partition in memory: the job uses at
-    least one partition per INPUT_BYTES_PER_TASK of input, two per core
-    otherwise, and the figures do not depend on how many there are."""
+    """A call of the facts function holds its groups' rows in memory: the job
+    uses at least one bucket of groups per INPUT_BYTES_PER_TASK of input, two
+    per core otherwise, and the figures do not depend on how many there are."""
     import pipeline.analyze as analyze_mod
-    from pipeline.analyze import _load_journal, _partitions, plan_inputs
+    from pipeline.analyze import facts_calls, plan_inputs
     db = write_db(tmp_path / "coord.db", EAGER + COOP)
     export(open_sqlite(db), tmp_path / "export")
-    journal = _load_journal(spark, plan_inputs([str(tmp_path / "export")]))
+    plan = plan_inputs([str(tmp_path / "export")])
     least = spark.sparkContext.defaultParallelism * 2
-    assert _partitions(spark, journal) == least
+    assert facts_calls(spark, plan) == least
     opts = AnalyzeOptions(storm_window_ms=600_000, storm_threshold=3, progress=False)
     analyze(spark, [str(tmp_path / "export")], tmp_path / "few", opts)
     size = sum(f.stat().st_size for f in (tmp_path / "export" / "journal").glob("*.parquet"))
     monkeypatch.setattr(analyze_mod, "INPUT_BYTES_PER_TASK", max(1, size // (least * 3)))
-    assert _partitions(spark, journal) >= least * 3
+    assert facts_calls(spark, plan) >= least * 3
     res = analyze(spark, [str(tmp_path / "export")], tmp_path / "many", opts)
     assert (res.rebalances, res.groups) == (len(EAGER) + len(COOP), 2)
     for table, key in (("rebalances", ("group_id", "journal_id")),
@@ -148,3 +149,27 @@ def test_big_inputs_get_more_facts_tasks(spark: Any, tmp_path: Path,
             got = [r.asDict() for r in spark.read.parquet(str(tmp_path / run / table)).collect()]
             return sorted(got, key=lambda r: tuple(r[k] for k in key))
         assert rows("many") == rows("few"), table
+
+
+def test_storm_counter_counts_starts_in_the_window_whatever_the_journal_order(
+        spark: Any, tmp_path: Path) -> None:
+    """``window_count`` of a rebalance: rebalances of its group that started
+    in ``(S - W, S]`` (a Spark window function), also when start times are
+    out of journal order or equal; checked against a plain count."""
+    import random
+
+    from pipeline_journal_builder import Row
+    rnd = random.Random(7)
+    rows, t = [], T0
+    for g in range(1, 40):
+        t += rnd.choice([-3_000, 0, 1_000, 4_000, 9_999, 10_000, 20_000])
+        rows.append(Row("g", g, "join", t, t + 5, {"m1": {"a": [0]}}))
+    db = write_db(tmp_path / "coord.db", rows)
+    analyze(spark, [str(db)], tmp_path / "out",
+            AnalyzeOptions(storm_window_ms=10_000, storm_threshold=3, progress=False))
+    got = {r["generation_id"]: r["window_count"]
+           for r in spark.read.parquet(str(tmp_path / "out" / "rebalances")).collect()}
+    starts = [r.started_ms for r in rows]
+    want = {r.generation_id: sum(r.started_ms - 10_000 < s <= r.started_ms for s in starts)
+            for r in rows}
+    assert got == want
