@@ -174,6 +174,11 @@ ERROR_ACTIONS: dict[ErrorCode, ErrorAction] = {
 }
 
 
+#: a commit's outcomes about what the commit carries, not about the member.
+_COMMIT_CONTENT_ERRORS = frozenset({ErrorCode.INVALID_REQUEST,
+                                    ErrorCode.CHECKPOINT_LIMIT_REACHED})
+
+
 # ---------------------------------------------------------------- actions
 
 
@@ -538,6 +543,13 @@ class MemberStateMachine:
         stale = (request.generation_id != self.generation_id
                  or request.member_id != self.member_id)
         action = ERROR_ACTIONS.get(code, ErrorAction.RETRY)
+        if code in _COMMIT_CONTENT_ERRORS:
+            # Refused for what it carries (a resource the catalog no longer has,
+            # a value over a limit): that commit fails, the membership is fine,
+            # as Kafka's per-partition OffsetCommit errors leave the consumer be.
+            # A catalog shrink can refuse a commit of a resource the member
+            # still owns until the rebalance it starts (simulator seed 1554).
+            return CommitFailedError(code)
         if not stale and self.state is MemberState.STABLE and action is not ErrorAction.RETRY:
             self._apply(now_ms, "commit", code, action)
         if code is ErrorCode.REBALANCE_IN_PROGRESS:
@@ -562,7 +574,9 @@ class MemberStateMachine:
                 self._lose_all("the rebalance outlasted the rebalance timeout")
                 self._request_rejoin(now_ms, "rebalance timed out locally")
         if self._callbacks:
-            return self._emit_callback()
+            callback = self._emit_callback()
+            if callback is not None:
+                return callback
         if self.state in (MemberState.CLOSED, MemberState.FAILED):
             return Stop(self.failure)
         if self._closing and self.state is not MemberState.LEAVING:
@@ -801,7 +815,9 @@ class MemberStateMachine:
 
     # ------------------------------------------------------------ steps
 
-    def _emit_callback(self) -> InvokeListener:
+    def _emit_callback(self) -> InvokeListener | None:
+        """The next queued callback with something left to say; ``None`` when every
+        queued one is about resources no longer owned (revoked or lost since)."""
         while self._callbacks:
             action = self._callbacks.popleft()
             if action.kind is CallbackKind.ASSIGNED:
@@ -819,13 +835,19 @@ class MemberStateMachine:
             action = InvokeListener(action.kind, frozenset(live))
             self._in_flight = action
             return action
-        raise RuntimeError("no callback to emit")  # callers check _callbacks first
+        return None
+
+    def _revoke_owned(self) -> InvokeListener:
+        """Queue on_revoked for everything owned (non-empty) and emit what comes first."""
+        self._callbacks.append(InvokeListener(CallbackKind.REVOKED, frozenset(self._owned)))
+        callback = self._emit_callback()
+        assert callback is not None  # the revocation just queued is live
+        return callback
 
     def _close_step(self, now_ms: int) -> Action:
         if self._owned:
             # Kafka's onLeavePrepare: a member with a valid generation revokes.
-            self._callbacks.append(InvokeListener(CallbackKind.REVOKED, frozenset(self._owned)))
-            return self._emit_callback()
+            return self._revoke_owned()
         if self._leave_on_close and self.member_id:
             self.state = MemberState.LEAVING
             request = LeaveRequest(self.config.group_id, (LeaveMember(
@@ -868,8 +890,7 @@ class MemberStateMachine:
                         else min(self._next_send_ms, deadline))
         if self.protocol is RebalanceProtocol.EAGER and self._owned:
             # KIP-429, eager: on_revoked on the full set before the join.
-            self._callbacks.append(InvokeListener(CallbackKind.REVOKED, frozenset(self._owned)))
-            return self._emit_callback()
+            return self._revoke_owned()
         self._rejoin_needed = False
         if self._rebalance_started_ms is None:
             self._events.append(RebalanceStarted(now_ms, self._join_reason))

@@ -663,6 +663,19 @@ def test_commit_refused_with_illegal_generation_loses_everything() -> None:
     expect_call(m, 10, "join")
 
 
+@pytest.mark.parametrize("code", [ErrorCode.INVALID_REQUEST,
+                                  ErrorCode.CHECKPOINT_LIMIT_REACHED])
+def test_a_commit_refused_for_what_it_carries_fails_alone(code: ErrorCode) -> None:
+    # E.g. the catalog shrank: a resource the member still owns until the next
+    # rebalance is refused (400). The commit fails; the member is not stopped.
+    m = _stable_owner()
+    request = m.build_commit({("s", 1): 1})
+    error = m.commit_result(10, request, code)
+    assert isinstance(error, CommitFailedError) and error.code is code
+    assert m.state is MemberState.STABLE and m.failure is None
+    assert m.owned == frozenset(res(0, 1)) and not m.wants_interrupt(10)
+
+
 def test_commit_during_rebalance_asks_to_rejoin() -> None:
     m = _stable_owner()
     request = m.build_commit({("s", 0): 1})

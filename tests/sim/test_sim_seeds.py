@@ -75,7 +75,9 @@ def test_a_failure_report_names_the_seed_the_config_the_faults_and_the_replay() 
 #: Seeds that found a bug, each failing on the code before its fix
 #: (docs/reliability.md, "What the simulator found").
 REGRESSION_SEEDS = {
-    1554: "a returning static leader (KIP-814) rejoins for a catalog change made meanwhile",
+    28: "callbacks queued about resources no longer owned emit nothing (the member crashed)",
+    1554: "a returning static leader (KIP-814) rejoins for a catalog change made meanwhile; "
+          "a commit refused for a resource the catalog lost fails alone",
     2771: "incremental-cooperative hands out what a returning member's share leaves",
     3159: "incremental-cooperative hands out what a returning member's share leaves",
     2938: "an answer on the side channel ends a join backoff taken for want of a coordinator",
