@@ -1,4 +1,8 @@
-"""Storage: migrations, every record type round-trips, newer schemas refused."""
+"""Storage: migrations, every record type round-trips, newer schemas refused.
+
+The record round-trips that hold for both stores (catalog, group deletion, the
+journal, replay against fold) run on SQLite and PostgreSQL in
+test_storage_both.py; this file keeps what is SQLite's own."""
 
 from __future__ import annotations
 
@@ -10,14 +14,10 @@ import pytest
 from coordinator.core.records import (
     CatalogChanged,
     CheckpointsWritten,
-    GroupDeleted,
     GroupRecord,
-    JournalEntry,
     MemberRecord,
-    Record,
     Snapshot,
 )
-from coordinator.core.replay import fold
 from coordinator.storage.schema import SCHEMA_VERSION
 from coordinator.storage.sqlite import Storage, StorageError, encode_members
 from protocol.codec import encode
@@ -131,59 +131,6 @@ async def test_checkpoints_written_and_deleted(tmp_path: Path) -> None:
         await storage.close()
 
 
-async def test_catalog_changes_and_epoch(tmp_path: Path) -> None:
-    storage = await open_storage(tmp_path / "g.db")
-    try:
-        await storage.write([CatalogChanged("orders", 12, 1), CatalogChanged("users", 4, 2)])
-        await storage.write([CatalogChanged("orders", 24, 3), CatalogChanged("users", None, 4)])
-        snapshot = await storage.load()
-        assert snapshot.catalog == {"orders": 24}
-        assert snapshot.resources_epoch == 4
-    finally:
-        await storage.close()
-
-
-async def test_group_deleted_removes_group_checkpoints_and_generations(tmp_path: Path) -> None:
-    storage = await open_storage(tmp_path / "g.db")
-    try:
-        await storage.write([group("g1", "Stable", 1, member("m1", b"x")),
-                             group("g2", "Stable", 1, member("m9", b"y")),
-                             CheckpointsWritten("g1", (("orders", 0, 1),)),
-                             CheckpointsWritten("g2", (("orders", 0, 2),))])
-        await storage.write([GroupDeleted("g1")])
-        snapshot = await storage.load()
-        assert [g.group_id for g in snapshot.groups] == ["g2"]
-        assert snapshot.checkpoints == {"g2": {("orders", 0): 2}}
-        assert await storage.generations("g1") == []
-    finally:
-        await storage.close()
-
-
-async def test_journal_entries_are_appended(tmp_path: Path) -> None:
-    storage = await open_storage(tmp_path / "g.db")
-    entry = JournalEntry(group_id="g1", generation_id=2, protocol_type="resources",
-                         protocol_name="sticky", leader="m1",
-                         members=(("m1", None, "c1"), ("m2", "i2", "c2")), joined=("m2",),
-                         left=("m0",), reason="join", started_ms=100, ended_ms=250,
-                         assignments={"m1": b"a", "m2": b"b"})
-    try:
-        await storage.write([entry])
-        await storage.write([entry])
-        rows = await storage.journal("g1")
-        assert len(rows) == 2
-        assert rows[0] == {
-            "group_id": "g1", "generation_id": 2, "protocol_type": "resources",
-            "protocol_name": "sticky", "leader": "m1", "member_count": 2,
-            "members": [["m1", None, "c1"], ["m2", "i2", "c2"]], "joined": ["m2"],
-            "left": ["m0"], "reason": "join", "started_ms": 100, "ended_ms": 250,
-            "assignments": {"m1": b"a", "m2": b"b"},
-        }
-        # The journal is for analysis: it does not come back in the snapshot.
-        assert await storage.load() == Snapshot()
-    finally:
-        await storage.close()
-
-
 async def test_a_failed_batch_writes_nothing(tmp_path: Path) -> None:
     storage = await open_storage(tmp_path / "g.db")
     try:
@@ -227,30 +174,3 @@ async def test_a_committed_write_survives_without_close(tmp_path: Path) -> None:
         await storage.close()
 
 
-async def test_replay_round_trip_matches_fold(tmp_path: Path) -> None:
-    """records -> storage -> load gives what the core's own fold of them gives."""
-    records: list[Record] = [
-        CatalogChanged("orders", 4, 1),
-        group("g1", "CompletingRebalance", 1, member("m1"), member("m2")),
-        group("g1", "Stable", 1, member("m1", b"a"), member("m2", b"b")),
-        CheckpointsWritten("g1", (("orders", 0, 10), ("orders", 1, 11))),
-        group("g2", "Stable", 5, member("x", b"q", instance="ix")),
-        CheckpointsWritten("g1", (("orders", 1, None),)),
-        CatalogChanged("users", 2, 2),
-        group("g3", "Stable", 1, member("z", b"")),
-        GroupDeleted("g3"),
-    ]
-    storage = await open_storage(tmp_path / "g.db")
-    try:
-        for record in records:
-            await storage.write([record])
-        loaded = await storage.load()
-    finally:
-        await storage.close()
-    folded = fold(records)
-    assert sorted(loaded.groups, key=lambda g: g.group_id) == sorted(
-        folded.groups, key=lambda g: g.group_id)
-    assert {k: dict(v) for k, v in loaded.checkpoints.items() if v} == {
-        k: dict(v) for k, v in folded.checkpoints.items() if v}
-    assert dict(loaded.catalog) == dict(folded.catalog)
-    assert loaded.resources_epoch == folded.resources_epoch
