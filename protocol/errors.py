@@ -23,6 +23,10 @@ class ErrorCode(StrEnum):
     NON_EMPTY_GROUP = "NON_EMPTY_GROUP"
     COORDINATOR_LOAD_IN_PROGRESS = "COORDINATOR_LOAD_IN_PROGRESS"
     COORDINATOR_NOT_AVAILABLE = "COORDINATOR_NOT_AVAILABLE"
+    #: v1.1, several coordinators: the call reached a coordinator that does not own
+    #: the group's partition; the answer's ``url`` names the owner when known.
+    #: Nothing was changed; ask ``find_coordinator`` and retry there (Kafka's).
+    NOT_COORDINATOR = "NOT_COORDINATOR"
     GROUP_AUTHORIZATION_FAILED = "GROUP_AUTHORIZATION_FAILED"
     INVALID_REQUEST = "INVALID_REQUEST"
     #: v1.1: a commit would take its group over a checkpoint cap

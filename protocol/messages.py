@@ -36,6 +36,8 @@ __all__ = [
     "CommitResponse",
     "FetchRequest",
     "FetchResponse",
+    "FindCoordinatorRequest",
+    "FindCoordinatorResponse",
     "HeartbeatRequest",
     "HeartbeatResponse",
     "JoinMember",
@@ -45,6 +47,7 @@ __all__ = [
     "LeaveMemberResult",
     "LeaveRequest",
     "LeaveResponse",
+    "NotCoordinatorAnswer",
     "Request",
     "Response",
     "Scalar",
@@ -565,6 +568,64 @@ class FetchResponse:
         return wire
 
 
+# ---------------------------------------------------------------- find_coordinator
+
+
+@dataclass(frozen=True, slots=True)
+class FindCoordinatorRequest:
+    """v1.1: which coordinator owns ``group_id`` (any coordinator answers, any group)."""
+
+    group_id: str
+
+    API = "find_coordinator"
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        return cls(group_id=Fields(obj).string("group_id"))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"group_id": self.group_id}
+
+
+@dataclass(frozen=True, slots=True)
+class FindCoordinatorResponse:
+    """``url``: the owner's advertised URL; ``partition``: the group's partition.
+
+    ``COORDINATOR_NOT_AVAILABLE`` (``url`` empty) while no coordinator owns it.
+    """
+
+    error: ErrorCode | None
+    url: str = ""
+    partition: int = 0
+
+    @classmethod
+    def from_wire(cls, obj: object) -> Self:
+        f = Fields(obj)
+        url = f.raw("url")
+        return cls(ErrorCode.parse(f.error()), url if isinstance(url, str) else "",
+                   f.integer("partition", lo=0, hi=2**31 - 1, required=False))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"error": _err(self.error), "url": self.url, "partition": self.partition}
+
+
+@dataclass(frozen=True, slots=True)
+class NotCoordinatorAnswer:
+    """What a coordinator answers any protocol call for a group it does not serve
+    (v1.1): ``NOT_COORDINATOR`` with the owner's ``url`` when known, or
+    ``COORDINATOR_LOAD_IN_PROGRESS`` while it loads the group's partition.
+
+    Sent instead of the call's own response (the call changed nothing), so a
+    client reads ``error`` (and ``url``) before it parses the call's fields.
+    """
+
+    error: ErrorCode
+    url: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"error": self.error.value, "url": self.url}
+
+
 Request = (JoinRequest | SyncRequest | HeartbeatRequest | LeaveRequest | CommitRequest
            | FetchRequest)
 Response = (JoinResponse | SyncResponse | HeartbeatResponse | LeaveResponse | CommitResponse
@@ -578,4 +639,5 @@ APIS: dict[str, tuple[type[Any], type[Any]]] = {
     "leave": (LeaveRequest, LeaveResponse),
     "commit": (CommitRequest, CommitResponse),
     "fetch": (FetchRequest, FetchResponse),
+    "find_coordinator": (FindCoordinatorRequest, FindCoordinatorResponse),
 }

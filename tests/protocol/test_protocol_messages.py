@@ -61,7 +61,8 @@ def test_every_message_survives_the_wire(message: Any) -> None:
 
 
 def test_apis_map_every_call_to_its_types() -> None:
-    assert set(APIS) == {"join", "sync", "heartbeat", "leave", "commit", "fetch"}
+    assert set(APIS) == {"join", "sync", "heartbeat", "leave", "commit", "fetch",
+                         "find_coordinator"}
     for request_type, _response_type in APIS.values():
         assert request_type.API in APIS
 
