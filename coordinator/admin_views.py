@@ -17,7 +17,8 @@ from coordinator import auth, history
 from coordinator.core.commands import ResetCheckpoints
 from coordinator.core.effects import AdminResult
 from coordinator.core.views import GroupView, MemberView
-from coordinator.runtime.runtime import Answer, Runtime
+from coordinator.runtime.runtime import Answer
+from coordinator.runtime.service import Service
 from protocol.limits import MAX_PARTITIONS
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import ResourceAssignment
@@ -30,7 +31,7 @@ MAX_HISTORY = 1000
 # ---------------------------------------------------------------- groups
 
 
-def group_rows(runtime: Runtime, entry: auth.TokenEntry | None,
+def group_rows(runtime: Service, entry: auth.TokenEntry | None,
                states: frozenset[str] | None = None) -> list[dict[str, Any]]:
     """``GET /v1/groups``: every group ``entry`` is granted, in a state of ``states``
     (``None``: any), sorted by group id."""
@@ -73,7 +74,7 @@ def group_doc(view: GroupView) -> dict[str, Any]:
             "members": [member_json(view, m) for m in view.members]}
 
 
-async def journal(runtime: Runtime, group_id: str, limit: int
+async def journal(runtime: Service, group_id: str, limit: int
                   ) -> list[dict[str, Any]] | None:
     """The group's ``limit + 1`` newest journal rows (the extra one counts what the
     oldest reported rebalance moved), newest first; ``None`` for an unknown group."""
@@ -94,7 +95,7 @@ def check_history_limit(text: str) -> int:
     return limit
 
 
-async def rebalance_history(runtime: Runtime, group_id: str, limit: int
+async def rebalance_history(runtime: Service, group_id: str, limit: int
                             ) -> list[dict[str, Any]] | None:
     """``GET /v1/groups/{group_id}/rebalances``: newest first; ``None`` for an unknown group."""
     rows = await journal(runtime, group_id, limit)
@@ -112,7 +113,7 @@ def checkpoint_json(resource_set: str, index: int, value: Scalar) -> dict[str, A
     return {"set": resource_set, "index": index, "value": value}
 
 
-def checkpoints_doc(runtime: Runtime, group_id: str) -> list[dict[str, Any]]:
+def checkpoints_doc(runtime: Service, group_id: str) -> list[dict[str, Any]]:
     """``GET /v1/groups/{group_id}/checkpoints``: the group's checkpoints, by resource,
     with who wrote each and when (``committed_at``: Unix ms; ``member_id`` ``None``
     for an operator's reset; all ``None`` for rows stored before that was kept)."""
@@ -196,7 +197,7 @@ def parse_reset(group_id: str, doc: dict[str, Any], request_id: int) -> ResetChe
     return ResetCheckpoints(request_id, group_id, dry_run, resources, values=tuple(values))
 
 
-async def reset_checkpoints(runtime: Runtime, group_id: str, doc: dict[str, Any]) -> Answer:
+async def reset_checkpoints(runtime: Service, group_id: str, doc: dict[str, Any]) -> Answer:
     """Submit a reset (``doc`` as PROTOCOL.md's body); the core's :class:`AdminResult`.
 
     Bad input raises :class:`ValidationError` before anything is submitted.

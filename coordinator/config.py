@@ -68,6 +68,13 @@ class ServerConfig:
     #: groups with their own series on /metrics (the largest first); 0: none.
     group_metrics: int = 0
     log_level: str = "INFO"
+    #: several coordinators (``db`` a postgresql:// URL): what find_coordinator gives
+    #: out for this process ("": ``http(s)://HOST:PORT`` as it listens).
+    advertised_url: str = ""
+    #: partitions of a new PostgreSQL database (0: 64); must match an existing one.
+    partitions: int = 0
+    #: a partition lease's length (PostgreSQL only).
+    lease_ms: int = 5_000
     #: tokens file (coordinator.auth); empty: authentication off.
     auth_tokens: str = ""
     #: PEM certificate chain and key (coordinator.tls); empty: plain HTTP.
@@ -131,6 +138,24 @@ def _any(value: object) -> str | None:
     return None
 
 
+def _url_or_empty(value: object) -> str | None:
+    if not value:
+        return None
+    from urllib.parse import urlsplit
+    assert isinstance(value, str)
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        return f"is not a URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host, e.g. http://coord-1:9080"
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        return "must be scheme://host[:port] only (no path, query or credentials)"
+    del port
+    return None
+
+
 def _log_level(value: object) -> str | None:
     return None if value in LOG_LEVELS else f"must be one of {', '.join(LOG_LEVELS)}"
 
@@ -144,7 +169,9 @@ SETTINGS: tuple[Setting, ...] = (
             "/healthz, /readyz); empty: the --host value", _any),
     Setting("admin_port", int, "TCP port of the admin listener; 0 picks a free one and "
             "prints it", _int_range(0, 65535)),
-    Setting("db", str, "SQLite database file (created if missing)", _non_empty),
+    Setting("db", str, "SQLite database file (created if missing), or a postgresql://USER@HOST:"
+            "PORT/DB URL for several coordinators sharing one database (password from "
+            "PGPASSWORD or ~/.pgpass, never logged)", _non_empty),
     Setting("min_session_timeout_ms", int, "smallest session timeout a member may ask for",
             _int_range(0, MAX_TIMEOUT_MS)),
     Setting("max_session_timeout_ms", int, "largest session timeout a member may ask for",
@@ -188,6 +215,16 @@ SETTINGS: tuple[Setting, ...] = (
             "generation, state, health), the largest by members first; 0: none (the "
             "default: per-group series grow with the number of groups)",
             _int_range(0, 10_000)),
+    Setting("advertised_url", str, "PostgreSQL only: this coordinator's protocol URL as "
+            "members reach it, given out by find_coordinator (empty: http://HOST:PORT as it "
+            "listens)", _url_or_empty),
+    Setting("partitions", int, "PostgreSQL only: partitions the groups are spread over, fixed "
+            "when the database is created (0: the database's, 64 for a new one); another "
+            "value than the database's is refused", _int_range(0, 4096)),
+    Setting("lease_ms", int, "PostgreSQL only: how long a partition lease lasts unless renewed "
+            "(renewed every lease/5); a failover takes about this long, so keep it well "
+            "under the members' session timeout (docs/operations.md)",
+            _int_range(1_000, 600_000)),
     Setting("log_level", str, "DEBUG, INFO, WARNING, ERROR or CRITICAL", _log_level),
     Setting("auth_tokens", str, "tokens file for bearer authentication (empty: off)", _any),
     Setting("tls_cert", str, "PEM certificate chain for HTTPS (empty: plain HTTP)", _any),

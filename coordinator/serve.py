@@ -64,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
+    from coordinator.storage import pgurl
+    if pgurl.is_postgres_url(config.db):
+        from coordinator.cluster.serve import serve_cluster
+        return await serve_cluster(config, ready_line=ready_line)
     # Heavy imports here, not at module level: `groupcoord --help` stays fast.
     from coordinator import auth, tls
     from coordinator.core import GroupCoordinator
@@ -116,6 +120,7 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
         gc.freeze()
         scheme = protocol.scheme
         host, port = config.host, protocol.port
+        runtime.advertised_url = config.advertised_url or protocol.url
         admin_url = f"{scheme}://{config.admin_address}:{admin.port}"
         log.info("ready: database %s, listening on %s://%s:%d, admin on %s", config.db,
                  scheme, host, port, admin_url)

@@ -46,7 +46,7 @@ from coordinator.console import views
 from coordinator.console.live import MAX_STREAMS, TICK_S, Fragments, LiveStreams, digest
 from coordinator.console.sessions import COOKIE, Sessions
 from coordinator.core.effects import AdminResult
-from coordinator.runtime.runtime import Runtime
+from coordinator.runtime.service import Service
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_PARTITIONS
 from protocol.validate import ValidationError
@@ -74,7 +74,7 @@ _PAGE_HEADERS = {
 
 @dataclass(slots=True)
 class Console:
-    runtime: Runtime
+    runtime: Service
     tokens: auth.TokenStore | None
     sessions: Sessions
     streams: LiveStreams
@@ -87,7 +87,7 @@ class Console:
 CONSOLE_KEY: web.AppKey[Console] = web.AppKey("groupcoord.console", Console)
 
 
-def build_console(runtime: Runtime, *, tokens: auth.TokenStore | None = None,
+def build_console(runtime: Service, *, tokens: auth.TokenStore | None = None,
                   max_streams: int = MAX_STREAMS, tick_s: float = TICK_S) -> web.Application:
     """The console as an aiohttp sub-application (``app.add_subapp("/console/", ...)``).
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator import admin_views, auth, history
-from coordinator.runtime.runtime import Runtime
+from coordinator.runtime.service import Service
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 
 #: most groups the overview lists (the admin API's ?state= filter finds the rest).
@@ -53,7 +53,7 @@ class JournalCache:
     long as the group's generation is the one of the newest row.
     """
 
-    def __init__(self, runtime: Runtime, *, clock: Any = time.monotonic) -> None:
+    def __init__(self, runtime: Service, *, clock: Any = time.monotonic) -> None:
         self._runtime = runtime
         self._clock = clock
         self._by_group: OrderedDict[str, _Cached] = OrderedDict()
@@ -89,7 +89,7 @@ class Overview:
     has_health: bool
 
 
-async def overview(runtime: Runtime, journal: JournalCache,
+async def overview(runtime: Service, journal: JournalCache,
                    entry: auth.TokenEntry | None) -> Overview:
     """Every group the caller is granted, with its last rebalance and why."""
     rows = admin_views.group_rows(runtime, entry)
@@ -202,7 +202,7 @@ def assignment_grid(group: dict[str, Any], catalog: dict[str, int],
     return Grid([member_label(m) for m in members], rows, len(ordered), moves_of, moved_count)
 
 
-async def group_page(runtime: Runtime, journal: JournalCache, group_id: str
+async def group_page(runtime: Service, journal: JournalCache, group_id: str
                      ) -> GroupPage | None:
     """The group page's content; ``None`` when the group does not exist."""
     view = runtime.core.describe_group(group_id)

@@ -9,7 +9,7 @@ epoch so leaders learn of it without waiting out their poll.
 
 from __future__ import annotations
 
-from coordinator.core.commands import DeleteGroup, DeleteResource, PutResource
+from coordinator.core.commands import AdoptCatalog, DeleteGroup, DeleteResource, PutResource
 from coordinator.core.effects import AdminResult
 from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel
@@ -45,6 +45,18 @@ def _invalid(k: Kernel, request_id: int, message: str) -> None:
                                     message=message))
 
 
+def resource_problem(name: object, partitions: object) -> str | None:
+    """What is wrong with a ``PUT /v1/resources/{name}`` (``partitions`` ``None``: a
+    delete, only the name is checked), naming the field; ``None`` when it is fine."""
+    problem = _name_problem(name)
+    if problem is not None or partitions is None:
+        return problem
+    if isinstance(partitions, bool) or not isinstance(partitions, int) \
+            or not 1 <= partitions <= MAX_PARTITIONS:
+        return f"partitions: must be an integer in 1..{MAX_PARTITIONS}, got {partitions!r}"
+    return None
+
+
 def _name_problem(name: object) -> str | None:
     if not isinstance(name, str) or not name:
         return "name: must be a non-empty string"
@@ -55,18 +67,12 @@ def _name_problem(name: object) -> str | None:
 
 
 def handle_put_resource(k: Kernel, cmd: PutResource) -> None:
-    problem = _name_problem(cmd.name)
+    problem = resource_problem(cmd.name, cmd.partitions)
     if problem is not None:
         _invalid(k, cmd.request_id, problem)
         return
-    partitions = cmd.partitions
-    if isinstance(partitions, bool) or not isinstance(partitions, int) \
-            or not 1 <= partitions <= MAX_PARTITIONS:
-        _invalid(k, cmd.request_id,
-                 f"partitions: must be an integer in 1..{MAX_PARTITIONS}, got {partitions!r}")
-        return
-    if k.catalog.get(cmd.name) != partitions:
-        _change_catalog(k, cmd.name, partitions)
+    if k.catalog.get(cmd.name) != cmd.partitions:
+        _change_catalog(k, cmd.name, cmd.partitions)
     # An unchanged PUT is idempotent: same epoch, nothing written.
     k.reply(cmd.request_id, AdminResult(None, k.resources_epoch))
 
@@ -86,7 +92,20 @@ def _change_catalog(k: Kernel, name: str, partitions: int | None) -> None:
     else:
         k.catalog[name] = partitions
     k.persist(CatalogChanged(name, partitions, k.resources_epoch))
-    # Parked heartbeats answer at once with the new epoch (after the write above).
+    _wake_parked_heartbeats(k)
+
+
+def handle_adopt_catalog(k: Kernel, cmd: AdoptCatalog) -> None:
+    """Several coordinators: take the shared database's catalog if it is newer."""
+    if cmd.resources_epoch <= k.resources_epoch:
+        return
+    k.catalog = dict(cmd.catalog)
+    k.resources_epoch = cmd.resources_epoch
+    _wake_parked_heartbeats(k)
+
+
+def _wake_parked_heartbeats(k: Kernel) -> None:
+    # Parked heartbeats answer at once with the new epoch (after the write, if any).
     for request_id, parked in list(k.heartbeats.items()):
         group = k.groups[parked.group_id]
         member = group.members[parked.member_id]

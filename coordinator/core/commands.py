@@ -162,6 +162,16 @@ class ResetCheckpoints:
     values: tuple[tuple[str, int, Scalar], ...] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class AdoptCatalog:
+    """Several coordinators: the catalog as it is in the shared database, already
+    durable (changed through any coordinator). Applied when ``resources_epoch`` is
+    newer than the core's; writes nothing, replies nothing."""
+
+    catalog: tuple[tuple[str, int], ...]
+    resources_epoch: int
+
+
 Command = (Join | Sync | Heartbeat | Leave | Commit | Fetch | DeleteGroup | PutResource
            | DeleteResource | RemoveMember | ResetCheckpoints | TimerFired | Cancelled
-           | ReleaseHeartbeat)
+           | ReleaseHeartbeat | AdoptCatalog)

@@ -20,6 +20,7 @@ from typing import Any
 from coordinator.core import admin, checkpoints, membership, operations, timers
 from coordinator.core.checkpoint_store import CheckpointStore
 from coordinator.core.commands import (
+    AdoptCatalog,
     Cancelled,
     Command,
     Commit,
@@ -62,6 +63,7 @@ _HANDLERS: dict[type[Any], Callable[[Kernel, Any], None]] = {
     TimerFired: timers.handle_timer,
     Cancelled: timers.handle_cancelled,
     ReleaseHeartbeat: membership.handle_release_heartbeat,
+    AdoptCatalog: admin.handle_adopt_catalog,
 }
 
 

@@ -43,17 +43,18 @@ from coordinator.http import openapi
 from coordinator.http.calls import SERVER_FAILED, catalog_answer
 from coordinator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from coordinator.metrics import Metrics
-from coordinator.runtime.runtime import Answer, Runtime
+from coordinator.runtime.runtime import Answer
+from coordinator.runtime.service import Service
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_PARTITIONS
-from protocol.messages import APIS
+from protocol.messages import APIS, NotCoordinatorAnswer
 from protocol.validate import Fields, ValidationError, check_string
 
 log = logging.getLogger("groupcoord.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-RUNTIME_KEY: web.AppKey[Runtime] = web.AppKey("groupcoord.runtime", Runtime)
+RUNTIME_KEY: web.AppKey[Service] = web.AppKey("groupcoord.runtime")
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("groupcoord.metrics", Metrics)
 MAX_BODY_KEY: web.AppKey[int] = web.AppKey("groupcoord.max_body_bytes", int)
 
@@ -111,7 +112,7 @@ def protocol_elsewhere(api: str) -> Handler:
 # ---------------------------------------------------------------- admin (JSON)
 
 
-def _not_ready(runtime: Runtime) -> web.Response | None:
+def _not_ready(runtime: Service) -> web.Response | None:
     if runtime.ready:
         return None
     code = (ErrorCode.COORDINATOR_NOT_AVAILABLE if runtime.failed.is_set()
@@ -138,7 +139,8 @@ def _admin_answer(result: Answer, ok: Callable[[AdminResult], web.StreamResponse
     status = {ErrorCode.NON_EMPTY_GROUP: 409, ErrorCode.CHECKPOINT_LIMIT_REACHED: 409,
               ErrorCode.INVALID_REQUEST: 400,
               ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: 503,
-              ErrorCode.COORDINATOR_NOT_AVAILABLE: 503}.get(result.error, 500)
+              ErrorCode.COORDINATOR_NOT_AVAILABLE: 503,
+              ErrorCode.NOT_COORDINATOR: 503}.get(result.error, 500)
     return json_error(status, result.error.value, result.message or None)
 
 
@@ -147,6 +149,8 @@ async def list_groups(request: web.Request) -> web.StreamResponse:
     if (busy := _not_ready(runtime)) is not None:
         return busy
     states = _states_query(request)
+    # Several coordinators: the groups owned elsewhere, as last written (v1.1).
+    await runtime.refresh_groups()
     return web.json_response(
         {"groups": admin_views.group_rows(runtime, auth.token_of(request), states)})
 
@@ -277,6 +281,70 @@ async def delete_resource(request: web.Request) -> web.StreamResponse:
 # ---------------------------------------------------------------- health, metrics
 
 
+async def list_coordinators(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/coordinators`` (v1.1): the live coordinators, their URLs and the
+    partitions each owns, with since when."""
+    return web.json_response({"coordinators": request.app[RUNTIME_KEY].coordinators()})
+
+
+#: set on an admin call one coordinator forwards to another: never forwarded again.
+FORWARDED_HEADER = "X-Groupcoord-Forwarded"
+#: seconds a forwarded admin call may take.
+FORWARD_TIMEOUT_S = 10.0
+_FORWARD_SESSION: web.AppKey[list[Any]] = web.AppKey("groupcoord.forward_session")
+
+
+@web.middleware
+async def route_group_calls(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Several coordinators (v1.1): an admin call about one group is answered where
+    the group is served; here if this coordinator owns its partition, else it is
+    forwarded once to the owner's admin listener (same method, path, body and
+    credentials). A one-process server serves every group: nothing to do."""
+    group_id = request.match_info.get("group_id")
+    service = request.app[RUNTIME_KEY]
+    if group_id is None or not service.ready:
+        return await handler(request)
+    target = service.route(group_id)
+    if not isinstance(target, NotCoordinatorAnswer):
+        return await handler(request)
+    url = service.owner_admin_url(group_id)
+    if url is None or request.headers.get(FORWARDED_HEADER):
+        return json_error(503, target.error.value,
+                          f"group {group_id!r} is not served here and its owner is not "
+                          f"known yet (partition moving); retry shortly")
+    return await _forward(request, url)
+
+
+async def _forward(request: web.Request, base_url: str) -> web.StreamResponse:
+    import aiohttp
+
+    holder = request.app[_FORWARD_SESSION]
+    if not holder:
+        holder.append(aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S), auto_decompress=False))
+    session: aiohttp.ClientSession = holder[0]
+    headers = {FORWARDED_HEADER: "1"}
+    for name in (hdrs.AUTHORIZATION, hdrs.CONTENT_TYPE, hdrs.ACCEPT):
+        if name in request.headers:
+            headers[name] = request.headers[name]
+    body = await request.read() if request.can_read_body else None
+    try:
+        async with session.request(request.method, base_url.rstrip("/") + request.raw_path,
+                                   data=body, headers=headers) as answer:
+            payload = await answer.read()
+            return web.Response(status=answer.status, body=payload, headers={
+                hdrs.CONTENT_TYPE: answer.headers.get(hdrs.CONTENT_TYPE, "application/json")})
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return json_error(503, ErrorCode.COORDINATOR_NOT_AVAILABLE.value,
+                          f"the coordinator owning this group ({base_url}) did not answer: "
+                          f"{type(exc).__name__}")
+
+
+async def _close_forward_session(app: web.Application) -> None:
+    for session in app[_FORWARD_SESSION]:
+        await session.close()
+
+
 async def healthz(request: web.Request) -> web.StreamResponse:
     return web.json_response({"status": "alive"})
 
@@ -369,15 +437,18 @@ class AdminServerLog(logging.LoggerAdapter[logging.Logger]):
         return msg, kwargs
 
 
-def build_admin_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
+def build_admin_app(runtime: Service, metrics: Metrics, *, max_body_bytes: int,
                     tokens: auth.TokenStore | None = None) -> web.Application:
     """The aiohttp app of the admin listener (module docs)."""
     middlewares: list[Any] = [refuse_content_encoding(metrics)]
     if tokens is not None:
         # A caller without a valid token learns nothing else.
         middlewares.append(auth.auth_middleware(tokens))
+    middlewares.append(route_group_calls)
     app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
     app[RUNTIME_KEY] = runtime
+    app[_FORWARD_SESSION] = []
+    app.on_cleanup.append(_close_forward_session)
     app[METRICS_KEY] = metrics
     app[MAX_BODY_KEY] = max_body_bytes
     for api in APIS:
@@ -394,6 +465,7 @@ def build_admin_app(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
     app.router.add_get("/v1/resources", guarded(list_resources))
     app.router.add_put("/v1/resources/{name:.+}", guarded(put_resource))
     app.router.add_delete("/v1/resources/{name:.+}", guarded(delete_resource))
+    app.router.add_get("/v1/coordinators", guarded(list_coordinators))
     app.router.add_get("/v1/openapi.json", guarded(openapi_description))
     app.router.add_get("/metrics", guarded(metrics_page))
     app.router.add_get("/healthz", guarded(healthz))

@@ -38,16 +38,19 @@ from coordinator.auth import TokenEntry, TokenStore
 from coordinator.core.commands import Command, Commit, Fetch, Heartbeat, Join, Leave, Sync
 from coordinator.core.effects import AdminResult
 from coordinator.metrics import Metrics
-from coordinator.runtime.runtime import Answer, Runtime, error_answer
+from coordinator.runtime.runtime import Answer, error_answer
+from coordinator.runtime.service import Service
 from protocol import codec, json_wire
 from protocol.errors import ErrorCode
 from protocol.limits import DEFAULT_MAX_METADATA_BYTES
 from protocol.messages import (
     CommitRequest,
     FetchRequest,
+    FindCoordinatorRequest,
     HeartbeatRequest,
     JoinRequest,
     LeaveRequest,
+    NotCoordinatorAnswer,
     SyncRequest,
 )
 from protocol.validate import ValidationError
@@ -132,7 +135,7 @@ def check_metadata(msg: object, limit: int) -> None:
                                       f"bytes is over --max-metadata-bytes ({limit})")
 
 
-def catalog_answer(runtime: Runtime) -> Result:
+def catalog_answer(runtime: Service) -> Result:
     """``GET /v1/resources`` (PROTOCOL.md, Admin), JSON: what a leader reads before it
     assigns. Both listeners serve it (a worker may reach only the protocol one)."""
     if not runtime.ready:
@@ -150,7 +153,7 @@ class Calls:
     __slots__ = ("_apis", "_observe", "max_body_bytes", "max_metadata_bytes", "metrics",
                  "runtime", "tokens")
 
-    def __init__(self, runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
+    def __init__(self, runtime: Service, metrics: Metrics, *, max_body_bytes: int,
                  max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
                  tokens: TokenStore | None = None,
                  apis: Mapping[str, tuple[Callable[[object], Any], MakeCommand]] | None = None
@@ -166,7 +169,8 @@ class Calls:
 
     @property
     def apis(self) -> frozenset[str]:
-        return frozenset(self._apis)
+        """The paths ``POST /v1/<api>`` served: the calls, and ``find_coordinator``."""
+        return frozenset(self._apis) | {FindCoordinatorRequest.API}
 
     def authenticate(self, authorization: str | None) -> TokenEntry | None:
         """The caller's entry for an ``Authorization`` value (``None``: refuse with 401).
@@ -216,6 +220,8 @@ class Calls:
             refused = self.early_refusal(api, content_type, len(body), started)
             if refused is not None:
                 return refused
+            if api == FindCoordinatorRequest.API:
+                return self._find_coordinator(body, as_json, token, started)
             parse, command = self._apis[api]
             try:
                 msg = parse(json_wire.decode_request(api, body) if as_json
@@ -225,8 +231,14 @@ class Calls:
             except (codec.DecodeError, ValidationError) as exc:
                 return self.refuse(api, 400, str(exc), started, as_json)
             answer: Answer
+            # v1.1: the runtime serving the group here, or NOT_COORDINATOR /
+            # COORDINATOR_LOAD_IN_PROGRESS (a one-process server serves every group).
+            target = self.runtime.route(msg.group_id)
+            if isinstance(target, NotCoordinatorAnswer):
+                self._observe(api, target.error, time.perf_counter() - started)
+                return 200, self._encode(api, target.to_wire(), as_json)
             if self.tokens is None:
-                answer = await self.runtime.call(lambda rid: command(msg, rid, remote, None))
+                answer = await target.call(lambda rid: command(msg, rid, remote, None))
             else:
                 if not auth.authorize(token, msg.group_id):
                     self._observe(api, ErrorCode.GROUP_AUTHORIZATION_FAILED,
@@ -235,7 +247,7 @@ class Calls:
                                            auth.forbidden_message(token, msg.group_id),
                                            as_json)
                 if all(auth.member_bound(token, msg.group_id, m) for m in _member_ids(msg)):
-                    answer = await self.runtime.call(
+                    answer = await target.call(
                         lambda rid: command(msg, rid, remote, token))
                 else:
                     answer = error_answer(command(msg, 0, remote, token),
@@ -248,9 +260,30 @@ class Calls:
                 # for one answer): a 400 like any bad input, naming the field.
                 message = getattr(answer, "message", "") or "invalid request"
                 return 400, error_body(ErrorCode.INVALID_REQUEST, message, as_json)
-            if as_json:
-                return 200, json_wire.encode_response(api, answer.to_wire())
-            return 200, codec.encode(answer.to_wire())
+            return 200, self._encode(api, answer.to_wire(), as_json)
         except Exception:
             log.exception("unhandled error on POST /v1/%s", api)
             return self.server_error(api, as_json)
+
+    @staticmethod
+    def _encode(api: str, wire: dict[str, Any], as_json: bool) -> bytes:
+        return json_wire.encode_response(api, wire) if as_json else codec.encode(wire)
+
+    def _find_coordinator(self, body: bytes, as_json: bool, token: TokenEntry | None,
+                          started: float) -> Result:
+        """``POST /v1/find_coordinator`` (v1.1): who owns the group; any group may be
+        asked by a caller granted it."""
+        api = FindCoordinatorRequest.API
+        try:
+            msg = FindCoordinatorRequest.from_wire(
+                json_wire.decode_request(api, body) if as_json else codec.decode(body))
+        except (codec.DecodeError, ValidationError) as exc:
+            return self.refuse(api, 400, str(exc), started, as_json)
+        if self.tokens is not None and not auth.authorize(token, msg.group_id):
+            self._observe(api, ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                          time.perf_counter() - started)
+            return 403, error_body(ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                   auth.forbidden_message(token, msg.group_id), as_json)
+        answer = self.runtime.find_coordinator(msg.group_id)
+        self._observe(api, answer.error, time.perf_counter() - started)
+        return 200, self._encode(api, answer.to_wire(), as_json)

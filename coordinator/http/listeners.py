@@ -22,7 +22,7 @@ from coordinator.http.app import AdminServerLog, build_admin_app
 from coordinator.http.calls import Calls
 from coordinator.http.fast import BACKLOG, KEEPALIVE_TIMEOUT_S, REQUEST_TIMEOUT_S, FastServer
 from coordinator.metrics import Metrics
-from coordinator.runtime.runtime import Runtime
+from coordinator.runtime.service import Service
 from protocol.limits import DEFAULT_MAX_METADATA_BYTES
 
 #: seconds the admin listener gives its open requests at shutdown.
@@ -50,7 +50,7 @@ class Bound:
 class Listeners:
     """The protocol and admin listeners of one runtime; :meth:`start`, then :meth:`stop`."""
 
-    def __init__(self, runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
+    def __init__(self, runtime: Service, metrics: Metrics, *, max_body_bytes: int,
                  max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
                  tokens: auth.TokenStore | None = None,
                  keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,

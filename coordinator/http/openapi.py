@@ -121,6 +121,11 @@ _CALLS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                       checkpoints={"type": "array", "items": _CHECKPOINT,
                                    "maxItems": MAX_FETCH_CHECKPOINTS},
                       next={"type": ["array", "null"]}, message={"type": "string"})),
+    "find_coordinator": (
+        "FindCoordinator (v1.1): the URL of the coordinator owning the group's partition",
+        _object(["group_id"], group_id=_NAME),
+        _object(["error"], error=_ERROR_CODE, url={"type": "string"},
+                partition={"type": "integer", "minimum": 0})),
 }
 
 
@@ -239,6 +244,16 @@ def _admin_paths() -> dict[str, Any]:
                        "summary": "delete a resource set (admin of every group)",
                        "responses": {"200": _json({"type": "object"}, "the new epoch"),
                                      **_errors(401, 403, 404)}}},
+        "/v1/coordinators": {"get": _get(
+            "listCoordinators", "the live coordinators, their URLs and the partitions each "
+            "owns (one entry for a one-process server)",
+            _json(_object(["coordinators"], coordinators={"type": "array", "items": _object(
+                ["id", "url", "partitions"], id={"type": "string"}, url={"type": "string"},
+                admin_url={"type": "string"}, started_at={"type": ["string", "null"]},
+                partitions={"type": "array", "items": _object(
+                    ["partition", "epoch"], partition={"type": "integer"},
+                    epoch={"type": "integer"}, since={"type": ["string", "null"]})})})),
+            401, 403, tag="operations")},
         "/metrics": {"get": _get("metrics", "Prometheus text", _TEXT, tag="operations")},
         "/healthz": {"get": _get("healthz", "alive", _json({"type": "object"}),
                                  tag="operations")},

@@ -105,6 +105,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import (
     CommitResponse,
     FetchResponse,
+    FindCoordinatorResponse,
     HeartbeatResponse,
     JoinResponse,
     LeaveResponse,
@@ -253,7 +254,8 @@ class _Waiter:
 class Runtime:
     def __init__(self, core: Core, storage: Store, clock: Clock,
                  metrics: Metrics | None = None, *, max_parked_requests: int = 0,
-                 storage_check_interval_ms: int = STORAGE_CHECK_INTERVAL_MS) -> None:
+                 storage_check_interval_ms: int = STORAGE_CHECK_INTERVAL_MS,
+                 owns_readiness: bool = True) -> None:
         if max_parked_requests < 0:
             raise ValueError(f"max_parked_requests: must be >= 0, got {max_parked_requests}")
         if storage_check_interval_ms < 0:
@@ -261,6 +263,12 @@ class Runtime:
                              f"got {storage_check_interval_ms}")
         self.core = core
         self.storage = storage
+        #: the protocol URL ``find_coordinator`` gives out for this one-process server
+        #: (set by ``groupcoord serve`` once it listens).
+        self.advertised_url = ""
+        #: False for one partition's runtime among several (coordinator.cluster): the
+        #: ``groupcoord_ready`` gauge is then the host's, not this runtime's.
+        self._owns_readiness = owns_readiness
         self.clock = clock
         self.metrics = metrics
         #: True once state is loaded and until stop or a storage failure.
@@ -298,27 +306,72 @@ class Runtime:
         snapshot = await self.storage.load()
         self._execute(self.core.restore(snapshot, self.clock.now_ms()))
         self.ready = True
-        if self.metrics is not None:
+        if self.metrics is not None and self._owns_readiness:
             self.metrics.ready.set(1)
         self._arm_storage_check()
         log.info("loaded %d group(s), %d checkpoint group(s), %d resource set(s)",
                  len(snapshot.groups), len(snapshot.checkpoints), len(snapshot.catalog))
 
-    async def stop(self) -> None:
+    async def stop(self, code: ErrorCode = ErrorCode.COORDINATOR_NOT_AVAILABLE) -> None:
         """Stop serving: cancel timers, let pending writes commit, answer the rest.
 
-        Parked requests get ``COORDINATOR_NOT_AVAILABLE`` so their callers retry
+        Parked requests get ``code`` (``COORDINATOR_NOT_AVAILABLE``; a partition
+        handed to another coordinator: ``NOT_COORDINATOR``) so their callers retry
         against the next instance; nothing is written on their behalf.
         """
         self._stopping = True
         self.ready = False
-        if self.metrics is not None:
+        if self.metrics is not None and self._owns_readiness:
             self.metrics.ready.set(0)
         self._cancel_timers()
         self._cancel_storage_check()
         while self._flusher is not None:
             await asyncio.shield(self._flusher)
-        self._fail_waiters(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        self._fail_waiters(code)
+
+    def abandon(self, code: ErrorCode) -> None:
+        """Stop serving at once, without waiting for anything (a partition whose lease
+        may have run out): timers cancelled, uncommitted writes dropped (a fenced
+        write would fail anyway), every waiting call answered ``code``. A write in
+        flight finishes on its own; its replies are already answered."""
+        self._stopping = True
+        self.ready = False
+        self._cancel_timers()
+        self._cancel_storage_check()
+        self._open = _Batch()
+        self._group_writes.clear()
+        self._global_write = None
+        self._fail_waiters(code)
+
+    def submit(self, command: Command) -> None:
+        """Apply a command that answers nothing (``AdoptCatalog``), if serving."""
+        if self.ready:
+            self._apply(command)
+
+    # ------------------------------------------------------------ routing (v1.1)
+
+    def route(self, group_id: str) -> Runtime:
+        """The runtime serving ``group_id``: a one-process server serves every group
+        (``coordinator.cluster`` routes by partition)."""
+        return self
+
+    def find_coordinator(self, group_id: str) -> FindCoordinatorResponse:
+        """``POST /v1/find_coordinator``: a one-process server answers its own URL."""
+        return FindCoordinatorResponse(None, self.advertised_url, 0)
+
+    async def refresh_groups(self) -> None:
+        """Before a listing of every group: nothing to read for a one-process server
+        (every group is in its core)."""
+
+    def owner_admin_url(self, group_id: str) -> str | None:
+        """A one-process server serves every group itself."""
+        return None
+
+    def coordinators(self) -> list[dict[str, Any]]:
+        """``GET /v1/coordinators``: this one process, owning the one partition."""
+        return [{"id": "local", "url": self.advertised_url, "admin_url": "",
+                 "started_at": None, "partitions": [{"partition": 0, "epoch": 0,
+                                                     "since": None}]}]
 
     @property
     def pending_writes(self) -> int:
@@ -602,7 +655,8 @@ class Runtime:
         self.ready = False
         if self.metrics is not None:
             self.metrics.storage_failures.inc()
-            self.metrics.ready.set(0)
+            if self._owns_readiness:
+                self.metrics.ready.set(0)
         self._cancel_timers()
         self._cancel_storage_check()
         self._open = _Batch()

@@ -179,6 +179,8 @@ class CoordinatorRow:
     started_at: datetime
     #: milliseconds since its last heartbeat, by the database's clock.
     last_seen_ms_ago: int
+    #: its admin listener ("" when it did not say).
+    admin_url: str = ""
 
 
 _ACQUIRE = """
@@ -212,12 +214,15 @@ FROM partition_leases ORDER BY partition
 """
 
 _REGISTER = """
-INSERT INTO coordinators (id, url, started_at, last_seen) VALUES ($1, $2, now(), now())
-ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, started_at = now(), last_seen = now()
+INSERT INTO coordinators (id, url, admin_url, started_at, last_seen)
+VALUES ($1, $2, $3, now(), now())
+ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, admin_url = EXCLUDED.admin_url,
+    started_at = now(), last_seen = now()
 """
 
 _COORDINATORS = """
-SELECT id, url, started_at, floor(extract(epoch FROM now() - last_seen) * 1000)::bigint
+SELECT id, url, started_at, floor(extract(epoch FROM now() - last_seen) * 1000)::bigint,
+       admin_url
 FROM coordinators WHERE last_seen > now() - $1::bigint * interval '1 millisecond'
 ORDER BY id
 """
@@ -233,12 +238,13 @@ class Leases:
     """
 
     def __init__(self, conn: Any, url: str, coordinator_id: str, advertised_url: str,
-                 partitions: int) -> None:
+                 partitions: int, admin_url: str = "") -> None:
         self._conn = conn
         self._url = url
         self.path = pgurl.redact(url)
         self.coordinator_id = coordinator_id
         self.advertised_url = advertised_url
+        self.admin_url = admin_url
         self.partitions = partitions
 
     def __repr__(self) -> str:
@@ -246,6 +252,7 @@ class Leases:
 
     @classmethod
     async def open(cls, url: str, coordinator_id: str, advertised_url: str, *,
+                   admin_url: str = "",
                    connect_timeout: float = CONNECT_TIMEOUT_S) -> Leases:
         conn = await connect(url, timeout=connect_timeout)
         name = pgurl.redact(url)
@@ -261,7 +268,7 @@ class Leases:
             await conn.close()
             raise StorageError(f"database {name} has no partitions yet: open it with "
                                f"PostgresStorage.open first")
-        return cls(conn, url, coordinator_id, advertised_url, int(count))
+        return cls(conn, url, coordinator_id, advertised_url, int(count), admin_url)
 
     async def close(self) -> None:
         await self._conn.close()
@@ -280,7 +287,7 @@ class Leases:
     async def register(self) -> None:
         """Announce this coordinator (id, advertised URL); a restart registers again."""
         await self._run("register", _REGISTER + " RETURNING id", self.coordinator_id,
-                        self.advertised_url)
+                        self.advertised_url, self.admin_url)
 
     async def heartbeat(self) -> None:
         """Refresh ``last_seen``; registers again if the row was removed meanwhile."""
@@ -296,7 +303,7 @@ class Leases:
 
     async def live_coordinators(self, within_ms: int) -> list[CoordinatorRow]:
         """Coordinators seen within the last ``within_ms`` (database clock), by id."""
-        return [CoordinatorRow(r[0], r[1], r[2], int(r[3]))
+        return [CoordinatorRow(r[0], r[1], r[2], int(r[3]), r[4])
                 for r in await self._run("live_coordinators", _COORDINATORS, within_ms)]
 
     # ------------------------------------------------------------ leases

@@ -28,7 +28,8 @@ What PostgreSQL adds:
     database's clock). Every fenced write checks its row in the same
     transaction.
 ``coordinators``
-    the coordinators that registered: ``id``, advertised ``url``,
+    the coordinators that registered: ``id``, advertised ``url``, ``admin_url``
+    (where the admin calls about its groups are forwarded),
     ``started_at``, ``last_seen`` (database clock, refreshed by heartbeats).
 
 ``"left"`` is quoted: ``LEFT`` is a reserved word of PostgreSQL.
@@ -125,6 +126,7 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE coordinators (
         id TEXT PRIMARY KEY,
         url TEXT NOT NULL,
+        admin_url TEXT NOT NULL DEFAULT '',
         started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         last_seen TIMESTAMPTZ NOT NULL DEFAULT now()
     )

@@ -54,6 +54,7 @@ from coordinator.core.records import (
     Record,
     Snapshot,
 )
+from coordinator.core.views import GroupSummary
 from coordinator.storage import pgurl
 from coordinator.storage.pg_schema import (
     ADVISORY_LOCK,
@@ -80,6 +81,7 @@ from coordinator.storage.sqlite import (
     _last_commit_row,
     _member_triples,
     _owner_row,
+    decode_members,
     encode_members,
 )
 from protocol.codec import DecodeError, decode, encode
@@ -692,6 +694,62 @@ class PostgresStorage:
             "left": json.loads(r[8]), "reason": r[9], "started_ms": r[10],
             "ended_ms": r[11], "assignments": decode(r[12]),
         } for r in rows]
+
+    # ------------------------------------------------------------ several coordinators
+
+    async def catalog_state(self) -> tuple[dict[str, int], int]:
+        """The shared catalog and its ``resources_epoch``, read in one snapshot."""
+        try:
+            conn = await self._connection()
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                rows = await conn.fetch("SELECT name, partitions FROM catalog")
+                epoch = await conn.fetchval("SELECT value FROM meta WHERE key = $1",
+                                            RESOURCES_EPOCH_KEY)
+        except database_errors() as exc:
+            raise StorageError(f"database {self.path}: cannot read the catalog: "
+                               f"{describe_error(exc, self._url)}") from None
+        return {str(r[0]): int(r[1]) for r in rows}, int(epoch or 0)
+
+    async def change_catalog(self, name: str, partitions: int | None) -> tuple[int, bool]:
+        """Put (``partitions``) or delete (``None``) one resource set of the shared
+        catalog, bumping ``resources_epoch`` when it changes, in one transaction
+        that holds the epoch's row: changes made through different coordinators are
+        ordered by the database. Returns the epoch after it, and whether the set
+        existed (for a delete; always True for a put). An unchanged put or the
+        delete of an unknown set writes nothing."""
+        try:
+            conn = await self._connection()
+            async with conn.transaction():
+                await conn.execute("INSERT INTO meta (key, value) VALUES ($1, 0) "
+                                   "ON CONFLICT (key) DO NOTHING", RESOURCES_EPOCH_KEY)
+                epoch = int(await conn.fetchval(
+                    "SELECT value FROM meta WHERE key = $1 FOR UPDATE", RESOURCES_EPOCH_KEY))
+                current = await conn.fetchval("SELECT partitions FROM catalog WHERE name = $1",
+                                              name)
+                if partitions is None and current is None:
+                    return epoch, False
+                if partitions is not None and current == partitions:
+                    return epoch, True
+                for sql, args in statements(CatalogChanged(name, partitions, epoch + 1),
+                                            self.partitions):
+                    await conn.execute(sql, *args)
+        except database_errors() as exc:
+            raise StorageError(f"write to {self.path} failed: "
+                               f"{describe_error(exc, self._url)}") from None
+        return epoch + 1, True
+
+    async def group_summaries(self, exclude: Sequence[int]) -> list[GroupSummary]:
+        """Every group of the database outside the partitions ``exclude``, as its
+        owner last wrote it (the admin list of a coordinator that does not own it)."""
+        rows = await self._fetch(
+            "groups", "SELECT group_id, state, protocol_type, protocol_name, generation_id, "
+            "members FROM groups WHERE NOT (partition = ANY($1::integer[])) "
+            "AND state <> 'Dead' ORDER BY group_id", list(exclude))
+        out = []
+        for r in rows:
+            members = self._decoded("groups", r[0], decode_members, r[5])
+            out.append(GroupSummary(r[0], r[1], r[2], r[3], int(r[4]), len(members)))
+        return out
 
     async def generations(self, group_id: str) -> list[dict[str, Any]]:
         """Rows of the ``generations`` table for one group, oldest first."""

@@ -42,6 +42,7 @@ from protocol.messages import (
     APIS,
     CommitRequest,
     FetchRequest,
+    FindCoordinatorRequest,
     HeartbeatRequest,
     JoinRequest,
     LeaveMember,
@@ -268,6 +269,7 @@ def _valid_wires(stable: Stable) -> dict[str, dict[str, Any]]:
         "leave": LeaveRequest(g, (LeaveMember(m, None, "fuzz"),)).to_wire(),
         "commit": CommitRequest(g, m, stable.generation, (("orders", 0, 1),)).to_wire(),
         "fetch": FetchRequest(g, (("orders", 0),)).to_wire(),
+        "find_coordinator": FindCoordinatorRequest(g).to_wire(),
     }
 
 

@@ -1,0 +1,478 @@
+"""One coordinator among several on PostgreSQL: partition leases, one runtime each.
+
+PROTOCOL.md, "Several coordinators sharing groups"; docs/operations.md,
+"Running several coordinators". As Kafka's group coordinator runs one shard
+per ``__consumer_offsets`` partition, a coordinator here runs one
+:class:`~coordinator.runtime.runtime.Runtime` (with its own core, timers and
+group commit) per partition it owns, and drops it whole when it stops owning
+the partition. A partition's runtime is exactly a one-process server's,
+restored from :meth:`PostgresStorage.load_partition`: a takeover resumes
+groups as a restart does.
+
+The loop (:meth:`PartitionHost.run`), every ``lease_ms / 5`` and at the
+moment a lease it waits for runs out:
+
+1. renew every owned lease in one statement (``sent_at`` noted first: the
+   owner's own rule, :class:`~coordinator.storage.leases.LocalLease`); a
+   partition not renewed was lost: dropped at once;
+2. refresh this coordinator's row, read the live coordinators (seen within
+   ``lease_ms``) and every lease;
+3. :func:`~coordinator.storage.leases.balance`: acquire free partitions up to
+   this coordinator's share (each then loads: ``COORDINATOR_LOAD_IN_PROGRESS``
+   meanwhile), hand off what others are short of (the runtime finishes its
+   writes, then the lease is released);
+4. adopt a catalog changed through another coordinator.
+
+Safety does not depend on the loop keeping time: :meth:`route` checks the
+partition's lease by the monotonic clock on every call and drops an expired
+one before answering, and every write is fenced by the partition's epoch in
+its transaction (:class:`SharedWriter`), so a coordinator that was paused or
+cut off can neither answer nor write for a partition once another may own
+it. A write that fails (fenced, or the database gone) drops that partition:
+memory is then ahead of the database, and the partition is loaded again from
+the database by whoever acquires it next (this coordinator included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.core.commands import AdoptCatalog
+from coordinator.core.records import Record, Snapshot
+from coordinator.metrics import Metrics
+from coordinator.runtime.clock import Clock
+from coordinator.runtime.runtime import Core, Runtime
+from coordinator.storage.leases import CoordinatorRow, LeaseRow, Leases, LocalLease, balance
+from coordinator.storage.postgres import FencedError, PostgresStorage, partition_of
+from coordinator.storage.sqlite import StorageError
+from protocol.errors import ErrorCode
+from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer
+
+log = logging.getLogger("groupcoord.cluster")
+
+#: the loop runs at least this many times per lease (renewals: lease / 5).
+TICKS_PER_LEASE = 5
+
+
+class LeaseExpired(StorageError):
+    """A partition's lease ran out by this coordinator's clock (raised by the
+    partition's store check; the host drops the partition)."""
+
+
+# ---------------------------------------------------------------- writes
+
+
+@dataclass(slots=True, eq=False)
+class _Write:
+    partition: int
+    epoch: int
+    records: list[Record]
+    future: asyncio.Future[float]
+
+
+class SharedWriter:
+    """The fenced writes of every owned partition, merged into one transaction.
+
+    Each partition's runtime has at most one write in flight; while one
+    transaction runs, the writes of all partitions that arrive collect, and go
+    together in the next one, fenced by each partition's epoch (group commit
+    across partitions: one round trip and one WAL flush for many). A fenced
+    partition's records are taken out and the rest retried at once (the
+    transaction was rolled back: nothing of it is in the database); any other
+    failure fails every write of the transaction.
+    """
+
+    def __init__(self, store: PostgresStorage) -> None:
+        self._store = store
+        self._pending: list[_Write] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def write(self, partition: int, epoch: int, records: Sequence[Record]) -> float:
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Write(partition, epoch, list(records), future))
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        return await future
+
+    async def _run(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                await self._commit(batch)
+        finally:
+            self._task = None
+
+    async def _commit(self, batch: list[_Write]) -> None:
+        # A partition dropped and acquired again may have an old write still queued:
+        # only its newest epoch is fenced for; the older one cannot succeed.
+        newest: dict[int, int] = {}
+        for w in batch:
+            newest[w.partition] = max(newest.get(w.partition, w.epoch), w.epoch)
+        for w in [w for w in batch if w.epoch != newest[w.partition]]:
+            _fail(w, FencedError(self._store.path, w.partition, w.epoch,
+                                 str(self._store.coordinator_id), None, newest[w.partition]))
+        batch = [w for w in batch if w.epoch == newest[w.partition]]
+        while batch:
+            records = [r for w in batch for r in w.records]
+            try:
+                seconds = await self._store.write(records,
+                                                  fence={w.partition: w.epoch for w in batch})
+            except FencedError as exc:
+                for w in batch:
+                    if w.partition == exc.partition:
+                        _fail(w, exc)
+                batch = [w for w in batch if w.partition != exc.partition]
+                continue
+            except Exception as exc:
+                for w in batch:
+                    _fail(w, exc)
+                return
+            for w in batch:
+                if not w.future.done():
+                    w.future.set_result(seconds)
+            return
+
+
+def _fail(write: _Write, exc: BaseException) -> None:
+    if not write.future.done():
+        write.future.set_exception(exc)
+
+
+# ---------------------------------------------------------------- one partition
+
+
+@dataclass(slots=True, eq=False)
+class Partition:
+    """A partition this coordinator owns: its lease, and its runtime once loaded."""
+
+    number: int
+    lease: LocalLease
+    #: ``None`` while loading (calls answered ``COORDINATOR_LOAD_IN_PROGRESS``).
+    runtime: Runtime | None = None
+    #: True from the start of a hand-off or drop: no call is routed to it any more.
+    leaving: bool = False
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+
+class PartitionStore:
+    """The storage seam of one partition's runtime: loads the partition, writes
+    fenced by its epoch, and checks its lease by the monotonic clock."""
+
+    def __init__(self, host: PartitionHost, partition: Partition) -> None:
+        self._host = host
+        self._partition = partition
+
+    async def load(self) -> Snapshot:
+        snapshot: Snapshot = await self._host.read(
+            lambda store: store.load_partition(self._partition.number))
+        return snapshot
+
+    async def write(self, records: Sequence[Record]) -> float:
+        p = self._partition
+        if not p.lease.valid(time.monotonic()):
+            raise LeaseExpired(f"partition {p.number}: lease (epoch {p.lease.epoch}) ran out "
+                               f"by this coordinator's clock; nothing written")
+        return await self._host.writer.write(p.number, p.lease.epoch, records)
+
+    async def rebalances(self, group_id: str, limit: int) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = await self._host.read(
+            lambda store: store.rebalances(group_id, limit))
+        return rows
+
+    def check(self) -> None:
+        p = self._partition
+        if not p.lease.valid(time.monotonic()):
+            raise LeaseExpired(f"partition {p.number}: lease (epoch {p.lease.epoch}) ran out "
+                               f"by this coordinator's clock")
+
+
+# ---------------------------------------------------------------- the host
+
+
+MakeRuntime = Callable[[PartitionStore, Core], Runtime]
+
+
+class PartitionHost:
+    """This coordinator's partitions: the lease loop, and routing by partition."""
+
+    def __init__(self, *, writer_store: PostgresStorage, reader_store: PostgresStorage,
+                 leases: Leases, lease_ms: int, make_core: Callable[[], Core],
+                 clock: Clock, metrics: Metrics, max_parked_requests: int = 0) -> None:
+        self.writer = SharedWriter(writer_store)
+        self._reader = reader_store
+        self._read_lock = asyncio.Lock()
+        self.leases = leases
+        self.partition_count = leases.partitions
+        self.coordinator_id = leases.coordinator_id
+        self.url = leases.advertised_url
+        self.lease_ms = lease_ms
+        self._make_core = make_core
+        self.clock = clock
+        self.metrics = metrics
+        self.max_parked_requests = max_parked_requests
+        #: owned partitions (loading, serving or leaving).
+        self.partitions: dict[int, Partition] = {}
+        #: every lease as last read, and the live coordinators.
+        self.lease_rows: dict[int, LeaseRow] = {}
+        self.coordinators: list[CoordinatorRow] = []
+        self.catalog: dict[str, int] = {}
+        self.resources_epoch = 0
+        #: True once registered and the first round ran; False from stop on.
+        self.ready = False
+        self._stopping = False
+        self._wake = asyncio.Event()
+
+    # ------------------------------------------------------------ reads
+
+    async def read(self, fn: Callable[[PostgresStorage], Any]) -> Any:
+        """A read on the reader connection (loads, admin reads), one at a time."""
+        async with self._read_lock:
+            return await fn(self._reader)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Register, read the catalog and run the first round (acquiring this
+        coordinator's share of what is free)."""
+        await self.leases.register()
+        self.catalog, self.resources_epoch = await self.read(
+            lambda store: store.catalog_state())
+        await self._round()
+        self.ready = True
+        self.metrics.ready.set(1)
+
+    async def run(self) -> None:
+        """The lease loop, until :meth:`stop`."""
+        tick = self.lease_ms / TICKS_PER_LEASE / 1000
+        while not self._stopping:
+            delay = min(tick, self._next_expiry_wait())
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            if self._stopping:
+                break
+            try:
+                await self._round()
+            except StorageError as exc:
+                # The database is unreachable: leases are not renewed and run out by
+                # the monotonic clock (route() and the stores drop them); keep trying.
+                log.warning("lease round failed (partitions are kept only until their "
+                            "leases run out): %s", exc)
+            self._expire(time.monotonic())
+
+    async def stop(self) -> None:
+        """SIGTERM: hand every partition off (writes finished, then the lease
+        released), then leave the list of coordinators."""
+        self._stopping = True
+        self.ready = False
+        self.metrics.ready.set(0)
+        self._wake.set()
+        for number in sorted(self.partitions):
+            await self._hand_off(number)
+        with contextlib.suppress(StorageError):
+            await self.leases.deregister()
+
+    def _next_expiry_wait(self) -> float:
+        """Seconds until a lease this coordinator waits for may be taken: one held by a
+        coordinator that is no longer live (its owner died), a little after it runs
+        out, so a failover is not late by up to a tick."""
+        live = {c.id for c in self.coordinators} | {self.coordinator_id}
+        waits = [row.expires_in_ms / 1000 + 0.02 for row in self.lease_rows.values()
+                 if row.held and row.owner_id not in live]
+        return max(0.0, min(waits)) if waits else float("inf")
+
+    # ------------------------------------------------------------ one round
+
+    async def _round(self) -> None:
+        await self._renew()
+        await self.leases.heartbeat()
+        self.coordinators = await self.leases.live_coordinators(self.lease_ms)
+        rows = await self.leases.leases()
+        self.lease_rows = {row.partition: row for row in rows}
+        owners = {row.partition: str(row.owner_id) for row in rows
+                  if row.held and row.owner_id is not None}
+        if self._stopping:
+            return
+        plan = balance(self.coordinator_id, [c.id for c in self.coordinators], owners,
+                       self.partition_count)
+        for number in plan.release:
+            if number in self.partitions and self.partitions[number].runtime is not None:
+                await self._hand_off(number)
+        for number in plan.acquire:
+            await self._acquire(number)
+        await self._adopt_catalog()
+
+    async def _renew(self) -> None:
+        held = {n: p.lease.epoch for n, p in self.partitions.items() if not p.leaving}
+        if not held:
+            return
+        sent_at = time.monotonic()
+        renewed = await self.leases.renew(held, self.lease_ms)
+        for number in held:
+            partition = self.partitions.get(number)
+            if partition is None or partition.leaving:
+                continue
+            if number in renewed:
+                partition.lease = partition.lease.renewed(sent_at)
+            else:
+                self._drop(number, "its lease was not renewed (another coordinator took it "
+                                   "over, or it ran out)")
+
+    async def _acquire(self, number: int) -> None:
+        if number in self.partitions:
+            return
+        sent_at = time.monotonic()
+        epoch = await self.leases.acquire(number, self.lease_ms)
+        if epoch is None:
+            return  # taken by another coordinator meanwhile
+        partition = Partition(number, LocalLease.granted(number, epoch, self.lease_ms, sent_at))
+        self.partitions[number] = partition
+        log.info("partition %d: acquired at epoch %d; loading", number, epoch)
+        partition.tasks.append(asyncio.get_running_loop().create_task(self._load(partition)))
+
+    async def _load(self, partition: Partition) -> None:
+        runtime = Runtime(self._make_core(), PartitionStore(self, partition), self.clock,
+                          self.metrics, max_parked_requests=self.max_parked_requests,
+                          owns_readiness=False)
+        started = time.monotonic()
+        try:
+            await runtime.start()
+        except Exception as exc:
+            log.error("partition %d: load failed, releasing it: %s", partition.number, exc)
+            self._drop(partition.number, "its load failed")
+            await self._release(partition)
+            return
+        if partition.leaving or self.partitions.get(partition.number) is not partition:
+            await runtime.stop(ErrorCode.NOT_COORDINATOR)
+            return
+        runtime.submit(AdoptCatalog(tuple(sorted(self.catalog.items())), self.resources_epoch))
+        partition.runtime = runtime
+        partition.tasks.append(asyncio.get_running_loop().create_task(
+            self._watch(partition, runtime)))
+        log.info("partition %d: serving (epoch %d), loaded in %.0f ms", partition.number,
+                 partition.lease.epoch, (time.monotonic() - started) * 1000)
+
+    async def _watch(self, partition: Partition, runtime: Runtime) -> None:
+        """A failed write or check of the partition's runtime drops the partition."""
+        await runtime.failed.wait()
+        if self.partitions.get(partition.number) is partition:
+            self._drop(partition.number, "a write or check failed (see above)")
+
+    async def _hand_off(self, number: int) -> None:
+        """An orderly hand-off: stop routing calls to it, let the runtime finish its
+        writes (parked calls answered ``NOT_COORDINATOR``), then release the lease."""
+        partition = self.partitions.get(number)
+        if partition is None or partition.leaving:
+            return
+        partition.leaving = True
+        if partition.runtime is not None:
+            await partition.runtime.stop(ErrorCode.NOT_COORDINATOR)
+        self._forget(partition)
+        await self._release(partition)
+        log.info("partition %d: handed off (epoch %d)", number, partition.lease.epoch)
+
+    async def _release(self, partition: Partition) -> None:
+        if partition.lease.valid(time.monotonic()):
+            with contextlib.suppress(StorageError):
+                await self.leases.release(partition.number, partition.lease.epoch)
+
+    def _drop(self, number: int, why: str) -> None:
+        """Stop serving a partition at once (lost, expired, failed); nothing waits."""
+        partition = self.partitions.get(number)
+        if partition is None:
+            return
+        partition.leaving = True
+        if partition.runtime is not None:
+            partition.runtime.abandon(ErrorCode.NOT_COORDINATOR)
+        self._forget(partition)
+        log.warning("partition %d: dropped (epoch %d): %s", number, partition.lease.epoch, why)
+
+    def _forget(self, partition: Partition) -> None:
+        if self.partitions.get(partition.number) is partition:
+            del self.partitions[partition.number]
+        current = asyncio.current_task()
+        for task in partition.tasks:
+            if task is not current:
+                task.cancel()
+
+    def _expire(self, now: float) -> None:
+        for number, partition in list(self.partitions.items()):
+            if not partition.lease.valid(now):
+                self._drop(number, "its lease ran out by this coordinator's clock")
+
+    # ------------------------------------------------------------ catalog
+
+    async def _adopt_catalog(self) -> None:
+        catalog, epoch = await self.read(lambda store: store.catalog_state())
+        self.adopt_catalog(catalog, epoch)
+
+    def adopt_catalog(self, catalog: dict[str, int], epoch: int) -> None:
+        """Take the shared catalog if newer and give it to every serving partition."""
+        if epoch <= self.resources_epoch:
+            return
+        self.catalog, self.resources_epoch = dict(catalog), epoch
+        command = AdoptCatalog(tuple(sorted(catalog.items())), epoch)
+        for partition in self.partitions.values():
+            if partition.runtime is not None:
+                partition.runtime.submit(command)
+
+    # ------------------------------------------------------------ routing
+
+    def partition_of(self, group_id: str) -> int:
+        return partition_of(group_id, self.partition_count)
+
+    def route(self, group_id: str) -> Runtime | NotCoordinatorAnswer:
+        """The runtime serving ``group_id`` here, or the answer that sends the caller on.
+
+        The lease is checked by the monotonic clock on every call: an owner stops
+        answering as soon as its lease may have run out (PROTOCOL.md v1.1).
+        """
+        number = self.partition_of(group_id)
+        partition = self.partitions.get(number)
+        if partition is None or partition.leaving:
+            return NotCoordinatorAnswer(ErrorCode.NOT_COORDINATOR, self._owner_url(number))
+        if not partition.lease.valid(time.monotonic()):
+            self._drop(number, "its lease ran out by this coordinator's clock")
+            return NotCoordinatorAnswer(ErrorCode.NOT_COORDINATOR, "")
+        runtime = partition.runtime
+        if runtime is None or not runtime.ready:
+            return NotCoordinatorAnswer(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "")
+        return runtime
+
+    def serving(self) -> list[Runtime]:
+        """The runtimes of the partitions served now."""
+        return [p.runtime for p in self.partitions.values()
+                if p.runtime is not None and not p.leaving and p.runtime.ready]
+
+    def _owner_url(self, number: int) -> str:
+        row = self.lease_rows.get(number)
+        if row is None or not row.held or row.owner_id == self.coordinator_id:
+            return ""
+        return row.owner_url or ""
+
+    def find_coordinator(self, group_id: str) -> FindCoordinatorResponse:
+        number = self.partition_of(group_id)
+        partition = self.partitions.get(number)
+        if partition is not None and not partition.leaving:
+            return FindCoordinatorResponse(None, self.url, number)
+        url = self._owner_url(number)
+        if not url:
+            return FindCoordinatorResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, "", number)
+        return FindCoordinatorResponse(None, url, number)
+
+    def admin_url_of_owner(self, group_id: str) -> str | None:
+        """The admin URL of the coordinator owning ``group_id``'s partition, if another
+        live one does (where admin calls about the group are forwarded)."""
+        row = self.lease_rows.get(self.partition_of(group_id))
+        if row is None or not row.held or row.owner_id == self.coordinator_id:
+            return None
+        for c in self.coordinators:
+            if c.id == row.owner_id and c.admin_url:
+                return c.admin_url
+        return None
