@@ -101,8 +101,10 @@ class Cluster:
     (so a restarted one keeps its URL, as a bootstrap list expects)."""
 
     def __init__(self, db_url: str, n: int, *, lease_ms: int, partitions: int,
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None, log_dir: Path | None = None) -> None:
         self.db_url = db_url
+        #: each coordinator's stderr (its log) is appended to ``log_dir/cN.log`` if given.
+        self.log_dir = log_dir
         self.lease_ms = lease_ms
         self.partitions = partitions
         self.extra = list(extra or [])
@@ -121,7 +123,11 @@ class Cluster:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                server = Server(self.args(i), timeout_s=timeout_s)
+                if self.log_dir is None:
+                    server = Server(self.args(i), timeout_s=timeout_s)
+                else:
+                    with (self.log_dir / f"c{i}.log").open("ab") as log:
+                        server = Server(self.args(i), timeout_s=timeout_s, stderr=log)
                 break
             except RuntimeError:
                 # The old process's port may still be held for a moment after kill -9.
@@ -153,6 +159,17 @@ class Cluster:
                 server.proc.kill()
                 server.proc.wait(30)
             self.servers[i] = None
+
+    def log_lines(self, needle: str) -> dict[int, int]:
+        """How many lines of each coordinator's log contain ``needle``."""
+        if self.log_dir is None:
+            return {}
+        out = {}
+        for i in range(len(self.servers)):
+            path = self.log_dir / f"c{i}.log"
+            text = path.read_text(errors="replace") if path.exists() else ""
+            out[i] = sum(needle in line for line in text.splitlines())
+        return out
 
     def live(self) -> list[Server]:
         return [s for s in self.servers if s is not None]

@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 import msgpack
@@ -39,9 +39,10 @@ class Server:
     """A child process that prints ``listening on http://HOST:PORT`` when ready
     (``groupcoord serve`` prints ``admin listening on ...`` before it: ``admin_url``)."""
 
-    def __init__(self, args: list[str], cpu: int | None = None, timeout_s: float = 30) -> None:
+    def __init__(self, args: list[str], cpu: int | None = None, timeout_s: float = 30,
+                 stderr: int | IO[bytes] = subprocess.DEVNULL) -> None:
         self.proc = subprocess.Popen(pinned(cpu, args), stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
+                                     stderr=stderr, text=True)
         deadline = time.monotonic() + timeout_s
         assert self.proc.stdout is not None
         self.admin_url = ""

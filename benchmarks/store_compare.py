@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -177,7 +178,8 @@ def main() -> int:
             version = server.psql("SHOW server_version").strip() or version
         print(f"# {time.strftime('%Y-%m-%d %H:%M')}  SQLite WAL synchronous=FULL vs "
               f"PostgreSQL {version} (fsync, synchronous_commit=on, TCP 127.0.0.1); "
-              f"{args.commits} sequential transactions each", flush=True)
+              f"{args.commits} sequential transactions each; load average "
+              f"{os.getloadavg()[0]:.1f}", flush=True)
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
             path = Path(tmp) / "g.db"
 
@@ -196,6 +198,7 @@ def main() -> int:
     finally:
         if server is not None:
             server.remove()
+    print(f"# load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 
 
