@@ -157,7 +157,12 @@ class Partition:
     runtime: Runtime | None = None
     #: True from the start of a hand-off or drop: no call is routed to it any more.
     leaving: bool = False
+    #: the load, then the watch of the runtime's failure.
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    @property
+    def loader(self) -> asyncio.Task[Any] | None:
+        return self.tasks[0] if self.tasks else None
 
 
 class PartitionStore:
@@ -244,6 +249,10 @@ class PartitionHost:
         self.catalog, self.resources_epoch = await self.read(
             lambda store: store.catalog_state())
         await self._round()
+        # Ready once the first share is loaded (a restarted coordinator serves its
+        # groups from the first answer on).
+        loading = [p.loader for p in self.partitions.values() if p.loader is not None]
+        await asyncio.gather(*loading, return_exceptions=True)
         self.ready = True
         self.metrics.ready.set(1)
 
@@ -339,7 +348,7 @@ class PartitionHost:
     async def _load(self, partition: Partition) -> None:
         runtime = Runtime(self._make_core(), PartitionStore(self, partition), self.clock,
                           self.metrics, max_parked_requests=self.max_parked_requests,
-                          owns_readiness=False)
+                          partition=partition.number)
         started = time.monotonic()
         try:
             await runtime.start()
