@@ -232,6 +232,8 @@ class PartitionHost:
         self.ready = False
         self._stopping = False
         self._wake = asyncio.Event()
+        #: releases after a drop, kept referenced until done.
+        self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------ reads
 
@@ -304,8 +306,11 @@ class PartitionHost:
         self.coordinators = await self.leases.live_coordinators(self.lease_ms)
         rows = await self.leases.leases()
         self.lease_rows = {row.partition: row for row in rows}
+        # A lease the database still gives this coordinator for a partition it dropped
+        # is not its share: it is being released (or runs out) and then acquired again.
         owners = {row.partition: str(row.owner_id) for row in rows
-                  if row.held and row.owner_id is not None}
+                  if row.held and row.owner_id is not None
+                  and (row.owner_id != self.coordinator_id or row.partition in self.partitions)}
         if self._stopping:
             return
         plan = balance(self.coordinator_id, [c.id for c in self.coordinators], owners,
@@ -387,9 +392,10 @@ class PartitionHost:
         log.info("partition %d: handed off (epoch %d)", number, partition.lease.epoch)
 
     async def _release(self, partition: Partition) -> None:
-        if partition.lease.valid(time.monotonic()):
-            with contextlib.suppress(StorageError):
-                await self.leases.release(partition.number, partition.lease.epoch)
+        """Free the lease if the database still has it at this epoch (a no-op once
+        another coordinator took it: the statement checks owner and epoch)."""
+        with contextlib.suppress(StorageError):
+            await self.leases.release(partition.number, partition.lease.epoch)
 
     def _drop(self, number: int, why: str) -> None:
         """Stop serving a partition at once (lost, expired, failed); nothing waits."""
@@ -401,6 +407,13 @@ class PartitionHost:
             partition.runtime.abandon(ErrorCode.NOT_COORDINATOR)
         self._forget(partition)
         log.warning("partition %d: dropped (epoch %d): %s", number, partition.lease.epoch, why)
+        # If the database still has the lease (a write failed while it was reachable,
+        # or came back), free it now so that it is acquired again (and reloaded) at
+        # the next round rather than after it runs out.
+        if not self._stopping:
+            task = asyncio.get_running_loop().create_task(self._release(partition))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _forget(self, partition: Partition) -> None:
         if self.partitions.get(partition.number) is partition:

@@ -20,6 +20,7 @@ from cluster_kit import (
     stop_all,
     wait_for,
 )
+from pg_harness import PostgresServer
 
 from coordinator.core.commands import PutResource
 from coordinator.core.effects import AdminResult
@@ -194,3 +195,30 @@ async def test_a_catalog_change_through_one_coordinator_reaches_the_others(pg_ur
             await store.close()
     finally:
         await stop_all(a, b)
+
+
+async def test_after_a_postgresql_restart_the_coordinator_serves_its_groups_again(
+        pg_url: str, postgres_server: PostgresServer) -> None:
+    a = await Node.start(pg_url, "a", partitions=P)
+    try:
+        number = partition_of("g", P)
+        runtime = a.runtime_for("g")
+        member_id, generation = await stable_member(runtime, "g")
+        assert (await commit(runtime, "g", member_id, generation, 5)).error is None
+        epoch = a.host.partitions[number].lease.epoch
+        await asyncio.to_thread(postgres_server.stop, "fast")
+        # Without the database nothing renews: every partition is dropped once its
+        # lease may have run out, and nothing is answered from memory after that.
+        await wait_for(lambda: not a.owned(), 5, "partitions dropped")
+        assert isinstance(a.host.route("g"), NotCoordinatorAnswer)
+        await asyncio.to_thread(postgres_server.start)
+        # Back: acquired again (a new epoch), reloaded, the group as it was.
+        await wait_for(lambda: a.owned() == set(range(P)), 15, "every partition again")
+        assert a.host.partitions[number].lease.epoch > epoch
+        taken = a.runtime_for("g")
+        assert (await heartbeat(taken, "g", member_id, generation)).error is None
+        fetched = await fetch(taken, "g")
+        assert isinstance(fetched, FetchResponse)
+        assert fetched.checkpoints == (("orders", 0, 5),)
+    finally:
+        await stop_all(a)
