@@ -60,6 +60,20 @@ log = logging.getLogger("groupcoord.cluster")
 TICKS_PER_LEASE = 5
 
 
+def writer_settings(lease_ms: int) -> dict[str, str]:
+    """Session settings of the writing connection: a transaction left open (this
+    process paused mid-write) is ended by the server after a lease, so its locks on
+    the lease rows never hold up another coordinator's takeover."""
+    return {"idle_in_transaction_session_timeout": str(lease_ms)}
+
+
+def lease_settings(lease_ms: int) -> dict[str, str]:
+    """Session settings of the lease connection: a statement waits at most one round
+    for a row lock (a lease row locked by another coordinator's write), so a round is
+    never stuck behind a paused coordinator and renewals keep their pace."""
+    return {"lock_timeout": str(max(50, lease_ms // TICKS_PER_LEASE))}
+
+
 class LeaseExpired(StorageError):
     """A partition's lease ran out by this coordinator's clock (raised by the
     partition's store check; the host drops the partition)."""
@@ -213,6 +227,8 @@ class PartitionHost:
         self._reader = reader_store
         self._read_lock = asyncio.Lock()
         self.leases = leases
+        # A renewal answered after the lease is useless: give up on a statement sooner.
+        leases.timeout_s = max(0.5, lease_ms / 1000 / 2)
         self.partition_count = leases.partitions
         self.coordinator_id = leases.coordinator_id
         self.url = leases.advertised_url
@@ -234,6 +250,8 @@ class PartitionHost:
         self._wake = asyncio.Event()
         #: releases after a drop, kept referenced until done.
         self._background: set[asyncio.Task[None]] = set()
+        #: fires when the earliest owned lease runs out, whatever the loop is doing.
+        self._expiry: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------ reads
 
@@ -284,6 +302,8 @@ class PartitionHost:
         self.ready = False
         self.metrics.ready.set(0)
         self._wake.set()
+        if self._expiry is not None:
+            self._expiry.cancel()
         for number in sorted(self.partitions):
             await self._hand_off(number)
         with contextlib.suppress(StorageError):
@@ -319,7 +339,12 @@ class PartitionHost:
             if number in self.partitions and self.partitions[number].runtime is not None:
                 await self._hand_off(number)
         for number in plan.acquire:
-            await self._acquire(number)
+            try:
+                await self._acquire(number)
+            except StorageError as exc:
+                # Held up (a lock of a paused coordinator's write) or failed: the
+                # next round tries again; the others are still worth trying now.
+                log.info("partition %d: not acquired this round: %s", number, exc)
         await self._adopt_catalog()
 
     async def _renew(self) -> None:
@@ -337,6 +362,7 @@ class PartitionHost:
             else:
                 self._drop(number, "its lease was not renewed (another coordinator took it "
                                    "over, or it ran out)")
+        self._arm_expiry()
 
     async def _acquire(self, number: int) -> None:
         if number in self.partitions:
@@ -347,6 +373,7 @@ class PartitionHost:
             return  # taken by another coordinator meanwhile
         partition = Partition(number, LocalLease.granted(number, epoch, self.lease_ms, sent_at))
         self.partitions[number] = partition
+        self._arm_expiry()
         log.info("partition %d: acquired at epoch %d; loading", number, epoch)
         partition.tasks.append(asyncio.get_running_loop().create_task(self._load(partition)))
 
@@ -427,6 +454,20 @@ class PartitionHost:
         for number, partition in list(self.partitions.items()):
             if not partition.lease.valid(now):
                 self._drop(number, "its lease ran out by this coordinator's clock")
+        self._arm_expiry()
+
+    def _arm_expiry(self) -> None:
+        """A timer at the earliest ``valid_until`` of the owned leases, so a partition
+        is dropped (its parked calls answered, its timers stopped) the moment its lease
+        may have run out, even while the loop waits on the database. The event loop's
+        clock is the monotonic one the leases are counted on."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self.partitions and not self._stopping:
+            earliest = min(p.lease.valid_until for p in self.partitions.values())
+            self._expiry = asyncio.get_running_loop().call_at(
+                earliest, lambda: self._expire(time.monotonic()))
 
     # ------------------------------------------------------------ catalog
 

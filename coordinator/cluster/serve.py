@@ -32,7 +32,7 @@ SHUTDOWN_GRACE_S = 2.0
 
 async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int:
     from coordinator import auth, tls
-    from coordinator.cluster.host import PartitionHost
+    from coordinator.cluster.host import PartitionHost, lease_settings, writer_settings
     from coordinator.cluster.service import ClusterService
     from coordinator.core import GroupCoordinator
     from coordinator.http.listeners import ListenError, Listeners
@@ -53,7 +53,8 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
         if config.tls_cert:
             ssl_context = tls.server_ssl_context(config.tls_cert, config.tls_key or None)
         writer = await PostgresStorage.open(config.db, partitions=config.partitions or None,
-                                            coordinator_id=coordinator_id)
+                                            coordinator_id=coordinator_id,
+                                            settings=writer_settings(config.lease_ms))
         opened.append(writer)
         reader = await PostgresStorage.open(config.db, partitions=writer.partitions,
                                             coordinator_id=coordinator_id)
@@ -83,7 +84,8 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
         # The URLs are known once listening (--port 0 picks one): the host is made
         # first and told them before it registers.
         try:
-            leases = await Leases.open(config.db, coordinator_id, "")
+            leases = await Leases.open(config.db, coordinator_id, "",
+                                       settings=lease_settings(config.lease_ms))
         except StorageError as exc:
             print(f"groupcoord serve: {pgurl.scrub(str(exc), config.db)}", file=sys.stderr)
             return EXIT_CONFIG

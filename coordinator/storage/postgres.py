@@ -149,7 +149,8 @@ def describe_error(exc: BaseException, url: str) -> str:
     return pgurl.scrub(_one_line(text), url)
 
 
-async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S) -> Any:
+async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,
+                  settings: Mapping[str, str] | None = None) -> Any:
     """An asyncpg connection to the primary named by ``url``.
 
     With several hosts (``postgresql://u@h1:5432,h2:5432/db``) the first that
@@ -162,6 +163,9 @@ async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S) -> Any:
     options: dict[str, Any] = {}
     if "target_session_attrs" not in url:
         options["target_session_attrs"] = "read-write"
+    if settings:
+        # Merged by asyncpg with any set in the URL's query string (these win).
+        options["server_settings"] = dict(settings)
     try:
         return await asyncpg.connect(url, timeout=timeout, **options)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
@@ -431,9 +435,11 @@ class PostgresStorage:
     """
 
     def __init__(self, conn: Any, url: str, partitions: int,
-                 coordinator_id: str | None) -> None:
+                 coordinator_id: str | None, settings: Mapping[str, str] | None = None
+                 ) -> None:
         self._conn = conn
         self._url = url
+        self._settings = dict(settings or {})
         #: the URL without its password: for every message that names the database.
         self.path = pgurl.redact(url)
         self.partitions = partitions
@@ -445,7 +451,8 @@ class PostgresStorage:
     @classmethod
     async def open(cls, url: str, *, partitions: int | None = None,
                    coordinator_id: str | None = None,
-                   connect_timeout: float = CONNECT_TIMEOUT_S) -> PostgresStorage:
+                   connect_timeout: float = CONNECT_TIMEOUT_S,
+                   settings: Mapping[str, str] | None = None) -> PostgresStorage:
         """Connect, migrate to :data:`SCHEMA_VERSION`, and fix or check ``P``.
 
         ``partitions`` is used when the database is new (default
@@ -460,7 +467,7 @@ class PostgresStorage:
         if partitions is not None and not 1 <= partitions <= MAX_GROUP_PARTITIONS:
             raise StorageError(f"partitions must be 1..{MAX_GROUP_PARTITIONS}, "
                                f"got {partitions}")
-        conn = await connect(url, timeout=connect_timeout)
+        conn = await connect(url, timeout=connect_timeout, settings=settings)
         try:
             await _migrate(conn, name)
             await _check_tables(conn, name)
@@ -475,14 +482,14 @@ class PostgresStorage:
         except BaseException:
             await conn.close()
             raise
-        return cls(conn, url, count, coordinator_id)
+        return cls(conn, url, count, coordinator_id, settings)
 
     async def close(self) -> None:
         await self._conn.close()
 
     async def _connection(self) -> Any:
         if self._conn.is_closed():
-            self._conn = await connect(self._url)
+            self._conn = await connect(self._url, settings=self._settings)
         return self._conn
 
     async def schema_version(self) -> int:

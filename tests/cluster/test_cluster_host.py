@@ -22,10 +22,11 @@ from cluster_kit import (
 )
 from pg_harness import PostgresServer
 
+from coordinator.cluster.host import writer_settings
 from coordinator.core.commands import PutResource
 from coordinator.core.effects import AdminResult
 from coordinator.storage.leases import LocalLease
-from coordinator.storage.postgres import PostgresStorage, partition_of
+from coordinator.storage.postgres import PostgresStorage, connect, partition_of
 from protocol.errors import ErrorCode
 from protocol.messages import CommitResponse, FetchResponse, NotCoordinatorAnswer
 
@@ -222,3 +223,31 @@ async def test_after_a_postgresql_restart_the_coordinator_serves_its_groups_agai
         assert fetched.checkpoints == (("orders", 0, 5),)
     finally:
         await stop_all(a)
+
+
+async def test_a_coordinator_paused_mid_write_holds_up_no_one(pg_url: str) -> None:
+    """A coordinator paused inside a write transaction holds its lease rows locked
+    (the fence reads them FOR SHARE): the others' rounds must not wait on that."""
+    a = await Node.start(pg_url, "a", partitions=P)
+    b = await Node.start(pg_url, "b", partitions=P)
+    try:
+        await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
+        mine = set(b.owned())
+        a.pause()
+        # a's writer, frozen after its fence read: the rows stay locked until the
+        # server ends the idle transaction (writer_settings).
+        frozen = await connect(pg_url, settings=writer_settings(LEASE_MS))
+        transaction = frozen.transaction()
+        await transaction.start()
+        await frozen.fetch("SELECT partition FROM partition_leases WHERE partition = ANY($1) "
+                           "FOR SHARE", sorted(a.owned()))
+        dropped: list[int] = []
+        started = time.monotonic()
+        while b.owned() != set(range(P)):
+            assert time.monotonic() - started < 10, "b did not take a's partitions over"
+            dropped += sorted(mine - b.owned())
+            await asyncio.sleep(0.01)
+        assert dropped == []                       # b kept serving its own all along
+        frozen.terminate()
+    finally:
+        await stop_all(a, b)
