@@ -431,7 +431,7 @@ class PartitionHost:
             return
         partition.leaving = True
         if partition.runtime is not None:
-            partition.runtime.abandon(ErrorCode.NOT_COORDINATOR)
+            partition.runtime.abandon()
         self._forget(partition)
         log.warning("partition %d: dropped (epoch %d): %s", number, partition.lease.epoch, why)
         # If the database still has the lease (a write failed while it was reachable,

@@ -21,6 +21,7 @@ import logging
 import signal
 import sys
 import uuid
+from urllib.parse import urlsplit
 
 from coordinator.config import ServerConfig
 
@@ -28,6 +29,18 @@ log = logging.getLogger("groupcoord.serve")
 
 EXIT_CONFIG = 2
 SHUTDOWN_GRACE_S = 2.0
+
+
+def admin_url_for_others(bound: str, advertised: str) -> str:
+    """Where the other coordinators forward admin calls about this one's groups: the
+    admin listener as bound, or, when it listens on every address (0.0.0.0, ::), on
+    the advertised URL's host."""
+    parts = urlsplit(bound)
+    if parts.hostname not in ("0.0.0.0", "::"):
+        return bound
+    host = urlsplit(advertised).hostname or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}:{parts.port}"
 
 
 async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int:
@@ -96,7 +109,7 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
                              max_parked_requests=config.max_parked_requests)
         service = ClusterService(host)
         metrics.watch_core(service.core.state_counts, service.core.member_count)
-        metrics.watch_groups(service.core.list_groups,
+        metrics.watch_groups(service.local_groups,
                              lambda group_id: service.core.health(group_id,
                                                                   clock.now_ms()).status,
                              config.group_metrics)
@@ -106,7 +119,7 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
                                                 config.admin_address, config.admin_port,
                                                 ssl_context)
         host.url = leases.advertised_url = config.advertised_url or protocol.url
-        leases.admin_url = admin.url
+        leases.admin_url = admin_url_for_others(admin.url, host.url)
         await host.start()
         runner = asyncio.ensure_future(host.run())
         gc.freeze()
