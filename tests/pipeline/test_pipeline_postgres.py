@@ -141,38 +141,47 @@ def test_journal_export_is_the_same_from_either_database(
     assert groups == sorted(groups, key=lambda g: g.encode())  # byte order, as SQLite's
 
 
-def _rows(spark: Any, path: Path) -> list[Any]:
-    return sorted((tuple(r) for r in spark.read.parquet(str(path)).collect()), key=repr)
-
-
 def test_analyze_gives_the_same_tables_from_either_database(
         spark: Any, journal: dict[str, Any]) -> None:
+    """One run over both databases (one Spark job, not two): their source names
+    collide, so each is named by its URL or path and counts apart; every row of
+    every per-source table is then the same for both but for ``source``, and the
+    fleet-wide hours count both."""
     d: Path = journal["dir"]
-    opts = AnalyzeOptions(storm_threshold=3, progress=False)
-    from_pg = analyze(spark, [journal["url"]], d / "an-pg", opts)
-    from_sq = analyze(spark, [str(journal["db"])], d / "an-sq", opts)
-    assert (from_pg.rebalances, from_pg.groups) == (len(EAGER + UMLAUT + COOP), 3)
-    assert (from_sq.rebalances, from_sq.groups) == (from_pg.rebalances, from_pg.groups)
-    assert set(from_pg.tables) == set(from_sq.tables) == {
-        "rebalances", "group_hours", "groups", "fleet_hours"}
-    for name in from_pg.tables:
-        assert _rows(spark, from_pg.tables[name]) == _rows(spark, from_sq.tables[name]), name
-    groups = {r["group_id"]: r for r in spark.read.parquet(str(from_pg.tables["groups"]))
-              .collect()}
+    res = analyze(spark, [journal["url"], str(journal["db"])], d / "an",
+                  AnalyzeOptions(storm_threshold=3, progress=False))
+    rows = len(EAGER + UMLAUT + COOP)
+    assert (res.rebalances, res.groups) == (2 * rows, 6)
+    pg_name, sq_name = open_database(journal["url"]).name, str(journal["db"])
+    for table in ("rebalances", "group_hours", "groups"):
+        by: dict[str, list[str]] = {pg_name: [], sq_name: []}
+        for r in spark.read.parquet(str(res.tables[table])).collect():
+            values = r.asDict()
+            by[values.pop("source")].append(repr(sorted(values.items())))
+        assert by[pg_name], table
+        assert sorted(by[pg_name]) == sorted(by[sq_name]), table
+        if table == "rebalances":
+            assert len(by[pg_name]) == rows
+    fleet = spark.read.parquet(str(res.tables["fleet_hours"])).collect()
+    assert sum(r["rebalances"] for r in fleet) == 2 * rows
+    groups = {(r["source"], r["group_id"]): r
+              for r in spark.read.parquet(str(res.tables["groups"])).collect()}
     # The generations table came along: eager's generation 6 never got its assignment.
-    assert (groups["eager"]["generations_formed"],
-            groups["eager"]["generations_without_assignment"]) == (6, 1)
-    assert groups["coop"]["moved"] > 0
-    report = from_pg.report.read_text()
+    assert (groups[pg_name, "eager"]["generations_formed"],
+            groups[pg_name, "eager"]["generations_without_assignment"]) == (6, 1)
+    assert groups[pg_name, "coop"]["moved"] > 0
+    report = res.report.read_text()
     assert PASSWORD not in report and "postgresql://postgres:***@127.0.0.1" in report
 
 
 def test_a_database_and_a_file_of_the_same_name_stay_two_sources(
         journal: dict[str, Any]) -> None:
-    plan = plan_inputs([journal["url"], str(journal["db"])])
+    plan = plan_inputs([journal["url"], str(journal["db"]), journal["url"]])
     sources = [j.source for j in plan.databases]
-    assert sources == [open_database(journal["url"]).name, str(journal["db"])]
-    assert all(PASSWORD not in s for s in sources)
+    pg_name = open_database(journal["url"]).name
+    # The same database twice is one source (its rows count once, as a file's).
+    assert sources == [pg_name, str(journal["db"]), pg_name]
+    assert PASSWORD not in repr(plan)
 
 
 # ---------------------------------------------------------------- bad input
