@@ -349,6 +349,17 @@ async def _schema_version(conn: Any, name: str) -> int:
     return int(value)
 
 
+async def read_schema_version(conn: Any, name: str) -> int:
+    """The schema version of the database ``conn`` is connected to, changing nothing.
+
+    ``0`` when it has no ``meta`` table (not a groupcoord database, or an empty
+    one). For tools that only read (``groupcoord journal export`` and
+    ``analyze``): :meth:`PostgresStorage.open` would migrate such a database,
+    creating groupcoord's tables in whatever database the URL named.
+    """
+    return await _schema_version(conn, name)
+
+
 async def _migrate(conn: Any, name: str) -> None:
     """Apply the missing migrations, one transaction each, under the advisory lock."""
     while True:
