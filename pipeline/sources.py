@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from coordinator.storage import pgurl
 from coordinator.storage.pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
 from coordinator.storage.schema import SCHEMA_VERSION
+from coordinator.storage.sqlite import StorageError, sqlite_path
 from pipeline.errors import PipelineError
 
 EXPORT_FORMAT = "1"
@@ -163,10 +164,11 @@ def open_database(spec: str | Path, source: str | None = None) -> Journal:
     text = str(spec)
     if pgurl.is_postgres_url(text):
         return open_postgres(text, source)
-    if text.lower().startswith(SQLITE_URL):
-        path = text[len(SQLITE_URL):]
-        if not path:
-            raise PipelineError(f"{text}: no file after {SQLITE_URL}")
+    if text.lower().startswith("sqlite:"):
+        try:
+            path = sqlite_path(text)               # the rule `groupcoord serve --db` uses
+        except StorageError as exc:
+            raise PipelineError(str(exc)) from None
         return open_sqlite(path, source)
     return open_sqlite(spec, source)
 
