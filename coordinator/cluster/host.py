@@ -60,6 +60,20 @@ log = logging.getLogger("groupcoord.cluster")
 TICKS_PER_LEASE = 5
 
 
+def writer_settings(lease_ms: int) -> dict[str, str]:
+    """Session settings of the writing connection: a transaction left open (this
+    process paused mid-write) is ended by the server after a lease, so its locks on
+    the lease rows never hold up another coordinator's takeover."""
+    return {"idle_in_transaction_session_timeout": str(lease_ms)}
+
+
+def lease_settings(lease_ms: int) -> dict[str, str]:
+    """Session settings of the lease connection: a statement waits at most one round
+    for a row lock (a lease row locked by another coordinator's write), so a round is
+    never stuck behind a paused coordinator and renewals keep their pace."""
+    return {"lock_timeout": str(max(50, lease_ms // TICKS_PER_LEASE))}
+
+
 class LeaseExpired(StorageError):
     """A partition's lease ran out by this coordinator's clock (raised by the
     partition's store check; the host drops the partition)."""
@@ -157,7 +171,12 @@ class Partition:
     runtime: Runtime | None = None
     #: True from the start of a hand-off or drop: no call is routed to it any more.
     leaving: bool = False
+    #: the load, then the watch of the runtime's failure.
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    @property
+    def loader(self) -> asyncio.Task[Any] | None:
+        return self.tasks[0] if self.tasks else None
 
 
 class PartitionStore:
@@ -208,6 +227,8 @@ class PartitionHost:
         self._reader = reader_store
         self._read_lock = asyncio.Lock()
         self.leases = leases
+        # A renewal answered after the lease is useless: give up on a statement sooner.
+        leases.timeout_s = max(0.5, lease_ms / 1000 / 2)
         self.partition_count = leases.partitions
         self.coordinator_id = leases.coordinator_id
         self.url = leases.advertised_url
@@ -227,6 +248,10 @@ class PartitionHost:
         self.ready = False
         self._stopping = False
         self._wake = asyncio.Event()
+        #: releases after a drop, kept referenced until done.
+        self._background: set[asyncio.Task[None]] = set()
+        #: fires when the earliest owned lease runs out, whatever the loop is doing.
+        self._expiry: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------ reads
 
@@ -244,6 +269,10 @@ class PartitionHost:
         self.catalog, self.resources_epoch = await self.read(
             lambda store: store.catalog_state())
         await self._round()
+        # Ready once the first share is loaded (a restarted coordinator serves its
+        # groups from the first answer on).
+        loading = [p.loader for p in self.partitions.values() if p.loader is not None]
+        await asyncio.gather(*loading, return_exceptions=True)
         self.ready = True
         self.metrics.ready.set(1)
 
@@ -273,6 +302,8 @@ class PartitionHost:
         self.ready = False
         self.metrics.ready.set(0)
         self._wake.set()
+        if self._expiry is not None:
+            self._expiry.cancel()
         for number in sorted(self.partitions):
             await self._hand_off(number)
         with contextlib.suppress(StorageError):
@@ -295,8 +326,11 @@ class PartitionHost:
         self.coordinators = await self.leases.live_coordinators(self.lease_ms)
         rows = await self.leases.leases()
         self.lease_rows = {row.partition: row for row in rows}
+        # A lease the database still gives this coordinator for a partition it dropped
+        # is not its share: it is being released (or runs out) and then acquired again.
         owners = {row.partition: str(row.owner_id) for row in rows
-                  if row.held and row.owner_id is not None}
+                  if row.held and row.owner_id is not None
+                  and (row.owner_id != self.coordinator_id or row.partition in self.partitions)}
         if self._stopping:
             return
         plan = balance(self.coordinator_id, [c.id for c in self.coordinators], owners,
@@ -305,7 +339,12 @@ class PartitionHost:
             if number in self.partitions and self.partitions[number].runtime is not None:
                 await self._hand_off(number)
         for number in plan.acquire:
-            await self._acquire(number)
+            try:
+                await self._acquire(number)
+            except StorageError as exc:
+                # Held up (a lock of a paused coordinator's write) or failed: the
+                # next round tries again; the others are still worth trying now.
+                log.info("partition %d: not acquired this round: %s", number, exc)
         await self._adopt_catalog()
 
     async def _renew(self) -> None:
@@ -323,6 +362,7 @@ class PartitionHost:
             else:
                 self._drop(number, "its lease was not renewed (another coordinator took it "
                                    "over, or it ran out)")
+        self._arm_expiry()
 
     async def _acquire(self, number: int) -> None:
         if number in self.partitions:
@@ -333,13 +373,14 @@ class PartitionHost:
             return  # taken by another coordinator meanwhile
         partition = Partition(number, LocalLease.granted(number, epoch, self.lease_ms, sent_at))
         self.partitions[number] = partition
+        self._arm_expiry()
         log.info("partition %d: acquired at epoch %d; loading", number, epoch)
         partition.tasks.append(asyncio.get_running_loop().create_task(self._load(partition)))
 
     async def _load(self, partition: Partition) -> None:
         runtime = Runtime(self._make_core(), PartitionStore(self, partition), self.clock,
                           self.metrics, max_parked_requests=self.max_parked_requests,
-                          owns_readiness=False)
+                          partition=partition.number)
         started = time.monotonic()
         try:
             await runtime.start()
@@ -378,9 +419,10 @@ class PartitionHost:
         log.info("partition %d: handed off (epoch %d)", number, partition.lease.epoch)
 
     async def _release(self, partition: Partition) -> None:
-        if partition.lease.valid(time.monotonic()):
-            with contextlib.suppress(StorageError):
-                await self.leases.release(partition.number, partition.lease.epoch)
+        """Free the lease if the database still has it at this epoch (a no-op once
+        another coordinator took it: the statement checks owner and epoch)."""
+        with contextlib.suppress(StorageError):
+            await self.leases.release(partition.number, partition.lease.epoch)
 
     def _drop(self, number: int, why: str) -> None:
         """Stop serving a partition at once (lost, expired, failed); nothing waits."""
@@ -389,9 +431,16 @@ class PartitionHost:
             return
         partition.leaving = True
         if partition.runtime is not None:
-            partition.runtime.abandon(ErrorCode.NOT_COORDINATOR)
+            partition.runtime.abandon()
         self._forget(partition)
         log.warning("partition %d: dropped (epoch %d): %s", number, partition.lease.epoch, why)
+        # If the database still has the lease (a write failed while it was reachable,
+        # or came back), free it now so that it is acquired again (and reloaded) at
+        # the next round rather than after it runs out.
+        if not self._stopping:
+            task = asyncio.get_running_loop().create_task(self._release(partition))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _forget(self, partition: Partition) -> None:
         if self.partitions.get(partition.number) is partition:
@@ -405,6 +454,20 @@ class PartitionHost:
         for number, partition in list(self.partitions.items()):
             if not partition.lease.valid(now):
                 self._drop(number, "its lease ran out by this coordinator's clock")
+        self._arm_expiry()
+
+    def _arm_expiry(self) -> None:
+        """A timer at the earliest ``valid_until`` of the owned leases, so a partition
+        is dropped (its parked calls answered, its timers stopped) the moment its lease
+        may have run out, even while the loop waits on the database. The event loop's
+        clock is the monotonic one the leases are counted on."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self.partitions and not self._stopping:
+            earliest = min(p.lease.valid_until for p in self.partitions.values())
+            self._expiry = asyncio.get_running_loop().call_at(
+                earliest, lambda: self._expire(time.monotonic()))
 
     # ------------------------------------------------------------ catalog
 

@@ -92,6 +92,7 @@ class Overview:
 async def overview(runtime: Service, journal: JournalCache,
                    entry: auth.TokenEntry | None) -> Overview:
     """Every group the caller is granted, with its last rebalance and why."""
+    await runtime.refresh_groups()  # several coordinators: the groups owned elsewhere
     rows = admin_views.group_rows(runtime, entry)
     shown = rows[:MAX_OVERVIEW_GROUPS]
     for group in shown:

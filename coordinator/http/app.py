@@ -312,6 +312,12 @@ async def route_group_calls(request: web.Request, handler: Handler) -> web.Strea
         return json_error(503, target.error.value,
                           f"group {group_id!r} is not served here and its owner is not "
                           f"known yet (partition moving); retry shortly")
+    if request.path.startswith("/console/"):
+        # A browser page: sent to the owner's console (its session is its own).
+        if request.method != "GET":
+            return json_error(503, target.error.value,
+                              f"group {group_id!r} is served by {url}: use its console")
+        raise web.HTTPTemporaryRedirect(url.rstrip("/") + request.raw_path)
     return await _forward(request, url)
 
 

@@ -255,7 +255,7 @@ class Runtime:
     def __init__(self, core: Core, storage: Store, clock: Clock,
                  metrics: Metrics | None = None, *, max_parked_requests: int = 0,
                  storage_check_interval_ms: int = STORAGE_CHECK_INTERVAL_MS,
-                 owns_readiness: bool = True) -> None:
+                 partition: int | None = None) -> None:
         if max_parked_requests < 0:
             raise ValueError(f"max_parked_requests: must be >= 0, got {max_parked_requests}")
         if storage_check_interval_ms < 0:
@@ -266,9 +266,12 @@ class Runtime:
         #: the protocol URL ``find_coordinator`` gives out for this one-process server
         #: (set by ``groupcoord serve`` once it listens).
         self.advertised_url = ""
-        #: False for one partition's runtime among several (coordinator.cluster): the
-        #: ``groupcoord_ready`` gauge is then the host's, not this runtime's.
-        self._owns_readiness = owns_readiness
+        #: the partition this runtime serves among several coordinators
+        #: (coordinator.cluster); ``None``: a one-process server's only runtime. A
+        #: partition's runtime leaves the ``groupcoord_ready`` gauge to its host, and a
+        #: failed write of it drops the partition instead of stopping the server.
+        self.partition = partition
+        self._owns_readiness = partition is None
         self.clock = clock
         self.metrics = metrics
         #: True once state is loaded and until stop or a storage failure.
@@ -329,11 +332,14 @@ class Runtime:
             await asyncio.shield(self._flusher)
         self._fail_waiters(code)
 
-    def abandon(self, code: ErrorCode) -> None:
+    def abandon(self) -> None:
         """Stop serving at once, without waiting for anything (a partition whose lease
         may have run out): timers cancelled, uncommitted writes dropped (a fenced
-        write would fail anyway), every waiting call answered ``code``. A write in
-        flight finishes on its own; its replies are already answered."""
+        write would fail anyway), every waiting call answered
+        ``COORDINATOR_NOT_AVAILABLE`` (not ``NOT_COORDINATOR``, which says nothing
+        changed: a write in flight may still commit). That write finishes on its own;
+        its replies are already answered."""
+        code = ErrorCode.COORDINATOR_NOT_AVAILABLE
         self._stopping = True
         self.ready = False
         self._cancel_timers()
@@ -650,8 +656,13 @@ class Runtime:
     def _storage_failed(self, exc: Exception) -> None:
         if self.failed.is_set():
             return
-        log.critical("storage failed, memory is now ahead of disk; stopping service "
-                     "(restart to reload from disk): %s", exc)
+        if self.partition is None:
+            log.critical("storage failed, memory is now ahead of disk; stopping service "
+                         "(restart to reload from disk): %s", exc)
+        else:
+            log.warning("partition %d: a write or check failed, so memory may be ahead of "
+                        "the database; the partition is dropped (reloaded from the database "
+                        "by its next owner): %s", self.partition, exc)
         self.ready = False
         if self.metrics is not None:
             self.metrics.storage_failures.inc()

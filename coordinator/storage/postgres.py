@@ -65,24 +65,23 @@ from coordinator.storage.pg_schema import (
 )
 
 # The record encodings and row decoders are the SQLite store's, so both stores
-# hold and accept the same bytes. The underscored ones are private there: the
-# lead is to make them public (see the report of issue 12's foundation).
+# hold and accept the same bytes.
 from coordinator.storage.sqlite import (
     RESOURCES_EPOCH_KEY,
+    BadValue,
     CorruptDatabaseError,
     StorageError,
-    _BadValue,
-    _catalog_row,
-    _checkpoint_meta,
-    _checkpoint_row,
-    _decode_problem,
-    _epoch_row,
-    _group_row,
-    _last_commit_row,
-    _member_triples,
-    _owner_row,
+    decode_catalog_row,
+    decode_checkpoint_meta,
+    decode_checkpoint_row,
+    decode_epoch_row,
+    decode_group_row,
+    decode_last_commit_row,
     decode_members,
+    decode_owner_row,
+    decode_problem,
     encode_members,
+    member_triples,
 )
 from protocol.codec import DecodeError, decode, encode
 from protocol.validate import Scalar
@@ -150,7 +149,8 @@ def describe_error(exc: BaseException, url: str) -> str:
     return pgurl.scrub(_one_line(text), url)
 
 
-async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S) -> Any:
+async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,
+                  settings: Mapping[str, str] | None = None) -> Any:
     """An asyncpg connection to the primary named by ``url``.
 
     With several hosts (``postgresql://u@h1:5432,h2:5432/db``) the first that
@@ -163,6 +163,9 @@ async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S) -> Any:
     options: dict[str, Any] = {}
     if "target_session_attrs" not in url:
         options["target_session_attrs"] = "read-write"
+    if settings:
+        # Merged by asyncpg with any set in the URL's query string (these win).
+        options["server_settings"] = dict(settings)
     try:
         return await asyncpg.connect(url, timeout=timeout, **options)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
@@ -277,7 +280,7 @@ def statements(record: Record, partitions: int) -> list[Statement]:
                 out.append((_UPSERT_GENERATION, (
                     record.group_id, record.generation_id, p, record.protocol_type,
                     record.protocol_name, record.leader, record.state_timestamp_ms,
-                    len(record.members), _member_triples(record.members), assignments)))
+                    len(record.members), member_triples(record.members), assignments)))
             return out
         case GroupDeleted():
             return [(f"DELETE FROM {table} WHERE group_id = $1", (record.group_id,))
@@ -344,6 +347,17 @@ async def _schema_version(conn: Any, name: str) -> int:
                                    "the row is missing (a table meta that groupcoord did not "
                                    "make, or a damaged database)")
     return int(value)
+
+
+async def read_schema_version(conn: Any, name: str) -> int:
+    """The schema version of the database ``conn`` is connected to, changing nothing.
+
+    ``0`` when it has no ``meta`` table (not a groupcoord database, or an empty
+    one). For tools that only read (``groupcoord journal export`` and
+    ``analyze``): :meth:`PostgresStorage.open` would migrate such a database,
+    creating groupcoord's tables in whatever database the URL named.
+    """
+    return await _schema_version(conn, name)
 
 
 async def _migrate(conn: Any, name: str) -> None:
@@ -432,9 +446,11 @@ class PostgresStorage:
     """
 
     def __init__(self, conn: Any, url: str, partitions: int,
-                 coordinator_id: str | None) -> None:
+                 coordinator_id: str | None, settings: Mapping[str, str] | None = None
+                 ) -> None:
         self._conn = conn
         self._url = url
+        self._settings = dict(settings or {})
         #: the URL without its password: for every message that names the database.
         self.path = pgurl.redact(url)
         self.partitions = partitions
@@ -446,7 +462,8 @@ class PostgresStorage:
     @classmethod
     async def open(cls, url: str, *, partitions: int | None = None,
                    coordinator_id: str | None = None,
-                   connect_timeout: float = CONNECT_TIMEOUT_S) -> PostgresStorage:
+                   connect_timeout: float = CONNECT_TIMEOUT_S,
+                   settings: Mapping[str, str] | None = None) -> PostgresStorage:
         """Connect, migrate to :data:`SCHEMA_VERSION`, and fix or check ``P``.
 
         ``partitions`` is used when the database is new (default
@@ -461,7 +478,7 @@ class PostgresStorage:
         if partitions is not None and not 1 <= partitions <= MAX_GROUP_PARTITIONS:
             raise StorageError(f"partitions must be 1..{MAX_GROUP_PARTITIONS}, "
                                f"got {partitions}")
-        conn = await connect(url, timeout=connect_timeout)
+        conn = await connect(url, timeout=connect_timeout, settings=settings)
         try:
             await _migrate(conn, name)
             await _check_tables(conn, name)
@@ -476,14 +493,14 @@ class PostgresStorage:
         except BaseException:
             await conn.close()
             raise
-        return cls(conn, url, count, coordinator_id)
+        return cls(conn, url, count, coordinator_id, settings)
 
     async def close(self) -> None:
         await self._conn.close()
 
     async def _connection(self) -> Any:
         if self._conn.is_closed():
-            self._conn = await connect(self._url)
+            self._conn = await connect(self._url, settings=self._settings)
         return self._conn
 
     async def schema_version(self) -> int:
@@ -523,38 +540,38 @@ class PostgresStorage:
         groups = []
         for row in await self._rows("groups", _GROUP_COLUMNS, "group_id", partition):
             key = f"group_id={row[0]!r} generation_id={row[2]!r}"
-            groups.append(self._decoded("groups", key, _group_row, row))
+            groups.append(self._decoded("groups", key, decode_group_row, row))
         checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
         checkpoint_meta: dict[str, dict[tuple[str, int], CheckpointMeta]] = {}
         for row in await self._rows("checkpoints", _CHECKPOINT_COLUMNS,
                                     "group_id, resource_set, idx", partition):
             key = f"group_id={row[0]!r} resource_set={row[1]!r} idx={row[2]!r}"
             group_id, resource_set, idx, value = self._decoded(
-                "checkpoints", key, _checkpoint_row, row)
+                "checkpoints", key, decode_checkpoint_row, row)
             checkpoints.setdefault(group_id, {})[(resource_set, idx)] = value
-            written = self._decoded("checkpoints", key, _checkpoint_meta, row)
+            written = self._decoded("checkpoints", key, decode_checkpoint_meta, row)
             if written is not None:
                 checkpoint_meta.setdefault(group_id, {})[(resource_set, idx)] = written
         catalog: dict[str, int] = {}
         for row in await self._rows("catalog", ("name", "partitions"), "name", None):
-            name, count = self._decoded("catalog", f"name={row[0]!r}", _catalog_row, row)
+            name, count = self._decoded("catalog", f"name={row[0]!r}", decode_catalog_row, row)
             catalog[name] = count
         epoch = 0
         for row in await self._rows("meta", ("key", "value"), "key", None):
             if row[0] == RESOURCES_EPOCH_KEY:
-                epoch = self._decoded("meta", f"key={row[0]!r}", _epoch_row, row)
+                epoch = self._decoded("meta", f"key={row[0]!r}", decode_epoch_row, row)
         last_commit: dict[str, int] = {}
         for row in await self._rows("last_commits", ("group_id", "committed_ms"), "group_id",
                                     partition):
             group_id, committed_ms = self._decoded("last_commits", f"group_id={row[0]!r}",
-                                                   _last_commit_row, row)
+                                                   decode_last_commit_row, row)
             if group_id in checkpoints:
                 last_commit[group_id] = committed_ms
         owners: dict[str, str] = {}
         for row in await self._rows("group_owners", ("group_id", "owner"), "group_id",
                                     partition):
             group_id, owner = self._decoded("group_owners", f"group_id={row[0]!r}",
-                                            _owner_row, row)
+                                            decode_owner_row, row)
             owners[group_id] = owner
         return Snapshot(groups=tuple(groups), checkpoints=checkpoints, catalog=catalog,
                         resources_epoch=epoch, last_commit_ms=last_commit, owners=owners,
@@ -601,10 +618,10 @@ class PostgresStorage:
     def _decoded(self, table: str, key: str, decoder: Callable[[Any], _T], row: Any) -> _T:
         try:
             return decoder(row)
-        except _BadValue as exc:
+        except BadValue as exc:
             raise CorruptDatabaseError(self.path, table, key, str(exc)) from exc
         except DecodeError as exc:
-            raise CorruptDatabaseError(self.path, table, key, _decode_problem(exc)) from exc
+            raise CorruptDatabaseError(self.path, table, key, decode_problem(exc)) from exc
 
     # ------------------------------------------------------------ writing
 

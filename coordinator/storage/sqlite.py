@@ -104,7 +104,7 @@ def _cause(exc: BaseException) -> str:
     return f"{exc} ({name})" if isinstance(name, str) and name not in str(exc) else str(exc)
 
 
-class _BadValue(ValueError):
+class BadValue(ValueError):
     """One column of one row is wrong (caught by :meth:`Storage.load`, which adds where)."""
 
 
@@ -136,12 +136,12 @@ def decode_members(blob: bytes) -> tuple[MemberRecord, ...]:
     """
     items = decode(blob)
     if not isinstance(items, list):
-        raise _BadValue(f"expected an array of members, got {type(items).__name__}")
+        raise BadValue(f"expected an array of members, got {type(items).__name__}")
     out = []
     seen: set[str] = set()
     for i, item in enumerate(items):
         if not isinstance(item, list) or len(item) not in (8, 9):
-            raise _BadValue(f"member {i}: expected an array of 8 or 9 fields, "
+            raise BadValue(f"member {i}: expected an array of 8 or 9 fields, "
                             f"got {_short(item)}")
         (member_id, instance, client_id, client_host, session_ms, rebalance_ms, protocols,
          assignment) = item[:8]
@@ -156,15 +156,15 @@ def decode_members(blob: bytes) -> tuple[MemberRecord, ...]:
         _check(where, "assignment", assignment, bytes, nullable=True)
         _check(where, "owner", owner, str, nullable=True)
         if member_id in seen:
-            raise _BadValue(f"{where}: member id listed twice")
+            raise BadValue(f"{where}: member id listed twice")
         seen.add(member_id)
         if not isinstance(protocols, list) or not protocols:
-            raise _BadValue(f"{where}: protocols: expected a non-empty array, "
+            raise BadValue(f"{where}: protocols: expected a non-empty array, "
                             f"got {_short(protocols)}")
         for pair in protocols:
             if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str)
                     or not isinstance(pair[1], bytes)):
-                raise _BadValue(f"{where}: protocols: expected [name, metadata bytes] pairs, "
+                raise BadValue(f"{where}: protocols: expected [name, metadata bytes] pairs, "
                                 f"got {_short(pair)}")
         out.append(MemberRecord(
             member_id=member_id, group_instance_id=instance, client_id=client_id,
@@ -186,10 +186,10 @@ def _check(where: str, name: str, value: object, kind: type, *, nullable: bool =
     # bool is an int subclass: a True timeout is as wrong as a string one.
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         expected = kind.__name__ + (" or null" if nullable else "")
-        raise _BadValue(f"{where}: {name}: expected {expected}, got {_short(value)}")
+        raise BadValue(f"{where}: {name}: expected {expected}, got {_short(value)}")
 
 
-def _member_triples(members: Iterable[MemberRecord]) -> str:
+def member_triples(members: Iterable[MemberRecord]) -> str:
     return json.dumps([[m.member_id, m.group_instance_id, m.client_id] for m in members])
 
 
@@ -266,7 +266,7 @@ def _statements(record: Record) -> list[tuple[str, tuple[Any, ...]]]:
                 stmts.append((_UPSERT_GENERATION, (
                     record.group_id, record.generation_id, record.protocol_type,
                     record.protocol_name, record.leader, record.state_timestamp_ms,
-                    len(record.members), _member_triples(record.members), assignments)))
+                    len(record.members), member_triples(record.members), assignments)))
             return stmts
         case GroupDeleted():
             # Kafka deletes a group's offsets with the group; generation numbers of a
@@ -327,16 +327,16 @@ def _column(name: str, value: object, kind: type, *, nullable: bool = False) -> 
     if value is None:
         if nullable:
             return
-        raise _BadValue(f"column {name} is NULL")
+        raise BadValue(f"column {name} is NULL")
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise _BadValue(f"column {name}: expected {_SQL_TYPES[kind]}, got "
+        raise BadValue(f"column {name}: expected {_SQL_TYPES[kind]}, got "
                         f"{type(value).__name__} {_short(value)}")
 
 
 _SQL_TYPES: dict[type, str] = {str: "TEXT", int: "INTEGER", bytes: "BLOB"}
 
 
-def _decode_problem(exc: DecodeError) -> str:
+def decode_problem(exc: DecodeError) -> str:
     # protocol.codec speaks of request bodies; here it is a stored blob.
     text = str(exc).removeprefix("body ")
     if text.endswith(": ") and exc.__cause__ is not None:
@@ -345,16 +345,16 @@ def _decode_problem(exc: DecodeError) -> str:
     return text
 
 
-def _group_row(row: Any) -> GroupRecord:
+def decode_group_row(row: Any) -> GroupRecord:
     group_id, state, generation_id, protocol_type, protocol_name, leader, timestamp, blob = row
     _column("group_id", group_id, str)
     _column("state", state, str)
     if state not in _STATES:
-        raise _BadValue(f"column state: unknown group state {state!r} "
+        raise BadValue(f"column state: unknown group state {state!r} "
                         f"(known: {', '.join(sorted(_STATES))})")
     _column("generation_id", generation_id, int)
     if generation_id < 0:
-        raise _BadValue(f"column generation_id: negative ({generation_id})")
+        raise BadValue(f"column generation_id: negative ({generation_id})")
     _column("protocol_type", protocol_type, str, nullable=True)
     _column("protocol_name", protocol_name, str, nullable=True)
     _column("leader", leader, str, nullable=True)
@@ -363,26 +363,26 @@ def _group_row(row: Any) -> GroupRecord:
     try:
         members = decode_members(blob)
     except DecodeError as exc:
-        raise _BadValue(f"column members (generation {generation_id}) "
-                        f"{_decode_problem(exc)}") from exc
-    except _BadValue as exc:
-        raise _BadValue(f"column members (generation {generation_id}): {exc}") from exc
+        raise BadValue(f"column members (generation {generation_id}) "
+                        f"{decode_problem(exc)}") from exc
+    except BadValue as exc:
+        raise BadValue(f"column members (generation {generation_id}): {exc}") from exc
     if members and state in (GroupState.STABLE.value, GroupState.COMPLETING_REBALANCE.value):
         # The core answers joins and syncs with the chosen protocol's metadata:
         # a generation whose protocol some member lacks cannot be served.
         if protocol_name is None:
-            raise _BadValue(f"column protocol_name is NULL for a {state} group "
+            raise BadValue(f"column protocol_name is NULL for a {state} group "
                             f"(generation {generation_id}) with members")
         for m in members:
             if all(name != protocol_name for name, _ in m.protocols):
-                raise _BadValue(f"generation {generation_id}: protocol {protocol_name!r} is "
+                raise BadValue(f"generation {generation_id}: protocol {protocol_name!r} is "
                                 f"not among the protocols of member {m.member_id!r}")
     return GroupRecord(group_id=group_id, state=state, generation_id=generation_id,
                        protocol_type=protocol_type, protocol_name=protocol_name, leader=leader,
                        state_timestamp_ms=timestamp, members=members)
 
 
-def _checkpoint_row(row: Any) -> tuple[str, str, int, Scalar]:
+def decode_checkpoint_row(row: Any) -> tuple[str, str, int, Scalar]:
     group_id, resource_set, idx, blob = row[:4]
     _column("group_id", group_id, str)
     _column("resource_set", resource_set, str)
@@ -391,14 +391,14 @@ def _checkpoint_row(row: Any) -> tuple[str, str, int, Scalar]:
     try:
         value = decode(blob)
     except DecodeError as exc:
-        raise _BadValue(f"column value {_decode_problem(exc)}") from exc
+        raise BadValue(f"column value {decode_problem(exc)}") from exc
     if value is None or isinstance(value, (list, dict)):
         # A stored checkpoint is a non-null scalar (None deletes, PROTOCOL.md /v1/commit).
-        raise _BadValue(f"column value: expected a msgpack scalar, got {_short(value)}")
+        raise BadValue(f"column value: expected a msgpack scalar, got {_short(value)}")
     return group_id, resource_set, idx, value
 
 
-def _checkpoint_meta(row: Any) -> CheckpointMeta | None:
+def decode_checkpoint_meta(row: Any) -> CheckpointMeta | None:
     """Who wrote a checkpoint row and when (columns 4-6); ``None`` if not kept."""
     committed_ms, member_id, generation_id = row[4:7]
     if committed_ms is None:
@@ -409,34 +409,34 @@ def _checkpoint_meta(row: Any) -> CheckpointMeta | None:
     return CheckpointMeta(committed_ms, member_id, generation_id)
 
 
-def _catalog_row(row: Any) -> tuple[str, int]:
+def decode_catalog_row(row: Any) -> tuple[str, int]:
     name, partitions = row
     _column("name", name, str)
     _column("partitions", partitions, int)
     if not 1 <= partitions <= MAX_PARTITIONS:
-        raise _BadValue(f"column partitions: {partitions} is outside 1..{MAX_PARTITIONS}")
+        raise BadValue(f"column partitions: {partitions} is outside 1..{MAX_PARTITIONS}")
     return name, partitions
 
 
-def _last_commit_row(row: Any) -> tuple[str, int]:
+def decode_last_commit_row(row: Any) -> tuple[str, int]:
     group_id, committed_ms = row
     _column("group_id", group_id, str)
     _column("committed_ms", committed_ms, int)
     return group_id, committed_ms
 
 
-def _owner_row(row: Any) -> tuple[str, str]:
+def decode_owner_row(row: Any) -> tuple[str, str]:
     group_id, owner = row
     _column("group_id", group_id, str)
     _column("owner", owner, str)
     return group_id, owner
 
 
-def _epoch_row(row: Any) -> int:
+def decode_epoch_row(row: Any) -> int:
     value = row[1]
     _column("value", value, int)
     if value < 0:
-        raise _BadValue(f"column value: negative resources epoch ({value})")
+        raise BadValue(f"column value: negative resources epoch ({value})")
     return int(value)
 
 
@@ -470,6 +470,19 @@ class _FileId:
         return cls(st.st_dev, st.st_ino)
 
 
+def sqlite_path(db: str) -> str:
+    """The file of ``--db``: a path, or an ``sqlite:///PATH`` URL as SQLAlchemy spells it
+    (``sqlite:///groupcoord.db`` relative, ``sqlite:////var/lib/groupcoord.db``
+    absolute)."""
+    if db.lower().startswith("sqlite:"):
+        rest = db[len("sqlite:"):]
+        if not rest.startswith("///") or len(rest) == 3:
+            raise StorageError(f"--db {db!r}: an SQLite URL is sqlite:///PATH (relative) or "
+                               f"sqlite:////PATH (absolute)")
+        return rest[3:]
+    return db
+
+
 class Storage:
     """One open database. Not safe for concurrent :meth:`write` calls: the
     runtime has at most one write in flight (it batches the rest)."""
@@ -496,7 +509,7 @@ class Storage:
         :class:`CorruptDatabaseError` when a table or column of the schema is
         missing. Every message is one line naming the file.
         """
-        path = str(path)
+        path = sqlite_path(str(path))
         lock_fd = _lock(path)
         db: aiosqlite.Connection | None = None
         try:
@@ -612,30 +625,30 @@ class Storage:
         groups = []
         for row in await self._rows("groups", _GROUP_COLUMNS, "group_id"):
             groups.append(self._decoded(
-                "groups", f"group_id={row[0]!r} generation_id={row[2]!r}", _group_row, row))
+                "groups", f"group_id={row[0]!r} generation_id={row[2]!r}", decode_group_row, row))
         checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
         checkpoint_meta: dict[str, dict[tuple[str, int], CheckpointMeta]] = {}
         for row in await self._rows("checkpoints", _CHECKPOINT_COLUMNS,
                                     "group_id, resource_set, idx"):
             key = f"group_id={row[0]!r} resource_set={row[1]!r} idx={row[2]!r}"
             group_id, resource_set, idx, value = self._decoded(
-                "checkpoints", key, _checkpoint_row, row)
+                "checkpoints", key, decode_checkpoint_row, row)
             checkpoints.setdefault(group_id, {})[(resource_set, idx)] = value
-            written = self._decoded("checkpoints", key, _checkpoint_meta, row)
+            written = self._decoded("checkpoints", key, decode_checkpoint_meta, row)
             if written is not None:
                 checkpoint_meta.setdefault(group_id, {})[(resource_set, idx)] = written
         catalog: dict[str, int] = {}
         for row in await self._rows("catalog", ("name", "partitions"), "name"):
-            name, partitions = self._decoded("catalog", f"name={row[0]!r}", _catalog_row, row)
+            name, partitions = self._decoded("catalog", f"name={row[0]!r}", decode_catalog_row, row)
             catalog[name] = partitions
         epoch = 0
         for row in await self._rows("meta", ("key", "value"), "key"):
             if row[0] == RESOURCES_EPOCH_KEY:
-                epoch = self._decoded("meta", f"key={row[0]!r}", _epoch_row, row)
+                epoch = self._decoded("meta", f"key={row[0]!r}", decode_epoch_row, row)
         last_commit: dict[str, int] = {}
         for row in await self._rows("last_commits", ("group_id", "committed_ms"), "group_id"):
             group_id, committed_ms = self._decoded("last_commits", f"group_id={row[0]!r}",
-                                                   _last_commit_row, row)
+                                                   decode_last_commit_row, row)
             # A group whose checkpoints were all deleted keeps its row; it has
             # nothing left to expire.
             if group_id in checkpoints:
@@ -643,7 +656,7 @@ class Storage:
         owners: dict[str, str] = {}
         for row in await self._rows("group_owners", ("group_id", "owner"), "group_id"):
             group_id, owner = self._decoded("group_owners", f"group_id={row[0]!r}",
-                                            _owner_row, row)
+                                            decode_owner_row, row)
             owners[group_id] = owner
         return Snapshot(groups=tuple(groups), checkpoints=checkpoints, catalog=catalog,
                         resources_epoch=epoch, last_commit_ms=last_commit, owners=owners,
@@ -661,10 +674,10 @@ class Storage:
     def _decoded(self, table: str, key: str, decoder: Callable[[Any], _T], row: Any) -> _T:
         try:
             return decoder(row)
-        except _BadValue as exc:
+        except BadValue as exc:
             raise CorruptDatabaseError(self.path, table, key, str(exc)) from exc
         except DecodeError as exc:
-            raise CorruptDatabaseError(self.path, table, key, _decode_problem(exc)) from exc
+            raise CorruptDatabaseError(self.path, table, key, decode_problem(exc)) from exc
 
     async def write(self, records: Sequence[Record]) -> float:
         """Make ``records`` durable in one transaction; returns the seconds it took.

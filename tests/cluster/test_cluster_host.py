@@ -1,0 +1,253 @@
+"""Several coordinators in one process on a real PostgreSQL: leases, hand-off,
+fencing, takeover, routing and the shared catalog (coordinator/cluster/host.py).
+
+The real-process suite (kill -9, SIGSTOP, rolling restarts, a PostgreSQL
+restart, members in their own processes) is tests/cluster/test_cluster_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from cluster_kit import (
+    LEASE_MS,
+    Node,
+    commit,
+    fetch,
+    heartbeat,
+    stable_member,
+    stop_all,
+    wait_for,
+)
+from pg_harness import PostgresServer
+
+from coordinator.cluster.host import writer_settings
+from coordinator.core.commands import PutResource
+from coordinator.core.effects import AdminResult
+from coordinator.storage.leases import LocalLease
+from coordinator.storage.postgres import PostgresStorage, connect, partition_of
+from protocol.errors import ErrorCode
+from protocol.messages import CommitResponse, FetchResponse, NotCoordinatorAnswer
+
+P = 6
+
+
+async def test_coordinators_share_the_partitions_and_never_own_one_together(pg_url: str
+                                                                            ) -> None:
+    a = await Node.start(pg_url, "a", partitions=P)
+    assert a.owned() == set(range(P))              # alone: it takes every partition
+    b = await Node.start(pg_url, "b", partitions=P)
+    c = None
+    try:
+        overlaps: list[set[int]] = []
+
+        async def watch() -> None:
+            while True:
+                nodes = [n for n in (a, b, c) if n is not None]
+                for i, x in enumerate(nodes):
+                    for y in nodes[i + 1:]:
+                        if x.owned() & y.owned():
+                            overlaps.append(x.owned() & y.owned())
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.ensure_future(watch())
+        # The newcomer takes its share by an orderly hand-off, within a few rounds.
+        await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
+        c = await Node.start(pg_url, "c", partitions=P)
+        await wait_for(lambda: [len(n.owned()) for n in (a, b, c)] == [2, 2, 2], 10,
+                       "2, 2 and 2")
+        assert a.owned() | b.owned() | c.owned() == set(range(P))
+        # A coordinator stopped with SIGTERM hands its partitions off: the others
+        # take them at once, not after its leases ran out.
+        stopped_at = time.monotonic()
+        await c.stop()
+        await wait_for(lambda: a.owned() | b.owned() == set(range(P)), 10, "a and b own all")
+        assert time.monotonic() - stopped_at < LEASE_MS / 1000
+        watcher.cancel()
+        assert overlaps == []
+    finally:
+        await stop_all(a, b)
+
+
+async def test_an_owner_stops_answering_when_its_lease_may_have_run_out(pg_url: str) -> None:
+    a = await Node.start(pg_url, "a", partitions=P)
+    try:
+        runtime = a.runtime_for("g")
+        member_id, generation = await stable_member(runtime, "g")
+        assert (await heartbeat(runtime, "g", member_id, generation)).error is None
+        a.pause()                                  # no renewal any more (paused, cut off)
+        granted = a.host.partitions[partition_of("g", P)].lease
+        await asyncio.sleep(max(0.0, granted.valid_until - time.monotonic()) + 0.01)
+        # By its own clock the lease may have run out: it answers nothing for the
+        # partition, heartbeats included, although nobody else took it yet.
+        answer = a.host.route("g")
+        assert isinstance(answer, NotCoordinatorAnswer)
+        assert answer.error is ErrorCode.NOT_COORDINATOR
+        assert partition_of("g", P) not in a.host.partitions
+    finally:
+        await stop_all(a)
+
+
+async def test_a_deposed_owner_cannot_write_and_drops_the_partition(pg_url: str) -> None:
+    a = await Node.start(pg_url, "a", partitions=P)
+    b = None
+    try:
+        number = partition_of("g", P)
+        runtime = a.runtime_for("g")
+        member_id, generation = await stable_member(runtime, "g")
+        assert (await commit(runtime, "g", member_id, generation, 1)).error is None
+        a.pause()
+        # Make a believe it still holds the lease (its clock runs slow, say), so it
+        # keeps serving the partition after the database gave it to b...
+        partition = a.host.partitions[number]
+        partition.lease = LocalLease(number, partition.lease.epoch, LEASE_MS,
+                                     time.monotonic() + 60)
+        b = await Node.start(pg_url, "b", partitions=P)
+        await wait_for(lambda: number in b.owned(), 10, "b takes the partition over")
+        assert a.host.route("g") is runtime
+        # ...its write is fenced by the epoch in the database all the same: not
+        # acknowledged (the member finds the coordinator again and retries there).
+        answer = await commit(runtime, "g", member_id, generation, 2)
+        assert isinstance(answer, CommitResponse)
+        assert answer.error is ErrorCode.COORDINATOR_NOT_AVAILABLE
+        await wait_for(lambda: number not in a.host.partitions, 5, "a drops the partition")
+        # Nothing of the fenced write is in the database: the new owner has 1.
+        fetched = await fetch(b.runtime_for("g"), "g")
+        assert isinstance(fetched, FetchResponse)
+        assert fetched.checkpoints == (("orders", 0, 1),)
+    finally:
+        await stop_all(a, *([b] if b else []))
+
+
+async def test_takeover_resumes_a_stable_group_without_a_rebalance(pg_url: str) -> None:
+    a = await Node.start(pg_url, "a", partitions=P)
+    b = await Node.start(pg_url, "b", partitions=P)
+    try:
+        await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
+        first = a if partition_of("g", P) in a.owned() else b
+        second = b if first is a else a
+        runtime = first.runtime_for("g")
+        member_id, generation = await stable_member(runtime, "g")
+        assert (await commit(runtime, "g", member_id, generation, 7)).error is None
+        await first.stop()                         # SIGTERM: an orderly hand-off
+        await wait_for(lambda: partition_of("g", P) in second.owned(), 10, "takeover")
+        taken = second.runtime_for("g")
+        view = taken.core.describe_group("g")
+        assert view is not None and view.state == "Stable"
+        assert view.generation_id == generation
+        assert [m.assignment for m in view.members] == [b"A"]
+        # The member's heartbeat at its generation is answered as if nothing happened.
+        assert (await heartbeat(taken, "g", member_id, generation)).error is None
+        fetched = await fetch(taken, "g")
+        assert isinstance(fetched, FetchResponse)
+        assert fetched.checkpoints == (("orders", 0, 7),)
+    finally:
+        await stop_all(a, b)
+
+
+async def test_find_coordinator_and_not_coordinator_name_the_owner(pg_url: str) -> None:
+    a = await Node.start(pg_url, "a", partitions=P)
+    b = await Node.start(pg_url, "b", partitions=P)
+    try:
+        await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
+        await wait_for(lambda: all(row.held for row in a.host.lease_rows.values())
+                       and all(row.held for row in b.host.lease_rows.values()), 5, "reads")
+        for group in ("g", "h", "orders-7", "x"):
+            owner = a if partition_of(group, P) in a.owned() else b
+            other = b if owner is a else a
+            for node in (a, b):
+                found = node.service.find_coordinator(group)
+                assert found.error is None
+                assert found.url == f"http://{owner.name}:9080"
+                assert found.partition == partition_of(group, P)
+            answer = other.host.route(group)
+            assert answer == NotCoordinatorAnswer(ErrorCode.NOT_COORDINATOR,
+                                                  f"http://{owner.name}:9080")
+            assert other.service.owner_admin_url(group) == f"http://{owner.name}:9081"
+            assert owner.service.owner_admin_url(group) is None
+    finally:
+        await stop_all(a, b)
+
+
+async def test_a_catalog_change_through_one_coordinator_reaches_the_others(pg_url: str
+                                                                          ) -> None:
+    a = await Node.start(pg_url, "a", partitions=P)
+    b = await Node.start(pg_url, "b", partitions=P)
+    try:
+        await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
+        put = await a.service.call(lambda rid: PutResource(rid, "orders", 4))
+        assert put == AdminResult(None, 1)
+        put = await b.service.call(lambda rid: PutResource(rid, "users", 2))
+        assert put == AdminResult(None, 2)         # ordered by the database, not per process
+        await wait_for(lambda: a.host.resources_epoch == 2, 5, "a adopts epoch 2")
+        for node in (a, b):
+            assert dict(node.service.core.catalog()) == {"orders": 4, "users": 2}
+            for number in node.owned():
+                core = node.host.partitions[number].runtime.core  # type: ignore[union-attr]
+                assert core.resources_epoch == 2
+                assert dict(core.catalog()) == {"orders": 4, "users": 2}
+        bad = await a.service.call(lambda rid: PutResource(rid, "orders", 0))
+        assert isinstance(bad, AdminResult) and bad.error is ErrorCode.INVALID_REQUEST
+        store = await PostgresStorage.open(pg_url)
+        try:
+            assert await store.catalog_state() == ({"orders": 4, "users": 2}, 2)
+        finally:
+            await store.close()
+    finally:
+        await stop_all(a, b)
+
+
+async def test_after_a_postgresql_restart_the_coordinator_serves_its_groups_again(
+        pg_url: str, postgres_server: PostgresServer) -> None:
+    a = await Node.start(pg_url, "a", partitions=P)
+    try:
+        number = partition_of("g", P)
+        runtime = a.runtime_for("g")
+        member_id, generation = await stable_member(runtime, "g")
+        assert (await commit(runtime, "g", member_id, generation, 5)).error is None
+        epoch = a.host.partitions[number].lease.epoch
+        await asyncio.to_thread(postgres_server.stop, "fast")
+        # Without the database nothing renews: every partition is dropped once its
+        # lease may have run out, and nothing is answered from memory after that.
+        await wait_for(lambda: not a.owned(), 5, "partitions dropped")
+        assert isinstance(a.host.route("g"), NotCoordinatorAnswer)
+        await asyncio.to_thread(postgres_server.start)
+        # Back: acquired again (a new epoch), reloaded, the group as it was.
+        await wait_for(lambda: a.owned() == set(range(P)), 15, "every partition again")
+        assert a.host.partitions[number].lease.epoch > epoch
+        taken = a.runtime_for("g")
+        assert (await heartbeat(taken, "g", member_id, generation)).error is None
+        fetched = await fetch(taken, "g")
+        assert isinstance(fetched, FetchResponse)
+        assert fetched.checkpoints == (("orders", 0, 5),)
+    finally:
+        await stop_all(a)
+
+
+async def test_a_coordinator_paused_mid_write_holds_up_no_one(pg_url: str) -> None:
+    """A coordinator paused inside a write transaction holds its lease rows locked
+    (the fence reads them FOR SHARE): the others' rounds must not wait on that."""
+    a = await Node.start(pg_url, "a", partitions=P)
+    b = await Node.start(pg_url, "b", partitions=P)
+    try:
+        await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
+        mine = set(b.owned())
+        a.pause()
+        # a's writer, frozen after its fence read: the rows stay locked until the
+        # server ends the idle transaction (writer_settings).
+        frozen = await connect(pg_url, settings=writer_settings(LEASE_MS))
+        transaction = frozen.transaction()
+        await transaction.start()
+        await frozen.fetch("SELECT partition FROM partition_leases WHERE partition = ANY($1) "
+                           "FOR SHARE", sorted(a.owned()))
+        dropped: list[int] = []
+        started = time.monotonic()
+        while b.owned() != set(range(P)):
+            assert time.monotonic() - started < 10, "b did not take a's partitions over"
+            dropped += sorted(mine - b.owned())
+            await asyncio.sleep(0.01)
+        assert dropped == []                       # b kept serving its own all along
+        frozen.terminate()
+    finally:
+        await stop_all(a, b)
