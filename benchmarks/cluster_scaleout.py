@@ -52,11 +52,13 @@ import asyncio
 import os
 import re
 import resource
+import shutil
 import statistics
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +81,7 @@ from _server_common import GROUPCOORD, BenchMember, Server, client_session, form
 HERE = Path(__file__).resolve().parent
 SESSION_MS = 600_000
 _RESULT = re.compile(r"RESULT (.*)")
+_MOVED = ("NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE")
 
 
 @dataclass
@@ -89,6 +92,8 @@ class Setup:
     #: owner URL -> the members of the groups it owns.
     members: dict[str, list[BenchMember]] = field(default_factory=dict)
     bodies: dict[str, str] = field(default_factory=dict)
+    #: groups formed again because their partition moved or reloaded meanwhile.
+    retries: int = 0
 
 
 @dataclass
@@ -101,6 +106,8 @@ class Run:
     pg_cpu: float
     p99_ms: float
     wait_s: float  # seconds the servers waited for a CPU (other tenants' time)
+    #: the slowest of the probe's small write transactions on PostgreSQL meanwhile (s).
+    pg_write_max_s: float = 0.0
 
     @property
     def ok(self) -> int:
@@ -121,12 +128,27 @@ async def form_groups(setup: Setup, groups: int, group_size: int, parallel: int)
     async with client_session() as http:
         owners = dict(zip(names, await asyncio.gather(
             *(find_owner(http, setup.urls, g) for g in names)), strict=True))
+        async def form(g: str) -> tuple[str, list[BenchMember]]:
+            name = g
+            for attempt in range(5):
+                try:
+                    return owners[name], await form_group(http, owners[name], name, group_size,
+                                                          SESSION_MS)
+                except RuntimeError as exc:
+                    if not any(code in str(exc) for code in _MOVED) or attempt == 4:
+                        raise
+                # The partition moved or reloads (a lease ran out): a group of another
+                # name (this one may hold members that joined), at its owner.
+                setup.retries += 1
+                await asyncio.sleep(0.5)
+                name = f"{g}-again{attempt + 1}"
+                owners[name] = await find_owner(http, setup.urls, name)
+            raise AssertionError("unreachable")
+
         for start in range(0, len(names), parallel):
             batch = names[start:start + parallel]
-            formed = await asyncio.gather(*(form_group(http, owners[g], g, group_size,
-                                                       SESSION_MS) for g in batch))
-            for g, members in zip(batch, formed, strict=True):
-                setup.members.setdefault(owners[g], []).extend(members)
+            for owner, members in await asyncio.gather(*(form(g) for g in batch)):
+                setup.members.setdefault(owner, []).extend(members)
         # Every member heartbeats fine at its owner before the measured runs.
         for url, members in setup.members.items():
             for m in members[:: max(1, len(members) // 20)]:
@@ -156,6 +178,30 @@ def sched_wait(pid: int) -> float:
     return total / 1e9
 
 
+class WriteProbe:
+    """Times a one-row write transaction on PostgreSQL (psql over the unix socket,
+    process start included) every 0.5 s in a thread, as a lease renewal is one: a
+    stall of the database or of the machine shows as a slow probe."""
+
+    def __init__(self, pg: PostgresServer) -> None:
+        self._pg = pg
+        self._stop = threading.Event()
+        self.slowest = 0.0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            t = time.perf_counter()
+            self._pg.psql("INSERT INTO bench_probe VALUES (now())", "groupcoord")
+            self.slowest = max(self.slowest, time.perf_counter() - t)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join(30)
+        return self.slowest
+
+
 def drive(setup: Setup, pg: PostgresServer | None, args: argparse.Namespace,
           wrk_cpu: int | None) -> Run:
     """One wrk per coordinator of the set-up, all at once, the connections split."""
@@ -174,7 +220,9 @@ def drive(setup: Setup, pg: PostgresServer | None, args: argparse.Namespace,
             cmd = ["taskset", "-c", str(wrk_cpu), *cmd]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env={**os.environ, "GROUPCOORD_BODIES": bodies}))
+    probe = WriteProbe(pg) if pg is not None else None
     outs = [p.communicate(timeout=args.duration + 60) for p in procs]
+    stall = probe.stop() if probe is not None else 0.0
     elapsed = time.perf_counter() - started
     cpu = sum(cpu_seconds(p) for p in pids) - cpu0
     wait = sum(sched_wait(p) for p in pids) - wait0
@@ -193,7 +241,7 @@ def drive(setup: Setup, pg: PostgresServer | None, args: argparse.Namespace,
         duration = max(duration, r["duration_us"] / 1e6)
         p99 = max(p99, r["p99_us"] / 1000)
     return Run(requests, failures, min(duration, elapsed) or elapsed, cpu, wrk, pg_cpu, p99,
-               wait)
+               wait, stall)
 
 
 async def error_tally(setup: Setup, sample: int = 500) -> dict[str, int]:
@@ -221,6 +269,7 @@ def line(label: str, runs: list[Run]) -> str:
             f"  wrk {med(r.per(r.wrk_cpu) for r in runs):4.1f} us"
             f"  PostgreSQL {med(r.per(r.pg_cpu) for r in runs):4.1f} us"
             f"  servers waited for a CPU {med(r.wait_s for r in runs):.1f} s/run"
+            f"  slowest PostgreSQL write probe {max(r.pg_write_max_s for r in runs):.2f} s"
             f"  failed answers {sum(r.failures for r in runs):,} of "
             f"{sum(r.requests for r in runs):,}")
 
@@ -236,6 +285,7 @@ def main() -> int:
                         help="in total, split between a set-up's coordinators")
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--lease-ms", type=int, default=5_000)
+    parser.add_argument("--keep-logs", help="copy the coordinators' logs to this directory")
     args = parser.parse_args()
     if args.members % args.groups:
         parser.error("--members must be a multiple of --groups")
@@ -261,6 +311,7 @@ def main() -> int:
                          "--initial-rebalance-delay-ms", "500",
                          "--min-session-timeout-ms", "1000"])
         setups.append(Setup("sqlite-1", [sqlite], [sqlite.url]))
+        pg.psql("CREATE TABLE bench_probe (at timestamptz)", "groupcoord")
         for name, n in (("pg-1", 1), ("pg-2", 2)):
             log_dir = Path(tmp.name) / name
             log_dir.mkdir()
@@ -278,7 +329,8 @@ def main() -> int:
             asyncio.run(form_groups(setup, args.groups, group_size, args.parallel_groups))
             split = ", ".join(f"{len(m):,}" for m in setup.members.values())
             print(f"# {setup.name}: {args.groups:,} groups formed in "
-                  f"{time.perf_counter() - t0:.1f} s (members per coordinator: {split})",
+                  f"{time.perf_counter() - t0:.1f} s (members per coordinator: {split}; groups "
+                  f"formed again after their partition moved: {setup.retries})",
                   flush=True)
             for i, (url, members) in enumerate(setup.members.items()):
                 path = os.path.join(tmp.name, f"{setup.name}-{i}.bin")
@@ -301,7 +353,8 @@ def main() -> int:
             else:
                 runs.setdefault(label, []).append(run)
             if run.failures or moved:
-                print(f"# {label}: {run.failures:,} of {run.requests:,} answers were errors; "
+                print(f"# {label}: {run.failures:,} of {run.requests:,} answers were errors "
+                      f"(slowest PostgreSQL write probe {run.pg_write_max_s:.2f} s); "
                       f"a sample of members now gets: {asyncio.run(error_tally(setup))}; "
                       f"partitions dropped so far (coordinator log lines): "
                       f"{[c.log_lines('dropped') for c in clusters]}", flush=True)
@@ -371,6 +424,9 @@ def main() -> int:
     finally:
         for cluster in clusters:
             cluster.stop()
+        if args.keep_logs:
+            shutil.copytree(tmp.name, args.keep_logs, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("*.bin", "*.db*"))
         if sqlite is not None:
             sqlite.stop()
         pg.remove()
