@@ -452,6 +452,10 @@ def main() -> int:
               f"{'met' if max(worst) <= lease_s + 1 else 'NOT met'}); members measured per "
               f"kill: {min(len(d) for d in recoveries)}-{max(len(d) for d in recoveries)}")
         print("worst member per kill, s: " + ", ".join(f"{w:.2f}" for w in worst))
+        after = [sum(1 for e in lost_calls
+                     if k_at <= e["t"] < (kills[i + 1][0] if i + 1 < len(kills) else last))
+                 for i, (k_at, _v, _t) in enumerate(kills)]
+        print("on_lost calls per kill: " + ", ".join(map(str, after)))
     print(f"rebalances from the first kill to the end: generation {gen0} -> {gen1} "
           f"({gen1 - gen0}); journal rows {journal0} -> {journal1} ({journal1 - journal0}); "
           f"generations the members used: {sorted(gens_seen)}")
