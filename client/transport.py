@@ -342,7 +342,9 @@ class CoordinatorRouter:
       member's timeout reported through :meth:`timed_out`), or
       ``COORDINATOR_NOT_AVAILABLE``: the coordinator is unknown again; the
       error goes to the member, which retries with its backoff (bounded by
-      its safety lease) and the next call looks for the coordinator.
+      its safety lease) and the next call looks for the coordinator. The
+      other calls still waiting on that coordinator fail too (as they do
+      when it is replaced), so none stays parked at a coordinator given up.
     - ``COORDINATOR_LOAD_IN_PROGRESS``: the owner, still loading; the member
       retries there after its backoff.
 
@@ -387,6 +389,9 @@ class CoordinatorRouter:
         #: per api, the last call cancelled while waiting on a coordinator:
         #: that coordinator and its answer count when the call was sent.
         self._cancelled: dict[str, tuple[str, int]] = {}
+        #: per coordinator, resolved when it is given up: the calls still
+        #: waiting on it fail then (a join parked at a paused process).
+        self._gone: dict[str, asyncio.Future[None]] = {}
 
     @property
     def bootstrap_urls(self) -> tuple[str, ...]:
@@ -402,10 +407,8 @@ class CoordinatorRouter:
         redirects = 0
         while True:
             url = self._current if self._current is not None else await self._find(api)
-            transport = self._transports[url]
-            seen = self._answers.get(url, 0)
             try:
-                response = await transport.call(api, request)
+                response = await self._send(url, api, request)
             except NotCoordinatorError as exc:
                 self._answered(url)
                 if exc.code is not ErrorCode.NOT_COORDINATOR:
@@ -418,13 +421,32 @@ class CoordinatorRouter:
             except CoordinatorUnavailableError:
                 self._forget(url)
                 raise
-            except asyncio.CancelledError:
-                self._cancelled[api] = (url, seen)
-                raise
             self._answered(url)
             if getattr(response, "error", None) is ErrorCode.COORDINATOR_NOT_AVAILABLE:
                 self._forget(url)  # Kafka's consumer marks the coordinator unknown too
             return response
+
+    async def _send(self, url: str, api: str, request: Any) -> Any:
+        """``request`` to the coordinator at ``url``; fails when that
+        coordinator is given up while the call waits on it (Kafka's client
+        fails the requests in flight to a coordinator it marks dead)."""
+        seen = self._answers.get(url, 0)
+        gone = self._gone.get(url)
+        if gone is None:
+            gone = self._gone[url] = asyncio.get_running_loop().create_future()
+        call = asyncio.ensure_future(self._transports[url].call(api, request))
+        try:
+            await asyncio.wait((call, gone), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self._cancelled[api] = (url, seen)
+            await _cancel(call)
+            raise
+        if not call.done():
+            await _cancel(call)
+            raise CoordinatorUnavailableError(
+                f"{api}: gave up waiting on {redact_url(url)}: the group's coordinator "
+                "changed or stopped answering")
+        return call.result()
 
     def timed_out(self, api: str) -> None:
         """The member's last ``api`` call got no answer within its timeout: if
@@ -466,9 +488,17 @@ class CoordinatorRouter:
         if self._current == url:
             self._current = None
             self._failed = url
+            self._give_up(url)
+
+    def _give_up(self, url: str) -> None:
+        gone = self._gone.pop(url, None)
+        if gone is not None and not gone.done():
+            gone.set_result(None)
 
     def _use(self, url: str, how: str) -> None:
-        self._current = url
+        old, self._current = self._current, url
+        if old is not None and old != url:
+            self._give_up(old)
         if url != self._announced:
             was = self._announced
             self._announced = url
@@ -548,3 +578,8 @@ class CoordinatorRouter:
                 f"coordinator URL: {exc}") from None
         self._use(owner, f"find_coordinator at {redact_url(asked)}")
         return owner
+
+
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

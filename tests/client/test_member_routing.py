@@ -350,3 +350,38 @@ def test_a_member_given_https_urls_follows_no_server_to_http() -> None:
         assert one.current_url is None
 
     run_virtual(main)
+
+
+def test_calls_waiting_on_a_coordinator_given_up_fail_at_once() -> None:
+    """A join parked at a coordinator that then stops answering (paused): when
+    another call times out there and the router gives that coordinator up,
+    the parked join fails at once (retriable) instead of waiting out its own
+    timeout (a rebalance timeout) at a coordinator that no longer serves."""
+
+    async def main() -> None:
+        runtime = Runtime(GroupCoordinator(CoreConfig()), MemoryStore(), LoopClock())
+        await runtime.start()
+        cluster = Cluster(InProcessCoordinator(runtime))
+        cluster.move(A, a="serve", b="redirect")
+        router = CoordinatorRouter([A, B], "g", cluster.connect, find_timeout_ms=500)
+        beat = HeartbeatRequest("g", "nobody", 1)
+        assert (await router.call("heartbeat", beat)).error is ErrorCode.UNKNOWN_MEMBER_ID
+        assert router.current_url == A
+        cluster.move(B, a="silent", b="serve")
+        parked = asyncio.ensure_future(router.call("heartbeat", beat))  # never answered
+        await asyncio.sleep(5)
+        assert not parked.done()
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(router.call("commit", beat), 0.5)
+        router.timed_out("commit")
+        given_up = loop.time()
+        with pytest.raises(CoordinatorUnavailableError, match="gave up waiting on"):
+            await parked
+        assert loop.time() - given_up < 0.001
+        assert router.current_url is None
+        assert (await router.call("heartbeat", beat)).error is ErrorCode.UNKNOWN_MEMBER_ID
+        assert router.current_url == B
+        await runtime.stop()
+
+    run_virtual(main)
