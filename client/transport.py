@@ -564,11 +564,16 @@ class CoordinatorRouter:
                 + "; ".join(failures))
 
     def _found(self, api: str, asked: str, response: FindCoordinatorResponse) -> str:
-        if response.error is not None or not response.url:
-            code = response.error.value if response.error is not None else "no url"
+        if response.error is not None:
             raise CoordinatorUnavailableError(
                 f"{api}: no coordinator serves group {self._group_id!r} now "
-                f"(find_coordinator at {redact_url(asked)}: {code})")
+                f"(find_coordinator at {redact_url(asked)}: {response.error.value})")
+        if not response.url:
+            # No error and no other URL: the server asked serves the group (a
+            # one-process server that does not know its advertised URL); should
+            # it not, its NOT_COORDINATOR corrects it.
+            self._use(asked, f"find_coordinator at {redact_url(asked)} named itself")
+            return asked
         owner = response.url.rstrip("/")
         try:
             self._named(owner)

@@ -26,7 +26,7 @@ from client.transport import FIND_COORDINATOR_API, CoordinatorRouter
 from coordinator.core import CoreConfig, GroupCoordinator
 from coordinator.runtime.runtime import Runtime
 from protocol.errors import ErrorCode
-from protocol.messages import FindCoordinatorResponse, HeartbeatRequest
+from protocol.messages import FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -383,5 +383,44 @@ def test_calls_waiting_on_a_coordinator_given_up_fail_at_once() -> None:
         assert (await router.call("heartbeat", beat)).error is ErrorCode.UNKNOWN_MEMBER_ID
         assert router.current_url == B
         await runtime.stop()
+
+    run_virtual(main)
+
+
+def test_find_coordinator_answers_without_a_url_or_404_name_the_server_asked() -> None:
+    """A v1 server (no find_coordinator: HTTP 404) and a server answering no
+    error and no URL both serve the group themselves; COORDINATOR_NOT_AVAILABLE
+    fails the call retriably and leaves the coordinator unknown."""
+    answers: dict[str, Any] = {}
+
+    class Answers:
+        def __init__(self, url: str) -> None:
+            self.url = url
+
+        async def call(self, api: str, request: Any) -> Any:
+            if api != FIND_COORDINATOR_API:
+                return HeartbeatResponse(None)
+            answer = answers[self.url]
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    async def main() -> None:
+        beat = HeartbeatRequest("g", "m", 1)
+        answers[A] = CoordinatorUnavailableError("find_coordinator: HTTP 404: no such call",
+                                                 http_status=404)
+        router = CoordinatorRouter([A, B], "g", Answers)
+        assert (await router.call("heartbeat", beat)).error is None
+        assert router.current_url == A
+        answers[A] = CoordinatorUnavailableError("refused")
+        answers[B] = FindCoordinatorResponse(None, "")
+        router = CoordinatorRouter([A, B], "g", Answers)
+        assert (await router.call("heartbeat", beat)).error is None
+        assert router.current_url == B
+        answers[B] = FindCoordinatorResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        router = CoordinatorRouter([A, B], "g", Answers)
+        with pytest.raises(CoordinatorUnavailableError, match="COORDINATOR_NOT_AVAILABLE"):
+            await router.call("heartbeat", beat)
+        assert router.current_url is None
 
     run_virtual(main)
