@@ -22,6 +22,7 @@ from virtual_time import LoopClock, loop_ms, run_virtual
 
 from client.errors import CoordinatorUnavailableError, NotCoordinatorError
 from client.member import GroupMember
+from client.member_state import ERROR_ACTIONS, ErrorAction
 from client.transport import FIND_COORDINATOR_API, CoordinatorRouter
 from coordinator.core import CoreConfig, GroupCoordinator
 from coordinator.runtime.runtime import Runtime
@@ -427,3 +428,11 @@ def test_find_coordinator_answers_without_a_url_or_404_name_the_server_asked() -
         assert router.current_url is None
 
     run_virtual(main)
+
+
+def test_not_coordinator_reaching_the_machine_is_retried_not_a_loss() -> None:
+    """Should a transport hand NOT_COORDINATOR to the machine as a response
+    (one without a router), the error table retries the step: the member
+    keeps its membership, as for COORDINATOR_NOT_AVAILABLE."""
+    assert ERROR_ACTIONS[ErrorCode.NOT_COORDINATOR] is ErrorAction.RETRY
+    assert ERROR_ACTIONS[ErrorCode.COORDINATOR_NOT_AVAILABLE] is ErrorAction.RETRY
