@@ -415,24 +415,13 @@ def _rebalances(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> in
 # ---------------------------------------------------------------- coordinators
 
 
-def _ranges(numbers: Sequence[int]) -> str:
-    """``0-3,7``: partition numbers, runs folded."""
-    runs: list[list[int]] = []
-    for n in sorted(numbers):
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "-"
-
-
 def _coordinators(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
     rows = admin.coordinators()
     if args.json:
         return _dump({"coordinators": rows}, out)
     print(table(("ID", "URL", "ADMIN URL", "PARTITIONS", "OWNED"), [
         (c["id"] + (" *" if c.get("self") else ""), c["url"], c.get("admin_url") or "-",
-         len(c["partitions"]), _ranges([p["partition"] for p in c["partitions"]]))
+         len(c["partitions"]), _ranges([p["partition"] for p in c["partitions"]]) or "-")
         for c in rows]), file=out)
     return 0
 
