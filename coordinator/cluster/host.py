@@ -255,6 +255,7 @@ class PartitionHost:
         self._wake = asyncio.Event()
         #: releases after a drop, kept referenced until done.
         self._background: set[asyncio.Task[None]] = set()
+        self._runner: asyncio.Task[Any] | None = None
         #: fires when the earliest owned lease runs out, whatever the loop is doing.
         self._expiry: asyncio.TimerHandle | None = None
 
@@ -283,6 +284,7 @@ class PartitionHost:
 
     async def run(self) -> None:
         """The lease loop, until :meth:`stop`."""
+        self._runner = asyncio.current_task()
         tick = self.lease_ms / TICKS_PER_LEASE / 1000
         while not self._stopping:
             delay = min(tick, self._next_expiry_wait())
@@ -309,6 +311,13 @@ class PartitionHost:
         self._wake.set()
         if self._expiry is not None:
             self._expiry.cancel()
+        # The loop may be in the middle of a round (acquiring, say): end it first, so
+        # that every partition it could still take is in the list handed off below.
+        runner = self._runner
+        if runner is not None and runner is not asyncio.current_task() and not runner.done():
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
         for number in sorted(self.partitions):
             await self._hand_off(number)
         with contextlib.suppress(StorageError):
