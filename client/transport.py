@@ -384,11 +384,8 @@ class CoordinatorRouter:
         #: the coordinator last given up (asked last in the next round).
         self._failed: str | None = None
         self._finding = asyncio.Lock()
-        #: answers received from each coordinator (any call).
-        self._answers: dict[str, int] = {}
-        #: per api, the last call cancelled while waiting on a coordinator:
-        #: that coordinator and its answer count when the call was sent.
-        self._cancelled: dict[str, tuple[str, int]] = {}
+        #: per api, the coordinator the last call cancelled while waiting was sent to.
+        self._cancelled: dict[str, str] = {}
         #: per coordinator, resolved when another one is found: the calls
         #: still waiting on it fail then (a join parked at a paused process).
         self._gone: dict[str, asyncio.Future[None]] = {}
@@ -410,7 +407,6 @@ class CoordinatorRouter:
             try:
                 response = await self._send(url, api, request)
             except NotCoordinatorError as exc:
-                self._answered(url)
                 if exc.code is not ErrorCode.NOT_COORDINATOR:
                     raise  # loading: the owner; retried there after the member's backoff
                 self._redirect(url, exc.owner_url)
@@ -421,7 +417,6 @@ class CoordinatorRouter:
             except CoordinatorUnavailableError:
                 self._forget(url)
                 raise
-            self._answered(url)
             if getattr(response, "error", None) is ErrorCode.COORDINATOR_NOT_AVAILABLE:
                 self._forget(url)  # Kafka's consumer marks the coordinator unknown too
             return response
@@ -430,7 +425,6 @@ class CoordinatorRouter:
         """``request`` to the coordinator at ``url``; fails when another
         coordinator is found while the call waits on this one (Kafka's client
         fails the requests in flight to a coordinator it marks dead)."""
-        seen = self._answers.get(url, 0)
         gone = self._gone.get(url)
         if gone is None:
             gone = self._gone[url] = asyncio.get_running_loop().create_future()
@@ -438,7 +432,7 @@ class CoordinatorRouter:
         try:
             await asyncio.wait((call, gone), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            self._cancelled[api] = (url, seen)
+            self._cancelled[api] = url
             await _cancel(call)
             raise
         if not call.done():
@@ -449,14 +443,13 @@ class CoordinatorRouter:
         return call.result()
 
     def timed_out(self, api: str) -> None:
-        """The member's last ``api`` call got no answer within its timeout: if
-        its coordinator has answered nothing since that call was sent (a
-        paused process, a black hole), look for the coordinator again."""
-        record = self._cancelled.pop(api, None)
-        if record is None:
-            return
-        url, seen = record
-        if self._answers.get(url, 0) == seen:
+        """The member's last ``api`` call got no answer within its timeout (a
+        paused process, a black hole): look for the coordinator again. Even if it
+        answered other calls since that one was sent: those may have been answered
+        just before it stopped (chaos finding 6), and a coordinator still serving
+        is found again at the cost of one ``find_coordinator``."""
+        url = self._cancelled.pop(api, None)
+        if url is not None:
             self._forget(url)
 
     async def aclose(self) -> None:
@@ -480,9 +473,6 @@ class CoordinatorRouter:
             raise ValueError(f"{redact_url(url)!r} is not an https:// URL, and this member "
                              f"was given https:// URLs")
         self._transport_for(url)
-
-    def _answered(self, url: str) -> None:
-        self._answers[url] = self._answers.get(url, 0) + 1
 
     def _forget(self, url: str) -> None:
         if self._current == url:

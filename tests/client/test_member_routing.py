@@ -436,3 +436,38 @@ def test_not_coordinator_reaching_the_machine_is_retried_not_a_loss() -> None:
     keeps its membership, as for COORDINATOR_NOT_AVAILABLE."""
     assert ERROR_ACTIONS[ErrorCode.NOT_COORDINATOR] is ErrorAction.RETRY
     assert ERROR_ACTIONS[ErrorCode.COORDINATOR_NOT_AVAILABLE] is ErrorAction.RETRY
+
+
+def test_a_call_timed_out_gives_its_coordinator_up_even_after_other_answers() -> None:
+    """Chaos finding 6: a member's held heartbeat was sent just before its coordinator
+    was paused, and a commit sent later was answered just before the pause. When the
+    heartbeat times out the coordinator must still be given up: keeping it because
+    it "answered something since" sent the next heartbeat to the paused process and
+    cost the member its resources."""
+
+    class Split:
+        """A's heartbeats are never answered (paused mid-hold); everything else is."""
+
+        def __init__(self, url: str) -> None:
+            self.url = url
+
+        async def call(self, api: str, request: Any) -> Any:
+            if api == FIND_COORDINATOR_API:
+                return FindCoordinatorResponse(None, A, 0)
+            if api == "heartbeat" and self.url == A:
+                await asyncio.get_running_loop().create_future()
+            return HeartbeatResponse(None)
+
+    async def main() -> None:
+        router = CoordinatorRouter([A, B], "g", Split)
+        beat = HeartbeatRequest("g", "m", 1)
+        held = asyncio.ensure_future(asyncio.wait_for(router.call("heartbeat", beat), 1.5))
+        await asyncio.sleep(0.1)
+        assert (await router.call("commit", beat)).error is None   # answered meanwhile
+        assert router.current_url == A
+        with pytest.raises(TimeoutError):
+            await held
+        router.timed_out("heartbeat")
+        assert router.current_url is None
+
+    run_virtual(main)
