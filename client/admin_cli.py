@@ -42,7 +42,9 @@ class UsageError(Exception):
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=os.environ.get("GROUPCOORD_URL", DEFAULT_URL),
-                        help=f"the coordinator's admin URL (GROUPCOORD_URL; {DEFAULT_URL})")
+                        help=f"the coordinator's admin URL, or several comma-separated (any "
+                             f"coordinator of a cluster answers; the first that accepts a "
+                             f"connection is used) (GROUPCOORD_URL; {DEFAULT_URL})")
     common.add_argument("--token", default=os.environ.get("GROUPCOORD_TOKEN"),
                         help="bearer token (GROUPCOORD_TOKEN)")
     common.add_argument("--ca-file", help="CA certificate(s) to verify an https URL with")
@@ -103,6 +105,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--limit", type=int, default=20, help="most recent N (20)")
     p.set_defaults(func=_runner(_rebalances))
 
+    p = subparsers.add_parser("coordinators", parents=[common],
+                              help="the live coordinators, their URLs and the partitions "
+                                   "each owns (several coordinators on PostgreSQL)")
+    p.set_defaults(func=_runner(_coordinators))
+
     resources = subparsers.add_parser("resources", help="the resource catalog")
     rsub = resources.add_subparsers(dest="resources_command", metavar="ACTION", required=True)
     p = rsub.add_parser("list", parents=[common], help="every resource set and its size")
@@ -119,7 +126,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
-            admin = AdminClient(args.url, token=args.token, ca_file=args.ca_file)
+            urls = [u.strip() for u in args.url.split(",")] if "," in args.url else args.url
+            admin = AdminClient(urls, token=args.token, ca_file=args.ca_file)
             return command(admin, args, sys.stdout)
         except AdminError as exc:
             print(f"groupcoord: {exc.message}", file=sys.stderr)
@@ -401,6 +409,20 @@ def _rebalances(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> in
     if args.json:
         return _dump({"rebalances": rebalances}, out)
     _print_rebalances(rebalances, out)
+    return 0
+
+
+# ---------------------------------------------------------------- coordinators
+
+
+def _coordinators(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    rows = admin.coordinators()
+    if args.json:
+        return _dump({"coordinators": rows}, out)
+    print(table(("ID", "URL", "ADMIN URL", "PARTITIONS", "OWNED"), [
+        (c["id"] + (" *" if c.get("self") else ""), c["url"], c.get("admin_url") or "-",
+         len(c["partitions"]), _ranges([p["partition"] for p in c["partitions"]]) or "-")
+        for c in rows]), file=out)
     return 0
 
 

@@ -61,6 +61,25 @@ or sync in flight is abandoned for it (``wants_interrupt``). The member
 keeps heartbeating while it rejoins (Kafka's KIP-62 heartbeat thread), on a
 side channel (:meth:`MemberStateMachine.background_heartbeat`), so a healthy
 member's session anchor stays fresh during a long rebalance.
+
+A call the coordinator is done with: a join or sync lost on a connection
+that hangs (neither answered nor reset) would hold the member until the
+call's timeout, ``rebalance_timeout + max(5000, session_timeout)``, while its
+side-channel heartbeats keep it a member, holding its assignment, in the
+coordinator's view (simulator seeds 374 and 1774). The side channel's
+answers say when the coordinator can no longer be holding the call: for a
+join, a heartbeat answered without error (no join phase is in progress: a
+join that reached the coordinator starts one or is answered at once) or
+ILLEGAL_GENERATION (a join phase completed with us, so our join was
+answered); for a sync, an answer without error (the group is Stable, or
+waits for the leader's sync) or REBALANCE_IN_PROGRESS (a parked sync was
+answered when the rebalance began, a later one is answered at once). When
+two such answers, ``reply_ms`` (the timing rule's reply allowance) apart,
+came while the call was in flight, the answer it would have had is lost:
+the call is abandoned and sent again (``wants_interrupt``). Sending it again
+is safe because the coordinator treats a known member's join or sync as
+idempotent (docs/client.md, "A call the coordinator is done with"); the
+only cost of a false alarm is one more request.
 """
 
 from __future__ import annotations
@@ -167,6 +186,10 @@ ERROR_ACTIONS: dict[ErrorCode, ErrorAction] = {
     ErrorCode.NON_EMPTY_GROUP: ErrorAction.FATAL,  # an admin-only code: a server bug
     ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: ErrorAction.RETRY,
     ErrorCode.COORDINATOR_NOT_AVAILABLE: ErrorAction.RETRY,
+    # v1.1: the transport follows it to the group's coordinator
+    # (client.transport.CoordinatorRouter); should it reach the machine, the
+    # step is retried, the membership kept.
+    ErrorCode.NOT_COORDINATOR: ErrorAction.RETRY,
     ErrorCode.UNKNOWN_SERVER_ERROR: ErrorAction.RETRY,
     # Only a commit gets it (a group's checkpoint cap): that commit fails with
     # CommitFailedError; the membership is not touched.
@@ -382,6 +405,11 @@ class MemberStateMachine:
         #: the main call in flight was overtaken by a side-channel outcome
         #: (reset, fatal): its answer means nothing any more.
         self._in_flight_stale = False
+        #: when a side-channel answer first showed the coordinator done with the
+        #: join or sync in flight, and whether to send that call again (see the
+        #: module docstring, "A call the coordinator is done with").
+        self._done_seen_ms: int | None = None
+        self._resend_main = False
         # The side channel: heartbeats while a rebalance is in progress (KIP-62).
         self._bg_call: Call | None = None
         self._bg_sent_ms = 0
@@ -473,6 +501,8 @@ class MemberStateMachine:
             # A join or sync may park for the whole rebalance timeout; the
             # safety rule cannot wait for it (on_lost comes first).
             return True
+        if self._resend_main:
+            return True  # its answer is lost: send it again
         if not self._in_flight.interruptible:
             return False
         return bool(self._callbacks) or (self._rejoin_needed and now_ms >= self._rejoin_at_ms)
@@ -639,8 +669,12 @@ class MemberStateMachine:
             self._finish_close()
         else:
             # A join/sync abandoned because of close() (the close step
-            # follows) or the safety deadline (on_lost follows, then the same
-            # step again: a join rebuilt owning nothing, a sync re-sent).
+            # follows), the safety deadline (on_lost follows, then the same
+            # step again: a join rebuilt owning nothing, a sync re-sent), or
+            # because its answer is lost (the same step again at once).
+            if self._resend_main:
+                self.last_error = (f"{call.api}: no answer, and the coordinator's answers "
+                                   f"to heartbeats show it answered or never got it; sent again")
             self._next_send_ms = now_ms
 
     def listener_done(self, now_ms: int) -> None:
@@ -708,6 +742,7 @@ class MemberStateMachine:
             # ILLEGAL_GENERATION must not reset a member that just joined).
             return
         code = response.error
+        self._watch_main_call(now_ms, sent, code)
         if code is None or code is ErrorCode.REBALANCE_IN_PROGRESS:
             self._coordinator_answered(now_ms)
         if code is None:
@@ -737,6 +772,37 @@ class MemberStateMachine:
             # the join's answer decides, and the rule's bounds hold meanwhile.
             return
         self._apply_side(now_ms, code, action)
+
+    def _watch_main_call(self, now_ms: int, sent_ms: int, code: ErrorCode | None) -> None:
+        """Is the join or sync in flight one the coordinator is done with (the
+        module docstring, "A call the coordinator is done with")? Judged from a
+        side-channel answer to a heartbeat sent at ``sent_ms`` with the
+        generation the member still has."""
+        call = self._in_flight
+        if (not isinstance(call, Call) or call.api not in ("join", "sync")
+                or sent_ms < self._in_flight_sent_ms or self._resend_main):
+            return  # no such call, or the heartbeat left before it: says nothing of it
+        if call.api == "join":
+            # No error: no join phase (ours would have started one, or been
+            # answered at once). ILLEGAL_GENERATION: a join phase completed
+            # with us in it, and our join was answered then.
+            done = code is None or code is ErrorCode.ILLEGAL_GENERATION
+        else:
+            # No error: Stable (a sync is answered at once) or waiting for the
+            # leader's sync (ours may be parked: sending it again replaces it).
+            # REBALANCE_IN_PROGRESS: a sync gets nothing else any more.
+            done = code is None or code is ErrorCode.REBALANCE_IN_PROGRESS
+        if not done:
+            self._done_seen_ms = None  # e.g. our slow join arrived and began a rebalance
+            return
+        first = self._done_seen_ms
+        if first is None:
+            self._done_seen_ms = now_ms
+        elif now_ms >= first + self._timing.reply_ms and sent_ms >= first:
+            # An answer the coordinator sent before ``first`` has had the reply
+            # allowance to arrive, and this heartbeat, sent since, says the
+            # same: the call's answer (or the call) is lost.
+            self._resend_main = True
 
     def _coordinator_answered(self, now_ms: int) -> None:
         """The coordinator answers again: a join, sync or catalog read waiting
@@ -1181,6 +1247,8 @@ class MemberStateMachine:
 
     def _send(self, now_ms: int, call: Call) -> Call:
         self._retry_pending = False
+        self._done_seen_ms = None
+        self._resend_main = False
         self._in_flight = call
         self._in_flight_sent_ms = now_ms
         return call

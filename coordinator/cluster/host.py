@@ -102,8 +102,10 @@ class SharedWriter:
     failure fails every write of the transaction.
     """
 
-    def __init__(self, store: PostgresStorage) -> None:
+    def __init__(self, store: PostgresStorage, timeout_s: float | None = None) -> None:
         self._store = store
+        #: a transaction taking longer is given up (its partitions are dropped).
+        self._timeout_s = timeout_s
         self._pending: list[_Write] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -136,7 +138,8 @@ class SharedWriter:
             records = [r for w in batch for r in w.records]
             try:
                 seconds = await self._store.write(records,
-                                                  fence={w.partition: w.epoch for w in batch})
+                                                  fence={w.partition: w.epoch for w in batch},
+                                                  timeout=self._timeout_s)
             except FencedError as exc:
                 for w in batch:
                     if w.partition == exc.partition:
@@ -223,7 +226,9 @@ class PartitionHost:
     def __init__(self, *, writer_store: PostgresStorage, reader_store: PostgresStorage,
                  leases: Leases, lease_ms: int, make_core: Callable[[], Core],
                  clock: Clock, metrics: Metrics, max_parked_requests: int = 0) -> None:
-        self.writer = SharedWriter(writer_store)
+        # A write still running after a lease is of no use: every partition in it has
+        # run out by then (the caller's reply was refused).
+        self.writer = SharedWriter(writer_store, timeout_s=lease_ms / 1000)
         self._reader = reader_store
         self._read_lock = asyncio.Lock()
         self.leases = leases
@@ -250,6 +255,7 @@ class PartitionHost:
         self._wake = asyncio.Event()
         #: releases after a drop, kept referenced until done.
         self._background: set[asyncio.Task[None]] = set()
+        self._runner: asyncio.Task[Any] | None = None
         #: fires when the earliest owned lease runs out, whatever the loop is doing.
         self._expiry: asyncio.TimerHandle | None = None
 
@@ -278,6 +284,7 @@ class PartitionHost:
 
     async def run(self) -> None:
         """The lease loop, until :meth:`stop`."""
+        self._runner = asyncio.current_task()
         tick = self.lease_ms / TICKS_PER_LEASE / 1000
         while not self._stopping:
             delay = min(tick, self._next_expiry_wait())
@@ -304,6 +311,13 @@ class PartitionHost:
         self._wake.set()
         if self._expiry is not None:
             self._expiry.cancel()
+        # The loop may be in the middle of a round (acquiring, say): end it first, so
+        # that every partition it could still take is in the list handed off below.
+        runner = self._runner
+        if runner is not None and runner is not asyncio.current_task() and not runner.done():
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
         for number in sorted(self.partitions):
             await self._hand_off(number)
         with contextlib.suppress(StorageError):

@@ -8,6 +8,7 @@ static-instance map) consistent so the hot paths stay O(1).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from coordinator.core.protocol_selection import candidates, select_protocol, supports_any
@@ -16,6 +17,32 @@ from coordinator.core.states import GroupState
 from coordinator.core.views import GroupSummary, GroupView, MemberView
 
 Protocols = tuple[tuple[str, bytes], ...]
+
+
+class TimerKind(enum.StrEnum):
+    """What a core timer is for (``TimerTarget.kind``; ``timers.handle_timer``
+    dispatches on it). A timer's *key* stays a string, ``"{kind}:{ids}"``: the
+    runtime keys its timers by it, and as group and member ids may hold any
+    character the core never parses a key (``Kernel.timers`` maps it to its
+    target)."""
+
+    #: ``session:{group}:{member}``: the member's session timeout.
+    SESSION = "session"
+    #: ``pending:{group}:{member}``: a KIP-394 pending member's deadline to join.
+    PENDING = "pending"
+    #: ``join:{group}``: the join phase's deadline.
+    JOIN = "join"
+    #: ``sync:{group}``: the deadline of the generation's syncs.
+    SYNC = "sync"
+    #: ``heartbeat:{request_id}``: a parked long-poll heartbeat's hold.
+    HEARTBEAT = "heartbeat"
+    #: ``retention:{group}``: an Empty group's retention (KIP-211).
+    RETENTION = "retention"
+
+
+# The keys spell their kind's value as a literal (a parked long-poll builds two
+# keys; a literal costs nothing); tests/core/test_core_timer_kinds.py checks
+# that every key starts with its target's kind.
 
 
 def session_key(group_id: str, member_id: str) -> str:

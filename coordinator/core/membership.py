@@ -7,7 +7,7 @@ check, in the same order, so a client sees the same error Kafka would give.
 from __future__ import annotations
 
 from coordinator.core.commands import Heartbeat, Join, Leave, ReleaseHeartbeat, Sync
-from coordinator.core.group import Group, Member, pending_key, session_key
+from coordinator.core.group import Group, Member, TimerKind, pending_key, session_key
 from coordinator.core.kernel import Kernel, TimerTarget
 from coordinator.core.rebalance import (
     after_removal,
@@ -156,7 +156,8 @@ def _join_new(k: Kernel, g: Group, cmd: Join, known: Member | None) -> None:
     new_id = cmd.new_member_id
     deadline = k.now + req.session_timeout_ms
     g.pending[new_id] = deadline
-    k.arm(pending_key(g.group_id, new_id), deadline, TimerTarget("pending", g.group_id, new_id))
+    k.arm(pending_key(g.group_id, new_id), deadline,
+          TimerTarget(TimerKind.PENDING, g.group_id, new_id))
     k.reply(cmd.request_id, JoinResponse(ErrorCode.MEMBER_ID_REQUIRED, member_id=new_id))
 
 

@@ -8,7 +8,7 @@ storing the leader's assignment, removing and replacing members.
 from __future__ import annotations
 
 from coordinator.core.effects import RebalanceCompleted
-from coordinator.core.group import Group, Member, session_key
+from coordinator.core.group import Group, Member, TimerKind, session_key
 from coordinator.core.kernel import Kernel, TimerTarget
 from coordinator.core.records import JournalEntry
 from coordinator.core.states import GroupState
@@ -61,7 +61,7 @@ def prepare_rebalance(k: Kernel, g: Group, reason: str) -> None:
 
 def set_join_deadline(k: Kernel, g: Group, deadline_ms: int) -> None:
     g.join_deadline_ms = deadline_ms
-    k.arm(g.join_key, deadline_ms, TimerTarget("join", g.group_id))
+    k.arm(g.join_key, deadline_ms, TimerTarget(TimerKind.JOIN, g.group_id))
 
 
 def clear_sync_deadline(k: Kernel, g: Group) -> None:
@@ -115,7 +115,7 @@ def complete_join(k: Kernel, g: Group) -> None:
     g.pending_sync = set(g.members)
     g.rebalance_timeout_ms = g.max_rebalance_timeout()
     g.sync_deadline_ms = k.now + g.rebalance_timeout_ms
-    k.arm(g.sync_key, g.sync_deadline_ms, TimerTarget("sync", g.group_id))
+    k.arm(g.sync_key, g.sync_deadline_ms, TimerTarget(TimerKind.SYNC, g.group_id))
 
 
 def current_generation_reply(g: Group, member: Member, *, skip_assignment: bool = False,

@@ -7,17 +7,20 @@ that arrives before the recorded deadline (the runtime's clock and ``now_ms``
 disagreeing by a hair, or a re-arm racing the firing) re-arms the timer for the
 recorded deadline rather than being lost.
 
-Timer keys: ``session:{group}:{member}``, ``pending:{group}:{member}``,
-``join:{group}``, ``sync:{group}``, ``heartbeat:{request_id}``,
-``retention:{group}``.
+Timer kinds are :class:`~coordinator.core.group.TimerKind` (keys:
+``session:{group}:{member}``, ``pending:{group}:{member}``, ``join:{group}``,
+``sync:{group}``, ``heartbeat:{request_id}``, ``retention:{group}``); each has
+one handler in :data:`ON_TIMER`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from coordinator.core.admin import delete_group
 from coordinator.core.commands import Cancelled, TimerFired
 from coordinator.core.effects import MemberExpired
-from coordinator.core.group import Group, heartbeat_key
+from coordinator.core.group import Group, TimerKind, heartbeat_key
 from coordinator.core.kernel import Kernel, TimerTarget
 from coordinator.core.rebalance import (
     after_removal,
@@ -39,21 +42,7 @@ def handle_timer(k: Kernel, cmd: TimerFired) -> None:
     group = k.groups.get(target.group_id)
     if group is None:
         return
-    kind = target.kind
-    if kind == "session":
-        _session_expired(k, group, cmd.key, target)
-    elif kind == "heartbeat":
-        _heartbeat_held(k, group, target)
-    elif kind == "join":
-        _join_deadline(k, group, cmd.key, target)
-    elif kind == "sync":
-        _sync_deadline(k, group, cmd.key, target)
-    elif kind == "pending":
-        _pending_expired(k, group, cmd.key, target)
-    elif kind == "retention":
-        _retention_expired(k, group, cmd.key, target)
-    else:
-        raise ValueError(f"unknown timer kind {kind!r} for key {cmd.key!r}")
+    ON_TIMER[target.kind](k, group, cmd.key, target)
 
 
 def _session_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
@@ -73,7 +62,7 @@ def _session_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None
     after_removal(k, g, "session_expiry")
 
 
-def _heartbeat_held(k: Kernel, g: Group, target: TimerTarget) -> None:
+def _heartbeat_held(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
     parked = k.heartbeats.get(target.request_id)
     if parked is None:
         return
@@ -162,6 +151,17 @@ def _retention_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> No
         k.arm(key, latest_pending, target)
         return
     delete_group(k, g, "retention_expired")
+
+
+#: what a firing of each timer kind does (every kind has one: tests/core).
+ON_TIMER: dict[TimerKind, Callable[[Kernel, Group, str, TimerTarget], None]] = {
+    TimerKind.SESSION: _session_expired,
+    TimerKind.HEARTBEAT: _heartbeat_held,
+    TimerKind.JOIN: _join_deadline,
+    TimerKind.SYNC: _sync_deadline,
+    TimerKind.PENDING: _pending_expired,
+    TimerKind.RETENTION: _retention_expired,
+}
 
 
 def handle_cancelled(k: Kernel, cmd: Cancelled) -> None:

@@ -15,8 +15,8 @@ DESIGN.md practices 4 and 5, after Kafka's group coordinator runtime:
   as catalog), and every write emitted earlier by the same command. A reply
   that depends on no uncommitted write goes out at once, so a slow commit of
   group A's records no longer holds group B's heartbeats (docs/reliability.md,
-  finding 5). Because batches commit one at a time in order, "depends on" is
-  tracked as the latest batch holding such a write (see ``_route_reply``).
+  finding 5). The batches and the rule are :class:`~coordinator.runtime.commits.Commits`,
+  pure bookkeeping the simulator (tests/sim/server.py) drives too.
 - Limits: ``max_parked_requests`` (``--max-parked-requests``) bounds the
   joins, syncs and long-poll heartbeats parked in the core. At the limit a
   long-poll is answered at once (as with ``wait_ms`` 0), and a join or sync
@@ -53,7 +53,7 @@ import functools
 import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from coordinator.core.commands import (
@@ -88,19 +88,14 @@ from coordinator.core.effects import (
 from coordinator.core.health import Health
 from coordinator.core.records import (
     REBALANCE_REASONS,
-    CatalogChanged,
     CheckpointMeta,
-    CheckpointsWritten,
-    GroupDeleted,
-    GroupOwner,
-    GroupRecord,
-    JournalEntry,
     Record,
     Snapshot,
 )
 from coordinator.core.views import GroupSummary, GroupView
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import Clock, TimerHandle
+from coordinator.runtime.commits import Commits, command_group
 from protocol.errors import ErrorCode
 from protocol.messages import (
     CommitResponse,
@@ -191,41 +186,6 @@ def error_answer(command: Command, code: ErrorCode) -> Answer:
     raise TypeError(f"{type(command).__name__} has no answer")
 
 
-def command_group(command: Command) -> str | None:
-    """The group a command's answer speaks for (``None``: none, e.g. a catalog change)."""
-    match command:
-        case Join(request=r) | Heartbeat(request=r) | Sync(request=r) | Leave(request=r) \
-                | Commit(request=r) | Fetch(request=r):
-            return r.group_id
-        case DeleteGroup(group_id=group_id) | RemoveMember(group_id=group_id) \
-                | ResetCheckpoints(group_id=group_id):
-            return group_id
-    return None
-
-
-def record_group(record: Record) -> str | None:
-    """The one group a record belongs to; ``None`` for the catalog or any record that
-    belongs to no single group (every reply then depends on it)."""
-    match record:
-        case GroupRecord(group_id=g) | CheckpointsWritten(group_id=g) | GroupDeleted(group_id=g) \
-                | GroupOwner(group_id=g) | JournalEntry(group_id=g):
-            return g
-        case CatalogChanged():
-            return None
-    return None
-
-
-@dataclass(slots=True, eq=False)
-class _Batch:
-    """Records written in one transaction, and the replies waiting for it.
-
-    Compared by identity: a batch is the unit a reply waits for.
-    """
-
-    records: list[Record] = field(default_factory=list)
-    replies: list[Reply] = field(default_factory=list)
-
-
 @dataclass(slots=True, eq=False)
 class _Timer:
     """One armed key: the deadline the core asked for and the loop timer serving it.
@@ -290,14 +250,9 @@ class Runtime:
         self._timers: dict[str, _Timer] = {}
         #: 0: unlimited.
         self.max_parked_requests = max_parked_requests
-        self._open = _Batch()
-        self._inflight: _Batch | None = None
+        #: the open batch, the one in flight, and which one each reply waits for.
+        self._commits = Commits()
         self._flusher: asyncio.Task[None] | None = None
-        #: group id -> the uncommitted batch (open or in flight) holding the group's
-        #: latest write; an entry goes when that batch commits.
-        self._group_writes: dict[str, _Batch] = {}
-        #: the uncommitted batch holding the latest write every reply depends on (catalog).
-        self._global_write: _Batch | None = None
         #: per limit: when a refusal was last logged, and refusals since then.
         self._refusal_logged_ms: dict[str, int] = {}
         self._refusals_unlogged: dict[str, int] = {}
@@ -382,8 +337,7 @@ class Runtime:
     @property
     def pending_writes(self) -> int:
         """Records collected or in flight (for tests and diagnostics)."""
-        inflight = len(self._inflight.records) if self._inflight else 0
-        return len(self._open.records) + inflight
+        return self._commits.pending_writes
 
     # ------------------------------------------------------------ requests
 
@@ -467,6 +421,7 @@ class Runtime:
     def _execute(self, effects: list[Effect]) -> None:
         #: this command emitted a write (into the open batch) before the current effect.
         wrote = False
+        commits = self._commits
         for effect in effects:
             # The effects of a heartbeat (a session re-arm and a reply) are matched first.
             match effect:
@@ -475,12 +430,7 @@ class Runtime:
                 case Reply():
                     self._route_reply(effect, wrote)
                 case Persist(record=record):
-                    self._open.records.append(record)
-                    group_id = record_group(record)
-                    if group_id is None:
-                        self._global_write = self._open
-                    else:
-                        self._group_writes[group_id] = self._open
+                    commits.write(record)
                     wrote = True
                 case CancelTimer(key=key):
                     timer = self._timers.pop(key, None)
@@ -499,7 +449,7 @@ class Runtime:
                         self.metrics.session_expiries.inc()
                 case RequestRefused(group_id=group_id, reason=reason):
                     self._refused(reason, group_id)
-        if self._open.records and self._flusher is None:
+        if commits.open.records and self._flusher is None:
             self._flusher = self._running_loop().create_task(self._flush())
 
     def _route_reply(self, reply: Reply, wrote: bool) -> None:
@@ -508,29 +458,18 @@ class Runtime:
             return  # the caller went away: nothing to release
         waiter.in_core = False
         # Reply after commit, per group: wait for the latest uncommitted batch
-        # holding a write this reply depends on. At most two batches are
-        # uncommitted, the open one being the later, so "latest" is: the open
-        # batch if any dependency is in it, else the one in flight if any is
-        # there, else none (release now).
-        if wrote:
-            # Written by this very command, before this reply: in the open batch.
-            self._open.replies.append(reply)
-            return
-        if self._global_write is None and not self._group_writes:
-            # Nothing uncommitted anywhere (the steady state of heartbeats): release now.
+        # holding a write this reply depends on (Commits.wait_for). With nothing
+        # uncommitted, the steady state of heartbeats, the tracker says so in
+        # one attribute and the reply goes now without a call.
+        commits = self._commits
+        if not wrote and commits.idle:
             self._resolve(reply.request_id, reply.response)
             return
-        group_id = command_group(waiter.command)
-        group_write = self._group_writes.get(group_id) if group_id is not None else None
-        global_write = self._global_write
-        if group_write is self._open or global_write is self._open:
-            self._open.replies.append(reply)
-        elif group_write is not None or global_write is not None:
-            batch = self._inflight
-            assert batch is not None and (group_write is batch or global_write is batch)
-            batch.replies.append(reply)
+        batch = commits.wait_for(waiter.command, wrote)
+        if batch is None:
+            self._resolve(reply.request_id, reply.response)
         else:
-            self._resolve(reply.request_id, reply.response)
+            batch.replies.append(reply)
 
     def _refused(self, reason: str, group_id: str) -> None:
         """Count a request refused by a limit; log it at most once per interval per limit."""
@@ -602,33 +541,24 @@ class Runtime:
     # ------------------------------------------------------------ group commit
 
     async def _flush(self) -> None:
+        commits = self._commits
         try:
-            while self._open.records:
-                batch, self._open = self._open, _Batch()
-                self._inflight = batch
+            while commits.open.records:
+                batch = commits.start_commit()
                 try:
                     seconds = await self.storage.write(batch.records)
                 except Exception as exc:
                     self._storage_failed(exc)
                     return
-                self._inflight = None
-                self._forget_committed(batch)
+                commits.committed(batch)
                 if self.metrics is not None:
                     self.metrics.observe_commit(seconds, len(batch.records))
                 for reply in batch.replies:
                     self._resolve(reply.request_id, reply.response)
         finally:
             self._flusher = None
-            self._inflight = None
-
-    def _forget_committed(self, batch: _Batch) -> None:
-        """Drop the dependency entries that point at ``batch``, now committed."""
-        if self._global_write is batch:
-            self._global_write = None
-        for record in batch.records:
-            group_id = record_group(record)
-            if group_id is not None and self._group_writes.get(group_id) is batch:
-                del self._group_writes[group_id]
+            # Cancelled mid-write (the loop shutting down): nothing is in flight.
+            commits.inflight = None
 
     def _arm_storage_check(self) -> None:
         if self.storage_check_interval_ms and self.ready:
@@ -670,9 +600,7 @@ class Runtime:
                 self.metrics.ready.set(0)
         self._cancel_timers()
         self._cancel_storage_check()
-        self._open = _Batch()
-        self._group_writes.clear()
-        self._global_write = None
+        self._commits.clear()
         self._fail_waiters(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         self.failed.set()
 

@@ -283,7 +283,8 @@ class Leases:
     async def _run(self, method: str, sql: str, *args: Any) -> list[Any]:
         try:
             if self._conn.is_closed():
-                self._conn = await connect(self._url, settings=self._settings)
+                self._conn = await connect(self._url, settings=self._settings,
+                                           timeout=self.timeout_s or CONNECT_TIMEOUT_S)
             return list(await self._conn.fetch(sql, *args, timeout=self.timeout_s))
         except TimeoutError:
             # The statement may or may not have run; the connection is in an unknown

@@ -34,6 +34,7 @@ never appears in an error message or ``repr`` (:mod:`coordinator.storage.pgurl`)
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -626,7 +627,8 @@ class PostgresStorage:
     # ------------------------------------------------------------ writing
 
     async def write(self, records: Sequence[Record], *,
-                    fence: Mapping[int, int] | None = None) -> float:
+                    fence: Mapping[int, int] | None = None,
+                    timeout: float | None = None) -> float:
         """Make ``records`` durable in one transaction; returns the seconds it took.
 
         With ``fence`` (``{partition: epoch}``), the write goes through only if
@@ -634,30 +636,45 @@ class PostgresStorage:
         epoch, checked in the same transaction; else :class:`FencedError` and
         nothing is written. Every group record must then be of a fenced
         partition (:class:`ValueError` otherwise, before anything is sent).
-        On any other failure the transaction is rolled back and
-        :class:`StorageError` raised: none of the batch is in the database.
+        On any other failure :class:`StorageError` is raised and the batch is not
+        acknowledged: the transaction is rolled back, unless the connection broke
+        after its ``COMMIT`` was sent (then it may be in the database). With
+        ``timeout`` (seconds), a write that takes longer (a database cut off
+        without a reset) is given up: the connection is dropped (the next call makes
+        a new one) and :class:`StorageError` raised, the outcome as for a broken
+        connection.
         """
         batch = [stmt for record in records for stmt in statements(record, self.partitions)]
         if fence is not None:
             self._check_fence_covers(records, fence)
         started = time.perf_counter()
+        conn = None
         try:
             conn = await self._connection()
-            async with conn.transaction():
-                if fence:
-                    await self._check_fence(conn, fence)
-                for sql, run in itertools.groupby(batch, key=lambda s: s[0]):
-                    rows = [params for _, params in run]
-                    if len(rows) == 1:
-                        await conn.execute(sql, *rows[0])
-                    else:
-                        await conn.executemany(sql, rows)
+            await asyncio.wait_for(self._transaction(conn, batch, fence), timeout)
         except StorageError:
             raise
+        except TimeoutError:
+            if conn is not None:
+                conn.terminate()
+            raise StorageError(f"write to {self.path} took over {timeout}s: given up, "
+                               f"connection dropped") from None
         except database_errors() as exc:
             raise StorageError(f"write to {self.path} failed: "
                                f"{describe_error(exc, self._url)}") from None
         return time.perf_counter() - started
+
+    async def _transaction(self, conn: Any, batch: list[Statement],
+                           fence: Mapping[int, int] | None) -> None:
+        async with conn.transaction():
+            if fence:
+                await self._check_fence(conn, fence)
+            for sql, run in itertools.groupby(batch, key=lambda s: s[0]):
+                rows = [params for _, params in run]
+                if len(rows) == 1:
+                    await conn.execute(sql, *rows[0])
+                else:
+                    await conn.executemany(sql, rows)
 
     def _check_fence_covers(self, records: Sequence[Record], fence: Mapping[int, int]) -> None:
         if self.coordinator_id is None:

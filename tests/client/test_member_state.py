@@ -491,6 +491,139 @@ def test_the_rule_holds_while_a_join_is_in_flight() -> None:
     assert m.safety_deadline_ms() == 1_400 + SESSION  # the sync's send time
 
 
+# ------------------------------------------------ a call the coordinator is done with
+
+
+def _side_channel(m: MemberStateMachine, now: int) -> tuple[int, Call]:
+    """The next background heartbeat: (its send time, the call)."""
+    bg = m.background_heartbeat(now)
+    if isinstance(bg, Wait):
+        assert bg.until_ms is not None
+        now = max(now, bg.until_ms)
+        bg = m.background_heartbeat(now)
+    assert isinstance(bg, Call) and bg.api == "heartbeat", bg
+    return now, bg
+
+
+def _answers_until_resent(m: MemberStateMachine, start: int, answer: HeartbeatResponse,
+                          limit: int = 10) -> int:
+    """Answer side-channel heartbeats with ``answer`` (10 ms round trips) until the
+    machine wants the call in flight abandoned; returns when (or fails)."""
+    now = start
+    for _ in range(limit):
+        now, _bg = _side_channel(m, now)
+        now += 10
+        m.background_received(now, answer)
+        if m.wants_interrupt(now):
+            return now
+    raise AssertionError(f"the call in flight was never abandoned ({limit} answers)")
+
+
+def test_a_join_lost_while_heartbeats_show_no_rebalance_is_sent_again() -> None:
+    """Simulator seed 374 (docs/reliability.md, simulator finding 4): an eager
+    member's join is lost on a connection that hangs; its side-channel
+    heartbeats are answered without error (the coordinator never saw the
+    join, so no rebalance began), so the coordinator keeps it as a member
+    holding its assignment while it owns nothing, for the call's timeout
+    (rebalance + max(5000, session) = 10 s here). Two such answers a reply
+    allowance apart show the join will not be answered: it is sent again."""
+    m = _stable_owner(("range",))
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    expect_callback(m, 10, CallbackKind.REVOKED, res(0, 1))
+    join = expect_call(m, 10, "join")
+    assert join.timeout_ms == 5_000 + 5_000
+    reply_ms = m.config.timing.reply_ms
+    # One answer is not enough: the join's own answer may still be on its way.
+    now, _bg = _side_channel(m, 10)
+    m.background_received(now + 10, HeartbeatResponse(None))
+    assert not m.wants_interrupt(now + 10)
+    resent_at = _answers_until_resent(m, now + 10, HeartbeatResponse(None))
+    assert resent_at >= now + 10 + reply_ms
+    assert resent_at < 10 + 1_000  # well before the call's 10 s timeout
+    m.call_abandoned(resent_at)
+    again = expect_call(m, resent_at, "join")
+    assert again.request == join.request  # the same join: same member, claims, generation
+    assert "sent again" in (m.last_error or "")
+    # The second join is watched afresh: one answer does not abandon it.
+    now, _bg = _side_channel(m, resent_at)
+    m.background_received(now + 10, HeartbeatResponse(None))
+    assert not m.wants_interrupt(now + 10)
+
+
+def test_a_join_whose_answer_is_lost_after_the_generation_formed_is_sent_again() -> None:
+    """The join reached the coordinator and the join phase completed with
+    the member (its heartbeats of the old generation are answered
+    ILLEGAL_GENERATION, which it ignores while its join is in flight), but
+    the join's answer is lost: sent again, the coordinator answers it at once
+    with the current generation (membership.py, CompletingRebalance)."""
+    m = _stable_owner()
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    join = expect_call(m, 10, "join")
+    resent_at = _answers_until_resent(m, 10, HeartbeatResponse(ErrorCode.ILLEGAL_GENERATION))
+    assert m.state is MemberState.JOINING and m.owned == frozenset(res(0, 1))
+    m.call_abandoned(resent_at)
+    assert expect_call(m, resent_at, "join").request == join.request
+
+
+def test_a_sync_whose_answer_is_lost_is_sent_again() -> None:
+    """Simulator seed 1774: a follower's sync was answered (the group went
+    Stable) but the answer was lost; its side-channel heartbeats of the new
+    generation were answered without error. Sent again, the coordinator
+    answers with the stored assignment."""
+    m = make()
+    expect_call(m, 0, "join")
+    m.receive(5, JoinResponse(None, 1, "resources", "cooperative-sticky", "leader", "m1"))
+    sync = expect_call(m, 5, "sync")
+    resent_at = _answers_until_resent(m, 5, HeartbeatResponse(None))
+    m.call_abandoned(resent_at)
+    assert expect_call(m, resent_at, "sync").request == sync.request
+    m.receive(resent_at + 10, SyncResponse(None, "resources", "cooperative-sticky",
+                                           assignment(0, 1)))
+    expect_callback(m, resent_at + 10, CallbackKind.ASSIGNED, res(0, 1))
+    assert m.state is MemberState.STABLE
+
+
+def test_a_sync_overtaken_by_a_rebalance_is_sent_again() -> None:
+    """REBALANCE_IN_PROGRESS while a sync is in flight: a parked sync was
+    answered so when the rebalance began, a later one is answered so at once;
+    if that answer is lost the sync is sent again (and answered so)."""
+    m = make()
+    expect_call(m, 0, "join")
+    m.receive(5, JoinResponse(None, 1, "resources", "cooperative-sticky", "leader", "m1"))
+    expect_call(m, 5, "sync")
+    resent_at = _answers_until_resent(m, 5, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    m.call_abandoned(resent_at)
+    expect_call(m, resent_at, "sync")
+    m.receive(resent_at + 10, SyncResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    expect_call(m, resent_at + 10, "join")
+
+
+def test_a_join_the_coordinator_holds_is_never_sent_again() -> None:
+    """REBALANCE_IN_PROGRESS while a join is in flight says nothing about the
+    join (it may be parked for the whole rebalance timeout); an answer to a
+    heartbeat sent before the join says nothing either; and an answer that
+    no longer shows the coordinator done with the join starts the count
+    again (the slow join arrived and began a rebalance)."""
+    m = _stable_owner()
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    before, _bg = _side_channel(m, 10)  # sent before the join
+    expect_call(m, before + 1, "join")
+    m.background_received(before + 50, HeartbeatResponse(None))
+    now = before + 50
+    for _ in range(5):
+        now, _bg = _side_channel(m, now)
+        now += 10
+        m.background_received(now, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+        assert not m.wants_interrupt(now)
+    reply_ms = m.config.timing.reply_ms
+    for answer in (None, ErrorCode.REBALANCE_IN_PROGRESS, None):
+        now, _bg = _side_channel(m, now + reply_ms)
+        now += 10
+        m.background_received(now, HeartbeatResponse(answer))
+        assert not m.wants_interrupt(now)
+    assert now < m.config.rebalance_timeout_ms  # all inside the safety bound
+
+
 def test_a_join_answer_read_after_the_session_timeout_loses_first() -> None:
     m = make()
     join_as_follower(m, 0, 0, 1)

@@ -130,6 +130,15 @@ def test_every_coordinator_routes_and_answers_for_every_group(two: list[ServerPr
     assert status == 200
     status, view = admin(not_owner.admin_url, f"/v1/groups/{group}")
     assert status == 200 and view["members"] == [] and view["state"] == "Empty"
+    # The operators' command: who coordinates what.
+    shown = subprocess.run([GROUPCOORD, "coordinators", "--url", b.admin_url],
+                           capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].split() == ["ID", "URL", "ADMIN", "URL", "PARTITIONS", "OWNED"]
+    rows = [line.split() for line in lines[1:]]
+    assert {row[2] if row[1] == "*" else row[1] for row in rows} == urls
+    assert sum(int(row[-2]) for row in rows) == P
 
 
 def test_a_coordinator_stopped_with_sigterm_hands_its_groups_over(

@@ -8,8 +8,11 @@ restart, members in their own processes) is tests/cluster/test_cluster_e2e.py.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from pathlib import Path
 
+import pytest
 from cluster_kit import (
     LEASE_MS,
     Node,
@@ -21,6 +24,9 @@ from cluster_kit import (
     wait_for,
 )
 from pg_harness import PostgresServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "chaos"))
+from proxy import FaultProxy
 
 from coordinator.cluster.host import writer_settings
 from coordinator.core.commands import PutResource
@@ -251,3 +257,34 @@ async def test_a_coordinator_paused_mid_write_holds_up_no_one(pg_url: str) -> No
         frozen.terminate()
     finally:
         await stop_all(a, b)
+
+
+async def test_a_database_that_stops_answering_does_not_stall_the_coordinator(
+        pg_url: str, postgres_server: PostgresServer, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    """A cut that drops packets silently (no reset): statements would wait for TCP to
+    give up (minutes). The coordinator gives up on them instead, keeps its rounds
+    going, drops what it cannot renew, and serves again once the database answers."""
+    async with FaultProxy("127.0.0.1", postgres_server.port) as proxy:
+        url = pg_url.replace(f":{postgres_server.port}/", f":{proxy.port}/")
+        a = await Node.start(url, "a", partitions=P)
+        try:
+            runtime = a.runtime_for("g")
+            member_id, generation = await stable_member(runtime, "g")
+            caplog.clear()
+            proxy.partition(60)                    # silence, both ways
+            pending = asyncio.ensure_future(commit(runtime, "g", member_id, generation, 3))
+            await wait_for(lambda: not a.owned(), 3 * LEASE_MS / 1000, "partitions dropped")
+            answer = await pending                 # refused, not acknowledged
+            assert answer.error is ErrorCode.COORDINATOR_NOT_AVAILABLE
+            # The lease loop goes on (each statement gives up after half a lease)...
+            await wait_for(lambda: sum("lease round failed" in r.message
+                                       for r in caplog.records) >= 2, 4 * LEASE_MS / 1000,
+                           "two failed rounds")
+            proxy.heal(cut=True)                   # the stalled connections are reset
+            # ...and takes every partition back once the database answers again.
+            await wait_for(lambda: a.owned() == set(range(P)), 15, "every partition again")
+            taken = a.runtime_for("g")
+            assert (await heartbeat(taken, "g", member_id, generation)).error is None
+        finally:
+            await stop_all(a)

@@ -92,15 +92,16 @@ class Network:
         self.server: SimCoordinator | None = None
         #: a cut partition healed: reset every open connection of the link's member.
         self.on_cut: Callable[[Link], None] | None = None
-        #: a join or sync (or its answer) was lost: its caller hangs until its timeout.
-        self.on_lost_call: Callable[[str], None] | None = None
+        #: a join or sync (or its answer) was lost on its connection, which hangs.
+        self.on_lost_call: Callable[[Conn], None] | None = None
         self._ids = 0
 
-    def _lost(self, link: Link, api: str) -> bool:
+    def _lost(self, conn: Conn) -> bool:
+        link = conn.member.link
         if link.drop and self.rng.random() < link.drop:
-            self.sim.log(f"LOST {api}")
-            if api in ("join", "sync") and self.on_lost_call is not None:
-                self.on_lost_call(api)
+            self.sim.log(f"LOST {conn.api}")
+            if conn.api in ("join", "sync") and self.on_lost_call is not None:
+                self.on_lost_call(conn)
             return True
         return False
 
@@ -119,7 +120,7 @@ class Network:
     def open(self, member: SimMember, api: str, request: Any) -> Conn:
         self._ids += 1
         conn = Conn(self._ids, member, api, request)
-        if not self._lost(member.link, api):
+        if not self._lost(conn):
             assert self.server is not None
             conn.arrive_at = self._send(member.link, self._arrive, conn)
         return conn
@@ -158,10 +159,9 @@ class Network:
     # ------------------------------------------------------------ coordinator -> member
 
     def answer(self, conn: Conn, response: Any) -> None:
-        link = conn.member.link
-        if self._lost(link, conn.api):
-            return  # lost: the connection hangs until the member's timeout
-        self._send(link, conn.member.on_answer, (conn, response))
+        if self._lost(conn):
+            return  # lost: the connection hangs until the member gives up on it
+        self._send(conn.member.link, conn.member.on_answer, (conn, response))
 
     def reset(self, conn: Conn, why: str) -> None:
         """The connection broke on the coordinator's side (crash, refused)."""

@@ -8,8 +8,9 @@ with the simulation's clock, network and disk instead of asyncio and SQLite:
   (group commit), taking a drawn disk latency (slower while a *slow disk*
   fault lasts);
 - a reply waits for the latest uncommitted batch holding a write it depends
-  on, exactly the rule of ``Runtime._route_reply`` (its own command's earlier
-  writes, its group's writes, catalog writes);
+  on (its own command's earlier writes, its group's writes, catalog writes):
+  the batches and that rule are the runtime's own
+  :class:`coordinator.runtime.commits.Commits`, not a copy;
 - timers are data: key -> deadline, re-arming replaces, a firing whose key
   was re-armed or cancelled since is dropped;
 - a closed connection of a request still parked in the core becomes
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from client.transport import CATALOG_API, CatalogResponse
@@ -54,7 +55,8 @@ from coordinator.core.effects import (
 )
 from coordinator.core.records import Record
 from coordinator.core.replay import fold
-from coordinator.runtime.runtime import command_group, error_answer, record_group
+from coordinator.runtime.commits import Batch, Commits
+from coordinator.runtime.runtime import error_answer
 from protocol.errors import ErrorCode
 from protocol.messages import CommitRequest, HeartbeatRequest, JoinRequest, LeaveRequest
 
@@ -67,12 +69,6 @@ __all__ = ["SimCoordinator"]
 _COMMANDS: dict[type, Callable[[int, Any], Command]] = {
     HeartbeatRequest: Heartbeat, LeaveRequest: Leave, CommitRequest: Commit,
 }
-
-
-@dataclass(slots=True, eq=False)
-class _Batch:
-    records: list[Record] = field(default_factory=list)
-    replies: list[Reply] = field(default_factory=list)
 
 
 @dataclass(slots=True, eq=False)
@@ -104,10 +100,7 @@ class SimCoordinator:
         self._member_ids = 0
         self._waiters: dict[int, _Waiter] = {}
         self._timers: dict[str, int] = {}
-        self._open = _Batch()
-        self._inflight: _Batch | None = None
-        self._group_writes: dict[str, _Batch] = {}
-        self._global_write: _Batch | None = None
+        self.commits = Commits()
         #: hooks of the invariant checker.
         self.on_effects: Callable[[Command, list[Effect], Conn | None], None] | None = None
         self.on_restored: Callable[[], None] | None = None
@@ -129,16 +122,13 @@ class SimCoordinator:
         if not self.up:
             return
         self.crashes += 1
-        lost = len(self._open.records) + (len(self._inflight.records) if self._inflight else 0)
+        lost = self.commits.pending_writes
         self.sim.log(f"coord CRASH epoch={self.epoch} uncommitted={lost}")
         self.up = False
         self.epoch += 1
         self.core = None
         self._timers.clear()
-        self._open = _Batch()
-        self._inflight = None
-        self._group_writes.clear()
-        self._global_write = None
+        self.commits.clear()
         waiters, self._waiters = self._waiters, {}
         for rid in sorted(waiters):
             conn = waiters[rid].conn
@@ -214,51 +204,34 @@ class SimCoordinator:
 
     def _execute(self, effects: list[Effect]) -> None:
         wrote = False
+        commits = self.commits
         for effect in effects:
             if isinstance(effect, ScheduleTimer):
                 self._arm(effect.key, effect.deadline_ms)
             elif isinstance(effect, Reply):
                 self._route_reply(effect, wrote)
             elif isinstance(effect, Persist):
-                record = effect.record
-                self._open.records.append(record)
-                group_id = record_group(record)
-                if group_id is None:
-                    self._global_write = self._open
-                else:
-                    self._group_writes[group_id] = self._open
+                commits.write(effect.record)
                 wrote = True
             elif isinstance(effect, CancelTimer):
                 self._timers.pop(effect.key, None)
             elif isinstance(effect, GroupStateChanged):
                 self.sim.log(f"coord group {effect.old_state}->{effect.new_state} "
                              f"gen={effect.generation_id} {effect.reason}")
-        if self._open.records and self._inflight is None:
+        if commits.open.records and commits.inflight is None:
             self._start_commit()
 
     def _route_reply(self, reply: Reply, wrote: bool) -> None:
-        # Runtime._route_reply, rule for rule.
+        # As Runtime._route_reply, through the same Commits.
         waiter = self._waiters.get(reply.request_id)
         if waiter is None:
             return
         waiter.in_core = False
-        if wrote:
-            self._open.replies.append(reply)
-            return
-        if self._global_write is None and not self._group_writes:
+        batch = self.commits.wait_for(waiter.command, wrote)
+        if batch is None:
             self._resolve(reply)
-            return
-        group_id = command_group(waiter.command)
-        group_write = self._group_writes.get(group_id) if group_id is not None else None
-        global_write = self._global_write
-        if group_write is self._open or global_write is self._open:
-            self._open.replies.append(reply)
-        elif group_write is not None or global_write is not None:
-            batch = self._inflight
-            assert batch is not None and (group_write is batch or global_write is batch)
-            batch.replies.append(reply)
         else:
-            self._resolve(reply)
+            batch.replies.append(reply)
 
     def _resolve(self, reply: Reply) -> None:
         waiter = self._waiters.pop(reply.request_id, None)
@@ -284,8 +257,7 @@ class SimCoordinator:
     # ------------------------------------------------------------ group commit
 
     def _start_commit(self) -> None:
-        batch, self._open = self._open, _Batch()
-        self._inflight = batch
+        batch = self.commits.start_commit()
         lo, hi = self.disk_ms
         ms = self.rng.randint(lo, hi)
         if self.sim.now < self.slow_disk_until:
@@ -293,21 +265,15 @@ class SimCoordinator:
         self.inflight_done_at = self.sim.now + ms
         self.sim.after(ms, self._committed, (self.epoch, batch))
 
-    def _committed(self, arg: tuple[int, _Batch]) -> None:
+    def _committed(self, arg: tuple[int, Batch]) -> None:
         epoch, batch = arg
         if epoch != self.epoch:
             return  # the crash lost it
         self.durable.extend(batch.records)
-        self._inflight = None
-        if self._global_write is batch:
-            self._global_write = None
-        for record in batch.records:
-            group_id = record_group(record)
-            if group_id is not None and self._group_writes.get(group_id) is batch:
-                del self._group_writes[group_id]
+        self.commits.committed(batch)
         for reply in batch.replies:
             self._resolve(reply)
-        if self._open.records:
+        if self.commits.open.records:
             self._start_commit()
 
     # ------------------------------------------------------------ admin helpers

@@ -82,6 +82,8 @@ REGRESSION_SEEDS = {
     3159: "incremental-cooperative hands out what a returning member's share leaves",
     2938: "an answer on the side channel ends a join backoff taken for want of a coordinator",
     1170: "a coordinator's answer restarts the backoff from retry_backoff_ms",
+    374: "a join lost on a hung connection is sent again once heartbeats show no rebalance",
+    1774: "a sync whose answer was lost is sent again once heartbeats show the group Stable",
 }
 
 

@@ -279,11 +279,19 @@ class World:
             member.crash()
         self.spawn(slot)
 
-    def _lost_call(self, api: str) -> None:
-        """A join or sync lost on a hung connection: its member learns only at the
-        call's timeout (the rebalance timeout + max(5000, session), client/
-        member_state.py), and the convergence bound counts from then (the fault
-        lasts until it ends: docs/reliability.md)."""
+    def _lost_call(self, conn: Conn) -> None:
+        """A join or sync lost on a hung connection. A member with a generation
+        heartbeats on the side channel meanwhile, and the coordinator's answers
+        there tell it when the call can no longer be answered (client/
+        member_state.py, "a call the coordinator is done with"): that is the
+        member's to recover within the convergence bound. A member without a
+        generation (a first join, a join after a reset) has no side channel and
+        learns only at the call's timeout (the rebalance timeout + max(5000,
+        session), as Kafka's consumer): the convergence bound counts from then
+        (the fault lasts until it ends: docs/reliability.md)."""
+        machine = conn.member.machine
+        if machine.member_id and machine.generation_id >= 0:
+            return
         c = self.config
         timeout = c.rebalance_timeout_ms + max(5000, c.session_timeout_ms)
         self._quiet_from(self.sim.now + timeout)
