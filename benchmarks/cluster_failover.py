@@ -148,7 +148,7 @@ async def worker_main(args: argparse.Namespace) -> int:
     for i in range(args.count):
         slot = Slot(f"m{args.first + i:03d}")
         # The bootstrap list: any of the coordinators answers find_coordinator.
-        slot.member = GroupMember(urls, GROUP, [SET], listener=slot,  # type: ignore[arg-type]
+        slot.member = GroupMember(urls, GROUP, [SET], listener=slot,
                                   session_timeout_ms=args.session_ms,
                                   rebalance_timeout_ms=args.session_ms,
                                   client_id=f"bench-{slot.name}")
