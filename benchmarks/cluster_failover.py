@@ -7,7 +7,10 @@ Three ``groupcoord serve`` coordinators share a throw-away PostgreSQL
 ``--resources`` resources (1,000), cooperative-sticky. The members are
 ``client.member.GroupMember`` instances given the list of the three
 coordinators' URLs (the bootstrap list), ``--workers`` processes holding an
-equal share each, so 100 members fit 2 cores. Every member commits a
+equal share each, so 100 members fit 2 cores. They heartbeat every
+``--heartbeat-interval-ms`` (1 s: with a 10 s session and the default 5 s
+lease, docs/operations.md's sizing rule asks for it; 0 takes the client's
+default, 3 s, which that rule says does not fit). Every member commits a
 checkpoint for each resource it owns every ``--commit-interval-ms``; the value
 is the monotonic clock in nanoseconds, so a later commit of a resource always
 carries a larger value.
@@ -151,6 +154,7 @@ async def worker_main(args: argparse.Namespace) -> int:
         slot.member = GroupMember(urls, GROUP, [SET], listener=slot,
                                   session_timeout_ms=args.session_ms,
                                   rebalance_timeout_ms=args.session_ms,
+                                  heartbeat_interval_ms=args.heartbeat_interval_ms or None,
                                   client_id=f"bench-{slot.name}")
         slots.append(slot)
     stop = asyncio.Event()
@@ -306,6 +310,10 @@ def main() -> int:
                         help="stop killing after this long (the run's bound)")
     parser.add_argument("--workers", type=int, default=4, help="member processes")
     parser.add_argument("--commit-interval-ms", type=int, default=500)
+    parser.add_argument("--heartbeat-interval-ms", type=int, default=1000,
+                        help="the members' (0: the client's default, min(3000, session / 3)); "
+                             "1000 fits a 10 s session to a 5 s lease by docs/operations.md, "
+                             "'Sizing the lease against the session timeout'")
     parser.add_argument("--settle-s", type=float, default=2.0,
                         help="after the takeover, before the restart")
     # worker mode (started by the driver)
@@ -321,7 +329,8 @@ def main() -> int:
     started = time.monotonic()
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} UTC  {args.coordinators} coordinators, "
           f"lease {args.lease_ms} ms, {args.partitions} partitions; 1 group of "
-          f"{args.members} members (session {args.session_ms} ms, {args.workers} member "
+          f"{args.members} members (session {args.session_ms} ms, heartbeat interval "
+          f"{args.heartbeat_interval_ms or 'default'} ms, {args.workers} member "
           f"processes) over {args.resources:,} resources, each member committing every "
           f"{args.commit_interval_ms} ms; up to {args.kills} kills within "
           f"{args.max_seconds:.0f} s; {os.cpu_count()} CPUs, load average "
@@ -348,7 +357,8 @@ def main() -> int:
                 [sys.executable, __file__, "--worker", str(i), "--urls", ",".join(cluster.urls),
                  "--first", str(first), "--count", str(count), "--ledger", str(ledgers[i]),
                  "--session-ms", str(args.session_ms),
-                 "--commit-interval-ms", str(args.commit_interval_ms)],
+                 "--commit-interval-ms", str(args.commit_interval_ms),
+                 "--heartbeat-interval-ms", str(args.heartbeat_interval_ms)],
                 stderr=open(Path(tmp.name) / f"w{i}.log", "wb")))  # noqa: SIM115
         gen0 = wait_stable(cluster, args.members, args.resources, 180)
         journal0 = journal_rows(cluster)

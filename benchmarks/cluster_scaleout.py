@@ -43,6 +43,11 @@ do (``k / server CPU``: no heartbeat touches the database).
 
     .venv/bin/python benchmarks/cluster_scaleout.py --members 10000 --groups 1000 \
         --duration 5 --repeat 3
+
+Where PostgreSQL shares the cores the run saturates (one small machine), a
+database stall can outlast the default 5 s lease and every run of the
+two-core set-up is left out: ``--lease-ms 15000`` (docs/benchmarks.md,
+issue 12).
 """
 
 from __future__ import annotations
