@@ -39,7 +39,11 @@ _schemas = itertools.count()
 def start_postgres() -> PostgresServer:
     """A fresh PostgreSQL cluster (tests/pg_harness.py), started."""
     server = PostgresServer()
-    server.start()
+    try:
+        server.start()
+    except BaseException:  # interrupted or failed: no cluster directory left behind
+        server.remove()
+        raise
     return server
 
 

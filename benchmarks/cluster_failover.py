@@ -401,13 +401,15 @@ def main() -> int:
             w.wait(60)
         checkpoints = any_admin(cluster, "GET", f"/v1/groups/{GROUP}/checkpoints")
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.kill()
-                w.wait(30)
-        if cluster is not None:
-            cluster.stop()
-        pg.remove()
+        try:
+            for w in workers:
+                if w.poll() is None:
+                    w.kill()
+                    w.wait(30)
+            if cluster is not None:
+                cluster.stop()
+        finally:
+            pg.remove()
 
     events = read_ledgers(ledgers)
     tmp.cleanup()

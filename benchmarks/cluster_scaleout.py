@@ -427,15 +427,17 @@ def main() -> int:
             print(f"# {name}: coordinator log lines 'dropped' {cluster.log_lines('dropped')}, "
                   f"'lease round failed' {cluster.log_lines('lease round failed')}")
     finally:
-        for cluster in clusters:
-            cluster.stop()
-        if args.keep_logs:
-            shutil.copytree(tmp.name, args.keep_logs, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("*.bin", "*.db*"))
-        if sqlite is not None:
-            sqlite.stop()
-        pg.remove()
-        tmp.cleanup()
+        try:
+            for cluster in clusters:
+                cluster.stop()
+            if sqlite is not None:
+                sqlite.stop()
+            if args.keep_logs:
+                shutil.copytree(tmp.name, args.keep_logs, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("*.bin", "*.db*"))
+        finally:
+            pg.remove()
+            tmp.cleanup()
     print(f"# load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 
