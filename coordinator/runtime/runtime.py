@@ -299,9 +299,7 @@ class Runtime:
         self.ready = False
         self._cancel_timers()
         self._cancel_storage_check()
-        self._open = _Batch()
-        self._group_writes.clear()
-        self._global_write = None
+        self._commits.clear()
         self._fail_waiters(code)
 
     def submit(self, command: Command) -> None:
