@@ -18,6 +18,7 @@ whose message is one line an operator can act on.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import urllib.error
 import urllib.parse
@@ -39,6 +40,14 @@ class AdminError(Exception):
         self.message = message
 
 
+class _NotConnected(Exception):
+    """No connection could be made (refused, unknown host): nothing was sent."""
+
+    def __init__(self, reason: object) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
+
+
 def _quote(segment: str) -> str:
     # Every character but the unreserved ones is escaped, "/" included: a group
     # id is one path segment whatever it contains.
@@ -46,18 +55,32 @@ def _quote(segment: str) -> str:
 
 
 class AdminClient:
-    """Calls of the admin API at ``url`` (scheme, host and port; no path)."""
+    """Calls of the admin API at ``url`` (scheme, host and port; no path).
 
-    def __init__(self, url: str = DEFAULT_URL, *, token: str | None = None,
+    ``url`` may be a list: the admin API of several coordinators sharing a
+    database answers the same at each (PROTOCOL.md v1.1), so a call goes to
+    the first that accepts a connection, and to that one first from then on
+    (``url``). Only a connection that could not be made moves on to the
+    next: a call that reached a server (an answer, a time-out) is never
+    sent twice."""
+
+    def __init__(self, url: str | Sequence[str] = DEFAULT_URL, *, token: str | None = None,
                  ca_file: str | None = None, timeout_s: float = 10.0) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ValueError(f"url: expected http://HOST:PORT or https://HOST:PORT, got {url!r}")
-        self.url = url.rstrip("/")
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise ValueError("url: give at least one admin URL")
+        for one in urls:
+            parsed = urllib.parse.urlsplit(one) if isinstance(one, str) else None
+            if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
+                raise ValueError(
+                    f"url: expected http://HOST:PORT or https://HOST:PORT, got {one!r}")
+        self.urls = [one.rstrip("/") for one in urls]
+        #: the URL calls go to first (the last that accepted a connection).
+        self.url = self.urls[0]
         self._token = token
         self._timeout_s = timeout_s
         self._context: ssl.SSLContext | None = None
-        if parsed.scheme == "https":
+        if any(one.startswith("https:") for one in self.urls):
             self._context = ssl.create_default_context(cafile=ca_file)
 
     # ------------------------------------------------------------ transport
@@ -65,7 +88,20 @@ class AdminClient:
     def request(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
                 body: Any = None) -> Any:
         """One call; the decoded JSON answer (``None`` for an empty one)."""
-        target = self.url + path
+        failures: list[str] = []
+        for base in [self.url, *(u for u in self.urls if u != self.url)]:
+            try:
+                answer = self._request_at(base, method, path, query, body)
+            except _NotConnected as exc:
+                failures.append(f"{base}: {exc.reason}")
+                continue
+            self.url = base
+            return answer
+        raise AdminError(0, "CONNECTION_FAILED", "cannot reach " + "; ".join(failures))
+
+    def _request_at(self, base: str, method: str, path: str,
+                    query: Mapping[str, str] | None, body: Any) -> Any:
+        target = base + path
         if query:
             target += "?" + urllib.parse.urlencode(query)
         data = None if body is None else json.dumps(body).encode("utf-8")
@@ -84,13 +120,15 @@ class AdminClient:
             reason = exc.reason
             if isinstance(reason, ssl.SSLCertVerificationError):
                 raise AdminError(0, "TLS_VERIFICATION_FAILED",
-                                 f"{self.url}: the server's certificate was not verified "
+                                 f"{base}: the server's certificate was not verified "
                                  f"({reason.verify_message}); pass --ca-file") from None
+            if isinstance(reason, (ConnectionRefusedError, socket.gaierror)):
+                raise _NotConnected(reason) from None  # nothing was sent: try the next
             raise AdminError(0, "CONNECTION_FAILED",
-                             f"cannot reach {self.url}: {reason}") from None
+                             f"cannot reach {base}: {reason}") from None
         except (TimeoutError, OSError) as exc:
             raise AdminError(0, "CONNECTION_FAILED",
-                             f"cannot reach {self.url}: {exc}") from None
+                             f"cannot reach {base}: {exc}") from None
         if not raw:
             return None
         try:

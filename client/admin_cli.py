@@ -42,7 +42,9 @@ class UsageError(Exception):
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=os.environ.get("GROUPCOORD_URL", DEFAULT_URL),
-                        help=f"the coordinator's admin URL (GROUPCOORD_URL; {DEFAULT_URL})")
+                        help=f"the coordinator's admin URL, or several comma-separated (any "
+                             f"coordinator of a cluster answers; the first that accepts a "
+                             f"connection is used) (GROUPCOORD_URL; {DEFAULT_URL})")
     common.add_argument("--token", default=os.environ.get("GROUPCOORD_TOKEN"),
                         help="bearer token (GROUPCOORD_TOKEN)")
     common.add_argument("--ca-file", help="CA certificate(s) to verify an https URL with")
@@ -119,7 +121,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
-            admin = AdminClient(args.url, token=args.token, ca_file=args.ca_file)
+            urls = [u.strip() for u in args.url.split(",")] if "," in args.url else args.url
+            admin = AdminClient(urls, token=args.token, ca_file=args.ca_file)
             return command(admin, args, sys.stdout)
         except AdminError as exc:
             print(f"groupcoord: {exc.message}", file=sys.stderr)

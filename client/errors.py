@@ -11,6 +11,7 @@ Hierarchy::
 
     GroupCoordError
     ├── CoordinatorUnavailableError      retriable: network, 5xx, timeout
+    │   └── NotCoordinatorError          v1.1: that coordinator does not serve the group (yet)
     ├── CommitFailedError                a commit was refused (carries the code)
     │   └── RebalanceInProgressError     ... because a rebalance is running
     ├── NotOwnedError                    committing a resource the member does not own
@@ -41,6 +42,7 @@ __all__ = [
     "InvalidRequestError",
     "InvalidSessionTimeoutError",
     "MemberClosedError",
+    "NotCoordinatorError",
     "NotOwnedError",
     "RebalanceInProgressError",
     "TLSVerificationError",
@@ -53,7 +55,28 @@ class GroupCoordError(Exception):
 
 
 class CoordinatorUnavailableError(GroupCoordError):
-    """The coordinator could not be reached or answered 5xx; retriable."""
+    """The coordinator could not be reached or answered 5xx; retriable.
+
+    ``http_status``: the HTTP status when the coordinator answered one (a 5xx,
+    or 404 from a server that does not have the call), else ``None``."""
+
+    def __init__(self, message: str, *, http_status: int | None = None) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+
+
+class NotCoordinatorError(CoordinatorUnavailableError):
+    """v1.1, several coordinators: the call reached a coordinator that does not
+    serve its group (``NOT_COORDINATOR``; ``owner_url`` names the owner when
+    that coordinator knows it) or is still loading the group's partition
+    (``COORDINATOR_LOAD_IN_PROGRESS``). Nothing was changed there; the call
+    may be sent again, to the owner. Retriable, like any unavailability: a
+    router (:class:`client.transport.CoordinatorRouter`) follows it."""
+
+    def __init__(self, message: str, code: ErrorCode, owner_url: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.owner_url = owner_url
 
 
 class NotOwnedError(GroupCoordError):

@@ -41,7 +41,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client import CollectorRegistry
 
@@ -70,7 +69,13 @@ from client.member_state import (
 )
 from client.metrics import MemberMetrics
 from client.retry_log import RetryLog
-from client.transport import AiohttpTransport, Transport
+from client.transport import (
+    AiohttpTransport,
+    CoordinatorRouter,
+    Transport,
+    check_coordinator_url,
+    redact_url,
+)
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_FETCH_CHECKPOINTS
 from protocol.messages import FetchRequest, FetchResponse, Scalar
@@ -91,11 +96,17 @@ def wall_ms() -> int:
 class GroupMember:
     """A worker's membership in one group. Use ``async with`` (joins, and
     waits for the first assignment; closes on exit) or ``start()`` /
-    ``close()``."""
+    ``close()``.
+
+    ``coordinator``: the coordinator's URL, or a list of bootstrap URLs of
+    several coordinators sharing the groups (PROTOCOL.md v1.1): the member
+    finds its group's coordinator and follows it when it changes
+    (:class:`~client.transport.CoordinatorRouter`; docs/client.md, "Several
+    coordinators"). Or a :class:`~client.transport.Transport` (tests)."""
 
     def __init__(
         self,
-        coordinator: str | Transport,
+        coordinator: str | Sequence[str] | Transport,
         group_id: str,
         sets: Sequence[str],
         *,
@@ -121,7 +132,9 @@ class GroupMember:
         ca_file: str | Path | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        if not isinstance(coordinator, str) and (ca_file is not None or ssl_context is not None):
+        urls = _coordinator_urls(coordinator, tls_settings=ca_file is not None
+                                 or ssl_context is not None)
+        if urls is None and (ca_file is not None or ssl_context is not None):
             raise ValueError("ca_file/ssl_context apply to a coordinator URL; configure the "
                              "transport passed as coordinator instead")
         self.client_id = client_id or f"member-{uuid.uuid4().hex[:12]}"
@@ -139,16 +152,28 @@ class GroupMember:
             # clock moves everything; the real default is the wall clock.
             wall_clock = wall_ms if clock is monotonic_ms else clock
         self._machine = MemberStateMachine(self.config, rng=rng, assignor_clock=wall_clock)
-        if isinstance(coordinator, str):
+        self._router: CoordinatorRouter | None = None
+        if urls is not None:
             headers = {"Authorization": f"Bearer {token}"} if token else None
-            self._transport: Transport = AiohttpTransport(
-                coordinator, headers=headers, ca_file=ca_file, ssl_context=ssl_context)
+            http = AiohttpTransport(urls[0], headers=headers, ca_file=ca_file,
+                                    ssl_context=ssl_context)
+            # One HTTP session for every coordinator; a find_coordinator answer
+            # is awaited as long as a heartbeat's (the timing rule's reply_ms).
+            self._router = CoordinatorRouter(urls, group_id, http.at,
+                                             find_timeout_ms=self.config.timing.reply_ms,
+                                             name=self.client_id)
+            self._transport: Transport = self._router
             self._owns_transport = True
         else:
+            assert not isinstance(coordinator, (str, Sequence))
             self._transport = coordinator
             self._owns_transport = False
+            if isinstance(coordinator, CoordinatorRouter):
+                self._router = coordinator
+        description = (_describe(self._transport) if self._router is None else
+                       ", ".join(redact_url(u) for u in self._router.bootstrap_urls))
         #: reports an unreachable coordinator with log lines that back off.
-        self._retry_log = RetryLog(self.client_id, _describe(coordinator, self._transport))
+        self._retry_log = RetryLog(self.client_id, description)
         #: the last rebalance failed and is being retried (logged quietly).
         self._retrying = False
         self._listener = listener or RebalanceListener()
@@ -177,6 +202,14 @@ class GroupMember:
     @property
     def member_id(self) -> str:
         return self._machine.member_id
+
+    @property
+    def coordinator_url(self) -> str | None:
+        """The URL of the group's coordinator as the member last learned it
+        (credentials left out); ``None`` while it is looking for it, or when
+        the member was given a transport."""
+        url = self._router.current_url if self._router is not None else None
+        return None if url is None else redact_url(url)
 
     @property
     def generation_id(self) -> int:
@@ -374,6 +407,7 @@ class GroupMember:
         try:
             return await asyncio.wait_for(self._transport.call(api, request), limit_ms / 1000)
         except TimeoutError as exc:
+            self._timed_out(api)
             raise CoordinatorUnavailableError(f"{api}: timed out") from exc
 
     def _raise_failure(self) -> None:
@@ -435,6 +469,7 @@ class GroupMember:
                     return
                 if now >= deadline:
                     await _cancel(call)
+                    self._timed_out(action.api)
                     machine.call_failed(self._clock(), CoordinatorUnavailableError(
                         f"{action.api}: no answer within {action.timeout_ms} ms"))
                     return
@@ -514,6 +549,7 @@ class GroupMember:
                     self._unreachable(str(exc))
                 machine.background_failed(now, exc)
             elif isinstance(exc, TimeoutError):
+                self._timed_out("heartbeat")
                 self._unreachable("heartbeat: no answer in time")
                 machine.background_failed(now, CoordinatorUnavailableError(
                     "heartbeat: no answer in time"))
@@ -552,6 +588,13 @@ class GroupMember:
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             poke.cancel()
+
+    def _timed_out(self, api: str) -> None:
+        """A call got no answer within its timeout: tell a transport that
+        cares (a router looks for the coordinator again)."""
+        timed_out = getattr(self._transport, "timed_out", None)
+        if timed_out is not None:
+            timed_out(api)
 
     def _unreachable(self, error: str) -> None:
         line = self._retry_log.failed(self._clock(), error)
@@ -599,18 +642,33 @@ class GroupMember:
                 await aclose()
 
 
-def _describe(coordinator: str | Transport, transport: Transport) -> str:
-    """The coordinator as log lines name it: its URL when known."""
-    url = coordinator if isinstance(coordinator, str) else getattr(transport, "base_url", None)
+def _coordinator_urls(coordinator: object, *, tls_settings: bool) -> list[str] | None:
+    """The URL(s) ``GroupMember`` was given, each checked (``ValueError``
+    naming the bad one), or ``None`` for a transport."""
+    if isinstance(coordinator, str):
+        return [check_coordinator_url(coordinator, tls_settings=tls_settings)]
+    if hasattr(coordinator, "call"):
+        return None
+    if not isinstance(coordinator, Sequence):
+        raise ValueError(f"coordinator must be a URL, a list of URLs or a transport, "
+                         f"got {type(coordinator).__name__}")
+    if not coordinator:
+        raise ValueError("coordinator: the list of URLs is empty; give at least one")
+    urls = []
+    for i, url in enumerate(coordinator):
+        try:
+            urls.append(check_coordinator_url(url, tls_settings=tls_settings))
+        except ValueError as exc:
+            raise ValueError(f"coordinator[{i}]: {exc}") from None
+    return urls
+
+
+def _describe(transport: Transport) -> str:
+    """A transport as log lines name it: its URL when known."""
+    url = getattr(transport, "base_url", None)
     if not isinstance(url, str):
         return type(transport).__name__
-    parts = urlsplit(url)
-    if parts.username is not None or parts.password is not None:
-        # Never log credentials a URL may carry.
-        host = parts.hostname or ""
-        netloc = f"{host}:{parts.port}" if parts.port is not None else host
-        url = urlunsplit(parts._replace(netloc=netloc))
-    return url
+    return redact_url(url)  # never log credentials a URL may carry
 
 
 def _earliest(*times: int | None) -> int | None:

@@ -167,6 +167,10 @@ ERROR_ACTIONS: dict[ErrorCode, ErrorAction] = {
     ErrorCode.NON_EMPTY_GROUP: ErrorAction.FATAL,  # an admin-only code: a server bug
     ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: ErrorAction.RETRY,
     ErrorCode.COORDINATOR_NOT_AVAILABLE: ErrorAction.RETRY,
+    # v1.1: the transport follows it to the group's coordinator
+    # (client.transport.CoordinatorRouter); should it reach the machine, the
+    # step is retried, the membership kept.
+    ErrorCode.NOT_COORDINATOR: ErrorAction.RETRY,
     ErrorCode.UNKNOWN_SERVER_ERROR: ErrorAction.RETRY,
     # Only a commit gets it (a group's checkpoint cap): that commit fails with
     # CommitFailedError; the membership is not touched.

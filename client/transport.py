@@ -16,19 +16,38 @@ and nowhere else:
 - HTTP 400/413/415: :class:`~client.errors.InvalidRequestError` (a bug);
 - HTTP 401/403: :class:`~client.errors.GroupAuthorizationFailedError`;
 - a coordinator certificate that does not verify:
-  :class:`~client.errors.TLSVerificationError` (fatal: a setting to fix).
+  :class:`~client.errors.TLSVerificationError` (fatal: a setting to fix);
+- v1.1, an answer ``NOT_COORDINATOR`` or ``COORDINATOR_LOAD_IN_PROGRESS``
+  (a coordinator that does not serve the group, or not yet): recognised
+  before the call's own response is parsed (such an answer carries only
+  ``error`` and ``url``) and raised as
+  :class:`~client.errors.NotCoordinatorError` (retriable; nothing changed).
+
+:class:`CoordinatorRouter` is the transport of a member given several
+coordinators (PROTOCOL.md v1.1, "Several coordinators sharing groups"): it
+finds the group's coordinator with ``find_coordinator``, sends every call
+there through per-URL :class:`AiohttpTransport` views of one HTTP session,
+follows ``NOT_COORDINATOR``, and looks for the coordinator again when the
+current one fails (docs/client.md, "Several coordinators").
 
 Tests swap in an in-memory transport: any object with this ``call`` method.
+A transport may also have ``timed_out(api)``: the member calls it when a call
+got no answer within the member's own timeout (it cancels the call), so a
+router stops sending to a coordinator that accepts connections and answers
+nothing (a paused process).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -36,26 +55,79 @@ from client.errors import (
     CoordinatorUnavailableError,
     GroupAuthorizationFailedError,
     InvalidRequestError,
+    NotCoordinatorError,
     TLSVerificationError,
 )
 from client.tls import client_ssl_context
 from protocol.codec import CONTENT_TYPE, DecodeError, decode, encode
 from protocol.errors import ErrorCode
-from protocol.messages import APIS, Request, Response
+from protocol.messages import (
+    APIS,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    Request,
+    Response,
+)
 from protocol.validate import ValidationError
 
 __all__ = [
     "CATALOG_API",
+    "FIND_COORDINATOR_API",
     "AiohttpTransport",
     "CallRequest",
     "CallResponse",
     "CatalogRequest",
     "CatalogResponse",
+    "CoordinatorRouter",
     "Transport",
+    "check_coordinator_url",
+    "redact_url",
 ]
+
+log = logging.getLogger("groupcoord.client")
 
 #: the pseudo-api name of ``GET /v1/resources``.
 CATALOG_API = "resources"
+#: v1.1: which coordinator serves a group (any coordinator answers).
+FIND_COORDINATOR_API = "find_coordinator"
+#: the answers a coordinator gives instead of a call's own response (v1.1).
+_NOT_SERVED = frozenset({ErrorCode.NOT_COORDINATOR.value,
+                         ErrorCode.COORDINATOR_LOAD_IN_PROGRESS.value})
+
+
+def redact_url(url: str) -> str:
+    """``url`` without the user name and password it may carry (for logs and
+    error messages)."""
+    try:
+        parts = urlsplit(url)
+        if parts.username is None and parts.password is None:
+            return url
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    except ValueError:  # a port that is not a number: show no part of the netloc
+        return "<unparsable URL>"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def check_coordinator_url(url: object, *, tls_settings: bool = False) -> str:
+    """``url`` if it can name a coordinator (``http://`` or ``https://`` and a
+    host); else ``ValueError`` naming it. ``tls_settings``: the caller gave a
+    CA or an SSL context, which only an ``https://`` URL can use."""
+    if not isinstance(url, str):
+        raise ValueError(f"coordinator URL must be a string, got {url!r}")
+    shown = redact_url(url)
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"coordinator URL must start with http:// or https://: {shown!r}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise ValueError(f"coordinator URL {shown!r} cannot be parsed: {exc}") from None
+    if not parts.hostname:
+        raise ValueError(f"coordinator URL has no host: {shown!r}")
+    if tls_settings and url.startswith("http://"):
+        raise ValueError(f"ca_file/ssl_context need an https:// coordinator URL: {shown!r}")
+    return url
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,34 +194,31 @@ class AiohttpTransport:
     def __init__(self, base_url: str, *, headers: Mapping[str, str] | None = None,
                  connect_timeout_s: float = 5.0, ca_file: str | Path | None = None,
                  ssl_context: ssl.SSLContext | None = None) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"coordinator URL must start with http:// or https://: {base_url!r}")
         if ca_file is not None and ssl_context is not None:
             raise ValueError("give ca_file or ssl_context, not both")
-        if (ca_file is not None or ssl_context is not None) and base_url.startswith("http://"):
-            raise ValueError(f"ca_file/ssl_context need an https:// coordinator URL: "
-                             f"{base_url!r}")
+        check_coordinator_url(base_url,
+                              tls_settings=ca_file is not None or ssl_context is not None)
         self._base = base_url.rstrip("/")
-        self._headers = dict(headers or {})
-        self._connect_timeout_s = connect_timeout_s
-        self._ssl: ssl.SSLContext | None = (
+        self._shared = _Session(
+            dict(headers or {}), connect_timeout_s,
             client_ssl_context(ca_file) if ca_file is not None else ssl_context)
-        self._session: aiohttp.ClientSession | None = None
 
     @property
     def base_url(self) -> str:
         return self._base
 
+    def at(self, base_url: str) -> AiohttpTransport:
+        """The same transport for another coordinator URL: the same HTTP
+        session (connections, headers, TLS settings); ``aclose()`` of either
+        closes it. ``ValueError`` for a URL these settings cannot use."""
+        check_coordinator_url(base_url, tls_settings=self._shared.ssl is not None)
+        view = AiohttpTransport.__new__(AiohttpTransport)
+        view._base = base_url.rstrip("/")
+        view._shared = self._shared
+        return view
+
     def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            # No total timeout: the member bounds every call itself (a parked
-            # join may legitimately last a whole rebalance timeout).
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s)
-            # ssl=True: aiohttp's default, verifying against the system store.
-            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True)
-            self._session = aiohttp.ClientSession(timeout=timeout, headers=self._headers,
-                                                  connector=connector)
-        return self._session
+        return self._shared.get()
 
     async def call(self, api: str, request: Any) -> Any:
         session = self._get_session()
@@ -166,7 +235,10 @@ class AiohttpTransport:
                                     headers={"Content-Type": CONTENT_TYPE}) as resp:
                 body = await resp.read()
                 self._check_status(api, resp.status, body, json_body=False)
-                result: Response = response_type.from_wire(decode(body))
+                obj = decode(body)
+                if api != FIND_COORDINATOR_API:
+                    self._check_served(api, obj)
+                result: Response = response_type.from_wire(obj)
                 return result
         except (aiohttp.ClientConnectorCertificateError, ssl.SSLCertVerificationError) as exc:
             detail = getattr(exc, "certificate_error", exc)
@@ -179,6 +251,18 @@ class AiohttpTransport:
         except (DecodeError, ValidationError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CoordinatorUnavailableError(f"{api}: unreadable response: {exc}") from exc
 
+    def _check_served(self, api: str, obj: object) -> None:
+        """A v1.1 "not served here" answer (``{error, url}`` and nothing else):
+        read before the call's own fields, which it does not have."""
+        if not isinstance(obj, dict) or obj.get("error") not in _NOT_SERVED:
+            return
+        code = ErrorCode(obj["error"])
+        url = obj.get("url")
+        owner = url if isinstance(url, str) else ""
+        where = f" (owner: {redact_url(owner)})" if owner else ""
+        raise NotCoordinatorError(f"{api}: {code.value} at {redact_url(self._base)}{where}",
+                                  code, owner)
+
     @staticmethod
     def _check_status(api: str, status: int, body: bytes, *, json_body: bool) -> None:
         if status == 200:
@@ -189,12 +273,38 @@ class AiohttpTransport:
         if status in (401, 403):
             raise GroupAuthorizationFailedError(f"{api}: HTTP {status}: {message}",
                                                 ErrorCode.GROUP_AUTHORIZATION_FAILED)
-        raise CoordinatorUnavailableError(f"{api}: HTTP {status}: {message}")
+        raise CoordinatorUnavailableError(f"{api}: HTTP {status}: {message}", http_status=status)
 
     async def aclose(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
+        await self._shared.aclose()
+
+
+class _Session:
+    """One aiohttp session and its settings, shared by the views of one
+    transport (:meth:`AiohttpTransport.at`)."""
+
+    def __init__(self, headers: dict[str, str], connect_timeout_s: float,
+                 ssl_ctx: ssl.SSLContext | None) -> None:
+        self.headers = headers
+        self.connect_timeout_s = connect_timeout_s
+        self.ssl = ssl_ctx
+        self.session: aiohttp.ClientSession | None = None
+
+    def get(self) -> aiohttp.ClientSession:
+        if self.session is None or self.session.closed:
+            # No total timeout: the member bounds every call itself (a parked
+            # join may legitimately last a whole rebalance timeout).
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
+            # ssl=True: aiohttp's default, verifying against the system store.
+            connector = aiohttp.TCPConnector(ssl=self.ssl if self.ssl is not None else True)
+            self.session = aiohttp.ClientSession(timeout=timeout, headers=self.headers,
+                                                 connector=connector)
+        return self.session
+
+    async def aclose(self) -> None:
+        if self.session is not None and not self.session.closed:
+            await self.session.close()
+        self.session = None
 
 
 def _error_message(body: bytes, json_body: bool) -> str:
@@ -205,3 +315,271 @@ def _error_message(body: bytes, json_body: bool) -> str:
     if isinstance(obj, dict):
         return str(obj.get("message") or obj.get("error") or obj)
     return str(obj)[:200]
+
+
+class CoordinatorRouter:
+    """The transport of one group's member when coordinators may change
+    (PROTOCOL.md v1.1, "Several coordinators sharing groups"; Kafka's
+    consumer: coordinator unknown -> FindCoordinator -> retry there).
+
+    ``bootstrap``: the URLs the member was given; ``connect(url)``: the
+    transport that talks to one coordinator (for HTTP,
+    :meth:`AiohttpTransport.at`, so every coordinator shares one session).
+    A call goes to the group's current coordinator:
+
+    - none known: with several bootstrap URLs, ``find_coordinator`` is asked
+      of each in turn, starting with the last that answered, the coordinator
+      just given up last (each attempt bounded by ``find_timeout_ms``); the
+      first answer decides. A server
+      that does not have the call (HTTP 404: a v1 server) is its own
+      coordinator. With one URL, that URL is presumed to be the coordinator
+      (a one-process server serves every group; anything else redirects).
+    - ``NOT_COORDINATOR`` (nothing changed there): the call goes at once to
+      the owner it names, or, when it names none, to the one
+      ``find_coordinator`` names; at most ``MAX_REDIRECTS`` times per call,
+      then it fails retriably.
+    - a failure to get an answer (network, 5xx, an unreadable answer, the
+      member's timeout reported through :meth:`timed_out`), or
+      ``COORDINATOR_NOT_AVAILABLE``: the coordinator is unknown again; the
+      error goes to the member, which retries with its backoff (bounded by
+      its safety lease) and the next call looks for the coordinator. The
+      other calls still waiting on that coordinator fail too (as they do
+      when it is replaced), so none stays parked at a coordinator given up.
+    - ``COORDINATOR_LOAD_IN_PROGRESS``: the owner, still loading; the member
+      retries there after its backoff.
+
+    A coordinator URL a server names must be one ``connect`` accepts, and
+    ``https://`` when the member was given ``https://`` URLs; else the answer
+    counts as a failure. One INFO line is logged whenever the coordinator
+    changes (URLs without credentials).
+    """
+
+    #: NOT_COORDINATOR answers followed within one call.
+    MAX_REDIRECTS = 3
+
+    def __init__(self, bootstrap: Sequence[str], group_id: str,
+                 connect: Callable[[str], Transport], *, find_timeout_ms: int = 5_000,
+                 name: str | None = None) -> None:
+        urls = tuple(dict.fromkeys(u.rstrip("/") for u in bootstrap))
+        if not urls:
+            raise ValueError("give at least one coordinator URL")
+        if find_timeout_ms <= 0:
+            raise ValueError(f"find_timeout_ms must be positive, got {find_timeout_ms!r}")
+        self._bootstrap = urls
+        #: given https:// URLs, the member follows no server to http:// (its
+        #: token would then travel in clear).
+        self._https_only = any(u.startswith("https://") for u in urls)
+        self._group_id = group_id
+        self._connect = connect
+        self._find_timeout_ms = find_timeout_ms
+        self._name = name or f"of group {group_id!r}"
+        self._transports: dict[str, Transport] = {}
+        for url in urls:
+            self._transport_for(url)  # a URL the transport refuses: ValueError now
+        self._current: str | None = urls[0] if len(urls) == 1 else None
+        #: the coordinator last announced in the log.
+        self._announced: str | None = self._current
+        #: where the next find_coordinator round starts (the last that answered).
+        self._first = 0
+        #: the coordinator last given up (asked last in the next round).
+        self._failed: str | None = None
+        self._finding = asyncio.Lock()
+        #: answers received from each coordinator (any call).
+        self._answers: dict[str, int] = {}
+        #: per api, the last call cancelled while waiting on a coordinator:
+        #: that coordinator and its answer count when the call was sent.
+        self._cancelled: dict[str, tuple[str, int]] = {}
+        #: per coordinator, resolved when it is given up: the calls still
+        #: waiting on it fail then (a join parked at a paused process).
+        self._gone: dict[str, asyncio.Future[None]] = {}
+
+    @property
+    def bootstrap_urls(self) -> tuple[str, ...]:
+        return self._bootstrap
+
+    @property
+    def current_url(self) -> str | None:
+        """The group's coordinator as last learned, ``None`` while unknown."""
+        return self._current
+
+    async def call(self, api: str, request: Any) -> Any:
+        self._cancelled.pop(api, None)
+        redirects = 0
+        while True:
+            url = self._current if self._current is not None else await self._find(api)
+            try:
+                response = await self._send(url, api, request)
+            except NotCoordinatorError as exc:
+                self._answered(url)
+                if exc.code is not ErrorCode.NOT_COORDINATOR:
+                    raise  # loading: the owner; retried there after the member's backoff
+                self._redirect(url, exc.owner_url)
+                redirects += 1
+                if redirects > self.MAX_REDIRECTS:
+                    raise
+                continue
+            except CoordinatorUnavailableError:
+                self._forget(url)
+                raise
+            self._answered(url)
+            if getattr(response, "error", None) is ErrorCode.COORDINATOR_NOT_AVAILABLE:
+                self._forget(url)  # Kafka's consumer marks the coordinator unknown too
+            return response
+
+    async def _send(self, url: str, api: str, request: Any) -> Any:
+        """``request`` to the coordinator at ``url``; fails when that
+        coordinator is given up while the call waits on it (Kafka's client
+        fails the requests in flight to a coordinator it marks dead)."""
+        seen = self._answers.get(url, 0)
+        gone = self._gone.get(url)
+        if gone is None:
+            gone = self._gone[url] = asyncio.get_running_loop().create_future()
+        call = asyncio.ensure_future(self._transports[url].call(api, request))
+        try:
+            await asyncio.wait((call, gone), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self._cancelled[api] = (url, seen)
+            await _cancel(call)
+            raise
+        if not call.done():
+            await _cancel(call)
+            raise CoordinatorUnavailableError(
+                f"{api}: gave up waiting on {redact_url(url)}: the group's coordinator "
+                "changed or stopped answering")
+        return call.result()
+
+    def timed_out(self, api: str) -> None:
+        """The member's last ``api`` call got no answer within its timeout: if
+        its coordinator has answered nothing since that call was sent (a
+        paused process, a black hole), look for the coordinator again."""
+        record = self._cancelled.pop(api, None)
+        if record is None:
+            return
+        url, seen = record
+        if self._answers.get(url, 0) == seen:
+            self._forget(url)
+
+    async def aclose(self) -> None:
+        for transport in self._transports.values():
+            aclose = getattr(transport, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    # ------------------------------------------------------------ internals
+
+    def _transport_for(self, url: str) -> Transport:
+        transport = self._transports.get(url)
+        if transport is None:
+            transport = self._connect(url)
+            self._transports[url] = transport
+        return transport
+
+    def _named(self, url: str) -> None:
+        """Check a coordinator URL a server named; ``ValueError`` if unusable."""
+        if self._https_only and not url.startswith("https://"):
+            raise ValueError(f"{redact_url(url)!r} is not an https:// URL, and this member "
+                             f"was given https:// URLs")
+        self._transport_for(url)
+
+    def _answered(self, url: str) -> None:
+        self._answers[url] = self._answers.get(url, 0) + 1
+
+    def _forget(self, url: str) -> None:
+        if self._current == url:
+            self._current = None
+            self._failed = url
+            self._give_up(url)
+
+    def _give_up(self, url: str) -> None:
+        gone = self._gone.pop(url, None)
+        if gone is not None and not gone.done():
+            gone.set_result(None)
+
+    def _use(self, url: str, how: str) -> None:
+        old, self._current = self._current, url
+        if old is not None and old != url:
+            self._give_up(old)
+        if url != self._announced:
+            was = self._announced
+            self._announced = url
+            log.info("member %s: the coordinator of group %r is now %s (%s%s)", self._name,
+                     self._group_id, redact_url(url), how,
+                     f"; was {redact_url(was)}" if was is not None else "")
+
+    def _redirect(self, url: str, owner: str) -> None:
+        """``url`` answered NOT_COORDINATOR naming ``owner`` (or nobody)."""
+        if self._current != url:
+            return  # another call moved on already
+        owner = owner.rstrip("/")
+        if not owner or owner == url:
+            self._current = None
+            return
+        try:
+            self._named(owner)
+        except ValueError as exc:
+            log.warning("member %s: %s named an unusable coordinator URL: %s", self._name,
+                        redact_url(url), exc)
+            self._current = None
+            return
+        self._use(owner, f"NOT_COORDINATOR from {redact_url(url)}")
+
+    async def _find(self, api: str) -> str:
+        async with self._finding:
+            if self._current is not None:
+                return self._current  # found by another call meanwhile
+            urls = self._bootstrap
+            if len(urls) == 1:
+                self._use(urls[0], "the only URL given")
+                return urls[0]
+            failures: list[str] = []
+            # From the last that answered; the coordinator just given up last
+            # (killed or paused, it would cost a timeout each round).
+            order = [(self._first + k) % len(urls) for k in range(len(urls))]
+            order.sort(key=lambda j: urls[j] == self._failed)
+            for i in order:
+                url = urls[i]
+                try:
+                    response = await asyncio.wait_for(
+                        self._transports[url].call(FIND_COORDINATOR_API,
+                                                   FindCoordinatorRequest(self._group_id)),
+                        self._find_timeout_ms / 1000)
+                except TimeoutError:
+                    failures.append(f"{redact_url(url)}: no answer within "
+                                    f"{self._find_timeout_ms} ms")
+                    continue
+                except CoordinatorUnavailableError as exc:
+                    if exc.http_status == 404:
+                        # A server without find_coordinator (v1): one process
+                        # that serves every group.
+                        self._first = i
+                        self._use(url, "a server without find_coordinator")
+                        return url
+                    failures.append(f"{redact_url(url)}: {exc}")
+                    continue
+                self._first = i
+                return self._found(api, url, response)
+            self._first = (self._first + 1) % len(urls)
+            raise CoordinatorUnavailableError(
+                f"{api}: find_coordinator for group {self._group_id!r} got no answer: "
+                + "; ".join(failures))
+
+    def _found(self, api: str, asked: str, response: FindCoordinatorResponse) -> str:
+        if response.error is not None or not response.url:
+            code = response.error.value if response.error is not None else "no url"
+            raise CoordinatorUnavailableError(
+                f"{api}: no coordinator serves group {self._group_id!r} now "
+                f"(find_coordinator at {redact_url(asked)}: {code})")
+        owner = response.url.rstrip("/")
+        try:
+            self._named(owner)
+        except ValueError as exc:
+            raise CoordinatorUnavailableError(
+                f"{api}: find_coordinator at {redact_url(asked)} named an unusable "
+                f"coordinator URL: {exc}") from None
+        self._use(owner, f"find_coordinator at {redact_url(asked)}")
+        return owner
+
+
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import pytest
 from server_harness import GROUPCOORD, ServerProcess, StartServer
 
 from protocol.resources import ResourceAssignment
@@ -156,3 +157,29 @@ def test_an_unreachable_url_names_it(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 1
     assert "cannot reach http://127.0.0.1:9" in result.stderr
+
+
+def test_several_admin_urls_use_the_first_that_accepts_a_connection(
+        start_server: StartServer) -> None:
+    """v1.1: every coordinator answers admin calls; a refused URL is skipped
+    (nothing was sent), and the client keeps to the one that answered."""
+    from client.admin import AdminClient, AdminError
+
+    server = start_server()
+    dead = "http://127.0.0.1:9"
+    result = subprocess.run([GROUPCOORD, "resources", "set", "shards", "4", "--url",
+                             f"{dead},{server.admin_url}"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    admin = AdminClient([dead, server.admin_url])
+    assert admin.request("GET", "/v1/resources")["resources"] == {"shards": 4}
+    assert admin.url == server.admin_url
+    with pytest.raises(AdminError) as caught:
+        AdminClient([dead, "http://127.0.0.1:7"]).list_groups()
+    assert caught.value.code == "CONNECTION_FAILED"
+    assert "cannot reach http://127.0.0.1:9: " in caught.value.message
+    assert "; http://127.0.0.1:7: " in caught.value.message
+    with pytest.raises(ValueError, match="ftp://x"):
+        AdminClient([server.admin_url, "ftp://x"])
+    with pytest.raises(ValueError, match="at least one"):
+        AdminClient([])
