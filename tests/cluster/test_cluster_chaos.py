@@ -33,7 +33,7 @@ def config(fault_seconds: float) -> ChaosConfig:
     return ChaosConfig.multi(
         3, groups=((BUSY, "cooperative-sticky"),), workers_per_group=3,
         max_extra_workers_per_group=0, catalog=(("orders", 6),),
-        fault_seconds=fault_seconds, observe_s=4.5)
+        fault_seconds=fault_seconds, observe_s=4.2)
 
 
 def explain(result: SeedResult) -> str:
@@ -89,9 +89,9 @@ async def test_sigstop_past_the_lease_then_sigcont(postgres_server: PostgresServ
 @pytest.mark.timeout(90)
 async def test_rolling_restart_of_all_three_with_sigterm(postgres_server: PostgresServer,
                                                          tmp_path: Path) -> None:
-    schedule = [Fault(0.5 + 2.5 * i, "term_coordinator", "", 0.3, (("index", i),))
+    schedule = [Fault(0.5 + 2.0 * i, "term_coordinator", "", 0.3, (("index", i),))
                 for i in range(3)]
-    result = await run_seed(3, tmp_path, config(7.5), postgres=postgres_server,
+    result = await run_seed(3, tmp_path, config(6.0), postgres=postgres_server,
                             schedule=schedule)
     # Each exited 0 on SIGTERM (else a violation) and was restarted.
     assert_clean(result, {"term_coordinator": 3})
