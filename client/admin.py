@@ -211,6 +211,14 @@ class AdminClient:
             "POST", f"/v1/groups/{_quote(group_id)}/checkpoints/reset", body=body)
         return doc
 
+    # ------------------------------------------------------------ coordinators
+
+    def coordinators(self) -> list[dict[str, Any]]:
+        """``GET /v1/coordinators``: the live coordinators and the partitions each owns."""
+        doc: dict[str, Any] = self.request("GET", "/v1/coordinators")
+        rows: list[dict[str, Any]] = doc["coordinators"]
+        return rows
+
     # ------------------------------------------------------------ the catalog
 
     def list_resources(self) -> dict[str, Any]:

@@ -105,6 +105,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--limit", type=int, default=20, help="most recent N (20)")
     p.set_defaults(func=_runner(_rebalances))
 
+    p = subparsers.add_parser("coordinators", parents=[common],
+                              help="the live coordinators, their URLs and the partitions "
+                                   "each owns (several coordinators on PostgreSQL)")
+    p.set_defaults(func=_runner(_coordinators))
+
     resources = subparsers.add_parser("resources", help="the resource catalog")
     rsub = resources.add_subparsers(dest="resources_command", metavar="ACTION", required=True)
     p = rsub.add_parser("list", parents=[common], help="every resource set and its size")
@@ -404,6 +409,20 @@ def _rebalances(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> in
     if args.json:
         return _dump({"rebalances": rebalances}, out)
     _print_rebalances(rebalances, out)
+    return 0
+
+
+# ---------------------------------------------------------------- coordinators
+
+
+def _coordinators(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    rows = admin.coordinators()
+    if args.json:
+        return _dump({"coordinators": rows}, out)
+    print(table(("ID", "URL", "ADMIN URL", "PARTITIONS", "OWNED"), [
+        (c["id"] + (" *" if c.get("self") else ""), c["url"], c.get("admin_url") or "-",
+         len(c["partitions"]), _ranges([p["partition"] for p in c["partitions"]]) or "-")
+        for c in rows]), file=out)
     return 0
 
 

@@ -330,9 +330,9 @@ class CoordinatorRouter:
     - none known: with several bootstrap URLs, ``find_coordinator`` is asked
       of each in turn, starting with the last that answered, the coordinator
       just given up last (each attempt bounded by ``find_timeout_ms``); the
-      first answer decides. A server
-      that does not have the call (HTTP 404: a v1 server) is its own
-      coordinator. With one URL, that URL is presumed to be the coordinator
+      first answer decides. A server that does not have the call (HTTP 404:
+      a v1 server), or answers no error and no URL, is the coordinator
+      itself. With one URL, that URL is presumed to be the coordinator
       (a one-process server serves every group; anything else redirects).
     - ``NOT_COORDINATOR`` (nothing changed there): the call goes at once to
       the owner it names, or, when it names none, to the one
@@ -342,9 +342,9 @@ class CoordinatorRouter:
       member's timeout reported through :meth:`timed_out`), or
       ``COORDINATOR_NOT_AVAILABLE``: the coordinator is unknown again; the
       error goes to the member, which retries with its backoff (bounded by
-      its safety lease) and the next call looks for the coordinator. The
-      other calls still waiting on that coordinator fail too (as they do
-      when it is replaced), so none stays parked at a coordinator given up.
+      its safety lease) and the next call looks for the coordinator. When it
+      finds another one, the calls still waiting on the old one fail (they
+      are retried), so none stays parked at a coordinator given up.
     - ``COORDINATOR_LOAD_IN_PROGRESS``: the owner, still loading; the member
       retries there after its backoff.
 
@@ -389,8 +389,8 @@ class CoordinatorRouter:
         #: per api, the last call cancelled while waiting on a coordinator:
         #: that coordinator and its answer count when the call was sent.
         self._cancelled: dict[str, tuple[str, int]] = {}
-        #: per coordinator, resolved when it is given up: the calls still
-        #: waiting on it fail then (a join parked at a paused process).
+        #: per coordinator, resolved when another one is found: the calls
+        #: still waiting on it fail then (a join parked at a paused process).
         self._gone: dict[str, asyncio.Future[None]] = {}
 
     @property
@@ -427,8 +427,8 @@ class CoordinatorRouter:
             return response
 
     async def _send(self, url: str, api: str, request: Any) -> Any:
-        """``request`` to the coordinator at ``url``; fails when that
-        coordinator is given up while the call waits on it (Kafka's client
+        """``request`` to the coordinator at ``url``; fails when another
+        coordinator is found while the call waits on this one (Kafka's client
         fails the requests in flight to a coordinator it marks dead)."""
         seen = self._answers.get(url, 0)
         gone = self._gone.get(url)
@@ -488,17 +488,16 @@ class CoordinatorRouter:
         if self._current == url:
             self._current = None
             self._failed = url
-            self._give_up(url)
-
-    def _give_up(self, url: str) -> None:
-        gone = self._gone.pop(url, None)
-        if gone is not None and not gone.done():
-            gone.set_result(None)
 
     def _use(self, url: str, how: str) -> None:
-        old, self._current = self._current, url
-        if old is not None and old != url:
-            self._give_up(old)
+        self._current = url
+        # The calls still waiting on another coordinator fail now (found
+        # again, the same coordinator keeps its calls: with one URL nothing
+        # changes).
+        for other in [u for u in self._gone if u != url]:
+            gone = self._gone.pop(other)
+            if not gone.done():
+                gone.set_result(None)
         if url != self._announced:
             was = self._announced
             self._announced = url
@@ -512,14 +511,14 @@ class CoordinatorRouter:
             return  # another call moved on already
         owner = owner.rstrip("/")
         if not owner or owner == url:
-            self._current = None
+            self._forget(url)
             return
         try:
             self._named(owner)
         except ValueError as exc:
             log.warning("member %s: %s named an unusable coordinator URL: %s", self._name,
                         redact_url(url), exc)
-            self._current = None
+            self._forget(url)
             return
         self._use(owner, f"NOT_COORDINATOR from {redact_url(url)}")
 
@@ -564,11 +563,16 @@ class CoordinatorRouter:
                 + "; ".join(failures))
 
     def _found(self, api: str, asked: str, response: FindCoordinatorResponse) -> str:
-        if response.error is not None or not response.url:
-            code = response.error.value if response.error is not None else "no url"
+        if response.error is not None:
             raise CoordinatorUnavailableError(
                 f"{api}: no coordinator serves group {self._group_id!r} now "
-                f"(find_coordinator at {redact_url(asked)}: {code})")
+                f"(find_coordinator at {redact_url(asked)}: {response.error.value})")
+        if not response.url:
+            # No error and no other URL: the server asked serves the group (a
+            # one-process server that does not know its advertised URL); should
+            # it not, its NOT_COORDINATOR corrects it.
+            self._use(asked, f"find_coordinator at {redact_url(asked)} named itself")
+            return asked
         owner = response.url.rstrip("/")
         try:
             self._named(owner)

@@ -2,9 +2,10 @@
 
 The job (docs/pipeline.md):
 
-1. load every input into one DataFrame of journal rows: SQLite files through
-   ``sqlite3`` -> Arrow -> Spark (pipeline/sources.py), export directories
-   straight from Parquet;
+1. load every input into one DataFrame of journal rows: coordinator databases
+   on the driver (SQLite through ``sqlite3``, PostgreSQL through asyncpg) ->
+   Arrow -> Spark (pipeline/sources.py), export directories straight from
+   Parquet;
 2. per-rebalance facts: ``groupBy(bucket of (source, group_id)).applyInArrow``
    runs the sequential ownership accounting of whole groups in Python
    (pipeline/facts.py, numpy); the storm counter is a window function;
@@ -27,12 +28,13 @@ from pipeline.errors import PipelineError
 from pipeline.sources import (
     GENERATIONS_SCHEMA,
     JOURNAL_SCHEMA,
-    SqliteJournal,
+    Journal,
     check_export_dir,
-    open_sqlite,
+    is_database_input,
+    open_database,
     read_generations,
     read_journal,
-    unique_sources,
+    unique_names,
 )
 
 
@@ -47,9 +49,10 @@ class AnalyzeOptions:
 
 @dataclass(frozen=True)
 class InputPlan:
-    """Checked inputs: SQLite files (opened) and export directories (their files)."""
+    """Checked inputs: coordinator databases (opened: SQLite files, PostgreSQL URLs)
+    and export directories (their files)."""
 
-    sqlite: tuple[SqliteJournal, ...] = ()
+    databases: tuple[Journal, ...] = ()
     journal_parquet: tuple[str, ...] = ()
     generations_parquet: tuple[str, ...] = ()
 
@@ -65,27 +68,23 @@ class AnalyzeResult:
 def plan_inputs(inputs: Sequence[str | Path]) -> InputPlan:
     """Check every input before Spark starts; errors name the file."""
     if not inputs:
-        raise PipelineError("no input: give coordinator SQLite files or export directories")
-    files = [p for p in inputs if not _is_dir_input(p)]
-    sources = dict(zip(map(str, files), unique_sources(files), strict=True))
-    sqlite: list[SqliteJournal] = []
+        raise PipelineError("no input: give coordinator databases (SQLite files, "
+                            "postgresql:// URLs) or export directories")
+    databases: list[Journal] = []
     jpq: list[str] = []
     gpq: list[str] = []
     for p in inputs:
-        if "://" in str(p):  # shared storage Spark reads itself (hdfs://, s3a://, ...)
+        if is_database_input(p):
+            databases.append(open_database(p))
+        elif "://" in str(p):  # shared storage Spark reads itself (hdfs://, s3a://, ...)
             jpq.append(f"{str(p).rstrip('/')}/journal")
-            continue
-        if _is_dir_input(p):
+        elif Path(p).is_dir():
             j, g = check_export_dir(p)
             jpq.extend(str(f) for f in j)
             gpq.extend(str(f) for f in g)
         else:
-            sqlite.append(open_sqlite(p, sources[str(p)]))
-    return InputPlan(tuple(sqlite), tuple(jpq), tuple(gpq))
-
-
-def _is_dir_input(p: str | Path) -> bool:
-    return "://" in str(p) or Path(p).is_dir()
+            databases.append(open_database(p))
+    return InputPlan(tuple(unique_names(databases)), tuple(jpq), tuple(gpq))
 
 
 def run_from_cli(inputs: Sequence[str], out: str, options: AnalyzeOptions,
@@ -129,8 +128,8 @@ def _read_parquet(spark: Any, files: Sequence[str], schema: Any) -> Any:
 
 def _load_journal(spark: Any, plan: InputPlan) -> Any:
     frames = []
-    if plan.sqlite:
-        frames.append(_arrow_to_spark(spark, [read_journal(j) for j in plan.sqlite],
+    if plan.databases:
+        frames.append(_arrow_to_spark(spark, [read_journal(j) for j in plan.databases],
                                       JOURNAL_SCHEMA))
     if plan.journal_parquet:
         frames.append(_read_parquet(spark, plan.journal_parquet, JOURNAL_SCHEMA))
@@ -143,7 +142,7 @@ def _load_journal(spark: Any, plan: InputPlan) -> Any:
 
 
 def _load_generations(spark: Any, plan: InputPlan) -> Any:
-    frames = [_arrow_to_spark(spark, [read_generations(j) for j in plan.sqlite],
+    frames = [_arrow_to_spark(spark, [read_generations(j) for j in plan.databases],
                               GENERATIONS_SCHEMA)]
     if plan.generations_parquet:
         frames.append(_read_parquet(spark, plan.generations_parquet, GENERATIONS_SCHEMA))
@@ -166,10 +165,10 @@ INPUT_BYTES_PER_TASK = 64 << 20
 
 
 def input_bytes(plan: InputPlan) -> int:
-    """The size of the inputs on disk (SQLite files and export files; shared
-    storage is asked through pyarrow's file systems)."""
+    """The size of the inputs on disk (SQLite files, PostgreSQL journal tables and
+    export files; shared storage is asked through pyarrow's file systems)."""
     import pyarrow.fs as pafs
-    total = sum(j.path.stat().st_size for j in plan.sqlite)
+    total = sum(j.size_bytes for j in plan.databases)
     for f in plan.journal_parquet:
         if "://" not in f:
             total += Path(f).stat().st_size
@@ -330,7 +329,7 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
             totals=tot, fleet_hours=fleet, worst_groups=worst, heat=heat, histogram=hist,
             series=series, bucket_ms=width, starters=starters, timelines=timelines,
             storm_window_ms=opts.storm_window_ms, storm_threshold=opts.storm_threshold,
-            inputs=[str(j.path) for j in plan.sqlite] + sorted(
+            inputs=[j.name for j in plan.databases] + sorted(
                 {str(Path(p).parent.parent) for p in plan.journal_parquet})))
     return AnalyzeResult(int(tot["rebalances"]), int(tot["groups"]), report, tables)
 

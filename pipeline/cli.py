@@ -48,11 +48,13 @@ def _missing_packages(command: str) -> str | None:
 def register(subparsers: Any) -> None:
     analyze = subparsers.add_parser(
         "analyze", help="rebalance journals -> Parquet tables and an HTML report (Spark)",
-        description="Analyse rebalance journals: coordinator SQLite files and/or directories "
-                    "written by `groupcoord journal export`. Writes Parquet tables and "
-                    "report.html to OUT (docs/pipeline.md).")
+        description="Analyse rebalance journals: coordinator databases (SQLite files, "
+                    "PostgreSQL URLs) and/or directories written by `groupcoord journal "
+                    "export`. Writes Parquet tables and report.html to OUT "
+                    "(docs/pipeline.md).")
     analyze.add_argument("inputs", nargs="+", metavar="INPUT",
-                         help="a coordinator SQLite file, or an export directory")
+                         help="a coordinator database (SQLite file, sqlite:///PATH or "
+                              "postgresql://USER@HOST:PORT/DB), or an export directory")
     analyze.add_argument("-o", "--out", required=True, help="output directory")
     analyze.add_argument("--storm-window", type=float, default=600.0, metavar="SECONDS",
                          help="window of the rebalance-storm counter (default 600)")
@@ -82,14 +84,19 @@ def register(subparsers: Any) -> None:
     journal = subparsers.add_parser("journal", help="rebalance journal tools")
     jsub = journal.add_subparsers(dest="journal_command", metavar="COMMAND", required=True)
     export = jsub.add_parser(
-        "export", help="coordinator SQLite journal -> Parquet (for `groupcoord analyze`)",
-        description="Write the rebalance journal and generations of coordinator SQLite files "
-                    "as Parquet under OUT/journal and OUT/generations. Needs no Java.")
-    export.add_argument("databases", nargs="+", metavar="DB", help="coordinator SQLite file")
+        "export", help="coordinator database's journal -> Parquet (for `groupcoord analyze`)",
+        description="Write the rebalance journal and generations of coordinator databases "
+                    "(SQLite files or PostgreSQL URLs) as Parquet under OUT/journal and "
+                    "OUT/generations. Needs no Java.")
+    export.add_argument("databases", nargs="+", metavar="DB",
+                        help="coordinator database: SQLite file, sqlite:///PATH or "
+                             "postgresql://USER@HOST:PORT/DB (password: PGPASSWORD or "
+                             "~/.pgpass rather than in the URL)")
     export.add_argument("-o", "--out", required=True, help="export directory (shared storage)")
     export.add_argument("--source", default=None,
                         help="name of the coordinator the rows come from (default: the file "
-                             "name without extension); only with one DB")
+                             "name without extension, or the PostgreSQL database's name); "
+                             "only with one DB")
     export.set_defaults(func=_run_export)
 
 
@@ -142,19 +149,19 @@ def _run_export(args: argparse.Namespace) -> int:
     if missing:
         return _fail("journal export", missing)
     from pipeline.errors import PipelineError
-    from pipeline.sources import export, open_sqlite
+    from pipeline.sources import export, open_database
     if args.source is not None and len(args.databases) > 1:
         return _fail("journal export", "--source names one coordinator: give one DB with it")
     try:
-        journals = [open_sqlite(db, args.source) for db in args.databases]
+        journals = [open_database(db, args.source) for db in args.databases]
         names = [j.source for j in journals]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise PipelineError(f"two files would both be source {dupes[0]!r}: export them one "
-                                "at a time with --source NAME")
+            raise PipelineError(f"two databases would both be source {dupes[0]!r}: export "
+                                "them one at a time with --source NAME")
         for j in journals:
             res = export(j, args.out)
-            print(f"{j.path}: {res.journal_rows} journal rows, {res.generation_rows} "
+            print(f"{j.name}: {res.journal_rows} journal rows, {res.generation_rows} "
                   f"generations -> {args.out} (source {j.source!r})")
     except PipelineError as exc:
         return _fail("journal export", str(exc))

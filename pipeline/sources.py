@@ -1,10 +1,14 @@
-"""Reading coordinator journals: SQLite files into Arrow, and the Parquet export.
+"""Reading coordinator journals: SQLite files and PostgreSQL databases into Arrow,
+and the Parquet export.
 
 A coordinator's SQLite file (coordinator/storage/schema.py) is read with
-Python's ``sqlite3`` straight into Arrow tables (no JDBC), which Spark then
-takes as a DataFrame. ``groupcoord journal export`` writes the same Arrow
-tables as Parquet, so journals of many coordinators can be collected on shared
-storage and analysed together.
+Python's ``sqlite3``, a PostgreSQL coordinator database
+(coordinator/storage/pg_schema.py, several coordinators sharing it) with
+asyncpg, both straight into the same Arrow record batches (no JDBC: see
+docs/pipeline.md, "Inputs"), which Spark then takes as a DataFrame.
+``groupcoord journal export`` writes the same Arrow tables as Parquet, so
+journals of many coordinators can be collected on shared storage and analysed
+together. Both databases are only read: nothing is migrated or written.
 
 The export layout (format 1)::
 
@@ -19,24 +23,31 @@ are 64-bit (Spark ``LongType``): times are Unix milliseconds.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from coordinator.storage import pgurl
+from coordinator.storage.pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
 from coordinator.storage.schema import SCHEMA_VERSION
+from coordinator.storage.sqlite import StorageError, sqlite_path
 from pipeline.errors import PipelineError
 
 EXPORT_FORMAT = "1"
 EXPORT_FORMAT_KEY = b"groupcoord.journal_export"
 SQLITE_MAGIC = b"SQLite format 3\x00"
+#: ``sqlite:///coord.db`` (relative) and ``sqlite:////var/lib/coord.db``
+#: (absolute): the path is what follows the third slash, as in SQLAlchemy.
+SQLITE_URL = "sqlite:///"
 BATCH_ROWS = 50_000
 
 MEMBER_TYPE = pa.struct([
@@ -87,6 +98,20 @@ _GENERATIONS_SQL = (
     "SELECT group_id, generation_id, protocol_type, protocol_name, leader, formed_ms, "
     "member_count, assignments IS NOT NULL FROM generations ORDER BY group_id, generation_id"
 )
+# The same columns and order from PostgreSQL: ``"left"`` is a reserved word
+# there, and ``COLLATE "C"`` orders group ids by their UTF-8 bytes as SQLite's
+# BINARY collation does, whatever the database's locale, so an export holds its
+# rows in the same order from either database.
+_PG_JOURNAL_SQL = (
+    'SELECT id, group_id, generation_id, protocol_type, protocol_name, leader, member_count, '
+    'members, joined, "left", reason, started_ms, ended_ms, assignments '
+    'FROM rebalance_journal ORDER BY group_id COLLATE "C", id'
+)
+_PG_GENERATIONS_SQL = (
+    'SELECT group_id, generation_id, protocol_type, protocol_name, leader, formed_ms, '
+    'member_count, assignments IS NOT NULL FROM generations '
+    'ORDER BY group_id COLLATE "C", generation_id'
+)
 
 
 @dataclass(frozen=True)
@@ -97,6 +122,63 @@ class SqliteJournal:
     source: str
     schema_version: int
     rows: int
+
+    @property
+    def name(self) -> str:
+        """How messages and the report name this input."""
+        return str(self.path)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+
+@dataclass(frozen=True)
+class PostgresJournal:
+    """One PostgreSQL coordinator database, checked (see :func:`open_postgres`)."""
+
+    #: the URL as given, password included: only ever handed to the driver.
+    url: str = field(repr=False)
+    #: the URL without its password (``pgurl.redact``): for every message.
+    name: str
+    source: str
+    schema_version: int
+    rows: int
+    #: the journal table's size on disk (``pg_total_relation_size``).
+    size_bytes: int
+
+
+#: A coordinator database the pipeline reads on the driver.
+Journal = SqliteJournal | PostgresJournal
+
+
+def is_database_input(spec: str | Path) -> bool:
+    """Whether an input names a coordinator database by URL (not a path or export)."""
+    text = str(spec)
+    return pgurl.is_postgres_url(text) or text.lower().startswith(SQLITE_URL)
+
+
+def open_database(spec: str | Path, source: str | None = None) -> Journal:
+    """Check a coordinator database given as a SQLite path, a ``sqlite:///`` URL or a
+    ``postgresql://`` URL; errors are :class:`PipelineError` lines naming it."""
+    text = str(spec)
+    if pgurl.is_postgres_url(text):
+        return open_postgres(text, source)
+    if text.lower().startswith("sqlite:"):
+        try:
+            path = sqlite_path(text)               # the rule `groupcoord serve --db` uses
+        except StorageError as exc:
+            raise PipelineError(str(exc)) from None
+        return open_sqlite(path, source)
+    return open_sqlite(spec, source)
+
+
+def unique_names(journals: Sequence[Journal]) -> list[Journal]:
+    """Databases whose default source name another one shares get their full name
+    (path, or URL without password) instead: two coordinators' rows must never be
+    taken for one another's (a row is identified by ``(source, id)``)."""
+    sources = [j.source for j in journals]
+    return [replace(j, source=j.name) if sources.count(j.source) > 1 else j for j in journals]
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -166,9 +248,46 @@ def _id_list(raw: str, where: str, name: str) -> list[str]:
                             f"{raw[:80]!r}") from exc
 
 
-def iter_journal_batches(journal: SqliteJournal,
+def _journal_batch(rows: Sequence[Sequence[Any]], source: str, name: str) -> pa.RecordBatch:
+    """Rows of ``_JOURNAL_SQL`` (or ``_PG_JOURNAL_SQL``) as one ``JOURNAL_SCHEMA`` batch:
+    the one conversion both databases go through."""
+    cols: dict[str, list[Any]] = {n: [] for n in JOURNAL_SCHEMA.names}
+    for r in rows:
+        where = f"{name}: rebalance_journal id {r[0]}"
+        cols["source"].append(source)
+        cols["id"].append(r[0])
+        cols["group_id"].append(r[1])
+        cols["generation_id"].append(r[2])
+        cols["protocol_type"].append(r[3])
+        cols["protocol_name"].append(r[4])
+        cols["leader"].append(r[5])
+        cols["member_count"].append(r[6])
+        cols["members"].append(_members(r[7], where))
+        cols["joined"].append(_id_list(r[8], where, "joined"))
+        cols["left"].append(_id_list(r[9], where, "left"))
+        cols["reason"].append(r[10])
+        cols["started_ms"].append(r[11])
+        cols["ended_ms"].append(r[12])
+        blob = r[13]
+        cols["assignments"].append(bytes(blob) if blob is not None else None)
+    return pa.RecordBatch.from_pydict(cols, schema=JOURNAL_SCHEMA)
+
+
+def _generations_table(rows: Sequence[Sequence[Any]], source: str) -> pa.Table:
+    cols: dict[str, list[Any]] = {n: [] for n in GENERATIONS_SCHEMA.names}
+    for r in rows:
+        cols["source"].append(source)
+        for n, value in zip(GENERATIONS_SCHEMA.names[1:], r, strict=True):
+            cols[n].append(bool(value) if n == "has_assignments" else value)
+    return pa.Table.from_pydict(cols, schema=GENERATIONS_SCHEMA)
+
+
+def iter_journal_batches(journal: Journal,
                          batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """The journal of one file as Arrow record batches (``JOURNAL_SCHEMA``)."""
+    """The journal of one database as Arrow record batches (``JOURNAL_SCHEMA``)."""
+    if isinstance(journal, PostgresJournal):
+        yield from _pg_journal_batches(journal, batch_rows)
+        return
     p = journal.path
     try:
         con = _connect(p)
@@ -178,61 +297,144 @@ def iter_journal_batches(journal: SqliteJournal,
                 rows = cur.fetchmany(batch_rows)
                 if not rows:
                     return
-                cols: dict[str, list[Any]] = {name: [] for name in JOURNAL_SCHEMA.names}
-                for r in rows:
-                    where = f"{p}: rebalance_journal id {r[0]}"
-                    cols["source"].append(journal.source)
-                    cols["id"].append(r[0])
-                    cols["group_id"].append(r[1])
-                    cols["generation_id"].append(r[2])
-                    cols["protocol_type"].append(r[3])
-                    cols["protocol_name"].append(r[4])
-                    cols["leader"].append(r[5])
-                    cols["member_count"].append(r[6])
-                    cols["members"].append(_members(r[7], where))
-                    cols["joined"].append(_id_list(r[8], where, "joined"))
-                    cols["left"].append(_id_list(r[9], where, "left"))
-                    cols["reason"].append(r[10])
-                    cols["started_ms"].append(r[11])
-                    cols["ended_ms"].append(r[12])
-                    blob = r[13]
-                    cols["assignments"].append(bytes(blob) if blob is not None else None)
-                yield pa.RecordBatch.from_pydict(cols, schema=JOURNAL_SCHEMA)
+                yield _journal_batch(rows, journal.source, journal.name)
         finally:
             con.close()
     except sqlite3.DatabaseError as exc:
         raise PipelineError(f"{p}: corrupt or unreadable SQLite database: {exc}") from exc
 
 
-def read_journal(journal: SqliteJournal) -> pa.Table:
+def read_journal(journal: Journal) -> pa.Table:
     return pa.Table.from_batches(list(iter_journal_batches(journal)), schema=JOURNAL_SCHEMA)
 
 
-def read_generations(journal: SqliteJournal) -> pa.Table:
+def read_generations(journal: Journal) -> pa.Table:
     """The ``generations`` table (``GENERATIONS_SCHEMA``); empty if the file has none."""
+    if isinstance(journal, PostgresJournal):
+        return _pg_generations(journal)
     p = journal.path
-    cols: dict[str, list[Any]] = {name: [] for name in GENERATIONS_SCHEMA.names}
+    rows: list[Any] = []
     try:
         con = _connect(p)
         try:
             tables = {r[0] for r in con.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "generations" in tables:
-                for r in con.execute(_GENERATIONS_SQL):
-                    cols["source"].append(journal.source)
-                    for name, value in zip(GENERATIONS_SCHEMA.names[1:], r, strict=True):
-                        cols[name].append(bool(value) if name == "has_assignments" else value)
+                rows = con.execute(_GENERATIONS_SQL).fetchall()
         finally:
             con.close()
     except sqlite3.DatabaseError as exc:
         raise PipelineError(f"{p}: corrupt or unreadable SQLite database: {exc}") from exc
-    return pa.Table.from_pydict(cols, schema=GENERATIONS_SCHEMA)
+    return _generations_table(rows, journal.source)
 
 
-def unique_sources(paths: Sequence[str | Path]) -> list[str]:
-    """A source name per file: its stem, or its whole path when stems collide."""
-    stems = [Path(p).stem for p in paths]
-    return [Path(p).stem if stems.count(Path(p).stem) == 1 else str(p) for p in paths]
+# ---------------------------------------------------------------- PostgreSQL
+#
+# asyncpg is asynchronous and the pipeline is not: each read runs on an event
+# loop of its own, in the calling thread. The driver is imported only here
+# (it is a core dependency, needed on the driver only: executors never see a
+# database). Every read is one READ ONLY, REPEATABLE READ transaction (one
+# snapshot, and PostgreSQL itself refuses any write); the journal is read
+# through a server-side cursor, BATCH_ROWS at a time, so an export needs no
+# more memory for a PostgreSQL journal than for a SQLite one.
+
+_T = TypeVar("_T")
+
+
+class _PgReader:
+    """One connection in a read-only transaction, on a private event loop.
+
+    ``run`` turns every failure into one :class:`PipelineError` line that names
+    the database without its password.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self.name = pgurl.redact(url)
+        self._loop = asyncio.new_event_loop()
+        self.conn: Any = None
+
+    def run(self, step: Awaitable[_T], what: str) -> _T:
+        from coordinator.storage import postgres
+        from coordinator.storage.sqlite import StorageError
+        try:
+            return self._loop.run_until_complete(step)
+        except StorageError as exc:  # connect(), read_schema_version(): redacted already
+            raise PipelineError(pgurl.scrub(str(exc), self._url)) from None
+        except postgres.database_errors() as exc:
+            raise PipelineError(f"{self.name}: cannot read {what}: "
+                                f"{postgres.describe_error(exc, self._url)}") from None
+
+    def __enter__(self) -> _PgReader:
+        from coordinator.storage import postgres
+        try:
+            self.conn = self.run(postgres.connect(self._url), "it")
+            self.run(self.conn.transaction(isolation="repeatable_read", readonly=True).start(),
+                     "it")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.conn is not None:
+                # Nothing to keep: closing ends the read-only transaction.
+                try:
+                    self._loop.run_until_complete(self.conn.close(timeout=5))
+                except Exception:
+                    self.conn.terminate()  # the link is gone, or the server hangs
+        finally:
+            self._loop.close()
+
+
+def open_postgres(url: str, source: str | None = None) -> PostgresJournal:
+    """Check that ``url`` names a coordinator database this version can read.
+
+    Changes nothing: no migration, and a read-only transaction. Raises
+    :class:`PipelineError`, naming the hosts and database but never the
+    password, when it does not connect, is not a groupcoord database, or has a
+    newer schema. The default source name is the database's name, with the
+    schema the tables are in when that is not ``public`` (installations
+    sharing one database through ``?search_path=``).
+    """
+    from coordinator.storage.postgres import read_schema_version
+    with _PgReader(url) as r:
+        version = r.run(read_schema_version(r.conn, r.name), "its schema version")
+        if version > PG_SCHEMA_VERSION:
+            raise PipelineError(
+                f"{r.name}: schema version {version} is newer than this groupcoord reads "
+                f"({PG_SCHEMA_VERSION}); analyse it with the groupcoord that wrote it, "
+                "or upgrade")
+        has_journal = r.run(r.conn.fetchval(
+            "SELECT to_regclass('rebalance_journal') IS NOT NULL"), "its tables")
+        if version == 0 or not has_journal:
+            missing = "meta" if version == 0 else "rebalance_journal"
+            raise PipelineError(f"{r.name}: not a groupcoord database (no {missing} table "
+                                "in the schemas of its search_path)")
+        rows, size, database, schema = r.run(r.conn.fetchrow(
+            "SELECT (SELECT count(*) FROM rebalance_journal), "
+            "pg_total_relation_size('rebalance_journal'), current_database(), "
+            "(SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            " WHERE c.oid = 'rebalance_journal'::regclass)"), "the rebalance journal")
+    default = str(database) if schema == "public" else f"{database}.{schema}"
+    return PostgresJournal(url, r.name, source or default, version, int(rows), int(size))
+
+
+def _pg_journal_batches(journal: PostgresJournal, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    with _PgReader(journal.url) as r:
+        cursor = r.run(r.conn.cursor(_PG_JOURNAL_SQL), "the rebalance journal")
+        while True:
+            rows = r.run(cursor.fetch(batch_rows), "the rebalance journal")
+            if not rows:
+                return
+            yield _journal_batch(rows, journal.source, journal.name)
+
+
+def _pg_generations(journal: PostgresJournal) -> pa.Table:
+    with _PgReader(journal.url) as r:
+        rows = r.run(r.conn.fetch(_PG_GENERATIONS_SQL), "generations")
+    return _generations_table(rows, journal.source)
 
 
 # ---------------------------------------------------------------- export
@@ -249,8 +451,8 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "source"
 
 
-def export(journal: SqliteJournal, out_dir: str | Path) -> ExportResult:
-    """Write one coordinator file's journal and generations as Parquet under ``out_dir``."""
+def export(journal: Journal, out_dir: str | Path) -> ExportResult:
+    """Write one coordinator database's journal and generations as Parquet under ``out_dir``."""
     out = Path(out_dir)
     (out / "journal").mkdir(parents=True, exist_ok=True)
     (out / "generations").mkdir(parents=True, exist_ok=True)

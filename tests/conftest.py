@@ -18,7 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pg_harness import pg_url, postgres_server
 from server_harness import FAST_SETTINGS, ServerProcess, StartServer
+
+# One PostgreSQL per test session (per xdist worker) for every suite that needs one.
+__all__ = ["pg_url", "postgres_server"]
 
 
 @pytest.fixture

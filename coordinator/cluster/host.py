@@ -60,6 +60,20 @@ log = logging.getLogger("groupcoord.cluster")
 TICKS_PER_LEASE = 5
 
 
+def writer_settings(lease_ms: int) -> dict[str, str]:
+    """Session settings of the writing connection: a transaction left open (this
+    process paused mid-write) is ended by the server after a lease, so its locks on
+    the lease rows never hold up another coordinator's takeover."""
+    return {"idle_in_transaction_session_timeout": str(lease_ms)}
+
+
+def lease_settings(lease_ms: int) -> dict[str, str]:
+    """Session settings of the lease connection: a statement waits at most one round
+    for a row lock (a lease row locked by another coordinator's write), so a round is
+    never stuck behind a paused coordinator and renewals keep their pace."""
+    return {"lock_timeout": str(max(50, lease_ms // TICKS_PER_LEASE))}
+
+
 class LeaseExpired(StorageError):
     """A partition's lease ran out by this coordinator's clock (raised by the
     partition's store check; the host drops the partition)."""
@@ -88,8 +102,10 @@ class SharedWriter:
     failure fails every write of the transaction.
     """
 
-    def __init__(self, store: PostgresStorage) -> None:
+    def __init__(self, store: PostgresStorage, timeout_s: float | None = None) -> None:
         self._store = store
+        #: a transaction taking longer is given up (its partitions are dropped).
+        self._timeout_s = timeout_s
         self._pending: list[_Write] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -122,7 +138,8 @@ class SharedWriter:
             records = [r for w in batch for r in w.records]
             try:
                 seconds = await self._store.write(records,
-                                                  fence={w.partition: w.epoch for w in batch})
+                                                  fence={w.partition: w.epoch for w in batch},
+                                                  timeout=self._timeout_s)
             except FencedError as exc:
                 for w in batch:
                     if w.partition == exc.partition:
@@ -209,10 +226,14 @@ class PartitionHost:
     def __init__(self, *, writer_store: PostgresStorage, reader_store: PostgresStorage,
                  leases: Leases, lease_ms: int, make_core: Callable[[], Core],
                  clock: Clock, metrics: Metrics, max_parked_requests: int = 0) -> None:
-        self.writer = SharedWriter(writer_store)
+        # A write still running after a lease is of no use: every partition in it has
+        # run out by then (the caller's reply was refused).
+        self.writer = SharedWriter(writer_store, timeout_s=lease_ms / 1000)
         self._reader = reader_store
         self._read_lock = asyncio.Lock()
         self.leases = leases
+        # A renewal answered after the lease is useless: give up on a statement sooner.
+        leases.timeout_s = max(0.5, lease_ms / 1000 / 2)
         self.partition_count = leases.partitions
         self.coordinator_id = leases.coordinator_id
         self.url = leases.advertised_url
@@ -232,6 +253,11 @@ class PartitionHost:
         self.ready = False
         self._stopping = False
         self._wake = asyncio.Event()
+        #: releases after a drop, kept referenced until done.
+        self._background: set[asyncio.Task[None]] = set()
+        self._runner: asyncio.Task[Any] | None = None
+        #: fires when the earliest owned lease runs out, whatever the loop is doing.
+        self._expiry: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------ reads
 
@@ -258,6 +284,7 @@ class PartitionHost:
 
     async def run(self) -> None:
         """The lease loop, until :meth:`stop`."""
+        self._runner = asyncio.current_task()
         tick = self.lease_ms / TICKS_PER_LEASE / 1000
         while not self._stopping:
             delay = min(tick, self._next_expiry_wait())
@@ -282,6 +309,15 @@ class PartitionHost:
         self.ready = False
         self.metrics.ready.set(0)
         self._wake.set()
+        if self._expiry is not None:
+            self._expiry.cancel()
+        # The loop may be in the middle of a round (acquiring, say): end it first, so
+        # that every partition it could still take is in the list handed off below.
+        runner = self._runner
+        if runner is not None and runner is not asyncio.current_task() and not runner.done():
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
         for number in sorted(self.partitions):
             await self._hand_off(number)
         with contextlib.suppress(StorageError):
@@ -304,8 +340,11 @@ class PartitionHost:
         self.coordinators = await self.leases.live_coordinators(self.lease_ms)
         rows = await self.leases.leases()
         self.lease_rows = {row.partition: row for row in rows}
+        # A lease the database still gives this coordinator for a partition it dropped
+        # is not its share: it is being released (or runs out) and then acquired again.
         owners = {row.partition: str(row.owner_id) for row in rows
-                  if row.held and row.owner_id is not None}
+                  if row.held and row.owner_id is not None
+                  and (row.owner_id != self.coordinator_id or row.partition in self.partitions)}
         if self._stopping:
             return
         plan = balance(self.coordinator_id, [c.id for c in self.coordinators], owners,
@@ -314,7 +353,12 @@ class PartitionHost:
             if number in self.partitions and self.partitions[number].runtime is not None:
                 await self._hand_off(number)
         for number in plan.acquire:
-            await self._acquire(number)
+            try:
+                await self._acquire(number)
+            except StorageError as exc:
+                # Held up (a lock of a paused coordinator's write) or failed: the
+                # next round tries again; the others are still worth trying now.
+                log.info("partition %d: not acquired this round: %s", number, exc)
         await self._adopt_catalog()
 
     async def _renew(self) -> None:
@@ -332,6 +376,7 @@ class PartitionHost:
             else:
                 self._drop(number, "its lease was not renewed (another coordinator took it "
                                    "over, or it ran out)")
+        self._arm_expiry()
 
     async def _acquire(self, number: int) -> None:
         if number in self.partitions:
@@ -342,6 +387,7 @@ class PartitionHost:
             return  # taken by another coordinator meanwhile
         partition = Partition(number, LocalLease.granted(number, epoch, self.lease_ms, sent_at))
         self.partitions[number] = partition
+        self._arm_expiry()
         log.info("partition %d: acquired at epoch %d; loading", number, epoch)
         partition.tasks.append(asyncio.get_running_loop().create_task(self._load(partition)))
 
@@ -387,9 +433,10 @@ class PartitionHost:
         log.info("partition %d: handed off (epoch %d)", number, partition.lease.epoch)
 
     async def _release(self, partition: Partition) -> None:
-        if partition.lease.valid(time.monotonic()):
-            with contextlib.suppress(StorageError):
-                await self.leases.release(partition.number, partition.lease.epoch)
+        """Free the lease if the database still has it at this epoch (a no-op once
+        another coordinator took it: the statement checks owner and epoch)."""
+        with contextlib.suppress(StorageError):
+            await self.leases.release(partition.number, partition.lease.epoch)
 
     def _drop(self, number: int, why: str) -> None:
         """Stop serving a partition at once (lost, expired, failed); nothing waits."""
@@ -398,9 +445,16 @@ class PartitionHost:
             return
         partition.leaving = True
         if partition.runtime is not None:
-            partition.runtime.abandon(ErrorCode.NOT_COORDINATOR)
+            partition.runtime.abandon()
         self._forget(partition)
         log.warning("partition %d: dropped (epoch %d): %s", number, partition.lease.epoch, why)
+        # If the database still has the lease (a write failed while it was reachable,
+        # or came back), free it now so that it is acquired again (and reloaded) at
+        # the next round rather than after it runs out.
+        if not self._stopping:
+            task = asyncio.get_running_loop().create_task(self._release(partition))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _forget(self, partition: Partition) -> None:
         if self.partitions.get(partition.number) is partition:
@@ -414,6 +468,20 @@ class PartitionHost:
         for number, partition in list(self.partitions.items()):
             if not partition.lease.valid(now):
                 self._drop(number, "its lease ran out by this coordinator's clock")
+        self._arm_expiry()
+
+    def _arm_expiry(self) -> None:
+        """A timer at the earliest ``valid_until`` of the owned leases, so a partition
+        is dropped (its parked calls answered, its timers stopped) the moment its lease
+        may have run out, even while the loop waits on the database. The event loop's
+        clock is the monotonic one the leases are counted on."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self.partitions and not self._stopping:
+            earliest = min(p.lease.valid_until for p in self.partitions.values())
+            self._expiry = asyncio.get_running_loop().call_at(
+                earliest, lambda: self._expire(time.monotonic()))
 
     # ------------------------------------------------------------ catalog
 

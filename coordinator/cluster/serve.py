@@ -21,6 +21,7 @@ import logging
 import signal
 import sys
 import uuid
+from urllib.parse import urlsplit
 
 from coordinator.config import ServerConfig
 
@@ -30,9 +31,21 @@ EXIT_CONFIG = 2
 SHUTDOWN_GRACE_S = 2.0
 
 
+def admin_url_for_others(bound: str, advertised: str) -> str:
+    """Where the other coordinators forward admin calls about this one's groups: the
+    admin listener as bound, or, when it listens on every address (0.0.0.0, ::), on
+    the advertised URL's host."""
+    parts = urlsplit(bound)
+    if parts.hostname not in ("0.0.0.0", "::"):
+        return bound
+    host = urlsplit(advertised).hostname or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}:{parts.port}"
+
+
 async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int:
     from coordinator import auth, tls
-    from coordinator.cluster.host import PartitionHost
+    from coordinator.cluster.host import PartitionHost, lease_settings, writer_settings
     from coordinator.cluster.service import ClusterService
     from coordinator.core import GroupCoordinator
     from coordinator.http.listeners import ListenError, Listeners
@@ -53,7 +66,8 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
         if config.tls_cert:
             ssl_context = tls.server_ssl_context(config.tls_cert, config.tls_key or None)
         writer = await PostgresStorage.open(config.db, partitions=config.partitions or None,
-                                            coordinator_id=coordinator_id)
+                                            coordinator_id=coordinator_id,
+                                            settings=writer_settings(config.lease_ms))
         opened.append(writer)
         reader = await PostgresStorage.open(config.db, partitions=writer.partitions,
                                             coordinator_id=coordinator_id)
@@ -83,7 +97,8 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
         # The URLs are known once listening (--port 0 picks one): the host is made
         # first and told them before it registers.
         try:
-            leases = await Leases.open(config.db, coordinator_id, "")
+            leases = await Leases.open(config.db, coordinator_id, "",
+                                       settings=lease_settings(config.lease_ms))
         except StorageError as exc:
             print(f"groupcoord serve: {pgurl.scrub(str(exc), config.db)}", file=sys.stderr)
             return EXIT_CONFIG
@@ -94,7 +109,7 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
                              max_parked_requests=config.max_parked_requests)
         service = ClusterService(host)
         metrics.watch_core(service.core.state_counts, service.core.member_count)
-        metrics.watch_groups(service.core.list_groups,
+        metrics.watch_groups(service.local_groups,
                              lambda group_id: service.core.health(group_id,
                                                                   clock.now_ms()).status,
                              config.group_metrics)
@@ -104,7 +119,7 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
                                                 config.admin_address, config.admin_port,
                                                 ssl_context)
         host.url = leases.advertised_url = config.advertised_url or protocol.url
-        leases.admin_url = admin.url
+        leases.admin_url = admin_url_for_others(admin.url, host.url)
         await host.start()
         runner = asyncio.ensure_future(host.run())
         gc.freeze()

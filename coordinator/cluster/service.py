@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,8 @@ from coordinator.storage.sqlite import StorageError
 from protocol.errors import ErrorCode
 from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer
 from protocol.validate import Scalar
+
+log = logging.getLogger("groupcoord.cluster")
 
 
 class ClusterCore:
@@ -170,8 +173,20 @@ class ClusterService:
 
     async def refresh_groups(self) -> None:
         exclude = sorted(self.host.partitions)
-        self._core.elsewhere = await self.host.read(
-            lambda store: store.group_summaries(exclude))
+        try:
+            self._core.elsewhere = await self.host.read(
+                lambda store: store.group_summaries(exclude))
+        except StorageError as exc:
+            # The database is unreachable: the groups served here are still listed,
+            # the others as they were last read.
+            log.warning("listing the groups owned elsewhere failed (showing the last "
+                        "read): %s", exc)
+
+    def local_groups(self) -> list[GroupSummary]:
+        """The groups of the partitions served here (each coordinator exports its own
+        per-group metrics; Prometheus sums them)."""
+        return sorted((g for runtime in self.host.serving() for g in runtime.core.list_groups()),
+                      key=lambda g: g.group_id)
 
     async def call(self, make: Callable[[int], Command]) -> Answer:
         probe = make(0)

@@ -231,6 +231,13 @@ class Calls:
             except (codec.DecodeError, ValidationError) as exc:
                 return self.refuse(api, 400, str(exc), started, as_json)
             answer: Answer
+            if self.tokens is not None and not auth.authorize(token, msg.group_id):
+                # Before routing: a caller not granted the group learns nothing of it,
+                # not even which coordinator owns it.
+                self._observe(api, ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                              time.perf_counter() - started)
+                return 403, error_body(ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                       auth.forbidden_message(token, msg.group_id), as_json)
             # v1.1: the runtime serving the group here, or NOT_COORDINATOR /
             # COORDINATOR_LOAD_IN_PROGRESS (a one-process server serves every group).
             target = self.runtime.route(msg.group_id)
@@ -240,12 +247,6 @@ class Calls:
             if self.tokens is None:
                 answer = await target.call(lambda rid: command(msg, rid, remote, None))
             else:
-                if not auth.authorize(token, msg.group_id):
-                    self._observe(api, ErrorCode.GROUP_AUTHORIZATION_FAILED,
-                                  time.perf_counter() - started)
-                    return 403, error_body(ErrorCode.GROUP_AUTHORIZATION_FAILED,
-                                           auth.forbidden_message(token, msg.group_id),
-                                           as_json)
                 if all(auth.member_bound(token, msg.group_id, m) for m in _member_ids(msg)):
                     answer = await target.call(
                         lambda rid: command(msg, rid, remote, token))

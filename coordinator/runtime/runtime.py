@@ -332,11 +332,14 @@ class Runtime:
             await asyncio.shield(self._flusher)
         self._fail_waiters(code)
 
-    def abandon(self, code: ErrorCode) -> None:
+    def abandon(self) -> None:
         """Stop serving at once, without waiting for anything (a partition whose lease
         may have run out): timers cancelled, uncommitted writes dropped (a fenced
-        write would fail anyway), every waiting call answered ``code``. A write in
-        flight finishes on its own; its replies are already answered."""
+        write would fail anyway), every waiting call answered
+        ``COORDINATOR_NOT_AVAILABLE`` (not ``NOT_COORDINATOR``, which says nothing
+        changed: a write in flight may still commit). That write finishes on its own;
+        its replies are already answered."""
+        code = ErrorCode.COORDINATOR_NOT_AVAILABLE
         self._stopping = True
         self.ready = False
         self._cancel_timers()

@@ -246,6 +246,10 @@ class Leases:
         self.advertised_url = advertised_url
         self.admin_url = admin_url
         self.partitions = partitions
+        self._settings: dict[str, str] = {}
+        #: seconds one statement may take (a database cut off mid-statement would
+        #: otherwise hold the caller until TCP gives up); ``None``: no limit.
+        self.timeout_s: float | None = CONNECT_TIMEOUT_S
 
     def __repr__(self) -> str:
         return f"Leases({self.path!r}, coordinator_id={self.coordinator_id!r})"
@@ -253,8 +257,9 @@ class Leases:
     @classmethod
     async def open(cls, url: str, coordinator_id: str, advertised_url: str, *,
                    admin_url: str = "",
-                   connect_timeout: float = CONNECT_TIMEOUT_S) -> Leases:
-        conn = await connect(url, timeout=connect_timeout)
+                   connect_timeout: float = CONNECT_TIMEOUT_S,
+                   settings: Mapping[str, str] | None = None) -> Leases:
+        conn = await connect(url, timeout=connect_timeout, settings=settings)
         name = pgurl.redact(url)
         try:
             exists = await conn.fetchval("SELECT to_regclass('meta') IS NOT NULL")
@@ -268,7 +273,9 @@ class Leases:
             await conn.close()
             raise StorageError(f"database {name} has no partitions yet: open it with "
                                f"PostgresStorage.open first")
-        return cls(conn, url, coordinator_id, advertised_url, int(count), admin_url)
+        leases = cls(conn, url, coordinator_id, advertised_url, int(count), admin_url)
+        leases._settings = dict(settings or {})
+        return leases
 
     async def close(self) -> None:
         await self._conn.close()
@@ -276,8 +283,15 @@ class Leases:
     async def _run(self, method: str, sql: str, *args: Any) -> list[Any]:
         try:
             if self._conn.is_closed():
-                self._conn = await connect(self._url)
-            return list(await self._conn.fetch(sql, *args))
+                self._conn = await connect(self._url, settings=self._settings,
+                                           timeout=self.timeout_s or CONNECT_TIMEOUT_S)
+            return list(await self._conn.fetch(sql, *args, timeout=self.timeout_s))
+        except TimeoutError:
+            # The statement may or may not have run; the connection is in an unknown
+            # state: drop it, the next call makes a new one.
+            self._conn.terminate()
+            raise StorageError(f"database {self.path}: {method} took over "
+                               f"{self.timeout_s}s; gave up") from None
         except database_errors() as exc:
             raise StorageError(f"database {self.path}: {method} failed: "
                                f"{describe_error(exc, self._url)}") from None

@@ -34,6 +34,7 @@ never appears in an error message or ``repr`` (:mod:`coordinator.storage.pgurl`)
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -149,7 +150,8 @@ def describe_error(exc: BaseException, url: str) -> str:
     return pgurl.scrub(_one_line(text), url)
 
 
-async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S) -> Any:
+async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,
+                  settings: Mapping[str, str] | None = None) -> Any:
     """An asyncpg connection to the primary named by ``url``.
 
     With several hosts (``postgresql://u@h1:5432,h2:5432/db``) the first that
@@ -162,6 +164,9 @@ async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S) -> Any:
     options: dict[str, Any] = {}
     if "target_session_attrs" not in url:
         options["target_session_attrs"] = "read-write"
+    if settings:
+        # Merged by asyncpg with any set in the URL's query string (these win).
+        options["server_settings"] = dict(settings)
     try:
         return await asyncpg.connect(url, timeout=timeout, **options)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
@@ -345,6 +350,17 @@ async def _schema_version(conn: Any, name: str) -> int:
     return int(value)
 
 
+async def read_schema_version(conn: Any, name: str) -> int:
+    """The schema version of the database ``conn`` is connected to, changing nothing.
+
+    ``0`` when it has no ``meta`` table (not a groupcoord database, or an empty
+    one). For tools that only read (``groupcoord journal export`` and
+    ``analyze``): :meth:`PostgresStorage.open` would migrate such a database,
+    creating groupcoord's tables in whatever database the URL named.
+    """
+    return await _schema_version(conn, name)
+
+
 async def _migrate(conn: Any, name: str) -> None:
     """Apply the missing migrations, one transaction each, under the advisory lock."""
     while True:
@@ -431,9 +447,11 @@ class PostgresStorage:
     """
 
     def __init__(self, conn: Any, url: str, partitions: int,
-                 coordinator_id: str | None) -> None:
+                 coordinator_id: str | None, settings: Mapping[str, str] | None = None
+                 ) -> None:
         self._conn = conn
         self._url = url
+        self._settings = dict(settings or {})
         #: the URL without its password: for every message that names the database.
         self.path = pgurl.redact(url)
         self.partitions = partitions
@@ -445,7 +463,8 @@ class PostgresStorage:
     @classmethod
     async def open(cls, url: str, *, partitions: int | None = None,
                    coordinator_id: str | None = None,
-                   connect_timeout: float = CONNECT_TIMEOUT_S) -> PostgresStorage:
+                   connect_timeout: float = CONNECT_TIMEOUT_S,
+                   settings: Mapping[str, str] | None = None) -> PostgresStorage:
         """Connect, migrate to :data:`SCHEMA_VERSION`, and fix or check ``P``.
 
         ``partitions`` is used when the database is new (default
@@ -460,7 +479,7 @@ class PostgresStorage:
         if partitions is not None and not 1 <= partitions <= MAX_GROUP_PARTITIONS:
             raise StorageError(f"partitions must be 1..{MAX_GROUP_PARTITIONS}, "
                                f"got {partitions}")
-        conn = await connect(url, timeout=connect_timeout)
+        conn = await connect(url, timeout=connect_timeout, settings=settings)
         try:
             await _migrate(conn, name)
             await _check_tables(conn, name)
@@ -475,14 +494,14 @@ class PostgresStorage:
         except BaseException:
             await conn.close()
             raise
-        return cls(conn, url, count, coordinator_id)
+        return cls(conn, url, count, coordinator_id, settings)
 
     async def close(self) -> None:
         await self._conn.close()
 
     async def _connection(self) -> Any:
         if self._conn.is_closed():
-            self._conn = await connect(self._url)
+            self._conn = await connect(self._url, settings=self._settings)
         return self._conn
 
     async def schema_version(self) -> int:
@@ -608,7 +627,8 @@ class PostgresStorage:
     # ------------------------------------------------------------ writing
 
     async def write(self, records: Sequence[Record], *,
-                    fence: Mapping[int, int] | None = None) -> float:
+                    fence: Mapping[int, int] | None = None,
+                    timeout: float | None = None) -> float:
         """Make ``records`` durable in one transaction; returns the seconds it took.
 
         With ``fence`` (``{partition: epoch}``), the write goes through only if
@@ -616,30 +636,45 @@ class PostgresStorage:
         epoch, checked in the same transaction; else :class:`FencedError` and
         nothing is written. Every group record must then be of a fenced
         partition (:class:`ValueError` otherwise, before anything is sent).
-        On any other failure the transaction is rolled back and
-        :class:`StorageError` raised: none of the batch is in the database.
+        On any other failure :class:`StorageError` is raised and the batch is not
+        acknowledged: the transaction is rolled back, unless the connection broke
+        after its ``COMMIT`` was sent (then it may be in the database). With
+        ``timeout`` (seconds), a write that takes longer (a database cut off
+        without a reset) is given up: the connection is dropped (the next call makes
+        a new one) and :class:`StorageError` raised, the outcome as for a broken
+        connection.
         """
         batch = [stmt for record in records for stmt in statements(record, self.partitions)]
         if fence is not None:
             self._check_fence_covers(records, fence)
         started = time.perf_counter()
+        conn = None
         try:
             conn = await self._connection()
-            async with conn.transaction():
-                if fence:
-                    await self._check_fence(conn, fence)
-                for sql, run in itertools.groupby(batch, key=lambda s: s[0]):
-                    rows = [params for _, params in run]
-                    if len(rows) == 1:
-                        await conn.execute(sql, *rows[0])
-                    else:
-                        await conn.executemany(sql, rows)
+            await asyncio.wait_for(self._transaction(conn, batch, fence), timeout)
         except StorageError:
             raise
+        except TimeoutError:
+            if conn is not None:
+                conn.terminate()
+            raise StorageError(f"write to {self.path} took over {timeout}s: given up, "
+                               f"connection dropped") from None
         except database_errors() as exc:
             raise StorageError(f"write to {self.path} failed: "
                                f"{describe_error(exc, self._url)}") from None
         return time.perf_counter() - started
+
+    async def _transaction(self, conn: Any, batch: list[Statement],
+                           fence: Mapping[int, int] | None) -> None:
+        async with conn.transaction():
+            if fence:
+                await self._check_fence(conn, fence)
+            for sql, run in itertools.groupby(batch, key=lambda s: s[0]):
+                rows = [params for _, params in run]
+                if len(rows) == 1:
+                    await conn.execute(sql, *rows[0])
+                else:
+                    await conn.executemany(sql, rows)
 
     def _check_fence_covers(self, records: Sequence[Record], fence: Mapping[int, int]) -> None:
         if self.coordinator_id is None:

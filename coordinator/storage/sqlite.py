@@ -470,6 +470,19 @@ class _FileId:
         return cls(st.st_dev, st.st_ino)
 
 
+def sqlite_path(db: str) -> str:
+    """The file of ``--db``: a path, or an ``sqlite:///PATH`` URL as SQLAlchemy spells it
+    (``sqlite:///groupcoord.db`` relative, ``sqlite:////var/lib/groupcoord.db``
+    absolute)."""
+    if db.lower().startswith("sqlite:"):
+        rest = db[len("sqlite:"):]
+        if not rest.startswith("///") or len(rest) == 3:
+            raise StorageError(f"--db {db!r}: an SQLite URL is sqlite:///PATH (relative) or "
+                               f"sqlite:////PATH (absolute)")
+        return rest[3:]
+    return db
+
+
 class Storage:
     """One open database. Not safe for concurrent :meth:`write` calls: the
     runtime has at most one write in flight (it batches the rest)."""
@@ -496,7 +509,7 @@ class Storage:
         :class:`CorruptDatabaseError` when a table or column of the schema is
         missing. Every message is one line naming the file.
         """
-        path = str(path)
+        path = sqlite_path(str(path))
         lock_fd = _lock(path)
         db: aiosqlite.Connection | None = None
         try:

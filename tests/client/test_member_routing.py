@@ -22,11 +22,12 @@ from virtual_time import LoopClock, loop_ms, run_virtual
 
 from client.errors import CoordinatorUnavailableError, NotCoordinatorError
 from client.member import GroupMember
+from client.member_state import ERROR_ACTIONS, ErrorAction
 from client.transport import FIND_COORDINATOR_API, CoordinatorRouter
 from coordinator.core import CoreConfig, GroupCoordinator
 from coordinator.runtime.runtime import Runtime
 from protocol.errors import ErrorCode
-from protocol.messages import FindCoordinatorResponse, HeartbeatRequest
+from protocol.messages import FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -198,7 +199,7 @@ def test_not_coordinator_without_an_owner_sends_the_member_to_find_coordinator()
         w.cluster.move(B, a="redirect", b="serve")
         await asyncio.sleep(3 * SESSION_MS / 1000)
         assert w.member.coordinator_url == B
-        assert w.cluster.count(A, FIND_COORDINATOR_API, since=moved) == 1
+        assert sum(w.cluster.count(u, FIND_COORDINATOR_API, since=moved) for u in (A, B)) == 1
         _keeps_everything(w, generation)
         await _stop(w)
 
@@ -352,11 +353,12 @@ def test_a_member_given_https_urls_follows_no_server_to_http() -> None:
     run_virtual(main)
 
 
-def test_calls_waiting_on_a_coordinator_given_up_fail_at_once() -> None:
+def test_calls_waiting_on_a_coordinator_given_up_fail_when_another_is_found() -> None:
     """A join parked at a coordinator that then stops answering (paused): when
-    another call times out there and the router gives that coordinator up,
-    the parked join fails at once (retriable) instead of waiting out its own
-    timeout (a rebalance timeout) at a coordinator that no longer serves."""
+    another call times out there, the router gives that coordinator up, and
+    once it finds the next one the parked join fails at once (retriable)
+    instead of waiting out its own timeout (a rebalance timeout) at a
+    coordinator that no longer serves."""
 
     async def main() -> None:
         runtime = Runtime(GroupCoordinator(CoreConfig()), MemoryStore(), LoopClock())
@@ -375,13 +377,62 @@ def test_calls_waiting_on_a_coordinator_given_up_fail_at_once() -> None:
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(router.call("commit", beat), 0.5)
         router.timed_out("commit")
-        given_up = loop.time()
-        with pytest.raises(CoordinatorUnavailableError, match="gave up waiting on"):
-            await parked
-        assert loop.time() - given_up < 0.001
         assert router.current_url is None
+        await asyncio.sleep(1)
+        assert not parked.done()  # given up, but no other coordinator found yet
         assert (await router.call("heartbeat", beat)).error is ErrorCode.UNKNOWN_MEMBER_ID
         assert router.current_url == B
+        found = loop.time()
+        with pytest.raises(CoordinatorUnavailableError, match="gave up waiting on"):
+            await parked
+        assert loop.time() - found < 0.001
         await runtime.stop()
 
     run_virtual(main)
+
+
+def test_find_coordinator_answers_without_a_url_or_404_name_the_server_asked() -> None:
+    """A v1 server (no find_coordinator: HTTP 404) and a server answering no
+    error and no URL both serve the group themselves; COORDINATOR_NOT_AVAILABLE
+    fails the call retriably and leaves the coordinator unknown."""
+    answers: dict[str, Any] = {}
+
+    class Answers:
+        def __init__(self, url: str) -> None:
+            self.url = url
+
+        async def call(self, api: str, request: Any) -> Any:
+            if api != FIND_COORDINATOR_API:
+                return HeartbeatResponse(None)
+            answer = answers[self.url]
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    async def main() -> None:
+        beat = HeartbeatRequest("g", "m", 1)
+        answers[A] = CoordinatorUnavailableError("find_coordinator: HTTP 404: no such call",
+                                                 http_status=404)
+        router = CoordinatorRouter([A, B], "g", Answers)
+        assert (await router.call("heartbeat", beat)).error is None
+        assert router.current_url == A
+        answers[A] = CoordinatorUnavailableError("refused")
+        answers[B] = FindCoordinatorResponse(None, "")
+        router = CoordinatorRouter([A, B], "g", Answers)
+        assert (await router.call("heartbeat", beat)).error is None
+        assert router.current_url == B
+        answers[B] = FindCoordinatorResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        router = CoordinatorRouter([A, B], "g", Answers)
+        with pytest.raises(CoordinatorUnavailableError, match="COORDINATOR_NOT_AVAILABLE"):
+            await router.call("heartbeat", beat)
+        assert router.current_url is None
+
+    run_virtual(main)
+
+
+def test_not_coordinator_reaching_the_machine_is_retried_not_a_loss() -> None:
+    """Should a transport hand NOT_COORDINATOR to the machine as a response
+    (one without a router), the error table retries the step: the member
+    keeps its membership, as for COORDINATOR_NOT_AVAILABLE."""
+    assert ERROR_ACTIONS[ErrorCode.NOT_COORDINATOR] is ErrorAction.RETRY
+    assert ERROR_ACTIONS[ErrorCode.COORDINATOR_NOT_AVAILABLE] is ErrorAction.RETRY

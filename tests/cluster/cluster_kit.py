@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from coordinator.cluster.host import PartitionHost
+from coordinator.cluster.host import PartitionHost, lease_settings, writer_settings
 from coordinator.cluster.service import ClusterService
 from coordinator.core.commands import Commit, Fetch, Heartbeat, Join, Sync
 from coordinator.core.config import CoreConfig
@@ -56,10 +56,12 @@ class Node:
     @classmethod
     async def start(cls, url: str, name: str, *, partitions: int = 6,
                     lease_ms: int = LEASE_MS) -> Node:
-        writer = await PostgresStorage.open(url, partitions=partitions, coordinator_id=name)
+        writer = await PostgresStorage.open(url, partitions=partitions, coordinator_id=name,
+                                            settings=writer_settings(lease_ms))
         reader = await PostgresStorage.open(url, partitions=partitions, coordinator_id=name)
         leases = await Leases.open(url, name, f"http://{name}:9080",
-                                   admin_url=f"http://{name}:9081")
+                                   admin_url=f"http://{name}:9081",
+                                   settings=lease_settings(lease_ms))
         host = PartitionHost(writer_store=writer, reader_store=reader, leases=leases,
                              lease_ms=lease_ms, make_core=lambda: GroupCoordinator(CONFIG),
                              clock=WallClock(), metrics=Metrics())

@@ -18,6 +18,7 @@ import msgpack
 import pytest
 from server_harness import ServerProcess, wait_until
 
+from coordinator.auth import hash_token
 from coordinator.storage.postgres import partition_of
 
 P = 8
@@ -129,6 +130,15 @@ def test_every_coordinator_routes_and_answers_for_every_group(two: list[ServerPr
     assert status == 200
     status, view = admin(not_owner.admin_url, f"/v1/groups/{group}")
     assert status == 200 and view["members"] == [] and view["state"] == "Empty"
+    # The operators' command: who coordinates what.
+    shown = subprocess.run([GROUPCOORD, "coordinators", "--url", b.admin_url],
+                           capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].split() == ["ID", "URL", "ADMIN", "URL", "PARTITIONS", "OWNED"]
+    rows = [line.split() for line in lines[1:]]
+    assert {row[2] if row[1] == "*" else row[1] for row in rows} == urls
+    assert sum(int(row[-2]) for row in rows) == P
 
 
 def test_a_coordinator_stopped_with_sigterm_hands_its_groups_over(
@@ -176,3 +186,36 @@ def test_bad_start_up_input_is_one_line_that_names_it(pg_url: str, postgres_serv
     # An advertised URL that is not a URL.
     result = serve("--db", pg_url, "--advertised-url", "coord-1:9080")
     assert result.returncode == 2 and "advertised_url" in result.stderr
+
+
+def test_a_caller_not_granted_a_group_does_not_learn_its_owner(pg_url: str,
+                                                                tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.jsonl"
+    tokens.write_text(json.dumps({"name": "app", "hash": hash_token("app-secret"),
+                                  "groups": ["orders-"]}) + "\n")
+    with ThreadPoolExecutor(2) as pool:
+        servers = list(pool.map(lambda _: ServerProcess(pg_url, {  # type: ignore[arg-type]
+            "partitions": P, "lease_ms": 2000, "auth_tokens": tokens}), range(2)))
+    try:
+        def owned_by_both() -> bool:
+            req = urllib.request.Request(servers[0].admin_url + "/v1/coordinators",
+                                         headers={"Authorization": "Bearer app-secret"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                doc = json.loads(resp.read())
+            return all(c["partitions"] for c in doc["coordinators"]) and len(
+                doc["coordinators"]) == 2
+        wait_until(owned_by_both, 15)
+        for server in servers:
+            req = urllib.request.Request(
+                f"{server.url}/v1/heartbeat", headers={
+                    "Content-Type": "application/msgpack", "Authorization": "Bearer app-secret"},
+                data=msgpack.packb({"group_id": "users-1", "member_id": "m",
+                                    "generation_id": 1}))
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req, timeout=10)
+            assert refused.value.code == 403
+            body = msgpack.unpackb(refused.value.read())
+            assert body["error"] == "GROUP_AUTHORIZATION_FAILED" and "url" not in body
+    finally:
+        for server in servers:
+            server.kill()

@@ -8,8 +8,11 @@ restart, members in their own processes) is tests/cluster/test_cluster_e2e.py.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from pathlib import Path
 
+import pytest
 from cluster_kit import (
     LEASE_MS,
     Node,
@@ -20,11 +23,16 @@ from cluster_kit import (
     stop_all,
     wait_for,
 )
+from pg_harness import PostgresServer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "chaos"))
+from proxy import FaultProxy
+
+from coordinator.cluster.host import writer_settings
 from coordinator.core.commands import PutResource
 from coordinator.core.effects import AdminResult
 from coordinator.storage.leases import LocalLease
-from coordinator.storage.postgres import PostgresStorage, partition_of
+from coordinator.storage.postgres import PostgresStorage, connect, partition_of
 from protocol.errors import ErrorCode
 from protocol.messages import CommitResponse, FetchResponse, NotCoordinatorAnswer
 
@@ -194,3 +202,89 @@ async def test_a_catalog_change_through_one_coordinator_reaches_the_others(pg_ur
             await store.close()
     finally:
         await stop_all(a, b)
+
+
+async def test_after_a_postgresql_restart_the_coordinator_serves_its_groups_again(
+        pg_url: str, postgres_server: PostgresServer) -> None:
+    a = await Node.start(pg_url, "a", partitions=P)
+    try:
+        number = partition_of("g", P)
+        runtime = a.runtime_for("g")
+        member_id, generation = await stable_member(runtime, "g")
+        assert (await commit(runtime, "g", member_id, generation, 5)).error is None
+        epoch = a.host.partitions[number].lease.epoch
+        await asyncio.to_thread(postgres_server.stop, "fast")
+        # Without the database nothing renews: every partition is dropped once its
+        # lease may have run out, and nothing is answered from memory after that.
+        await wait_for(lambda: not a.owned(), 5, "partitions dropped")
+        assert isinstance(a.host.route("g"), NotCoordinatorAnswer)
+        await asyncio.to_thread(postgres_server.start)
+        # Back: acquired again (a new epoch), reloaded, the group as it was.
+        await wait_for(lambda: a.owned() == set(range(P)), 15, "every partition again")
+        assert a.host.partitions[number].lease.epoch > epoch
+        taken = a.runtime_for("g")
+        assert (await heartbeat(taken, "g", member_id, generation)).error is None
+        fetched = await fetch(taken, "g")
+        assert isinstance(fetched, FetchResponse)
+        assert fetched.checkpoints == (("orders", 0, 5),)
+    finally:
+        await stop_all(a)
+
+
+async def test_a_coordinator_paused_mid_write_holds_up_no_one(pg_url: str) -> None:
+    """A coordinator paused inside a write transaction holds its lease rows locked
+    (the fence reads them FOR SHARE): the others' rounds must not wait on that."""
+    a = await Node.start(pg_url, "a", partitions=P)
+    b = await Node.start(pg_url, "b", partitions=P)
+    try:
+        await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
+        mine = set(b.owned())
+        a.pause()
+        # a's writer, frozen after its fence read: the rows stay locked until the
+        # server ends the idle transaction (writer_settings).
+        frozen = await connect(pg_url, settings=writer_settings(LEASE_MS))
+        transaction = frozen.transaction()
+        await transaction.start()
+        await frozen.fetch("SELECT partition FROM partition_leases WHERE partition = ANY($1) "
+                           "FOR SHARE", sorted(a.owned()))
+        dropped: list[int] = []
+        started = time.monotonic()
+        while b.owned() != set(range(P)):
+            assert time.monotonic() - started < 10, "b did not take a's partitions over"
+            dropped += sorted(mine - b.owned())
+            await asyncio.sleep(0.01)
+        assert dropped == []                       # b kept serving its own all along
+        frozen.terminate()
+    finally:
+        await stop_all(a, b)
+
+
+async def test_a_database_that_stops_answering_does_not_stall_the_coordinator(
+        pg_url: str, postgres_server: PostgresServer, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    """A cut that drops packets silently (no reset): statements would wait for TCP to
+    give up (minutes). The coordinator gives up on them instead, keeps its rounds
+    going, drops what it cannot renew, and serves again once the database answers."""
+    async with FaultProxy("127.0.0.1", postgres_server.port) as proxy:
+        url = pg_url.replace(f":{postgres_server.port}/", f":{proxy.port}/")
+        a = await Node.start(url, "a", partitions=P)
+        try:
+            runtime = a.runtime_for("g")
+            member_id, generation = await stable_member(runtime, "g")
+            caplog.clear()
+            proxy.partition(60)                    # silence, both ways
+            pending = asyncio.ensure_future(commit(runtime, "g", member_id, generation, 3))
+            await wait_for(lambda: not a.owned(), 3 * LEASE_MS / 1000, "partitions dropped")
+            answer = await pending                 # refused, not acknowledged
+            assert answer.error is ErrorCode.COORDINATOR_NOT_AVAILABLE
+            # The lease loop goes on (each statement gives up after half a lease)...
+            await wait_for(lambda: sum("lease round failed" in r.message
+                                       for r in caplog.records) >= 2, 4 * LEASE_MS / 1000,
+                           "two failed rounds")
+            proxy.heal(cut=True)                   # the stalled connections are reset
+            # ...and takes every partition back once the database answers again.
+            await wait_for(lambda: a.owned() == set(range(P)), 15, "every partition again")
+            taken = a.runtime_for("g")
+            assert (await heartbeat(taken, "g", member_id, generation)).error is None
+        finally:
+            await stop_all(a)

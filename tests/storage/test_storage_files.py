@@ -198,3 +198,17 @@ async def test_closing_a_replaced_database_leaves_the_replacement_s_files_alone(
         assert (await reopened.load()).catalog == {"users": 4}
     finally:
         await reopened.close()
+
+
+async def test_an_sqlite_url_names_the_same_file_as_a_path(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    monkeypatch.chdir(tmp_path)
+    storage = await Storage.open("sqlite:///relative.db")     # SQLAlchemy's spelling
+    await storage.close()
+    assert (tmp_path / "relative.db").exists()
+    storage = await Storage.open(f"sqlite:///{tmp_path}/absolute.db")
+    await storage.close()
+    assert (tmp_path / "absolute.db").exists()
+    with pytest.raises(StorageError, match="sqlite:///PATH"):
+        await Storage.open("sqlite://host/x.db")
