@@ -37,11 +37,10 @@ def hour_start() -> Any:
     return (F.col("started_ms") - F.pmod("started_ms", F.lit(HOUR_MS))).alias("hour_start_ms")
 
 
-def _durations(frequency: Any = 1) -> list[Any]:
-    """Exact duration percentiles and the longest, named as in DURATIONS
-    (over :func:`duration_cells` with ``frequency=F.col("n")``)."""
+def _durations() -> list[Any]:
+    """Exact duration percentiles and the longest, named as in DURATIONS."""
     from pyspark.sql import functions as F
-    pct = F.percentile(F.col("duration_ms"), list(PERCENTILES), frequency)
+    pct = F.percentile(F.col("duration_ms"), list(PERCENTILES))
     return [*(pct[i].alias(f"duration_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)),
             F.max("duration_ms").alias("duration_max_ms")]
 
@@ -91,20 +90,22 @@ def groups(rebalances: Any, generations: Any, threshold: int) -> Any:
     return per_group.join(gens, ["source", "group_id"], "left")
 
 
-def fleet_hours(hours: Any, cells: Any) -> Any:
+def fleet_hours(rebalances: Any, hours: Any) -> Any:
     """One row per UTC hour over all groups: ``group_hours`` summed (nulls
     as Spark's ``sum``), the groups that rebalanced and those in a storm,
-    exact percentiles over all of the hour's rebalances (from the
-    :func:`duration_cells`), and FACT_COUNTS."""
+    exact percentiles over all of the hour's rebalances, and FACT_COUNTS."""
     from pyspark.sql import functions as F
     sums = hours.groupBy("hour_start_ms").agg(
         *(F.sum(c).cast("long").alias(c) for c in FLEET_SUMS),
         F.count(F.lit(1)).alias("groups"),
         F.sum(F.when(F.col("storm_rebalances") > 0, 1).otherwise(0)).cast("long")
         .alias("storming_groups"))
-    per_hour = cells.groupBy("hour_start_ms").agg(
-        *_durations(frequency=F.col("n")),
-        *(F.sum(c).cast("long").alias(c) for c in FACT_COUNTS))
+    per_hour = rebalances.groupBy(hour_start()).agg(
+        *_durations(),
+        F.sum(F.col("assignment_error").cast("long")).alias("assignment_errors"),
+        F.sum(F.when(F.col("revoked").isNull(), 1).otherwise(0)).cast("long")
+        .alias("unreadable"),
+        F.sum(F.col("cooperative").cast("long")).alias("cooperative_rebalances"))
     return sums.join(per_hour, "hour_start_ms")
 
 
@@ -113,61 +114,26 @@ def fleet_columns() -> list[str]:
     return ["hour_start_ms", *FLEET_SUMS, "groups", "storming_groups", *DURATIONS]
 
 
-def duration_cells(rebalances: Any, width_ms: int) -> Any:
-    """The rebalances counted per (UTC hour, report bucket of ``width_ms``,
-    initial join or not, duration): ``n``, and the FACT_COUNTS summed.
-
-    Exact percentiles only need each duration's count (Spark's
-    ``percentile`` keeps exactly that, and takes it as its ``frequency``):
-    the fleet's hours, the report's totals, series and histogram are all
-    computed from these cells, which one pass over ``rebalances/`` makes
-    and which are a fraction of its rows, instead of a pass over it each."""
-    from pyspark.sql import functions as F
-    return rebalances.groupBy(
-        hour_start(),
-        (F.col("started_ms") - F.pmod("started_ms", F.lit(width_ms))).alias("bucket_ms"),
-        F.coalesce(F.col("reason") == "initial", F.lit(False)).alias("initial"),
-        "duration_ms").agg(
-        F.count(F.lit(1)).alias("n"),
-        F.sum(F.col("assignment_error").cast("long")).alias("assignment_errors"),
-        F.sum(F.when(F.col("revoked").isNull(), 1).otherwise(0)).cast("long")
-        .alias("unreadable"),
-        F.sum(F.col("cooperative").cast("long")).alias("cooperative_rebalances"))
-
-
-def span(groups: Any) -> tuple[int, int]:
-    """(first started_ms, last ended_ms) of the journal, from ``groups/``
-    (0, 0 when empty)."""
-    from pyspark.sql import functions as F
-    row = groups.agg(F.min("first_started_ms"), F.max("last_ended_ms")).collect()[0]
-    return int(row[0] or 0), int(row[1] or 0)
-
-
-def overall(cells: Any, groups: Any) -> dict[str, Any]:
+def overall(rebalances: Any) -> dict[str, Any]:
     """Exact duration percentiles over every rebalance, and over rebalances
-    and initial joins apart (``duration_split``), from the
-    :func:`duration_cells`; the groups, sources and span of the journal from
-    ``groups/`` (a row per group)."""
+    and initial joins apart (``duration_split``), the groups and sources, and
+    the span of the journal (one Spark job)."""
     from pyspark.sql import functions as F
-    n = F.col("n")
-    row = cells.agg(*_durations(frequency=n), *duration_split(frequency=n)).collect()[0]
-    who = groups.agg(
-        F.count(F.when(F.col("source").isNotNull() & F.col("group_id").isNotNull(), 1))
-        .alias("groups"),
+    row = rebalances.agg(
+        *_durations(), *duration_split(),
+        F.count_distinct("source", "group_id").alias("groups"),
         F.count_distinct("source").alias("sources"),
-        F.min("first_started_ms").alias("first_started_ms"),
-        F.max("last_ended_ms").alias("last_ended_ms")).collect()[0]
-    figures = row.asDict() | who.asDict()
-    return {k: (v if v is not None else 0) for k, v in figures.items()}
+        F.min("started_ms").alias("first_started_ms"),
+        F.max("ended_ms").alias("last_ended_ms")).collect()[0]
+    return {k: (v if v is not None else 0) for k, v in row.asDict().items()}
 
 
-def histogram(cells: Any) -> list[tuple[int, int]]:
+def histogram(rebalances: Any) -> list[tuple[int, int]]:
     """(bucket, rebalances): bucket b holds durations in [10^(b/5), 10^((b+1)/5))
-    ms (durations under 1 ms in bucket 0), from the :func:`duration_cells`."""
+    ms (durations under 1 ms in bucket 0)."""
     from pyspark.sql import functions as F
     b = F.floor(F.log10(F.greatest(F.col("duration_ms"), F.lit(1)).cast("double")) * 5)
-    rows = cells.groupBy(b.cast("long").alias("b")).agg(F.sum("n").alias("count")) \
-        .orderBy("b").collect()
+    rows = rebalances.groupBy(b.cast("long").alias("b")).count().orderBy("b").collect()
     return [(int(r["b"]), int(r["count"])) for r in rows]
 
 
@@ -190,67 +156,37 @@ def bucket_width(first_ms: int, last_ms: int) -> int:
     return BUCKETS_MS[-1]
 
 
-def _split_durations(prefix: str, keep: Any, frequency: Any) -> list[Any]:
-    """Exact p50/p95/p99/max of ``duration_ms`` over the rows where ``keep``
-    (each counting ``frequency`` times), and how many they are."""
+def _split_durations(prefix: str, keep: Any) -> list[Any]:
+    """Exact p50/p95/p99/max of ``duration_ms`` over the rows where ``keep``."""
     from pyspark.sql import functions as F
     d = F.when(keep, F.col("duration_ms"))
-    pct = F.percentile(d, list(PERCENTILES), frequency)
-    if isinstance(frequency, int):
-        count = F.count(d)
-    else:
-        count = F.coalesce(F.sum(F.when(d.isNotNull(), frequency)), F.lit(0)).cast("long")
+    pct = F.percentile(d, list(PERCENTILES))
     return [*(pct[i].alias(f"{prefix}_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)),
-            F.max(d).alias(f"{prefix}_max_ms"), count.alias(f"{prefix}_count")]
+            F.max(d).alias(f"{prefix}_max_ms"), F.count(d).alias(f"{prefix}_count")]
 
 
-def duration_split(frequency: Any = 1) -> list[Any]:
+def duration_split() -> list[Any]:
     """Durations of rebalances proper (``rebalance_*``) apart from the initial
     joins (``initial_*``: reason ``initial``, whose length is mostly the
-    coordinator's deliberate initial-rebalance delay); over
-    :func:`duration_cells` (their ``initial`` column) with
-    ``frequency=F.col("n")``."""
+    coordinator's deliberate initial-rebalance delay)."""
     from pyspark.sql import functions as F
-    initial = (F.col("initial") if not isinstance(frequency, int)
-               else F.coalesce(F.col("reason") == "initial", F.lit(False)))
-    return [*_split_durations("rebalance", ~initial, frequency),
-            *_split_durations("initial", initial, frequency)]
+    initial = F.coalesce(F.col("reason") == "initial", F.lit(False))
+    return [*_split_durations("rebalance", ~initial), *_split_durations("initial", initial)]
 
 
-#: The sums of a series bucket (``_sums`` without the storms).
-_SERIES_SUMS: tuple[str, ...] = ("rebalances", *_SUMMED, "follow_up_rebalances",
-                                 *(f"reason_{r}" for r in (*REASONS, "other")))
-
-
-def series(rebalances: Any, hours: Any, cells: Any, width_ms: int, threshold: int
-           ) -> list[dict[str, Any]]:
+def series(rebalances: Any, width_ms: int, threshold: int) -> list[dict[str, Any]]:
     """The report's time series, one dict per bucket of ``width_ms`` that had a
     rebalance, in time order: counts by reason, cost, groups rebalancing and
-    storming, and the split durations.
-
-    Sums per bucket and group first, then per bucket (the groups are counted
-    as rows, not with a distinct count); for buckets of whole hours the
-    per-group sums come from ``group_hours/`` (``hours``), for shorter ones
-    from ``rebalances/``. The durations come from the :func:`duration_cells`
-    ``cells`` (made with the same ``width_ms``)."""
+    storming, and the split durations."""
     from pyspark.sql import functions as F
-
-    def bucket(col: str) -> Any:
-        return (F.col(col) - F.pmod(col, F.lit(width_ms))).alias("bucket_ms")
-    if width_ms % HOUR_MS == 0:
-        per_group = hours.groupBy(bucket("hour_start_ms"), "source", "group_id").agg(
-            *(F.sum(c).cast("long").alias(c) for c in _SERIES_SUMS),
-            F.max(F.col("storm_rebalances") > 0).alias("storming"))
-    else:
-        per_group = rebalances.groupBy(bucket("started_ms"), "source", "group_id").agg(
-            *_sums(threshold, storms=False),
-            F.max(F.col("window_count") >= threshold).alias("storming"))
-    sums = per_group.groupBy("bucket_ms").agg(
-        *(F.sum(c).cast("long").alias(c) for c in _SERIES_SUMS),
-        F.count(F.lit(1)).alias("groups"),
-        F.sum(F.col("storming").cast("long")).alias("storming_groups"))
-    durations = cells.groupBy("bucket_ms").agg(*duration_split(frequency=F.col("n")))
-    rows = sums.join(durations, "bucket_ms").orderBy("bucket_ms").collect()
+    start = (F.col("started_ms") - F.pmod("started_ms", F.lit(width_ms))).alias("bucket_ms")
+    key = F.concat_ws("\u0000", "source", "group_id")
+    storm = F.when(F.col("window_count") >= threshold, key)
+    rows = rebalances.groupBy(start).agg(
+        *_sums(threshold, storms=False),
+        F.count_distinct(key).alias("groups"),
+        F.count_distinct(storm).alias("storming_groups"),
+        *duration_split()).orderBy("bucket_ms").collect()
     return [r.asDict() for r in rows]
 
 

@@ -256,14 +256,13 @@ def _write(df: Any, out: Path) -> None:
 TIMELINE_GROUPS = 5
 
 
-def totals(fleet: list[dict[str, Any]], cells: Any, groups: Any) -> dict[str, Any]:
+def totals(fleet: list[dict[str, Any]], rebalances: Any) -> dict[str, Any]:
     """The report's headline figures: sums over the fleet's hours, exact
-    percentiles over all durations (``aggregates.duration_cells``), groups,
-    sources and span (``groups/``)."""
+    percentiles over all durations, groups, sources and span."""
     from pipeline.aggregates import overall
     tot: dict[str, Any] = {c: sum(int(h[c] or 0) for h in fleet)
                            for c in (*FLEET_SUMS, *FACT_COUNTS)}
-    return tot | overall(cells, groups)
+    return tot | overall(rebalances)
 
 
 # ---------------------------------------------------------------- the job
@@ -302,19 +301,15 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
         _write(agg.groups(rebalances, generations, opts.storm_threshold).repartition(1)
                .sortWithinPartitions(F.desc("peak_window_rebalances"), F.desc("rebalances"),
                                      "source", "group_id"), tables["groups"])
-        groups = spark.read.parquet(str(tables["groups"]))
-        first, last = agg.span(groups)
-        width = agg.bucket_width(first, last)
-        # Every duration figure below is computed from these cells.
-        cells = agg.duration_cells(rebalances, width).cache()
         # Kept for the report, with the FACT_COUNTS that fleet_hours/ leaves out.
-        fleet_df = agg.fleet_hours(hours, cells).repartition(1) \
+        fleet_df = agg.fleet_hours(rebalances, hours).repartition(1) \
             .sortWithinPartitions("hour_start_ms").cache()
         _write(fleet_df.select(*agg.fleet_columns()), tables["fleet_hours"])
     with progress(spark, "analyze [3/4] collecting figures for the report", show):
         fleet = [r.asDict() for r in fleet_df.collect()]
         fleet_df.unpersist()
-        tot = totals(fleet, cells, groups)
+        tot = totals(fleet, rebalances)
+        groups = spark.read.parquet(str(tables["groups"]))
         worst = [r.asDict() for r in groups.orderBy(
             F.desc("peak_window_rebalances"), F.desc("rebalances"), "source", "group_id")
             .limit(opts.top).collect()]
@@ -327,10 +322,9 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
             heat = [r.asDict() for r in hours.where(F.col("group_id").isin(names))
                     .select("source", "group_id", "hour_start_ms", "rebalances").collect()
                     if (r["source"], r["group_id"]) in keys]
-        hist = agg.histogram(cells)
-        series = (agg.series(rebalances, hours, cells, width, opts.storm_threshold)
-                  if tot["rebalances"] else [])
-        cells.unpersist()
+        hist = agg.histogram(rebalances)
+        width = agg.bucket_width(tot["first_started_ms"], tot["last_ended_ms"])
+        series = agg.series(rebalances, width, opts.storm_threshold) if tot["rebalances"] else []
         starters = agg.attribution(journal, opts.top)
         timelines = agg.generations(rebalances, {(w["source"], w["group_id"])
                                                  for w in worst[:TIMELINE_GROUPS]})
