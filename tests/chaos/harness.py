@@ -64,6 +64,10 @@ from ledger import (
 from proxy import FaultProxy
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
+#: How long a coordinator may take to print its listening line: a bound on a
+#: process start (imports, opening the database), not on anything under test;
+#: on a loaded machine (several pytest-xdist workers) one took over 20 s.
+START_TIMEOUT_S = 60.0
 
 
 def _die_with_parent() -> None:
@@ -247,9 +251,10 @@ class Coordinator:
                 stdout=asyncio.subprocess.PIPE, stderr=log, preexec_fn=_die_with_parent)
         assert self.proc.stdout is not None
         try:
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + START_TIMEOUT_S
             while time.monotonic() < deadline:
-                line = await asyncio.wait_for(self.proc.stdout.readline(), 20)
+                line = await asyncio.wait_for(self.proc.stdout.readline(),
+                                              deadline - time.monotonic())
                 if not line:
                     break
                 text = line.decode().strip()
