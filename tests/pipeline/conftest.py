@@ -28,6 +28,8 @@ def _first_session_of_the_run(tmp_path_factory: pytest.TempPathFactory) -> None:
     try:
         fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
+        fd = -1
+    if fd < 0:
         pytest.fail(f"worker {worker} would start a second SparkSession in this run (worker "
                     f"{claim.read_text()} has one): the pipeline tests were split between "
                     f"workers (tests/conftest.py, pytest_xdist_make_scheduler)", pytrace=False)
