@@ -107,6 +107,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pg_harness import PostgresServer
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
+#: How long a coordinator may take to print its listening line: a bound on a
+#: process start (imports, opening the database), not on anything under test;
+#: on a loaded machine (several pytest-xdist workers) one took over 20 s.
+START_TIMEOUT_S = 60.0
 
 
 def _die_with_parent() -> None:
@@ -412,13 +416,11 @@ class Coordinator:
                 stdout=asyncio.subprocess.PIPE, stderr=log, preexec_fn=_die_with_parent)
         self.stopped = False
         assert self.proc.stdout is not None
-        # Several coordinators start at once (and several seeds): more time on a
-        # loaded machine.
-        limit = 60 if self.multi else 20
         try:
-            deadline = time.monotonic() + limit
+            deadline = time.monotonic() + START_TIMEOUT_S
             while time.monotonic() < deadline:
-                line = await asyncio.wait_for(self.proc.stdout.readline(), limit)
+                line = await asyncio.wait_for(self.proc.stdout.readline(),
+                                              deadline - time.monotonic())
                 if not line:
                     break
                 text = line.decode().strip()
