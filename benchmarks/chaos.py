@@ -1,6 +1,7 @@
 """The long chaos runner: many seeds of tests/chaos/harness.py, then the totals.
 
     .venv/bin/python benchmarks/chaos.py --seeds 200 --jobs 3
+    .venv/bin/python benchmarks/chaos.py --coordinators 3 --seeds 6
 
 Each seed starts a real coordinator and worker processes on 127.0.0.1 behind
 per-worker TCP fault proxies, plays its seeded fault schedule (worker
@@ -12,6 +13,14 @@ surviving every crash, zombie commits refused. It prints one line per seed
 and the totals: schedules run, faults injected, violations found. The work
 directories of seeds with violations are kept (``--out``) with every ledger
 and log; the others are deleted unless ``--keep``.
+
+``--coordinators N`` (N > 1) runs the several-coordinators mode instead
+(harness.py's module docs; ``ChaosConfig.multi``): each seed on a throw-away
+PostgreSQL of its own (``--pg-url`` to use one you run: then it is never
+restarted), N coordinators on it, no fault proxies, and coordinator faults
+(kill -9, SIGSTOP past the lease, SIGTERM and restart, PostgreSQL restart)
+beside the worker faults. It prints, besides, how many groups rebalanced
+while the faults ran and how many members lost their membership.
 """
 
 from __future__ import annotations
@@ -32,8 +41,7 @@ from ledger import CheckResult
 
 
 async def run_all(args: argparse.Namespace) -> list[SeedResult]:
-    config = ChaosConfig(fault_seconds=args.fault_seconds,
-                         workers_per_group=args.workers_per_group)
+    config = chaos_config(args)
     gate = asyncio.Semaphore(args.jobs)
     results: list[SeedResult] = []
 
@@ -43,7 +51,7 @@ async def run_all(args: argparse.Namespace) -> list[SeedResult]:
             if workdir.exists():
                 shutil.rmtree(workdir)
             try:
-                result = await run_seed(seed, workdir, config)
+                result = await run_seed(seed, workdir, config, pg_url=args.pg_url)
             except Exception as exc:  # a harness failure is reported, not hidden
                 print(f"seed {seed}: HARNESS ERROR {exc!r} (see {workdir})", flush=True)
                 result = SeedResult(seed, [], Counter(), [f"harness error: {exc!r}"],
@@ -75,6 +83,14 @@ async def run_all(args: argparse.Namespace) -> list[SeedResult]:
     return sorted(results, key=lambda r: r.seed)
 
 
+def chaos_config(args: argparse.Namespace) -> ChaosConfig:
+    if args.coordinators > 1:
+        return ChaosConfig.multi(args.coordinators, fault_seconds=args.fault_seconds,
+                                 workers_per_group=args.workers_per_group)
+    return ChaosConfig(fault_seconds=args.fault_seconds,
+                       workers_per_group=args.workers_per_group)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=20, help="how many seeds to run")
@@ -82,9 +98,20 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=2, help="seeds run at once")
     p.add_argument("--fault-seconds", type=float, default=12.0)
     p.add_argument("--workers-per-group", type=int, default=3)
+    p.add_argument("--coordinators", type=int, default=1,
+                   help="1: one SQLite coordinator behind fault proxies (the default); "
+                        "more: that many coordinators on PostgreSQL, coordinator faults")
+    p.add_argument("--pg-url", default=None,
+                   help="several coordinators: a PostgreSQL URL to use instead of a "
+                        "throw-away server per seed (it is not restarted)")
     p.add_argument("--out", default="/tmp/groupcoord-chaos", help="work directories")
     p.add_argument("--keep", action="store_true", help="keep every seed's work directory")
     args = p.parse_args()
+    if args.coordinators < 1:
+        p.error(f"--coordinators must be at least 1, got {args.coordinators}")
+    if args.pg_url is not None and args.coordinators == 1:
+        p.error("--pg-url is for several coordinators (--coordinators 2 or more)")
+    config = chaos_config(args)
     started = time.monotonic()
     results = asyncio.run(run_all(args))
     faults: Counter[str] = Counter()
@@ -108,8 +135,13 @@ def main() -> int:
     converged = [r.check.convergence_s for r in results if r.check.convergence_s >= 0]
     if converged:
         print(f"convergence:      max {max(converged):.2f}s after the faults ended, bound "
-              f"{ChaosConfig().convergence_s:.2f}s (2 session timeouts + rebalance timeout "
+              f"{config.convergence_s:.2f}s (2 session timeouts + rebalance timeout "
               "+ initial delay)")
+    if args.coordinators > 1:
+        moved = sum(len(r.rebalances) for r in results)
+        print(f"rebalances:       {moved} journal rows while the faults ran "
+              f"(worker faults rebalance; coordinator faults should not); "
+              f"{sum(r.check.lost_events for r in results)} on_lost calls")
     print(f"violations found: {violations}" + (f" (seeds {bad})" if bad else ""))
     return 1 if violations else 0
 

@@ -6,8 +6,8 @@ The job (docs/pipeline.md):
    on the driver (SQLite through ``sqlite3``, PostgreSQL through asyncpg) ->
    Arrow -> Spark (pipeline/sources.py), export directories straight from
    Parquet;
-2. per-rebalance facts: ``groupBy(bucket of (source, group_id)).applyInArrow``
-   runs the sequential ownership accounting of whole groups in Python
+2. per-rebalance facts: ``repartition(source, group_id).mapInArrow`` runs
+   the sequential ownership accounting of whole groups in Python
    (pipeline/facts.py, numpy); the storm counter is a window function;
    written by Spark -> ``rebalances/``;
 3. Spark SQL over ``rebalances/`` (pipeline/aggregates.py): ``group_hours/``,
@@ -184,26 +184,30 @@ def input_bytes(plan: InputPlan) -> int:
 
 
 def facts_calls(spark: Any, plan: InputPlan) -> int:
-    """How many calls of the facts function (buckets of whole groups): two
-    per core, more when the input is big (each call holds its rows)."""
+    """How many partitions (calls of the facts function, each with the rows
+    of whole groups): two per core, more when the input is big (each call
+    holds its rows)."""
     least = max(1, int(spark.sparkContext.defaultParallelism) * 2)
     return max(least, -(-input_bytes(plan) // INPUT_BYTES_PER_TASK))
 
 
-def rebalance_facts(journal: Any, options: AnalyzeOptions, buckets: int) -> Any:
+def rebalance_facts(journal: Any, options: AnalyzeOptions, partitions: int) -> Any:
     """The ``rebalances/`` rows (``facts.facts_schema()``) of ``journal``.
 
     The ownership accounting is sequential per group and runs in Python:
-    ``groupBy(bucket).applyInArrow`` hands each call the rows of whole groups
-    (a bucket is a hash of ``(source, group_id)``: one call per group cost
-    a Python round trip per group), which pipeline/facts.py orders by group
-    and journal id and turns into facts with numpy. The storm counter is a
-    window function.
+    ``repartition(partitions, source, group_id)`` puts the rows of whole
+    groups in each partition and ``mapInArrow`` hands a partition's record
+    batches to pipeline/facts.py, which orders them by group and journal id
+    and turns them into facts with numpy. Not ``groupBy(...).applyInArrow``:
+    Spark sorts every row of a group-by's input, assignment bytes included,
+    which cost more than the accounting itself (docs/bench-pipeline.md);
+    the Python side orders a partition by its dictionary codes instead.
+    The storm counter is a window function.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from pipeline.facts import chunk_facts_schema, facts_of_groups, facts_schema
+    from pipeline.facts import chunk_facts_schema, facts_of_partition, facts_schema
     rows = journal.select(
         "source", "group_id",
         F.col("id").cast("long").alias("id"),
@@ -214,10 +218,9 @@ def rebalance_facts(journal: Any, options: AnalyzeOptions, buckets: int) -> Any:
         F.col("member_count").cast("long").alias("member_count"),
         F.coalesce(F.size("joined"), F.lit(0)).cast("long").alias("joined_count"),
         F.coalesce(F.size("left"), F.lit(0)).cast("long").alias("left_count"),
-        "assignments",
-        F.pmod(F.xxhash64("source", "group_id"), F.lit(buckets)).alias("bucket"))
-    facts = rows.groupBy("bucket").applyInArrow(
-        facts_of_groups(options.cooperative), ddl(chunk_facts_schema()))
+        "assignments")
+    facts = rows.repartition(partitions, "source", "group_id").mapInArrow(
+        facts_of_partition(options.cooperative), ddl(chunk_facts_schema()))
     # (S - W, S]: whole milliseconds, so [S - W + 1, S].
     window = Window.partitionBy("source", "group_id").orderBy("started_ms") \
         .rangeBetween(-(options.storm_window_ms - 1), 0)

@@ -588,20 +588,22 @@ def partition_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
 # ---------------------------------------------------------------- the Spark UDF
 
 
-def facts_of_groups(cooperative: Sequence[str]) -> Callable[[pa.Table], pa.Table]:
-    """The function ``groupBy(...).applyInArrow`` runs on the executors: the
-    journal rows of whole groups (:data:`INPUT_COLUMNS`, in any order) in,
-    their facts out (:func:`chunk_facts_schema`).
+def facts_of_partition(cooperative: Sequence[str]
+                       ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function ``mapInArrow`` runs on the executors: the record batches
+    of one partition holding whole groups (:data:`INPUT_COLUMNS`, rows in any
+    order) in, their facts (:func:`chunk_facts_schema`) out, chunk by chunk.
 
-    The type hints tell PySpark it is the table-to-table form."""
+    The partition is not sorted by Spark (``repartition``, not ``groupBy``:
+    a group-by sorts every row, assignment bytes included, in the JVM);
+    :func:`partition_chunks` orders it here."""
     names = tuple(cooperative)
 
-    def facts_of(table: pa.Table) -> pa.Table:
+    def facts_of(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pipeline.ownership import cooperative_names
         is_coop = cooperative_names(names)
-        parts = [facts_for_chunk(chunk, is_coop)
-                 for chunk in partition_chunks(table.to_batches())]
-        return pa.concat_tables(parts) if parts else chunk_facts_schema().empty_table()
+        for chunk in partition_chunks(batches):
+            yield from facts_for_chunk(chunk, is_coop).to_batches()
     return facts_of
 
 

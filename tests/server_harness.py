@@ -19,7 +19,9 @@ from pathlib import Path
 
 #: the ``groupcoord`` script of the interpreter running the tests.
 GROUPCOORD = str(Path(sys.executable).with_name("groupcoord"))
-READY_TIMEOUT_S = 20.0
+#: how long a server may take to print its listening line: a bound on a process
+#: start, not on anything under test (several pytest-xdist workers share 2 cores).
+READY_TIMEOUT_S = 60.0
 _LISTENING = re.compile(r"^listening on (https?)://([^:\s]+):(\d+)\s*$")
 _ADMIN_LISTENING = re.compile(r"^admin listening on (https?://[^:\s]+:\d+)\s*$")
 

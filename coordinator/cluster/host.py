@@ -58,6 +58,9 @@ log = logging.getLogger("groupcoord.cluster")
 
 #: the loop runs at least this many times per lease (renewals: lease / 5).
 TICKS_PER_LEASE = 5
+#: seconds a read (a partition's load, an admin read) may take; a load longer than a
+#: lease is fine (a loading partition's lease is renewed), a hung connection is not.
+READ_TIMEOUT_S = 30.0
 
 
 def writer_settings(lease_ms: int) -> dict[str, str]:
@@ -217,9 +220,6 @@ class PartitionStore:
 # ---------------------------------------------------------------- the host
 
 
-MakeRuntime = Callable[[PartitionStore, Core], Runtime]
-
-
 class PartitionHost:
     """This coordinator's partitions: the lease loop, and routing by partition."""
 
@@ -262,9 +262,15 @@ class PartitionHost:
     # ------------------------------------------------------------ reads
 
     async def read(self, fn: Callable[[PostgresStorage], Any]) -> Any:
-        """A read on the reader connection (loads, admin reads), one at a time."""
+        """A read on the reader connection (loads, admin reads), one at a time, given
+        up after :data:`READ_TIMEOUT_S` (the connection is then made again)."""
         async with self._read_lock:
-            return await fn(self._reader)
+            try:
+                return await asyncio.wait_for(fn(self._reader), READ_TIMEOUT_S)
+            except TimeoutError:
+                self._reader.drop_connection()
+                raise StorageError(f"database {self._reader.path}: a read took over "
+                                   f"{READ_TIMEOUT_S:.0f}s; gave up") from None
 
     # ------------------------------------------------------------ lifecycle
 

@@ -32,7 +32,8 @@ from coordinator.core.records import CheckpointMeta
 from coordinator.core.states import GroupState
 from coordinator.core.views import GroupSummary, GroupView
 from coordinator.runtime.clock import Clock
-from coordinator.runtime.runtime import Answer, Core, Runtime, command_group, error_answer
+from coordinator.runtime.commits import command_group
+from coordinator.runtime.runtime import Answer, Core, Runtime, error_answer
 from coordinator.storage.sqlite import StorageError
 from protocol.errors import ErrorCode
 from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer

@@ -43,7 +43,11 @@ DESIGN.md practices 4 and 5, after Kafka's group coordinator runtime:
   replaced under the server is such a failure: the storage checks the file
   after every commit (before the replies go out), and the runtime asks it
   every ``storage_check_interval_ms`` while no write is in flight, so an idle
-  server notices too (``/readyz`` 503 within that interval).
+  server notices too (``/readyz`` 503 within that interval). An exception in
+  the core is handled the same way (its request answered
+  ``UNKNOWN_SERVER_ERROR`` first): the core may have changed part of its state
+  before it raised. A partition's runtime among several coordinators
+  (``partition`` set) does the same, and its host drops the partition.
 """
 
 from __future__ import annotations
@@ -299,9 +303,7 @@ class Runtime:
         self.ready = False
         self._cancel_timers()
         self._cancel_storage_check()
-        self._open = _Batch()
-        self._group_writes.clear()
-        self._global_write = None
+        self._commits.clear()
         self._fail_waiters(code)
 
     def submit(self, command: Command) -> None:
@@ -408,13 +410,18 @@ class Runtime:
     def _apply(self, command: Command) -> None:
         try:
             effects = self.core.handle(self.clock.now_ms(), command)
-        except Exception:
-            # A bug in the core: answer this request, keep serving the others.
+        except Exception as exc:
+            # A bug in the core. It may have changed part of its state before it
+            # raised, and serving from a half-changed state is what a storage failure
+            # is also kept from: answer this request UNKNOWN_SERVER_ERROR, then stop
+            # serving the same way (a restart reloads what is durable; with several
+            # coordinators the partition is dropped and reloaded by its next owner).
             log.exception("core failed on %s", type(command).__name__)
             request_id = getattr(command, "request_id", None)
             if isinstance(request_id, int) and request_id in self._waiters:
                 self._resolve(request_id, error_answer(self._waiters[request_id].command,
                                                        ErrorCode.UNKNOWN_SERVER_ERROR))
+            self._stop_serving(f"the core failed on {type(command).__name__}: {exc!r}")
             return
         self._execute(effects)
 
@@ -586,18 +593,25 @@ class Runtime:
     def _storage_failed(self, exc: Exception) -> None:
         if self.failed.is_set():
             return
-        if self.partition is None:
-            log.critical("storage failed, memory is now ahead of disk; stopping service "
-                         "(restart to reload from disk): %s", exc)
-        else:
-            log.warning("partition %d: a write or check failed, so memory may be ahead of "
-                        "the database; the partition is dropped (reloaded from the database "
-                        "by its next owner): %s", self.partition, exc)
-        self.ready = False
         if self.metrics is not None:
             self.metrics.storage_failures.inc()
-            if self._owns_readiness:
-                self.metrics.ready.set(0)
+        self._stop_serving(f"storage failed: {exc}")
+
+    def _stop_serving(self, why: str) -> None:
+        """Memory may be ahead of what is durable, or half-changed: stop serving it
+        (module docs) and set :attr:`failed`."""
+        if self.failed.is_set():
+            return
+        if self.partition is None:
+            log.critical("%s; memory is now ahead of disk: stopping service (restart to "
+                         "reload from disk)", why)
+        else:
+            log.warning("partition %d: %s; memory may be ahead of the database: the "
+                        "partition is dropped (reloaded from the database by its next "
+                        "owner)", self.partition, why)
+        self.ready = False
+        if self.metrics is not None and self._owns_readiness:
+            self.metrics.ready.set(0)
         self._cancel_timers()
         self._cancel_storage_check()
         self._commits.clear()

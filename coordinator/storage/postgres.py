@@ -499,6 +499,11 @@ class PostgresStorage:
     async def close(self) -> None:
         await self._conn.close()
 
+    def drop_connection(self) -> None:
+        """Close the connection at once, whatever it is doing (a statement given up):
+        the next call makes a new one."""
+        self._conn.terminate()
+
     async def _connection(self) -> Any:
         if self._conn.is_closed():
             self._conn = await connect(self._url, settings=self._settings)

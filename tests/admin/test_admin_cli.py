@@ -34,12 +34,19 @@ def call(server: ServerProcess, api: str, body: dict[str, Any]) -> dict[str, Any
     return doc
 
 
+#: The static members' session: the suite's per-test limit (pytest-timeout, 300 s),
+#: so a member that never heartbeats stays for the whole test however slowly its
+#: CLI runs go (one test took 47 s with several xdist workers on 2 cores, past
+#: the 30 s it had). The server's largest allowed session is 30 min.
+SESSION_MS = 300_000
+
+
 def static_member(server: ServerProcess, group: str, instance: str,
                   assigned: dict[str, list[int]]) -> tuple[str, int]:
     joined = call(server, "join", {
         "group_id": group, "member_id": "", "group_instance_id": instance,
         "protocol_type": "resources", "protocols": [["range", b""]],
-        "session_timeout_ms": 30_000, "rebalance_timeout_ms": 10_000, "client_id": "cli-test"})
+        "session_timeout_ms": SESSION_MS, "rebalance_timeout_ms": 10_000, "client_id": "cli-test"})
     assert joined["error"] is None, joined
     member_id, generation = joined["member_id"], joined["generation_id"]
     synced = call(server, "sync", {

@@ -22,6 +22,42 @@ One seed's run (``await run_seed(seed, workdir, config)``):
 The schedule is drawn from ``random.Random(seed)`` before the run starts,
 against a model of which slots are up, so the same seed plays the same
 faults at the same offsets (``SeedResult.schedule`` lists them).
+
+**Several coordinators** (``ChaosConfig.multi(3)``, ``coordinators > 1``):
+the run starts a throw-away PostgreSQL (tests/pg_harness.py; or uses the
+``PostgresServer`` it is given, in a schema of its own) and that many
+``groupcoord serve --db postgresql://... --partitions P --lease-ms L``
+processes on it, each on a port it keeps across restarts; every worker is
+given the list of all their URLs and follows its group's coordinator. There
+is no fault proxy: a ``NOT_COORDINATOR`` answer names the owner's advertised
+URL, which a proxy in front of one coordinator cannot stand in for, so the
+latency and partition faults are not played (the config refuses them). The
+worker faults stay (kill, zombie, join, leave; catalog changes go through
+any live coordinator's admin listener), and coordinator faults join them,
+each aimed at the coordinator owning one group's partition, never two at
+once:
+
+* ``kill_coordinator``: SIGKILL, restarted later on the same database and
+  port. Right after the kill, the checkpoints of its partitions' groups are
+  read from the database in one snapshot with the leases; while the leases
+  still name the dead coordinator at its epoch nobody else can have written
+  them, so that read is exactly what it left (durability, as the one-process
+  mode's read after a restart);
+* ``pause_coordinator``: SIGSTOP for 1.5 to 2.5 leases, then SIGCONT. Before
+  the SIGCONT its partitions must have been taken over (new epoch or owner in
+  the database); right after it a heartbeat sent to it directly for each of
+  those partitions must be answered ``NOT_COORDINATOR``; and no commit sent
+  to it while it was stopped may have been acknowledged by it (the workers
+  log which coordinator answered each call);
+* ``term_coordinator``: SIGTERM (it hands its partitions off and must exit
+  0), restarted later: a rolling restart, one at a time;
+* ``restart_postgres``: ``pg_ctl stop -m fast`` and start again on the same
+  port while members heartbeat; after it every checkpoint is read, and each
+  must be at least the last value acknowledged before the stop (values are
+  clock readings: later commits only store larger ones).
+
+At the end the workers stop, every coordinator is killed, one is started
+alone and every checkpoint is fetched through it once it serves the groups.
 """
 
 from __future__ import annotations
@@ -29,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import itertools
 import json
 import os
 import random
@@ -53,6 +90,7 @@ from ledger import (
     Resource,
     check_converged,
     check_durability,
+    check_durability_floor,
     check_exclusive,
     check_fencing,
     commits_of,
@@ -61,9 +99,18 @@ from ledger import (
     read_ledger,
     reordered_commits,
 )
+from pgdb import ClusterDB, LeaseState, group_in_partition
 from proxy import FaultProxy
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pg_harness import PostgresServer
+
 WORKER = Path(__file__).resolve().parent / "worker.py"
+#: How long a coordinator may take to print its listening line: a bound on a
+#: process start (imports, opening the database), not on anything under test;
+#: on a loaded machine (several pytest-xdist workers) one took over 20 s.
+START_TIMEOUT_S = 60.0
 
 
 def _die_with_parent() -> None:
@@ -98,11 +145,73 @@ class ChaosConfig:
         ("kill_worker", 2), ("zombie", 2), ("kill_coordinator", 1.5), ("latency", 1.5),
         ("partition", 2), ("catalog", 1), ("join", 1), ("leave", 1),
     )
+    #: 1: one SQLite coordinator behind per-worker fault proxies; more: that many
+    #: coordinators on PostgreSQL (see the module docs; ``ChaosConfig.multi``).
+    coordinators: int = 1
+    #: several coordinators: ``serve --lease-ms`` and ``--partitions``.
+    lease_ms: int = 1200
+    partitions: int = 8
+    #: seconds the run watches after the faults end (None: twice ``convergence_s``,
+    #: to tell "converged late" from "never").
+    observe_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.coordinators < 1:
+            raise ValueError(f"coordinators must be at least 1, got {self.coordinators}")
+        kinds = {k for k, _ in self.weights}
+        if self.coordinators > 1:
+            if kinds & PROXY_FAULTS:
+                raise ValueError(
+                    f"{sorted(kinds & PROXY_FAULTS)}: proxy faults cannot be played with "
+                    "several coordinators (a member follows NOT_COORDINATOR to the owner's "
+                    "own URL); use ChaosConfig.multi()")
+            # A failover (lease run out, loaded by another, found by the member after
+            # its heartbeat's hold and reply_ms) must fit well inside the session.
+            if 2 * self.lease_ms + self.heartbeat_interval_ms >= self.session_timeout_ms:
+                raise ValueError(
+                    f"lease_ms {self.lease_ms} is too long for session_timeout_ms "
+                    f"{self.session_timeout_ms}: a failover must fit in the session "
+                    "(2 x lease + heartbeat interval < session)")
+        elif kinds & COORDINATOR_FAULTS - {"kill_coordinator"}:
+            raise ValueError(f"{sorted(kinds & COORDINATOR_FAULTS - {'kill_coordinator'})}: "
+                             "only with several coordinators")
+
+    @classmethod
+    def multi(cls, coordinators: int = 3, **changes: Any) -> ChaosConfig:
+        """The several-coordinators profile (docs/reliability.md, "Several
+        coordinators"): a 4 s session and a 1.2 s lease. A killed owner's lease
+        runs out within 1.2 s and another loads the partition at once (its loop
+        wakes at that moment); a paused owner is given up by its members after
+        a heartbeat's hold plus ``reply_ms`` ((4000 - 2 x 400) / 2 = 1600 ms), by
+        which time its lease has run out and the partition has moved: the
+        member's next call reaches the new owner at about 2.1 s, well before
+        its safety deadline of 4 s after its last answered heartbeat."""
+        fields: dict[str, Any] = {
+            "coordinators": coordinators, "session_timeout_ms": 4000,
+            "heartbeat_interval_ms": 400, "lease_ms": 1200, "weights": MULTI_WEIGHTS}
+        fields.update(changes)
+        return cls(**fields)
 
     @property
     def convergence_s(self) -> float:
         return (2 * self.session_timeout_ms + self.rebalance_timeout_ms
                 + self.initial_rebalance_delay_ms) / 1000
+
+    @property
+    def observe_for_s(self) -> float:
+        return 2 * self.convergence_s if self.observe_s is None else self.observe_s
+
+
+#: faults of the per-worker proxies (one coordinator only).
+PROXY_FAULTS = frozenset({"latency", "partition"})
+#: faults of coordinators and of their database.
+COORDINATOR_FAULTS = frozenset({"kill_coordinator", "pause_coordinator", "term_coordinator",
+                                "restart_postgres"})
+MULTI_WEIGHTS: tuple[tuple[str, float], ...] = (
+    ("kill_worker", 2), ("zombie", 2), ("catalog", 1), ("join", 1), ("leave", 1),
+    ("kill_coordinator", 1.5), ("pause_coordinator", 1.5), ("term_coordinator", 1),
+    ("restart_postgres", 0.7),
+)
 
 
 @dataclass(frozen=True)
@@ -130,6 +239,15 @@ class SeedResult:
     seconds: float
     workdir: Path
     notes: list[str] = field(default_factory=list)
+    #: several coordinators: each group's generation once stable before the first
+    #: fault and once the faults were over and it had converged, and the
+    #: rebalance journal rows written between the two (group, generation, reason).
+    generations_before: dict[str, int] = field(default_factory=dict)
+    generations_after: dict[str, int] = field(default_factory=dict)
+    rebalances: list[tuple[str, int, str]] = field(default_factory=list)
+    #: heartbeats sent straight to a coordinator just continued after a pause
+    #: (each answered NOT_COORDINATOR, or a violation says what it answered)
+    probes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -148,6 +266,8 @@ def make_schedule(seed: int, config: ChaosConfig) -> list[Fault]:
     busy_until: dict[str, float] = dict.fromkeys(slots, 0.0)  # down, stopped or leaving
     left: set[str] = set()
     coord_up_at = 0.0
+    multi = config.coordinators > 1
+    lease = config.lease_ms / 1000
     kinds = [k for k, _ in config.weights]
     weights = [w for _, w in config.weights]
     faults: list[Fault] = []
@@ -178,10 +298,28 @@ def make_schedule(seed: int, config: ChaosConfig) -> list[Fault]:
             frozen = st * rng.uniform(1.3, 2.5)
             fault = Fault(t, kind, slot, frozen)
             busy_until[slot] = t + frozen
-        elif kind == "kill_coordinator" and coord_up_at <= t:
+        elif kind == "kill_coordinator" and coord_up_at <= t and not multi:
             down = rng.uniform(0.2, 1.5)
             fault = Fault(t, kind, "", down)
             coord_up_at = t + down
+        elif kind in COORDINATOR_FAULTS and coord_up_at <= t:
+            # Several coordinators: one coordinator fault at a time, each aimed at the
+            # owner of ``group``'s partition; the next waits until the one restarted
+            # has taken its share back (a lease and a little).
+            target = (("target", group),)
+            if kind == "kill_coordinator":
+                down = rng.uniform(0.3, 1.5)
+                fault = Fault(t, kind, "", down, target)
+            elif kind == "pause_coordinator":
+                down = lease * rng.uniform(1.5, 2.5)
+                fault = Fault(t, kind, "", down, target)
+            elif kind == "term_coordinator":
+                down = rng.uniform(0.2, 1.0)
+                fault = Fault(t, kind, "", down, target)
+            else:  # restart_postgres: about a second down (a fast stop, a start)
+                down = 1.5
+                fault = Fault(t, kind)
+            coord_up_at = t + down + lease + 0.5
         elif kind == "latency":
             live = [s for s in slots if up(s)]
             if live:
@@ -194,7 +332,7 @@ def make_schedule(seed: int, config: ChaosConfig) -> list[Fault]:
             cut = rng.random() < 0.5
             fault = Fault(t, kind, slot, dur, (("cut", cut),))
             busy_until[slot] = t + dur
-        elif kind == "catalog" and coord_up_at <= t:
+        elif kind == "catalog" and (coord_up_at <= t or multi):
             name, _ = rng.choice(config.catalog)
             fault = Fault(t, kind, "", 0.0, (("set", name), ("partitions", rng.randint(1, 12))))
         elif kind == "join" and extra[group] < config.max_extra_workers_per_group:
@@ -222,42 +360,77 @@ def make_schedule(seed: int, config: ChaosConfig) -> list[Fault]:
 
 
 class Coordinator:
-    def __init__(self, workdir: Path, config: ChaosConfig) -> None:
-        self.db = workdir / "groupcoord.db"
-        self.log = workdir / "coordinator.log"
+    """One ``groupcoord serve`` process (restarted as often as the faults say).
+
+    One coordinator: on a SQLite file, on a new port at every start (the
+    proxies are pointed at it). Several (``db`` a ``postgresql://`` URL):
+    ``--partitions`` and ``--lease-ms`` of the config, and the ports of its
+    first start kept across restarts, so the URLs the workers were given stay
+    true (a restart on a port taken meanwhile falls back to a new one).
+    """
+
+    def __init__(self, workdir: Path, config: ChaosConfig, index: int = 0,
+                 db: str | None = None) -> None:
+        self.index = index
+        self.multi = db is not None
+        self.db = db if db is not None else str(workdir / "groupcoord.db")
+        self.log = workdir / (f"coordinator-{index}.log" if self.multi else "coordinator.log")
         self.config = config
         self.proc: asyncio.subprocess.Process | None = None
         self.url = ""
         self.port = 0
         #: the admin listener (catalog changes, /metrics).
         self.admin_url = ""
+        self.admin_port = 0
+        #: several coordinators: the URL the workers were given (kept across restarts).
+        self.home_url = ""
+        #: SIGSTOPped (several coordinators' pause fault).
+        self.stopped = False
 
     async def start(self) -> None:
+        try:
+            await self._start(keep_ports=self.multi and self.port > 0)
+        except RuntimeError:
+            if not (self.multi and self.port > 0):
+                raise
+            # The kept port was taken meanwhile: a new one (members follow the owners'
+            # URLs they are told; only this bootstrap URL goes stale).
+            await self._start(keep_ports=False)
+
+    async def _start(self, keep_ports: bool) -> None:
         c = self.config
         # An instance whose start was cancelled half-way (end_faults cancels a pending
         # restart) may still run: it would hold the database, and a second server on
         # the same file is refused (issue 11, item 14). Never leave one behind.
         await self.kill()
+        ports = ["--port", str(self.port if keep_ports else 0),
+                 "--admin-port", str(self.admin_port if keep_ports else 0)]
+        cluster = (["--partitions", str(c.partitions), "--lease-ms", str(c.lease_ms)]
+                   if self.multi else [])
         with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                GROUPCOORD, "serve", "--host", "127.0.0.1", "--port", "0", "--admin-port", "0",
-                "--db", str(self.db), "--min-session-timeout-ms", "100",
+                GROUPCOORD, "serve", "--host", "127.0.0.1", *ports,
+                "--db", self.db, *cluster, "--min-session-timeout-ms", "100",
                 "--initial-rebalance-delay-ms", str(c.initial_rebalance_delay_ms),
                 "--log-level", "WARNING",
                 stdout=asyncio.subprocess.PIPE, stderr=log, preexec_fn=_die_with_parent)
+        self.stopped = False
         assert self.proc.stdout is not None
         try:
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + START_TIMEOUT_S
             while time.monotonic() < deadline:
-                line = await asyncio.wait_for(self.proc.stdout.readline(), 20)
+                line = await asyncio.wait_for(self.proc.stdout.readline(),
+                                              deadline - time.monotonic())
                 if not line:
                     break
                 text = line.decode().strip()
                 if text.startswith("admin listening on "):  # printed first
                     self.admin_url = text[len("admin listening on "):]
+                    self.admin_port = int(self.admin_url.rsplit(":", 1)[1])
                 elif text.startswith("listening on "):
                     self.url = text[len("listening on "):]
                     self.port = int(self.url.rsplit(":", 1)[1])
+                    self.home_url = self.home_url or self.url
                     return
             raise RuntimeError(f"the coordinator did not start; see {self.log}")
         except BaseException:
@@ -270,6 +443,13 @@ class Coordinator:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.kill()
             await self.proc.wait()
+        self.stopped = False
+
+    def signal(self, sig: signal.Signals) -> bool:
+        if self.proc is None or self.proc.returncode is not None:
+            return False
+        self.proc.send_signal(sig)
+        return True
 
     async def terminate(self) -> int | None:
         if self.proc is None or self.proc.returncode is not None:
@@ -285,16 +465,23 @@ class Coordinator:
     def up(self) -> bool:
         return self.proc is not None and self.proc.returncode is None and bool(self.url)
 
+    @property
+    def serving(self) -> bool:
+        """Up and not paused."""
+        return self.up and not self.stopped
+
 
 class Slot:
-    """One worker slot: its proxy, and its current process (an incarnation)."""
+    """One worker slot: its proxy (one coordinator) or the coordinators' URLs
+    (several), and its current process (an incarnation)."""
 
-    def __init__(self, name: str, group: str, assignor: str, proxy: FaultProxy,
-                 ledger: Path, log: Path) -> None:
+    def __init__(self, name: str, group: str, assignor: str, proxy: FaultProxy | None,
+                 ledger: Path, log: Path, urls: str = "") -> None:
         self.name = name
         self.group = group
         self.assignor = assignor
         self.proxy = proxy
+        self.urls = urls
         self.ledger = ledger
         self.log = log
         self.incarnation = -1
@@ -312,9 +499,10 @@ class Slot:
     async def spawn(self, config: ChaosConfig) -> None:
         self.incarnation += 1
         sets = ",".join(name for name, _ in config.catalog)
+        url = self.proxy.url if self.proxy is not None else self.urls
         with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, str(WORKER), "--url", self.proxy.url, "--group", self.group,
+                sys.executable, str(WORKER), "--url", url, "--group", self.group,
                 "--assignor", self.assignor, "--sets", sets, "--ledger", str(self.ledger),
                 "--worker", self.name, "--incarnation", str(self.incarnation),
                 "--session-timeout-ms", str(config.session_timeout_ms),
@@ -334,31 +522,74 @@ class Slot:
         return True
 
 
+@dataclass
+class Pause:
+    """One SIGSTOP of a coordinator: when, and the leases it held then."""
+
+    index: int
+    url: str
+    stop_at: float
+    owned: dict[int, LeaseState]
+    cont_at: float = INFINITY
+
+
 # ---------------------------------------------------------------- the run
+
+_pg_schemas = itertools.count()
 
 
 class Run:
-    def __init__(self, seed: int, workdir: Path, config: ChaosConfig) -> None:
+    def __init__(self, seed: int, workdir: Path, config: ChaosConfig, *,
+                 postgres: PostgresServer | None = None, pg_url: str | None = None,
+                 schedule: list[Fault] | None = None) -> None:
         self.seed = seed
         self.workdir = workdir
         self.config = config
-        self.coordinator = Coordinator(workdir, config)
+        self.multi = config.coordinators > 1
+        #: several coordinators: the PostgreSQL given (restartable), or one of our own.
+        self.postgres = postgres
+        self.own_postgres = False
+        self.pg_url = pg_url
+        self.db: ClusterDB | None = None
+        self.coordinators: list[Coordinator] = [] if self.multi else [
+            Coordinator(workdir, config)]
         self.slots: dict[str, Slot] = {}
         self.deaths: dict[Owner, float] = {}
         #: (SIGSTOP, SIGCONT) times of each incarnation
         self.frozen: dict[Owner, list[tuple[float, float]]] = {}
         self.faults: Counter[str] = Counter()
         self.notes: list[str] = []
-        #: (crash time, {group: {resource: value}}) read after each restart
+        #: (crash time, {group: {resource: value}}) read after each restart (one
+        #: coordinator), or right after each kill for its partitions' groups (several)
         self.stored: list[tuple[float, dict[str, dict[Resource, Any]]]] = []
+        #: (PostgreSQL stop time, {group: {resource: value}}) read after its restart
+        self.floors: list[tuple[float, dict[str, dict[Resource, Any]]]] = []
+        #: the pause faults of coordinators
+        self.pauses: list[Pause] = []
+        #: what the harness saw break while the faults ran (several coordinators)
+        self.run_violations: list[str] = []
         self.catalog: dict[str, int] = dict(config.catalog)
         self.pending: set[asyncio.Task[None]] = set()
         self.coordinator_lock = asyncio.Lock()
         self.session: aiohttp.ClientSession | None = None
+        self.given_schedule = schedule
         self.schedule: list[Fault] = []
         self.max_loop_lag: tuple[float, float] = (0.0, 0.0)
         self.lag_watch: asyncio.Task[None] | None = None
         self.last_crash = 0.0
+        self.generations_before: dict[str, int] = {}
+        self.generations_after: dict[str, int] = {}
+        self.rebalances: list[tuple[str, int, str]] = []
+        self.probes = 0
+
+    @property
+    def coordinator(self) -> Coordinator:
+        """The one coordinator (or the first of several)."""
+        return self.coordinators[0]
+
+    @property
+    def groups(self) -> list[str]:
+        return [g for g, _ in self.config.groups]
 
     # ------------------------------------------------------------ helpers
 
@@ -370,34 +601,56 @@ class Run:
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
 
-    async def put_catalog(self, name: str, partitions: int) -> bool:
+    async def put_catalog(self, name: str, partitions: int, via: int = 0) -> bool:
         assert self.session is not None
+        # Several coordinators: any live one takes a catalog change (it is shared).
+        live = [c for c in self.coordinators if c.serving] or self.coordinators
+        target = live[via % len(live)]
         try:
-            async with self.session.put(f"{self.coordinator.admin_url}/v1/resources/{name}",
+            async with self.session.put(f"{target.admin_url}/v1/resources/{name}",
                                         json={"partitions": partitions}) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
 
-    async def fetch_all(self) -> dict[str, dict[Resource, Any]]:
+    async def fetch_all(self, url: str | None = None, *, retry_s: float = 0.0
+                        ) -> dict[str, dict[Resource, Any]]:
+        """Every group's checkpoints through ``url`` (the coordinator's). ``retry_s``:
+        answers that send the call elsewhere or say the partition is loading (a
+        coordinator started alone waits for the dead ones' leases to run out) are
+        retried for that long."""
         assert self.session is not None
         out: dict[str, dict[Resource, Any]] = {}
+        deadline = time.monotonic() + retry_s
         for group, _ in self.config.groups:
-            async with self.session.post(
-                    f"{self.coordinator.url}/v1/fetch",
-                    data=codec.encode({"group_id": group}),
-                    headers={"Content-Type": codec.CONTENT_TYPE}) as resp:
-                doc = codec.decode(await resp.read())
-            if resp.status != 200 or doc.get("error") is not None:
-                raise RuntimeError(f"fetch {group}: HTTP {resp.status} {doc}")
+            while True:
+                status, doc = 0, {}
+                try:
+                    async with self.session.post(
+                            f"{url or self.coordinator.url}/v1/fetch",
+                            data=codec.encode({"group_id": group}),
+                            headers={"Content-Type": codec.CONTENT_TYPE}) as resp:
+                        status, doc = resp.status, codec.decode(await resp.read())
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    doc = {"error": repr(exc)}
+                if status == 200 and doc.get("error") is None:
+                    break
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"fetch {group}: HTTP {status} {doc}")
+                await asyncio.sleep(0.1)
             out[group] = {(s, i): v for s, i, v in doc["checkpoints"]}
         return out
 
     def add_slot(self, name: str, group: str) -> Slot:
         assignor = dict(self.config.groups)[group]
-        slot = Slot(name, group, assignor,
-                    FaultProxy("127.0.0.1", self.coordinator.port, seed=self.seed),
-                    self.workdir / f"ledger-{name}.jsonl", self.workdir / f"worker-{name}.log")
+        ledger, log = self.workdir / f"ledger-{name}.jsonl", self.workdir / f"worker-{name}.log"
+        if self.multi:
+            urls = ",".join(c.home_url for c in self.coordinators)
+            slot = Slot(name, group, assignor, None, ledger, log, urls)
+        else:
+            slot = Slot(name, group, assignor,
+                        FaultProxy("127.0.0.1", self.coordinator.port, seed=self.seed),
+                        ledger, log)
         self.slots[name] = slot
         return slot
 
@@ -430,6 +683,7 @@ class Run:
             # workers re-committed between the re-pointing and a later read).
             self.stored.append((crash_at, await self.fetch_all()))
             for slot in self.slots.values():
+                assert slot.proxy is not None
                 slot.proxy.set_upstream("127.0.0.1", self.coordinator.port)
 
     async def crash_coordinator(self, down: float) -> None:
@@ -439,13 +693,265 @@ class Run:
             self.coordinator.url = ""
         self.later(down, self.restart_coordinator, crash_at)
 
+    # ------------------------------------------------------------ several coordinators
+
+    async def start_cluster(self) -> None:
+        """PostgreSQL (ours, or a schema of the one given) and the coordinators."""
+        if self.pg_url is None:
+            if self.postgres is None:
+                await self._own_postgres()
+            server = self.postgres
+            schema = f"chaos_{os.getpid()}_{self.seed}_{next(_pg_schemas)}"
+            await asyncio.to_thread(server.psql, f"CREATE SCHEMA {schema}", "groupcoord")
+            self.pg_url = server.url("groupcoord") + f"?search_path={schema}"
+        self.db = ClusterDB(self.pg_url, self.config.partitions)
+        self.coordinators = [Coordinator(self.workdir, self.config, i, self.pg_url)
+                             for i in range(self.config.coordinators)]
+        # All at once (the schema's first migration is safe to race).
+        began = time.monotonic()
+        await asyncio.gather(*(c.start() for c in self.coordinators))
+        up = time.monotonic()
+        await self.wait_spread()
+        self.notes.append(f"coordinators up in {up - began:.1f}s, every partition owned "
+                          f"{time.monotonic() - up:.1f}s later")
+
+    async def _own_postgres(self) -> None:
+        """A throw-away PostgreSQL, removed by ``run``'s cleanup whatever happens:
+        the server is a daemon (it outlives a killed harness), so a start that is
+        cancelled half-way still finishes and is then removed."""
+        made: list[PostgresServer] = []
+
+        def make() -> None:
+            server = PostgresServer()
+            made.append(server)
+            server.start()
+
+        started = asyncio.ensure_future(asyncio.to_thread(make))
+        try:
+            await asyncio.shield(started)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await started
+            raise
+        finally:
+            if made:
+                self.postgres, self.own_postgres = made[0], True
+
+    async def wait_spread(self, timeout_s: float = 30.0) -> None:
+        """Until every partition is held by a live coordinator."""
+        assert self.db is not None
+        deadline = time.monotonic() + timeout_s
+        urls = {c.url for c in self.coordinators if c.up}
+        while time.monotonic() < deadline:
+            leases = await self.db.leases()
+            if len(leases) == self.config.partitions and all(
+                    st.held and st.owner_url in urls for st in leases.values()):
+                return
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"the partitions were not all owned within {timeout_s:.0f}s")
+
+    async def owner_of(self, group: str) -> Coordinator | None:
+        """The live coordinator holding ``group``'s partition's lease now."""
+        assert self.db is not None
+        st = (await self.db.leases()).get(self.db.partition_of(group))
+        if st is None or not st.held:
+            return None
+        return next((c for c in self.coordinators if c.serving and c.url == st.owner_url),
+                    None)
+
+    async def kill_one(self, coord: Coordinator, down: float) -> None:
+        """SIGKILL; the checkpoints of its groups as it left them; a restart later."""
+        assert self.db is not None
+        async with self.coordinator_lock:
+            before = await self.db.leases()
+            await coord.kill()
+            crash_at = self.last_crash = time.monotonic()
+            owned = {n: st for n, st in before.items()
+                     if st.held and st.owner_url == coord.url}
+            groups = [g for g in self.groups if self.db.partition_of(g) in owned]
+            if groups:
+                leases, stored = await self.db.snapshot(groups)
+                # Read while every lease of it still names it at the same epoch: nobody
+                # else can have written those groups since the kill (fencing).
+                if all(leases[n].owner_url == coord.url and leases[n].epoch == st.epoch
+                       for n, st in owned.items()):
+                    self.stored.append((crash_at, stored))
+                else:
+                    self.notes.append(f"durability read after killing coordinator "
+                                      f"{coord.index} came after a takeover; not counted")
+        self.later(down, self.restart_one, coord)
+
+    async def restart_one(self, coord: Coordinator) -> None:
+        async with self.coordinator_lock:
+            if not coord.up:
+                await coord.start()
+
+    async def pause_one(self, coord: Coordinator, frozen_s: float) -> None:
+        assert self.db is not None
+        before = await self.db.leases()
+        owned = {n: st for n, st in before.items() if st.held and st.owner_url == coord.url}
+        if not coord.signal(signal.SIGSTOP):
+            return
+        coord.stopped = True
+        pause = Pause(coord.index, coord.url, time.monotonic(), owned)
+        self.pauses.append(pause)
+        self.later(frozen_s, self.unpause, coord, pause)
+
+    async def unpause(self, coord: Coordinator, pause: Pause) -> None:
+        """SIGCONT, with the checks: taken over while stopped, and at once answering
+        ``NOT_COORDINATOR`` for those partitions."""
+        assert self.db is not None and self.session is not None
+        if not coord.stopped:
+            return
+        stopped_for = time.monotonic() - pause.stop_at
+        try:
+            now = await self.db.leases()
+        except Exception as exc:  # the database restarting: checked no further
+            now = None
+            self.notes.append(f"leases unreadable before continuing coordinator "
+                              f"{coord.index}: {exc!r}")
+        coord.signal(signal.SIGCONT)
+        coord.stopped = False
+        pause.cont_at = time.monotonic()
+        if stopped_for * 1000 < self.config.lease_ms:
+            self.notes.append(f"coordinator {coord.index} paused for only {stopped_for:.2f}s "
+                              "(shorter than its lease): not checked")
+            return
+        where = f"coordinator {coord.index} ({coord.url}) paused for {stopped_for:.2f}s"
+        for number, st in sorted(pause.owned.items()):
+            if now is not None and now[number].owner_url == coord.url \
+                    and now[number].epoch == st.epoch:
+                self.run_violations.append(
+                    f"{where}: partition {number} still held by it at epoch {st.epoch} "
+                    f"(lease {self.config.lease_ms} ms): not taken over")
+            group = next((g for g in self.groups if self.db.partition_of(g) == number),
+                         None) or group_in_partition(number, self.config.partitions)
+            answer = await self._probe_heartbeat(coord.url, group)
+            self.probes += 1
+            if answer.get("error") != "NOT_COORDINATOR":
+                self.run_violations.append(
+                    f"{where}: a heartbeat for group {group!r} (partition {number}) sent "
+                    f"right after SIGCONT was answered {answer!r}, not NOT_COORDINATOR")
+
+    async def _probe_heartbeat(self, url: str, group: str) -> dict[str, Any]:
+        assert self.session is not None
+        try:
+            async with self.session.post(
+                    f"{url}/v1/heartbeat",
+                    data=codec.encode({"group_id": group, "member_id": "chaos-probe",
+                                       "generation_id": 1}),
+                    headers={"Content-Type": codec.CONTENT_TYPE}) as resp:
+                doc: dict[str, Any] = codec.decode(await resp.read())
+                return {"status": resp.status, **doc}
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return {"error": repr(exc)}
+
+    async def term_one(self, coord: Coordinator, down: float) -> None:
+        async with self.coordinator_lock:
+            status = await coord.terminate()
+        if status != 0:
+            self.run_violations.append(f"coordinator {coord.index} exited {status} on SIGTERM "
+                                       "(it must hand its partitions off and exit 0)")
+        self.later(down, self.restart_one, coord)
+
+    async def restart_postgres(self) -> bool:
+        server = self.postgres
+        if server is None:
+            return False
+        async with self.coordinator_lock:
+            port = server.port
+            stop_at = time.monotonic()
+            await asyncio.to_thread(server.stop, "fast")
+            await asyncio.to_thread(server.start)
+            if server.port != port:
+                raise RuntimeError(f"PostgreSQL came back on port {server.port}, not {port}")
+        assert self.db is not None
+        _, stored = await self.db.snapshot(self.groups)
+        self.floors.append((stop_at, stored))
+        return True
+
+    async def apply_multi(self, fault: Fault) -> bool | None:
+        """A coordinator fault (several coordinators): applied, or None if not one."""
+        params = dict(fault.params)
+        if fault.kind not in COORDINATOR_FAULTS:
+            return None
+        # Never two coordinator faults at once: the last one's restart (slow on a
+        # loaded machine) is over and the partitions are spread again first, so a
+        # rolling restart is one coordinator at a time.
+        deadline = time.monotonic() + 60
+        while not all(c.up for c in self.coordinators) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.wait_spread()
+        if fault.kind == "restart_postgres":
+            return await self.restart_postgres()
+        if "index" in params:
+            target: Coordinator | None = self.coordinators[params["index"]]
+            if target is not None and not target.serving:
+                target = None
+        else:
+            target = await self.owner_of(params["target"])
+        if target is None:
+            return False
+        if fault.kind == "kill_coordinator":
+            await self.kill_one(target, fault.duration)
+        elif fault.kind == "pause_coordinator":
+            await self.pause_one(target, fault.duration)
+        else:
+            await self.term_one(target, fault.duration)
+        return True
+
+    async def wait_stable(self, timeout_s: float = 30.0, hold_s: float = 0.5) -> None:
+        """Until every group has settled: each resource owned exactly once (by the
+        ledgers), every running member owning some (when there are enough), and
+        the generations in the database unchanged for ``hold_s``."""
+        assert self.db is not None
+        expected = {g: {(s, i) for s, n in self.catalog.items() for i in range(n)}
+                    for g in self.groups}
+        deadline = time.monotonic() + timeout_s
+        settled: tuple[float, dict[str, int]] | None = None
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            events, group_of = self._events()
+            intervals = ownership_intervals(events, self.deaths, self.frozen)
+            owning = {iv.owner for iv in intervals if iv.start <= now < iv.end}
+            members_own = all(
+                s.owner in owning for s in self.slots.values()
+                if s.running and len(expected[s.group]) >= sum(
+                    t.running for t in self.slots.values() if t.group == s.group))
+            generations = await self.db.generations(self.groups)
+            if members_own and not check_converged(intervals, now, expected, group_of):
+                if settled is None or settled[1] != generations:
+                    settled = (now, generations)
+                elif now - settled[0] >= hold_s:
+                    return
+            else:
+                settled = None
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"the groups did not settle within {timeout_s:.0f}s "
+                           "before the first fault")
+
+    def _events(self) -> tuple[dict[Owner, list[dict[str, Any]]], dict[Owner, str]]:
+        events: dict[Owner, list[dict[str, Any]]] = {}
+        group_of: dict[Owner, str] = {}
+        for slot in self.slots.values():
+            if not slot.ledger.exists():
+                continue
+            for e in read_ledger(slot.ledger):
+                owner = (e["w"], e["inc"])
+                events.setdefault(owner, []).append(e)
+                group_of[owner] = slot.group
+        return events, group_of
+
     # ------------------------------------------------------------ faults
 
     async def apply(self, fault: Fault) -> None:
         slot = self.slots.get(fault.slot)
         params = dict(fault.params)
         applied = True
-        if fault.kind == "kill_worker" and slot is not None and slot.running:
+        multi_applied = await self.apply_multi(fault) if self.multi else None
+        if multi_applied is not None:
+            applied = multi_applied
+        elif fault.kind == "kill_worker" and slot is not None and slot.running:
             await self.kill_slot(slot)
             self.later(fault.duration, self.respawn, slot)
         elif fault.kind == "zombie" and slot is not None and slot.running and not slot.stopped:
@@ -455,19 +961,21 @@ class Run:
             self.later(fault.duration, self.cont, slot)
         elif fault.kind == "kill_coordinator" and self.coordinator.up:
             await self.crash_coordinator(fault.duration)
-        elif fault.kind == "latency" and slot is not None:
+        elif fault.kind == "latency" and slot is not None and slot.proxy is not None:
             slot.proxy.set_latency(params["ms"])
             self.later(fault.duration, self._no_latency, slot)
-        elif fault.kind == "partition" and slot is not None:
+        elif fault.kind == "partition" and slot is not None and slot.proxy is not None:
             slot.proxy.partition(fault.duration, cut=params["cut"])
-        elif fault.kind == "catalog" and self.coordinator.up:
-            applied = await self.put_catalog(params["set"], params["partitions"])
+        elif fault.kind == "catalog" and (self.multi or self.coordinator.up):
+            applied = await self.put_catalog(params["set"], params["partitions"],
+                                              via=int(fault.at * 1000))
             if applied:
                 self.catalog[params["set"]] = params["partitions"]
         elif fault.kind == "join":
             group = fault.slot.rsplit("-", 1)[0]
             new = self.add_slot(fault.slot, group)
-            await new.proxy.start()
+            if new.proxy is not None:
+                await new.proxy.start()
             await new.spawn(self.config)
         elif fault.kind == "leave" and slot is not None and slot.running and not slot.stopped:
             slot.signal(signal.SIGTERM)
@@ -481,7 +989,8 @@ class Run:
             self.notes.append(f"skipped: {fault.describe()}")
 
     async def _no_latency(self, slot: Slot) -> None:
-        slot.proxy.set_latency(0)
+        if slot.proxy is not None:
+            slot.proxy.set_latency(0)
 
     async def _rejoin(self, slot: Slot) -> None:
         if slot.proc is not None:
@@ -492,14 +1001,24 @@ class Run:
         await slot.spawn(self.config)
 
     async def end_faults(self) -> None:
-        """Cancel pending restorations and restore everything now."""
-        for task in list(self.pending):
-            task.cancel()
-        await asyncio.gather(*self.pending, return_exceptions=True)
-        if not self.coordinator.up:
-            await self.restart_coordinator(self.last_crash)
+        """Restore everything now: one coordinator, pending restorations cancelled;
+        several, the pending ones played to their end (a pause cut short of its
+        lease would check nothing)."""
+        if self.multi:
+            while self.pending:
+                await asyncio.gather(*list(self.pending), return_exceptions=True)
+            for coord in self.coordinators:
+                if not coord.up:
+                    await self.restart_one(coord)
+        else:
+            for task in list(self.pending):
+                task.cancel()
+            await asyncio.gather(*self.pending, return_exceptions=True)
+            if not self.coordinator.up:
+                await self.restart_coordinator(self.last_crash)
         for slot in self.slots.values():
-            slot.proxy.reset_faults()
+            if slot.proxy is not None:
+                slot.proxy.reset_faults()
             await self.cont(slot)
         left = {f.slot for f in self.schedule if f.kind == "leave"
                 and not dict(f.params)["rejoin"]}
@@ -527,7 +1046,8 @@ class Run:
 
     async def run(self) -> SeedResult:
         started = time.monotonic()
-        self.schedule = make_schedule(self.seed, self.config)
+        self.schedule = (make_schedule(self.seed, self.config) if self.given_schedule is None
+                         else list(self.given_schedule))
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         try:
             return await self._run(started)
@@ -539,14 +1059,18 @@ class Run:
             for slot in self.slots.values():
                 slot.signal(signal.SIGCONT)
                 slot.signal(signal.SIGKILL)
-            if self.coordinator.proc is not None and self.coordinator.proc.returncode is None:
-                self.coordinator.proc.kill()
+            for coord in self.coordinators:
+                coord.signal(signal.SIGKILL)
             for slot in self.slots.values():
                 if slot.proc is not None:
                     await slot.proc.wait()
-                await slot.proxy.stop()
-            await self.coordinator.kill()
+                if slot.proxy is not None:
+                    await slot.proxy.stop()
+            for coord in self.coordinators:
+                await coord.kill()
             await self.session.close()
+            if self.own_postgres and self.postgres is not None:
+                await asyncio.to_thread(self.postgres.remove)
 
     async def _watch_loop_lag(self) -> None:
         """The harness's own event loop runs every proxy: a stall here stalls the
@@ -559,38 +1083,56 @@ class Run:
                 self.max_loop_lag = (lag, before)
 
     async def _slow_commits(self) -> str:
-        """Storage transactions over 0.5 s, from the coordinator's own histogram."""
+        """Storage transactions over 0.5 s, from the coordinators' own histograms."""
         assert self.session is not None
-        try:
-            async with self.session.get(f"{self.coordinator.admin_url}/metrics") as resp:
-                text = await resp.text()
-        except (aiohttp.ClientError, TimeoutError):
-            return "?"
         below_half = below_one = total = 0.0
-        for line in text.splitlines():
-            if line.startswith("groupcoord_storage_commit_duration_seconds_bucket"):
-                value = float(line.rsplit(" ", 1)[1])
-                if 'le="0.5"' in line:
-                    below_half = value
-                elif 'le="1.0"' in line:
-                    below_one = value
-                elif 'le="+Inf"' in line:
-                    total = value
+        for coord in self.coordinators:
+            if not coord.serving:
+                continue
+            try:
+                async with self.session.get(f"{coord.admin_url}/metrics") as resp:
+                    text = await resp.text()
+            except (aiohttp.ClientError, TimeoutError):
+                return "?"
+            for line in text.splitlines():
+                if line.startswith("groupcoord_storage_commit_duration_seconds_bucket"):
+                    value = float(line.rsplit(" ", 1)[1])
+                    if 'le="0.5"' in line:
+                        below_half += value
+                    elif 'le="1.0"' in line:
+                        below_one += value
+                    elif 'le="+Inf"' in line:
+                        total += value
         return (f"{int(total - below_half)} of {int(total)} (over 1 s: "
                 f"{int(total - below_one)})")
 
     async def _run(self, started: float) -> SeedResult:
         c = self.config
         self.lag_watch = asyncio.create_task(self._watch_loop_lag())
-        await self.coordinator.start()
+        if self.multi:
+            await self.start_cluster()
+        else:
+            await self.coordinator.start()
         for name, partitions in c.catalog:
             if not await self.put_catalog(name, partitions):
                 raise RuntimeError("could not create the catalog")
         for group, _ in c.groups:
             for i in range(c.workers_per_group):
                 slot = self.add_slot(f"{group}-{i}", group)
-                await slot.proxy.start()
+                if slot.proxy is not None:
+                    await slot.proxy.start()
                 await slot.spawn(c)
+        self.notes.append(f"started in {time.monotonic() - started:.1f}s")
+        if self.multi:
+            # Offsets count from a settled start: the generations and journal rows
+            # counted from here on are the faults' (several coordinators only: the
+            # one-coordinator runs keep their timing).
+            await self.wait_stable()
+            self.notes.append(f"settled at {time.monotonic() - started:.1f}s")
+        journal_before = 0
+        if self.db is not None:
+            self.generations_before = await self.db.generations(self.groups)
+            journal_before = len(await self.db.journal(self.groups))
         t0 = time.monotonic()
         for fault in self.schedule:
             wait = t0 + fault.at - time.monotonic()
@@ -600,9 +1142,10 @@ class Run:
         await asyncio.sleep(max(0.0, t0 + c.fault_seconds - time.monotonic()))
         await self.end_faults()
         quiet_at = time.monotonic()
+        self.notes.append(f"faults over at {quiet_at - started:.1f}s")
         check_at = quiet_at + c.convergence_s
         # Watch for as long again, to tell "converged late" from "never".
-        observed_until = check_at + c.convergence_s
+        observed_until = quiet_at + c.observe_for_s
         await asyncio.sleep(observed_until - time.monotonic())
         catalog_at_check = dict(self.catalog)
         self.notes.append(f"storage commits over 0.5 s since the last restart: "
@@ -611,7 +1154,10 @@ class Run:
         self.notes.append(f"harness loop lag max {lag * 1000:.0f} ms at "
                           f"t{lag_at - quiet_at:+.1f}s "
                           "(relative to the end of the faults)")
-        # Stop the workers cleanly, then one last crash of the coordinator.
+        if self.db is not None:
+            self.generations_after = await self.db.generations(self.groups)
+            self.rebalances = (await self.db.journal(self.groups))[journal_before:]
+        # Stop the workers cleanly, then one last crash of the coordinator(s).
         for slot in self.slots.values():
             slot.signal(signal.SIGTERM)
         for slot in self.slots.values():
@@ -621,10 +1167,22 @@ class Run:
                 except TimeoutError:
                     self.notes.append(f"{slot.name} did not exit on SIGTERM; killed")
                     await self.kill_slot(slot)
-        await self.crash_coordinator(0)
-        for task in list(self.pending):
-            await task
-        final_crash = self.stored[-1][0]
+        if self.multi:
+            # Every coordinator killed, one started alone: it takes every partition
+            # once the others' leases ran out, loads them and answers the fetches.
+            async with self.coordinator_lock:
+                for coord in self.coordinators:
+                    await coord.kill()
+                final_crash = self.last_crash = time.monotonic()
+                await self.coordinator.start()
+            self.stored.append((final_crash, await self.fetch_all(
+                self.coordinator.url, retry_s=3 * c.lease_ms / 1000 + 20)))
+        else:
+            await self.crash_coordinator(0)
+            for task in list(self.pending):
+                await task
+            final_crash = self.stored[-1][0]
+        self.notes.append(f"final read done at {time.monotonic() - started:.1f}s")
         # In a thread: reading ledgers and checking takes a while, and this
         # loop also runs the proxies of any other seed running alongside.
         violations, check = await asyncio.to_thread(
@@ -632,19 +1190,26 @@ class Run:
         await self.coordinator.terminate()
         return SeedResult(self.seed, [f.describe() for f in self.schedule], self.faults,
                           violations, check, time.monotonic() - started, self.workdir,
-                          self.notes)
+                          self.notes, self.generations_before, self.generations_after,
+                          self.rebalances, self.probes)
 
     def save(self, quiet_at: float, check_at: float, observed_until: float,
              catalog: dict[str, int], final_crash: float) -> None:
         """What the harness knows that the ledgers do not, for ``recheck``."""
+        def stored_doc(entries: list[tuple[float, dict[str, dict[Resource, Any]]]]
+                       ) -> list[Any]:
+            return [[crash, {g: [[r[0], r[1], v] for r, v in m.items()]
+                             for g, m in stored.items()}] for crash, stored in entries]
         doc = {
             "seed": self.seed, "quiet_at": quiet_at, "check_at": check_at,
             "observed_until": observed_until, "catalog": catalog, "final_crash": final_crash,
             "deaths": [[list(o), t] for o, t in self.deaths.items()],
             "frozen": [[list(o), [[a, min(b, 1e300)] for a, b in p]]
                        for o, p in self.frozen.items()],
-            "stored": [[crash, {g: [[r[0], r[1], v] for r, v in m.items()]
-                                for g, m in stored.items()}] for crash, stored in self.stored],
+            "stored": stored_doc(self.stored), "floors": stored_doc(self.floors),
+            "pauses": [[p.index, p.url, p.stop_at, min(p.cont_at, 1e300)]
+                       for p in self.pauses],
+            "run_violations": self.run_violations,
             "slots": {n: s.group for n, s in self.slots.items()},
             "schedule": [f.describe() for f in self.schedule], "notes": self.notes,
         }
@@ -654,18 +1219,11 @@ class Run:
               catalog: dict[str, int], final_crash: float) -> tuple[list[str], CheckResult]:
         self.save(quiet_at, check_at, observed_until, catalog, final_crash)
         result = CheckResult()
-        events: dict[Owner, list[dict[str, Any]]] = {}
-        group_of: dict[Owner, str] = {}
-        for slot in self.slots.values():
-            if not slot.ledger.exists():
-                continue
-            for e in read_ledger(slot.ledger):
-                owner = (e["w"], e["inc"])
-                events.setdefault(owner, []).append(e)
-                group_of[owner] = slot.group
+        events, group_of = self._events()
         intervals = ownership_intervals(events, self.deaths, self.frozen)
         result.intervals = len(intervals)
-        violations: list[str] = []
+        result.lost_events = sum(e["ev"] == "lost" for es in events.values() for e in es)
+        violations: list[str] = list(self.run_violations)
         for group, _ in self.config.groups:
             # Each group is its own set of owners: groups never exclude each other.
             violations += [f"group {group}: {v}" for v in
@@ -696,9 +1254,27 @@ class Run:
                            for v in check_fencing(intervals_of(intervals, group_of, group),
                                                   commits, result)]
             for crash_at, stored in self.stored:
+                if group not in stored:
+                    continue  # a crash of a coordinator that did not serve this group
                 result.durability_checks += 1
                 violations += [f"group {group}: {v}" for v in check_durability(
-                    commits, crash_at, stored.get(group, {}), final=crash_at == final_crash)]
+                    commits, crash_at, stored[group], final=crash_at == final_crash)]
+            for stop_at, stored in self.floors:
+                result.durability_checks += 1
+                violations += [f"group {group}: {v}" for v in check_durability_floor(
+                    commits, stop_at, stored.get(group, {}))]
+        # A paused coordinator acknowledges nothing sent to it while it was stopped:
+        # by the time it runs again its leases have run out.
+        for pause in self.pauses:
+            for owner, es in events.items():
+                for e in es:
+                    if (e["ev"] == "call" and e.get("api") == "commit"
+                            and e.get("url") == pause.url and e.get("error") is None
+                            and pause.stop_at <= e["sent"] <= pause.cont_at):
+                        violations.append(
+                            f"{owner}: a commit sent at {e['sent']:.3f} to coordinator "
+                            f"{pause.index} while it was stopped ({pause.stop_at:.3f} to "
+                            f"{pause.cont_at:.3f}) was acknowledged by it")
         result.violations = violations
         return violations, result
 
@@ -709,10 +1285,15 @@ def recheck(workdir: Path, config: ChaosConfig | None = None) -> tuple[list[str]
     run = Run(doc["seed"], workdir, config or ChaosConfig())
     run.deaths = {(o[0], o[1]): t for o, t in doc["deaths"]}
     run.frozen = {(o[0], o[1]): [(a, b) for a, b in p] for o, p in doc["frozen"]}
-    run.stored = [(crash, {g: {(r[0], r[1]): r[2] for r in rows} for g, rows in st.items()})
-                  for crash, st in doc["stored"]]
+    def stored(entries: list[Any]) -> list[tuple[float, dict[str, dict[Resource, Any]]]]:
+        return [(crash, {g: {(r[0], r[1]): r[2] for r in rows} for g, rows in st.items()})
+                for crash, st in entries]
+    run.stored = stored(doc["stored"])
+    run.floors = stored(doc.get("floors", []))
+    run.pauses = [Pause(i, url, a, {}, b) for i, url, a, b in doc.get("pauses", [])]
+    run.run_violations = list(doc.get("run_violations", []))
     for name, group in doc["slots"].items():
-        run.slots[name] = Slot(name, group, "", FaultProxy("127.0.0.1", 1),
+        run.slots[name] = Slot(name, group, "", None,
                                workdir / f"ledger-{name}.jsonl", workdir / f"worker-{name}.log")
     return run.check(doc["quiet_at"], doc["check_at"], doc["observed_until"], doc["catalog"],
                      doc["final_crash"])
@@ -722,9 +1303,16 @@ def intervals_of(intervals: list[Any], group_of: dict[Owner, str], group: str) -
     return [iv for iv in intervals if group_of.get(iv.owner) == group]
 
 
-async def run_seed(seed: int, workdir: Path, config: ChaosConfig | None = None) -> SeedResult:
+async def run_seed(seed: int, workdir: Path, config: ChaosConfig | None = None, *,
+                   postgres: PostgresServer | None = None, pg_url: str | None = None,
+                   schedule: list[Fault] | None = None) -> SeedResult:
+    """One seed's run. Several coordinators: on ``postgres`` (a schema of its own;
+    restarted by ``restart_postgres``), on ``pg_url`` (PostgreSQL not restarted),
+    or on a throw-away PostgreSQL of its own. ``schedule``: these faults instead
+    of the seed's, their offsets counted once every group has settled."""
     workdir.mkdir(parents=True, exist_ok=True)
-    return await Run(seed, workdir, config or ChaosConfig()).run()
+    return await Run(seed, workdir, config or ChaosConfig(), postgres=postgres,
+                     pg_url=pg_url, schedule=schedule).run()
 
 
 def summary_line(result: SeedResult) -> str:
@@ -737,7 +1325,10 @@ def summary_line(result: SeedResult) -> str:
             f"checks, {c.reordered_commits} same-owner commits answered out of order; "
             f"converged {c.convergence_s:.2f}s after the faults"
             f"{f' (disturbed {c.disturbances}x later)' if c.disturbances else ''}; "
-            f"{result.seconds:.1f}s")
+            + (f"generations {result.generations_before} -> {result.generations_after} "
+               f"({len(result.rebalances)} rebalances), {c.lost_events} on_lost; "
+               if result.generations_before or result.generations_after else "")
+            + f"{result.seconds:.1f}s")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ Invariants (issue 6, "Safety under faults"):
    checkpoint is at least the last value acknowledged before the crash
    (values are monotonic clock readings, so a later owner's values are
    larger), and the final store holds only values that some commit sent.
+   Where the read may come after later commits (after a restart of the
+   database, with the coordinators already writing again), the weaker
+   floor: each stored value is at least the last one acknowledged before
+   the stop.
 4. *Fencing*: a commit sent after the resource had moved to another owner
    is never acknowledged.
 """
@@ -96,6 +100,8 @@ class CheckResult:
     disturbances: int = 0
     #: one worker's concurrent commits of a resource answered out of send order
     reordered_commits: int = 0
+    #: ``on_lost`` calls (a member that lost its membership)
+    lost_events: int = 0
 
     @property
     def ok(self) -> bool:
@@ -424,6 +430,28 @@ def check_durability(commits: list[Commit], crash_at: float,
             if got not in sent_values.get(r, set()):
                 problems.append(f"{r[0]}[{r[1]}]: stored {got!r} was never committed by an "
                                 "owner (or only by a refused commit)")
+    return problems
+
+
+def check_durability_floor(commits: list[Commit], stop_at: float,
+                           stored: Mapping[Resource, Any]) -> list[str]:
+    """Invariant 3 read late: each resource's stored checkpoint is at least the last
+    value acknowledged before ``stop_at``. Values are clock readings and ownership is
+    exclusive, so a commit acknowledged later can only have stored a larger one."""
+    last: dict[Resource, Commit] = {}
+    for c in commits:
+        if c.outcome != "ok" or c.recv > stop_at:
+            continue
+        for r in c.resources:
+            if r not in last or c.value > last[r].value:
+                last[r] = c
+    problems = []
+    for r, c in sorted(last.items()):
+        got = stored.get(r)
+        if got is None or got < c.value:
+            problems.append(f"{r[0]}[{r[1]}]: stored {got!r} after the restart at "
+                            f"{stop_at:.3f}, below the acknowledged {c.value} (committed "
+                            f"by {c.owner} at {c.sent:.3f})")
     return problems
 
 

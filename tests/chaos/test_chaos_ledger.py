@@ -12,6 +12,7 @@ from ledger import (
     Owner,
     check_converged,
     check_durability,
+    check_durability_floor,
     check_exclusive,
     check_fencing,
     commits_of,
@@ -197,3 +198,64 @@ def test_read_ledger_skips_a_torn_last_line(tmp_path: Path) -> None:
     path.write_text(json.dumps(ev(1, "start")) + "\n" + '{"t": 2, "ev": "assi')
     assert read_ledger(path) == [ev(1, "start")]
     assert INFINITY > 1e300
+
+
+def test_floor_durability_after_a_database_restart() -> None:
+    # Acknowledged 100 then 200 before the stop at 5; a later commit (300) may
+    # already be stored when the harness reads: fine. Below 200, or nothing: lost.
+    events = {A: [ev(1, "assigned", res=[R]),
+                  ev(2, "commit", sent=1.9, res=[R], value=100, outcome="ok"),
+                  ev(3, "commit", sent=2.9, res=[R], value=200, outcome="ok"),
+                  ev(6, "commit", sent=5.9, res=[R], value=300, outcome="ok")]}
+    commits = commits_of(events)
+    assert check_durability_floor(commits, 5.0, {("orders", 0): 200}) == []
+    assert check_durability_floor(commits, 5.0, {("orders", 0): 300}) == []
+    low = check_durability_floor(commits, 5.0, {("orders", 0): 100})
+    assert len(low) == 1 and "below the acknowledged 200" in low[0]
+    assert len(check_durability_floor(commits, 5.0, {})) == 1
+    # Only what was answered before the stop counts.
+    assert check_durability_floor(commits, 2.5, {("orders", 0): 100}) == []
+
+
+def _paused_run(tmp_path: Path, commit_url: str) -> list[str]:
+    """A run whose one worker's commit, sent at 2.0, was acknowledged by
+    ``commit_url``, while coordinator 0 at http://c0 was stopped from 1.5 to 3.0."""
+    from harness import ChaosConfig, Pause, Run, Slot
+
+    config = ChaosConfig.multi(3, groups=(("coop", "cooperative-sticky"),),
+                               catalog=(("orders", 1),))
+    run = Run(0, tmp_path, config)
+    slot = Slot("coop-0", "coop", "cooperative-sticky", None, tmp_path / "ledger-coop-0.jsonl",
+                tmp_path / "worker-coop-0.log")
+    run.slots[slot.name] = slot
+    base = {"w": "coop-0", "inc": 0}
+    lines = [ev(0.9, "start", session_timeout_ms=4000, **base),
+             ev(1.0, "assigned", res=[R], member="m", gen=1, **base),
+             ev(2.0, "send", sent=2.0, res=[R], value=7, member="m", gen=1, **base),
+             ev(2.9, "call", api="commit", sent=2.0, error=None, gen=1, url=commit_url,
+                **base),
+             ev(2.9, "commit", sent=2.0, res=[R], value=7, outcome="ok", member="m", gen=1,
+                **base)]
+    slot.ledger.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run.pauses.append(Pause(0, "http://c0", 1.5, {}, 3.0))
+    violations, _ = run.check(0.5, 20.0, 20.5, {"orders": 1}, 30.0)
+    return violations
+
+
+def test_a_commit_acknowledged_by_a_paused_coordinator_is_a_violation(tmp_path: Path) -> None:
+    assert _paused_run(tmp_path, "http://c1") == []  # acknowledged by the new owner
+    problems = _paused_run(tmp_path, "http://c0")
+    assert len(problems) == 1 and "while it was stopped" in problems[0], problems
+
+
+def test_several_coordinators_config_refuses_what_it_cannot_play() -> None:
+    import pytest
+    from harness import ChaosConfig
+
+    with pytest.raises(ValueError, match="proxy faults"):
+        ChaosConfig(coordinators=3, session_timeout_ms=4000)  # default weights: latency...
+    with pytest.raises(ValueError, match="lease_ms 2000 is too long"):
+        ChaosConfig.multi(3, lease_ms=2000)
+    with pytest.raises(ValueError, match="only with several coordinators"):
+        ChaosConfig(weights=(("pause_coordinator", 1.0),))
+    assert ChaosConfig.multi(3).convergence_s == 11.2

@@ -1,7 +1,14 @@
 """One chaos worker process: a GroupMember that logs everything it does.
 
-``python tests/chaos/worker.py --url URL --group G --assignor A --sets a,b
+``python tests/chaos/worker.py --url URL[,URL...] --group G --assignor A --sets a,b
 --ledger FILE --worker W --incarnation N [timeouts]``
+
+One URL: the coordinator (or the fault proxy in front of it), as before
+v1.1. Several (the multi-coordinator mode): the bootstrap URLs of
+coordinators sharing the groups; the member finds its group's coordinator
+and follows it (client.transport.CoordinatorRouter, built here as
+GroupMember builds it for a list of URLs, over one logging transport per
+coordinator so each answer is logged with the coordinator that gave it).
 
 It joins the group through the client library, and while it owns resources
 it "processes" them: every ``--commit-interval-ms`` it commits a checkpoint
@@ -35,7 +42,8 @@ from client.errors import (
 )
 from client.listener import RebalanceListener, Resource
 from client.member import GroupMember
-from client.transport import AiohttpTransport
+from client.member_state import MemberConfig
+from client.transport import AiohttpTransport, CoordinatorRouter, Transport
 
 
 class Ledger:
@@ -112,25 +120,33 @@ class LoggingTransport:
     and deadlines; this says what the coordinator answered, and when it was asked.
     """
 
-    def __init__(self, inner: AiohttpTransport, ledger: Ledger) -> None:
+    def __init__(self, inner: AiohttpTransport, ledger: Ledger, url: str | None = None) -> None:
         self.inner = inner
         self.ledger = ledger
+        #: the one coordinator this transport talks to (multi mode), logged with
+        #: every answer; its commits are logged too (which coordinator
+        #: acknowledged a commit: the paused-coordinator check).
+        self.url = url
+        self.apis = ("join", "sync", "heartbeat", "leave") + (("commit",) if url else ())
+
+    def _log(self, api: str, request: Any, sent: float, error: str | None, gen: Any) -> None:
+        where = {"url": self.url} if self.url else {}
+        self.ledger.write("call", api=api, sent=sent, error=error, gen=gen, **where)
 
     async def call(self, api: str, request: Any) -> Any:
         sent = time.monotonic()
         try:
             response = await self.inner.call(api, request)
         except BaseException as exc:
-            if api in ("join", "sync", "heartbeat", "leave"):
-                self.ledger.write("call", api=api, sent=sent, error=type(exc).__name__,
-                                  gen=getattr(request, "generation_id", None))
+            if api in self.apis:
+                self._log(api, request, sent, type(exc).__name__,
+                          getattr(request, "generation_id", None))
             raise
-        if api in ("join", "sync", "heartbeat", "leave"):
+        if api in self.apis:
             error = getattr(response, "error", None)
-            self.ledger.write("call", api=api, sent=sent,
-                              error=None if error is None else str(error),
-                              gen=getattr(request, "generation_id",
-                                          getattr(response, "generation_id", None)))
+            self._log(api, request, sent, None if error is None else str(error),
+                      getattr(request, "generation_id",
+                              getattr(response, "generation_id", None)))
         return response
 
     async def aclose(self) -> None:
@@ -151,7 +167,22 @@ def _safety_deadline(member: GroupMember) -> int | None:
 async def run(args: argparse.Namespace) -> int:
     ledger = Ledger(Path(args.ledger), args.worker, args.incarnation)
     worker = Worker(ledger)
-    transport = LoggingTransport(AiohttpTransport(args.url), ledger)
+    urls = [u for u in args.url.split(",") if u]
+    transport: Transport
+    # One HTTP session for every coordinator (as GroupMember does for a list).
+    http = AiohttpTransport(urls[0])
+    if len(urls) == 1:
+        transport = LoggingTransport(http, ledger)
+    else:
+        # find_coordinator awaited for the timing rule's reply_ms, as GroupMember does.
+        reply_ms = MemberConfig(
+            group_id=args.group, sets=args.sets.split(","),
+            session_timeout_ms=args.session_timeout_ms,
+            heartbeat_interval_ms=args.heartbeat_interval_ms,
+            request_timeout_ms=args.request_timeout_ms).timing.reply_ms
+        transport = CoordinatorRouter(
+            urls, args.group, lambda url: LoggingTransport(http.at(url), ledger, url),
+            find_timeout_ms=reply_ms, name=f"{args.worker}-{args.incarnation}")
     member = GroupMember(
         transport, args.group, args.sets.split(","), assignors=[args.assignor],
         listener=worker, session_timeout_ms=args.session_timeout_ms,
@@ -196,7 +227,7 @@ async def run(args: argparse.Namespace) -> int:
     for task in (*tasks, stopped, closed):
         task.cancel()
     await asyncio.gather(*tasks, stopped, closed, return_exceptions=True)
-    await transport.aclose()  # the member does not close a transport it was given
+    await http.aclose()  # the member does not close a transport it was given
     ledger.write("exit", status=status)
     ledger.close()
     return status

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.timeout(60)
 
 WORKER = str(Path(__file__).resolve().parents[2] / "examples" / "worker.py")
 WATCH_S = 5.0
+START_WITHIN_S = 30.0  # a bound on a process start, not on anything under test
 STOP_WITHIN_S = 2.5
 _STAMP = re.compile(r"^\d{4}-\d\d-\d\d (\d\d):(\d\d):(\d\d),(\d{3}) ")
 
@@ -36,6 +38,25 @@ def _seconds(line: str) -> float:
     return h * 3600 + mi * 60 + s + ms / 1000
 
 
+class _Stderr(threading.Thread):
+    """Collects a worker's stderr lines; ``retrying`` is set at its first report
+    of an unreachable coordinator (its signal handlers are in place by then)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        super().__init__(daemon=True)
+        self.proc = proc
+        self.lines: list[str] = []
+        self.retrying = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+            if "cannot reach the coordinator" in line:
+                self.retrying.set()
+
+
 def test_worker_stops_on_a_signal_before_its_first_assignment() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -43,7 +64,12 @@ def test_worker_stops_on_a_signal_before_its_first_assignment() -> None:
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                    env=env)
              for sig in (signal.SIGTERM, signal.SIGINT)}
+    stderr = {sig: _Stderr(proc) for sig, proc in procs.items()}
     try:
+        # The watch starts once both retry: the interpreter's start and the
+        # imports are not timed (seconds on a loaded machine).
+        for sig, reader in stderr.items():
+            assert reader.retrying.wait(START_WITHIN_S), (sig.name, reader.lines)
         time.sleep(WATCH_S)  # retrying all along: nothing listens there
         sent = time.monotonic()
         for sig, proc in procs.items():
@@ -51,10 +77,11 @@ def test_worker_stops_on_a_signal_before_its_first_assignment() -> None:
             proc.send_signal(sig)
         outputs = {}
         for sig, proc in procs.items():
-            _, err = proc.communicate(timeout=STOP_WITHIN_S + 5)
+            proc.wait(timeout=STOP_WITHIN_S + 5)
             assert time.monotonic() - sent < STOP_WITHIN_S, f"{sig.name}: not prompt"
-            assert proc.returncode == 0, (sig.name, proc.returncode, err)
-            outputs[sig] = err.splitlines()
+            stderr[sig].join(5)
+            assert proc.returncode == 0, (sig.name, proc.returncode, stderr[sig].lines)
+            outputs[sig] = stderr[sig].lines
     finally:
         for proc in procs.values():
             if proc.poll() is None:

@@ -129,16 +129,17 @@ def test_an_empty_partition_gives_no_chunk() -> None:
 
 
 def test_the_spark_function_takes_groups_in_any_order() -> None:
-    """facts_of_groups is what applyInArrow calls: the rows of some whole
+    """facts_of_partition is what mapInArrow calls: the rows of some whole
     groups in any order and over several batches in, their facts out."""
     import pyarrow as pa
     rows = journal_rows(EAGER + COOP)
     shuffled = rows[::-1]
-    table = pa.Table.from_batches(input_table(shuffled).to_batches(max_chunksize=3))
-    got = sorted(facts_mod.facts_of_groups([])(table).to_pylist(), key=_key)
+    batches = input_table(shuffled).to_batches(max_chunksize=3)
+    out = list(facts_mod.facts_of_partition([])(iter(batches)))
+    assert all(b.schema == facts_mod.chunk_facts_schema() for b in out)
+    got = sorted(pa.Table.from_batches(out).to_pylist(), key=_key)
     assert got == reference(rows, 10_000)
-    empty = facts_mod.facts_of_groups([])(input_table([]))
-    assert empty.num_rows == 0 and empty.schema == facts_mod.chunk_facts_schema()
+    assert list(facts_mod.facts_of_partition([])(iter([]))) == []
 
 
 def test_shared_dictionary_unifies_chunks_that_do_not_share_one(

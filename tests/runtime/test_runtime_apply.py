@@ -175,21 +175,26 @@ class FailingCore(SpyCore):
         return super().handle(now_ms, command)
 
 
-async def test_a_core_bug_answers_unknown_server_error_and_service_goes_on(
+async def test_a_core_bug_answers_unknown_server_error_and_stops_serving(
         tmp_path: Path) -> None:
+    """Issue 14: the core may have changed part of its state before it raised, so the
+    runtime stops serving it, as after a storage failure (``groupcoord serve`` exits
+    and is restarted from what is durable); nothing half-changed is answered from."""
     storage = await Storage.open(tmp_path / "g.db")
     try:
         runtime = Runtime(FailingCore(GroupCoordinator(CONFIG)), storage, FakeClock())
         await runtime.start()
-        req = HeartbeatRequest(group_id="g", member_id="m", generation_id=1)
-        answer = await runtime.call(lambda rid: Heartbeat(rid, req))
-        assert answer.error is ErrorCode.UNKNOWN_SERVER_ERROR
         join = JoinRequest(group_id="g", member_id="", protocol_type="resources",
                            protocols=(("range", b""),), session_timeout_ms=SESSION_MS,
                            rebalance_timeout_ms=SESSION_MS)
         answer = await runtime.call(lambda rid: Join(rid, join, "h", "fresh-id"))
         assert answer.error is ErrorCode.MEMBER_ID_REQUIRED
-        assert runtime.ready
+        req = HeartbeatRequest(group_id="g", member_id="m", generation_id=1)
+        answer = await runtime.call(lambda rid: Heartbeat(rid, req))
+        assert answer.error is ErrorCode.UNKNOWN_SERVER_ERROR
+        assert runtime.failed.is_set() and not runtime.ready
+        answer = await runtime.call(lambda rid: Join(rid, join, "h", "other-id"))
+        assert answer.error is ErrorCode.COORDINATOR_NOT_AVAILABLE
         await runtime.stop()
     finally:
         await storage.close()

@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from listeners_kit import InProcess, serve_in_process
 
+from coordinator.core.config import CoreConfig
 from protocol import codec
 from protocol.messages import (
     APIS,
@@ -59,6 +60,11 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                                        HealthCheck.function_scoped_fixture])
 MSGPACK = {"Content-Type": codec.CONTENT_TYPE}
 STABLE = "stable"
+#: The stable group's session and rebalance timeouts: the core's largest session
+#: (30 min), longer than pytest-timeout lets any test run (300 s), so the group
+#: can change only by a request, never by a slow run (a busy machine, several
+#: xdist workers) expiring its members while the fuzzing goes on.
+STABLE_SESSION_MS = CoreConfig().max_session_timeout_ms
 MAX_BODY = 64 * 1024
 REQUEST_TIMEOUT_S = 10.0
 
@@ -112,7 +118,6 @@ class Harness:
 
     async def start(self) -> None:
         from coordinator.core import GroupCoordinator
-        from coordinator.core.config import CoreConfig
         from coordinator.metrics import Metrics
         from coordinator.runtime.clock import WallClock
         from coordinator.runtime.runtime import Runtime
@@ -155,7 +160,8 @@ class Harness:
 
         def join(member_id: str) -> dict[str, Any]:
             return JoinRequest(STABLE, member_id, "resources", (("range", meta),),
-                               60_000, 60_000, client_id="fuzz").to_wire()
+                               STABLE_SESSION_MS, STABLE_SESSION_MS,
+                               client_id="fuzz").to_wire()
 
         ids = []
         for _ in range(2):

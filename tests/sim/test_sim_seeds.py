@@ -1,7 +1,8 @@
 """The simulator's seeds in CI (issue 14; docs/reliability.md, "Simulation").
 
-* a fixed block of 2,000 seeds (the same every run), on two worker
-  processes (``SIM_JOBS``), with no invariant violated;
+* a fixed block of 2,000 seeds (the same every run), as four quarters that
+  pytest-xdist can give to different workers, each on two worker processes
+  (``SIM_JOBS``), with no invariant violated;
 * 200 fresh seeds, their numbers printed (``-s``) so a failure is replayed
   with ``benchmarks/simulate_groups.py --seed S --trace``;
 * determinism: a seed run twice gives a byte-identical trace;
@@ -25,6 +26,7 @@ from simulate_groups import run_many, summary
 
 FIXED_FIRST = 0
 FIXED_COUNT = 2_000
+FIXED_PARTS = 4
 FRESH_COUNT = 200
 JOBS = int(os.environ.get("SIM_JOBS", "2"))
 
@@ -35,10 +37,16 @@ def _fail_with(results: list[SeedResult]) -> None:
         pytest.fail("\n\n".join(report(r) for r in bad[:5]), pytrace=False)
 
 
-def test_fixed_block_of_seeds_violates_nothing() -> None:
-    results, wall = run_many(FIXED_FIRST, FIXED_COUNT, jobs=JOBS)
+#: the block's seeds as FIXED_PARTS consecutive ranges, together exactly the block.
+_BOUNDS = [FIXED_FIRST + FIXED_COUNT * i // FIXED_PARTS for i in range(FIXED_PARTS + 1)]
+
+
+@pytest.mark.parametrize("part", range(FIXED_PARTS))
+def test_fixed_block_of_seeds_violates_nothing(part: int) -> None:
+    first, end = _BOUNDS[part], _BOUNDS[part + 1]
+    results, wall = run_many(first, end - first, jobs=JOBS)
     print(f"\n{summary(results, wall)}")
-    assert len(results) == FIXED_COUNT
+    assert [r.seed for r in results] == list(range(first, end))
     _fail_with(results)
 
 
