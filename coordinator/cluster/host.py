@@ -16,7 +16,7 @@ moment a lease it waits for runs out:
    owner's own rule, :class:`~coordinator.storage.leases.LocalLease`); a
    partition not renewed was lost: dropped at once;
 2. refresh this coordinator's row, read the live coordinators (seen within
-   ``lease_ms``) and every lease;
+   ``lease_ms / 2``) and every lease;
 3. :func:`~coordinator.storage.leases.balance`: acquire free partitions up to
    this coordinator's share (each then loads: ``COORDINATOR_LOAD_IN_PROGRESS``
    meanwhile), hand off what others are short of (the runtime finishes its
@@ -238,6 +238,11 @@ class PartitionHost:
         self.coordinator_id = leases.coordinator_id
         self.url = leases.advertised_url
         self.lease_ms = lease_ms
+        #: a coordinator is live while seen within this (it is seen every round, a
+        #: fifth of a lease): half a lease, so a dead one stops counting before its
+        #: leases run out, and the survivors' shares already include its partitions
+        #: when they become free (a failover costs the lease, not a lease and a round).
+        self.live_window_ms = lease_ms // 2
         self._make_core = make_core
         self.clock = clock
         self.metrics = metrics
@@ -343,7 +348,7 @@ class PartitionHost:
     async def _round(self) -> None:
         await self._renew()
         await self.leases.heartbeat()
-        self.coordinators = await self.leases.live_coordinators(self.lease_ms)
+        self.coordinators = await self.leases.live_coordinators(self.live_window_ms)
         rows = await self.leases.leases()
         self.lease_rows = {row.partition: row for row in rows}
         # A lease the database still gives this coordinator for a partition it dropped
