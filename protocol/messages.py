@@ -451,6 +451,11 @@ class CommitRequest:
     generation_id: int
     checkpoints: tuple[Checkpoint, ...]
     group_instance_id: str | None = None
+    #: v1.1 extension (docs/coordinator-semantics.md): the member's own count of its
+    #: commits, increasing. A commit arriving after a later one of the same member
+    #: was applied (it was delayed on the network after the member gave up on it)
+    #: is not applied. Absent: no such check (v1 clients, simple commits).
+    sequence: int | None = None
 
     API = "commit"
 
@@ -458,22 +463,28 @@ class CommitRequest:
     def from_wire(cls, obj: object) -> Self:
         f = Fields(obj)
         raw = f.items("checkpoints") or []
+        sequence = f.integer("sequence", lo=0, hi=2**63 - 1, required=False) \
+            if f.raw("sequence") is not None else None
         return cls(
             group_id=f.string("group_id"),
             member_id=f.string("member_id"),
             generation_id=_generation(f),
             checkpoints=tuple(_checkpoint(c, f"checkpoints[{i}]") for i, c in enumerate(raw)),
             group_instance_id=f.opt_string("group_instance_id"),
+            sequence=sequence,
         )
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "group_id": self.group_id,
             "member_id": self.member_id,
             "generation_id": self.generation_id,
             "group_instance_id": self.group_instance_id,
             "checkpoints": [list(c) for c in self.checkpoints],
         }
+        if self.sequence is not None:
+            wire["sequence"] = self.sequence
+        return wire
 
 
 @dataclass(frozen=True, slots=True)

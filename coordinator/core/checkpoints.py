@@ -76,12 +76,25 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
             k.reply(rid, CommitResponse(error))
             return
         plan = None
+        member = g.members.get(req.member_id)
+        if req.sequence is not None and member is not None \
+                and req.sequence <= member.commit_sequence:
+            # Sent before a commit of this member that was already applied, and
+            # delayed on the way (the member gave up on it and went on): its values
+            # are older than what is stored, so it is not applied. It is answered
+            # without an error: nothing it asked for is lost, a later commit of the
+            # same member superseded it (as Kafka's idempotent producer treats a
+            # duplicate sequence). Simulator finding 5.
+            k.reply(rid, CommitResponse(None))
+            return
         if req.checkpoints:
             admitted = admit(k, g, req.group_id, req.checkpoints)
             if isinstance(admitted, Refusal):
                 k.reply(rid, CommitResponse(admitted.error, admitted.message))
                 return
             plan = admitted
+        if req.sequence is not None and member is not None:
+            member.commit_sequence = req.sequence
         if g.state in (GroupState.STABLE, GroupState.PREPARING_REBALANCE) \
                 and req.member_id in g.members:
             # Kafka: a commit also counts as a sign of life.

@@ -84,6 +84,9 @@ class Member:
     session_deadline_ms: int = 0
     #: the token name that created this static instance (``MemberRecord.owner``).
     owner: str | None = None
+    #: the ``sequence`` of this member's last applied commit (-1: none yet); a
+    #: commit carrying one not above it arrived late and is not applied.
+    commit_sequence: int = -1
 
     def protocol_names(self) -> list[str]:
         return [name for name, _ in self.protocols]

@@ -109,7 +109,10 @@ _CALLS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                _object(["group_id", "member_id", "generation_id", "checkpoints"],
                        group_id=_NAME, member_id=_NAME, generation_id=_GENERATION,
                        group_instance_id=_OPT_NAME,
-                       checkpoints={"type": "array", "items": _CHECKPOINT}),
+                       checkpoints={"type": "array", "items": _CHECKPOINT},
+                       sequence={"type": "integer", "minimum": 0,
+                                 "description": "v1.1 extension: the member's commit count; "
+                                                "a commit older than one applied is not applied"}),
                _object(["error"], error=_ERROR_CODE, message={"type": "string"})),
     "fetch": ("Fetch checkpoints: named resources, or all of them in pages (after/next)",
               _object(["group_id"], group_id=_NAME,
