@@ -422,6 +422,12 @@ class MemberStateMachine:
         #: a sync answer read too late to trust, until a heartbeat confirms it.
         self._pending_sync: SyncResponse | None = None
         self._assigned_epoch: int | None = None
+        #: the leader's last plan left subscribed resources to nobody (they are being
+        #: revoked by their owners): it rejoins once that generation is Stable.
+        #: this member revoked resources for a hand-over and has not rejoined since
+        #: (KIP-429: its rejoin starts the follow-up rebalance that completes it).
+        self._handover_pending = False
+        self._followup_needed = False
         self.last_resources_epoch = 0
         # metrics
         self._rebalance_started_ms: int | None = None
@@ -429,6 +435,8 @@ class MemberStateMachine:
         self._events: list[RebalanceEvent] = []
         # closing / failure
         self._closing = False
+        #: the ``sequence`` of the last commit built (CommitRequest.sequence).
+        self._commit_sequence = -1
         self._leave_on_close = (config.leave_on_close if config.leave_on_close is not None
                                 else config.group_instance_id is None)
         self.failure: FatalMemberError | None = None
@@ -557,11 +565,16 @@ class MemberStateMachine:
         if self.generation_id < 0 or not self.member_id:
             raise RebalanceInProgressError(ErrorCode.REBALANCE_IN_PROGRESS,
                                            "commit: the member has not joined a generation yet")
+        # Increasing over the member's whole life (rejoins included): a commit the
+        # member gave up on that reaches the coordinator after a later one is not
+        # applied over it (docs/client.md, "Commits").
+        self._commit_sequence += 1
         return CommitRequest(
             group_id=self.config.group_id, member_id=self.member_id,
             generation_id=self.generation_id, group_instance_id=self.config.group_instance_id,
             checkpoints=tuple((s, i, v) for (s, i), v in sorted(
                 checkpoints.items(), key=lambda kv: kv[0])),
+            sequence=self._commit_sequence,
         )
 
     def commit_result(self, now_ms: int, request: CommitRequest,
@@ -914,7 +927,13 @@ class MemberStateMachine:
         if self._owned:
             # Kafka's onLeavePrepare: a member with a valid generation revokes.
             return self._revoke_owned()
-        if self._leave_on_close and self.member_id:
+        # A static member stays in the group when it closes (a restart gets its
+        # assignment back without a rebalance), except in the middle of a hand-over
+        # it started: it revoked resources and its rejoin was to start the follow-up
+        # rebalance that gives them to their new owner. Without that rebalance they
+        # would belong to nobody (its restart would get its stored assignment back),
+        # so it leaves, which starts it (simulator seeds 700838430, 700838624).
+        if (self._leave_on_close or self._handover_pending) and self.member_id:
             self.state = MemberState.LEAVING
             request = LeaveRequest(self.config.group_id, (LeaveMember(
                 self.member_id, self.config.group_instance_id, "the member is closing"),))
@@ -1038,6 +1057,8 @@ class MemberStateMachine:
                 assignments = {m: replace(a, resources_epoch=catalog.resources_epoch)
                                for m, a in result.assignments.items()}
                 failure = "; ".join(result.undecodable.values())
+                self._followup_needed = _leaves_resources_unassigned(
+                    catalog.resources, self._join_members, assignments)
         if failure:
             self.last_error = failure
         self._assigned_epoch = catalog.resources_epoch
@@ -1144,6 +1165,7 @@ class MemberStateMachine:
             # hand it to its new owner (KIP-429 step 3.3).
             self._callbacks.append(InvokeListener(CallbackKind.REVOKED, revoked))
             self._request_rejoin(now_ms, "revoked resources move to their new owner")
+            self._handover_pending = True
         self._owned_generation = self.generation_id
         self._callbacks.append(InvokeListener(CallbackKind.ASSIGNED, added))
         self._complete_on_assigned = True
@@ -1151,6 +1173,17 @@ class MemberStateMachine:
             # Deferred imbalance resolution (KIP-415 / incremental cooperative).
             self._request_rejoin(now_ms, "assignor asked for a delayed rebalance",
                                  assignment.delay_ms)
+        if self.is_leader and self._followup_needed and not revoked \
+                and assignment.delay_ms <= 0:
+            # KIP-429's follow-up rebalance is started by the members that revoke;
+            # a revoker that stops before it rejoins (closed, crashed, a static
+            # member restarted: it gets its stored assignment back without a
+            # rebalance) would leave what it revoked to nobody. The leader, which
+            # planned the hand-over, starts the follow-up itself (simulator seeds
+            # 700838430, 700838624).
+            self._request_rejoin(now_ms, "resources revoked in this rebalance move to "
+                                         "their new owner")
+        self._followup_needed = False
         if self.is_leader:
             if self._skip_assignment or self._assigned_epoch is None:
                 # Assigned by an earlier leader process (KIP-814): from the
@@ -1281,6 +1314,7 @@ class MemberStateMachine:
             self._rejoin_reason = reason
 
     def _enter_joining(self, now_ms: int, reason: str, *, at_ms: int) -> None:
+        self._handover_pending = False
         if self.state is not MemberState.JOINING or self._rebalance_started_ms is None:
             self._events.append(RebalanceStarted(now_ms, reason))
             self._rebalance_started_ms = now_ms
@@ -1326,3 +1360,18 @@ class MemberStateMachine:
             raise MemberClosedError("the member is closed")
 
 
+def _leaves_resources_unassigned(catalog: Mapping[str, int], members: Sequence[JoinMember],
+                                 assignments: Mapping[str, ResourceAssignment]) -> bool:
+    """Whether a plan gives some resource of a set that a member subscribes to to
+    nobody (cooperative: it is being revoked by its owner, and moves in the
+    follow-up rebalance)."""
+    subscribed: set[str] = set()
+    for m in members:
+        try:
+            subscribed.update(MemberMetadata.decode(m.metadata).sets)
+        except ValidationError:
+            continue
+    assigned = {(name, i) for a in assignments.values() for name, idx in a.assigned.items()
+                for i in idx}
+    return any((name, i) not in assigned for name in subscribed if name in catalog
+               for i in range(catalog[name]))

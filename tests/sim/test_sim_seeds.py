@@ -92,6 +92,11 @@ REGRESSION_SEEDS = {
     1170: "a coordinator's answer restarts the backoff from retry_backoff_ms",
     374: "a join lost on a hung connection is sent again once heartbeats show no rebalance",
     1774: "a sync whose answer was lost is sent again once heartbeats show the group Stable",
+    428804749: "a commit the member gave up on, delayed past its next one, is not applied "
+               "over it (finding 5: the commit sequence); found by CI's fresh seeds",
+    700838430: "a static member that closes in the middle of a hand-over it started leaves, "
+               "so the follow-up rebalance gives what it revoked to its new owner",
+    700838624: "the same, the revoker closing while another member was a zombie",
 }
 
 
