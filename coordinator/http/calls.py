@@ -231,13 +231,11 @@ class Calls:
             except (codec.DecodeError, ValidationError) as exc:
                 return self.refuse(api, 400, str(exc), started, as_json)
             answer: Answer
-            if self.tokens is not None and not auth.authorize(token, msg.group_id):
-                # Before routing: a caller not granted the group learns nothing of it,
-                # not even which coordinator owns it.
-                self._observe(api, ErrorCode.GROUP_AUTHORIZATION_FAILED,
-                              time.perf_counter() - started)
-                return 403, error_body(ErrorCode.GROUP_AUTHORIZATION_FAILED,
-                                       auth.forbidden_message(token, msg.group_id), as_json)
+            # Before routing: a caller not granted the group learns nothing of it,
+            # not even which coordinator owns it.
+            forbidden = self._forbidden(api, token, msg.group_id, started, as_json)
+            if forbidden is not None:
+                return forbidden
             # v1.1: the runtime serving the group here, or NOT_COORDINATOR /
             # COORDINATOR_LOAD_IN_PROGRESS (a one-process server serves every group).
             target = self.runtime.route(msg.group_id)
@@ -266,6 +264,16 @@ class Calls:
             log.exception("unhandled error on POST /v1/%s", api)
             return self.server_error(api, as_json)
 
+    def _forbidden(self, api: str, token: TokenEntry | None, group_id: str, started: float,
+                   as_json: bool) -> Result | None:
+        """403 ``GROUP_AUTHORIZATION_FAILED`` for a group outside the token's grant
+        (authentication on), counted; ``None`` when the call may go on."""
+        if self.tokens is None or auth.authorize(token, group_id):
+            return None
+        self._observe(api, ErrorCode.GROUP_AUTHORIZATION_FAILED, time.perf_counter() - started)
+        return 403, error_body(ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                               auth.forbidden_message(token, group_id), as_json)
+
     @staticmethod
     def _encode(api: str, wire: dict[str, Any], as_json: bool) -> bytes:
         return json_wire.encode_response(api, wire) if as_json else codec.encode(wire)
@@ -280,11 +288,9 @@ class Calls:
                 json_wire.decode_request(api, body) if as_json else codec.decode(body))
         except (codec.DecodeError, ValidationError) as exc:
             return self.refuse(api, 400, str(exc), started, as_json)
-        if self.tokens is not None and not auth.authorize(token, msg.group_id):
-            self._observe(api, ErrorCode.GROUP_AUTHORIZATION_FAILED,
-                          time.perf_counter() - started)
-            return 403, error_body(ErrorCode.GROUP_AUTHORIZATION_FAILED,
-                                   auth.forbidden_message(token, msg.group_id), as_json)
+        forbidden = self._forbidden(api, token, msg.group_id, started, as_json)
+        if forbidden is not None:
+            return forbidden
         answer = self.runtime.find_coordinator(msg.group_id)
         self._observe(api, answer.error, time.perf_counter() - started)
         return 200, self._encode(api, answer.to_wire(), as_json)
