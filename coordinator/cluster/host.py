@@ -199,10 +199,8 @@ class PartitionStore:
         return snapshot
 
     async def write(self, records: Sequence[Record]) -> float:
+        self.check()  # nothing is sent once the lease may have run out
         p = self._partition
-        if not p.lease.valid(time.monotonic()):
-            raise LeaseExpired(f"partition {p.number}: lease (epoch {p.lease.epoch}) ran out "
-                               f"by this coordinator's clock; nothing written")
         return await self._host.writer.write(p.number, p.lease.epoch, records)
 
     async def rebalances(self, group_id: str, limit: int) -> list[dict[str, Any]]:
@@ -412,7 +410,8 @@ class PartitionHost:
         except Exception as exc:
             log.error("partition %d: load failed, releasing it: %s", partition.number, exc)
             self._drop(partition.number, "its load failed")
-            await self._release(partition)
+            if self._stopping:  # _drop releases it otherwise
+                await self._release(partition)
             return
         if partition.leaving or self.partitions.get(partition.number) is not partition:
             await runtime.stop(ErrorCode.NOT_COORDINATOR)

@@ -298,13 +298,8 @@ class Runtime:
         ``COORDINATOR_NOT_AVAILABLE`` (not ``NOT_COORDINATOR``, which says nothing
         changed: a write in flight may still commit). That write finishes on its own;
         its replies are already answered."""
-        code = ErrorCode.COORDINATOR_NOT_AVAILABLE
         self._stopping = True
-        self.ready = False
-        self._cancel_timers()
-        self._cancel_storage_check()
-        self._commits.clear()
-        self._fail_waiters(code)
+        self._halt()
 
     def submit(self, command: Command) -> None:
         """Apply a command that answers nothing (``AdoptCatalog``), if serving."""
@@ -609,6 +604,13 @@ class Runtime:
             log.warning("partition %d: %s; memory may be ahead of the database: the "
                         "partition is dropped (reloaded from the database by its next "
                         "owner)", self.partition, why)
+        self._halt()
+        self.failed.set()
+
+    def _halt(self) -> None:
+        """Serve nothing more from memory: not ready, timers and the storage check
+        cancelled, uncommitted writes dropped, every waiting call answered
+        ``COORDINATOR_NOT_AVAILABLE`` (its outcome unknown)."""
         self.ready = False
         if self.metrics is not None and self._owns_readiness:
             self.metrics.ready.set(0)
@@ -616,7 +618,6 @@ class Runtime:
         self._cancel_storage_check()
         self._commits.clear()
         self._fail_waiters(ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        self.failed.set()
 
     def _fail_waiters(self, code: ErrorCode) -> None:
         waiters, self._waiters = self._waiters, {}
