@@ -3,7 +3,7 @@
 A member may believe it owns its resources until its *safety deadline*: the
 end of a lease that starts at the send time of the last answer proving the
 coordinator still knew the member (the rule itself is in
-:mod:`client.member_state`). In STABLE a no-error heartbeat proves both that
+:mod:`client.member_state.lease`). In STABLE a no-error heartbeat proves both that
 the member is known and that no rebalance was under way, so the lease lasts
 ``lease_ms = min(session_timeout_ms, rebalance_timeout_ms)`` from the send
 time of the last such heartbeat.

@@ -246,7 +246,7 @@ class GroupMember:
         The coordinator may give the resources to another member from that
         moment on if it has not heard from this one (a session timeout after
         the last answered heartbeat, or a rebalance timeout after a rebalance
-        began; the rule is in :mod:`client.member_state`). Every answer from
+        began; the rule is in :mod:`client.member_state.lease`). Every answer from
         the coordinator that proves the member is still known pushes it
         later; the member calls ``on_lost`` when it passes. A worker doing
         long steps should check it between steps (and not start a step that

@@ -13,7 +13,7 @@ Worker events (``w`` worker slot, ``inc`` incarnation of that slot):
   (its final commit included: the hand-over), ``lost`` when ``on_lost``
   starts (the worker stops at once).
 * ``deadline`` with ``until`` (seconds, or ``null``): the member's safety
-  deadline (client/member_state.py: "the safety rule") whenever it changes,
+  deadline (client/member_state/lease.py: "the safety rule") whenever it changes,
   polled every 5 ms; ``call`` events (each join/sync/heartbeat/leave answer,
   logged as it arrives) date the renewals exactly (``_renewal_times``).
 * ``commit`` with ``sent``, ``res``, ``value``, ``member``, ``gen`` and

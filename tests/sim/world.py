@@ -402,7 +402,7 @@ class World:
             machine = m.machine
             if (machine.state is not MemberState.STABLE
                     or machine.generation_id != view.generation_id
-                    or machine._rejoin_needed or m.listener is not None):
+                    or machine.rejoin_requested or m.listener is not None):
                 return False
         return self._exactly_once()
 

@@ -2,8 +2,11 @@
 
 No sockets, no asyncio, no clock: the driver (``client/member.py``) asks
 :meth:`MemberStateMachine.next_action` what to do at time ``now_ms``, does
-it, and reports back (:meth:`receive`, :meth:`call_failed`,
-:meth:`call_abandoned`, :meth:`listener_done`). Actions are values:
+it, and reports back (:meth:`~MemberStateMachine.receive`,
+:meth:`~MemberStateMachine.call_failed`,
+:meth:`~MemberStateMachine.call_abandoned`,
+:meth:`~MemberStateMachine.listener_done`). Actions are values
+(:mod:`client.member_state.actions`):
 
 - :class:`Call`: send one request (join, sync, heartbeat, leave, or the
   catalog read), bounded by ``timeout_ms``;
@@ -19,7 +22,8 @@ protocol outcome).
 States follow Kafka's ``AbstractCoordinator.MemberState``:
 JOINING (a join is due or in flight), SYNCING (the join phase completed; the
 leader reads the catalog and assigns; everyone syncs), STABLE (heartbeating),
-LEAVING, CLOSED, FAILED.
+LEAVING, CLOSED, FAILED. Each of the first three is an object holding what
+that state means (:mod:`client.member_state.states`).
 
 Protocol outcomes go through one table, :data:`ERROR_ACTIONS`, as Kafka's
 client does (KIP-429, "For every consumer", step 1):
@@ -36,59 +40,22 @@ COORDINATOR_NOT_AVAILABLE,.. RETRY: same step again after backoff + jitter
 ===========================  ===============================================
 
 The safety rule: a member never believes it owns a resource past the moment
-the coordinator may have given it away. The coordinator removes a member in
-three ways (docs/coordinator-semantics.md): one session timeout after the
-last request that re-armed its session timer, at the join deadline of a
-rebalance it did not rejoin (rebalance start + the group's largest
-rebalance timeout), and at the sync deadline of a generation it did not
-sync (formation + that timeout). So what the member owns ends at the
-earliest of
-
-- ``anchor + session_timeout``, the anchor being the *send* time of the
-  last answer that proved the coordinator still knew the member with its
-  generation (a heartbeat answered without error or REBALANCE_IN_PROGRESS,
-  a completed join or sync);
-- while JOINING or STABLE: ``settled + rebalance_timeout``, ``settled`` being
-  the send time of the last answer that proved no join phase was in progress
-  (a heartbeat answered without error, a completed sync): any rebalance
-  started later, so its join deadline is no earlier;
-- while SYNCING: ``join_sent + rebalance_timeout``, ``join_sent`` being the
-  send time of the first join since the last successful one (the generation
-  formed after it, so its sync deadline is no earlier).
-
-When that moment passes, ``on_lost`` comes before anything else, and a join
-or sync in flight is abandoned for it (``wants_interrupt``). The member
-keeps heartbeating while it rejoins (Kafka's KIP-62 heartbeat thread), on a
-side channel (:meth:`MemberStateMachine.background_heartbeat`), so a healthy
-member's session anchor stays fresh during a long rebalance.
-
-A call the coordinator is done with: a join or sync lost on a connection
-that hangs (neither answered nor reset) would hold the member until the
-call's timeout, ``rebalance_timeout + max(5000, session_timeout)``, while its
-side-channel heartbeats keep it a member, holding its assignment, in the
-coordinator's view (simulator seeds 374 and 1774). The side channel's
-answers say when the coordinator can no longer be holding the call: for a
-join, a heartbeat answered without error (no join phase is in progress: a
-join that reached the coordinator starts one or is answered at once) or
-ILLEGAL_GENERATION (a join phase completed with us, so our join was
-answered); for a sync, an answer without error (the group is Stable, or
-waits for the leader's sync) or REBALANCE_IN_PROGRESS (a parked sync was
-answered when the rebalance began, a later one is answered at once). When
-two such answers, ``reply_ms`` (the timing rule's reply allowance) apart,
-came while the call was in flight, the answer it would have had is lost:
-the call is abandoned and sent again (``wants_interrupt``). Sending it again
-is safe because the coordinator treats a known member's join or sync as
-idempotent (docs/client.md, "A call the coordinator is done with"); the
-only cost of a false alarm is one more request.
+the coordinator may have given it away, the end of its lease
+(:mod:`client.member_state.lease`). When that moment passes, ``on_lost``
+comes before anything else, and a join or sync in flight is abandoned for it
+(``wants_interrupt``). The member keeps heartbeating while it rejoins
+(Kafka's KIP-62 heartbeat thread), on a side channel
+(:meth:`MemberStateMachine.background_heartbeat`;
+:mod:`client.member_state.heartbeat`, which also says when a join or sync in
+flight is one the coordinator is done with, and is sent again).
 """
 
 from __future__ import annotations
 
-import enum
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from client.assignors import Assignor, RebalanceProtocol, get_assignor
 from client.errors import (
@@ -100,10 +67,28 @@ from client.errors import (
     fatal_error_for,
 )
 from client.leader import AssignmentFailed, perform_assignment
-from client.lease import LeaseTiming
+from client.member_state.actions import (
+    COMMIT_CONTENT_ERRORS,
+    ERROR_ACTIONS,
+    Action,
+    Call,
+    CallbackKind,
+    ErrorAction,
+    InvokeListener,
+    MemberState,
+    RebalanceEvent,
+    RebalanceLog,
+    Resource,
+    Stop,
+    Wait,
+)
+from client.member_state.config import MemberConfig, choose_protocol
+from client.member_state.heartbeat import SideChannel
+from client.member_state.lease import Lease
+from client.member_state.main_channel import MainCall, Schedule
+from client.member_state.states import Ended, Joining, Phase, Stable, Syncing
 from client.transport import CATALOG_API, CatalogRequest, CatalogResponse
 from protocol.errors import ErrorCode
-from protocol.limits import MAX_PROTOCOLS_PER_JOIN
 from protocol.messages import (
     CommitRequest,
     HeartbeatRequest,
@@ -122,205 +107,7 @@ from protocol.messages import (
 from protocol.resources import PROTOCOL_TYPE, MemberMetadata, ResourceAssignment
 from protocol.validate import ValidationError
 
-__all__ = [
-    "ERROR_ACTIONS",
-    "Action",
-    "Call",
-    "CallbackKind",
-    "ErrorAction",
-    "InvokeListener",
-    "MemberConfig",
-    "MemberState",
-    "MemberStateMachine",
-    "RebalanceCompleted",
-    "RebalanceEvent",
-    "RebalanceFailed",
-    "RebalanceStarted",
-    "Resource",
-    "Stop",
-    "Wait",
-]
-
-Resource = tuple[str, int]
-
-
-class MemberState(enum.Enum):
-    JOINING = "joining"
-    SYNCING = "syncing"
-    STABLE = "stable"
-    LEAVING = "leaving"
-    CLOSED = "closed"
-    FAILED = "failed"
-
-
-class CallbackKind(enum.StrEnum):
-    ASSIGNED = "assigned"
-    REVOKED = "revoked"
-    LOST = "lost"
-
-
-class ErrorAction(enum.Enum):
-    REJOIN = "rejoin"
-    RESET_GENERATION = "reset_generation"
-    RESET_MEMBER = "reset_member"
-    SET_MEMBER_ID = "set_member_id"
-    RETRY = "retry"
-    FATAL = "fatal"
-
-
-#: The one table from a protocol outcome to the member's reaction.
-ERROR_ACTIONS: dict[ErrorCode, ErrorAction] = {
-    ErrorCode.REBALANCE_IN_PROGRESS: ErrorAction.REJOIN,
-    ErrorCode.ILLEGAL_GENERATION: ErrorAction.RESET_GENERATION,
-    ErrorCode.UNKNOWN_MEMBER_ID: ErrorAction.RESET_MEMBER,
-    # Protocol calls answer UNKNOWN_MEMBER_ID for a group that does not exist;
-    # should UNKNOWN_GROUP ever come back, it means the same thing.
-    ErrorCode.UNKNOWN_GROUP: ErrorAction.RESET_MEMBER,
-    ErrorCode.MEMBER_ID_REQUIRED: ErrorAction.SET_MEMBER_ID,
-    ErrorCode.FENCED_INSTANCE_ID: ErrorAction.FATAL,
-    ErrorCode.INCONSISTENT_GROUP_PROTOCOL: ErrorAction.FATAL,
-    ErrorCode.GROUP_MAX_SIZE_REACHED: ErrorAction.FATAL,
-    ErrorCode.INVALID_SESSION_TIMEOUT: ErrorAction.FATAL,
-    ErrorCode.GROUP_AUTHORIZATION_FAILED: ErrorAction.FATAL,
-    ErrorCode.INVALID_REQUEST: ErrorAction.FATAL,
-    ErrorCode.NON_EMPTY_GROUP: ErrorAction.FATAL,  # an admin-only code: a server bug
-    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: ErrorAction.RETRY,
-    ErrorCode.COORDINATOR_NOT_AVAILABLE: ErrorAction.RETRY,
-    # v1.1: the transport follows it to the group's coordinator
-    # (client.transport.CoordinatorRouter); should it reach the machine, the
-    # step is retried, the membership kept.
-    ErrorCode.NOT_COORDINATOR: ErrorAction.RETRY,
-    ErrorCode.UNKNOWN_SERVER_ERROR: ErrorAction.RETRY,
-    # Only a commit gets it (a group's checkpoint cap): that commit fails with
-    # CommitFailedError; the membership is not touched.
-    ErrorCode.CHECKPOINT_LIMIT_REACHED: ErrorAction.RETRY,
-}
-
-
-#: a commit's outcomes about what the commit carries, not about the member.
-_COMMIT_CONTENT_ERRORS = frozenset({ErrorCode.INVALID_REQUEST,
-                                    ErrorCode.CHECKPOINT_LIMIT_REACHED})
-
-
-# ---------------------------------------------------------------- actions
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    api: str
-    request: object
-    timeout_ms: int
-    #: a parked heartbeat may be abandoned when there is other work to do;
-    #: joins and syncs only by ``close()``.
-    interruptible: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class InvokeListener:
-    kind: CallbackKind
-    resources: frozenset[Resource]
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    until_ms: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    error: FatalMemberError | None
-
-
-Action = Call | InvokeListener | Wait | Stop
-
-
-# ---------------------------------------------------------------- events (for metrics)
-
-
-@dataclass(frozen=True, slots=True)
-class RebalanceStarted:
-    at_ms: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class RebalanceCompleted:
-    at_ms: int
-    latency_ms: int
-    generation_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class RebalanceFailed:
-    at_ms: int
-    reason: str
-    #: the same step is retried after a backoff (the coordinator was not
-    #: reachable or not available); the driver reports those with backoff.
-    retriable: bool = False
-
-
-RebalanceEvent = RebalanceStarted | RebalanceCompleted | RebalanceFailed
-
-
-# ---------------------------------------------------------------- config
-
-
-@dataclass(frozen=True)
-class MemberConfig:
-    group_id: str
-    sets: Sequence[str]
-    assignors: Sequence[str] = ("cooperative-sticky",)
-    group_instance_id: str | None = None
-    session_timeout_ms: int = 10_000
-    rebalance_timeout_ms: int = 60_000
-    #: None: derived by the timing rule (client/lease.py): min(3000, a third of
-    #: the lease); after construction it holds the interval in use.
-    heartbeat_interval_ms: int | None = None
-    client_id: str | None = None
-    rack: str | None = None
-    user_data: bytes | None = None
-    retry_backoff_ms: int = 100
-    retry_backoff_max_ms: int = 1_000
-    request_timeout_ms: int = 30_000
-    #: None: leave on close if dynamic, stay if static (KIP-345: a static
-    #: member's restart within the session timeout causes no rebalance).
-    leave_on_close: bool | None = None
-    assignor_settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
-    #: the timing rule applied to these settings (client/lease.py).
-    timing: LeaseTiming = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not self.group_id:
-            raise ValueError("group_id must not be empty")
-        if isinstance(self.sets, str):
-            raise ValueError("sets must be a list of set names, not a string")
-        if not self.assignors:
-            raise ValueError("assignors must name at least one assignor")
-        if len(self.assignors) > MAX_PROTOCOLS_PER_JOIN:
-            raise ValueError(f"at most {MAX_PROTOCOLS_PER_JOIN} assignors")
-        if len(set(self.assignors)) != len(self.assignors):
-            raise ValueError(f"assignors listed twice: {list(self.assignors)}")
-        timing = LeaseTiming.derive(
-            session_timeout_ms=self.session_timeout_ms,
-            rebalance_timeout_ms=self.rebalance_timeout_ms,
-            heartbeat_interval_ms=self.heartbeat_interval_ms,
-            request_timeout_ms=self.request_timeout_ms)
-        object.__setattr__(self, "timing", timing)
-        object.__setattr__(self, "heartbeat_interval_ms", timing.heartbeat_interval_ms)
-        if self.retry_backoff_ms <= 0 or self.retry_backoff_max_ms < self.retry_backoff_ms:
-            raise ValueError("need 0 < retry_backoff_ms <= retry_backoff_max_ms")
-        if self.group_instance_id == "":
-            raise ValueError("group_instance_id must be None or a non-empty string")
-
-
-def choose_protocol(assignors: Iterable[Assignor]) -> RebalanceProtocol:
-    """Kafka's rule (KIP-429): COOPERATIVE when every configured assignor
-    supports it, else EAGER. During the upgrade's first rolling bounce
-    (``["range", "cooperative-sticky"]``) members stay EAGER; only when
-    ``range`` is gone from the configuration does a member turn cooperative."""
-    return (RebalanceProtocol.COOPERATIVE
-            if all(RebalanceProtocol.COOPERATIVE in a.protocols for a in assignors)
-            else RebalanceProtocol.EAGER)
+__all__ = ["MemberStateMachine", "from_index_map", "to_index_map"]
 
 
 def _with_api(api: str, reason: str) -> str:
@@ -342,9 +129,6 @@ def from_index_map(assigned: Mapping[str, Sequence[int]]) -> frozenset[Resource]
     return frozenset((name, i) for name, idx in assigned.items() for i in idx)
 
 
-# ---------------------------------------------------------------- the machine
-
-
 class MemberStateMachine:
     """One group member's protocol logic. See the module docstring."""
 
@@ -363,77 +147,47 @@ class MemberStateMachine:
             for name in config.assignors
         }
         self.protocol = choose_protocol(self._assignors.values())
-        self._rng = rng or random.random
-        self.state = MemberState.JOINING
+        # ---- the state, and what only it means
+        self._phase: Phase = Joining("initial join")
+        # ---- the membership (kept while rejoining: the side channel uses it)
         self.sets: tuple[str, ...] = tuple(config.sets)
         self.member_id = ""
         self.generation_id = -1
         self.protocol_name: str | None = None
         self.leader_id = ""
+        self.last_resources_epoch = 0
+        # ---- what is owned
         #: immutable, replaced on change: a thread may read it while the
         #: driver changes it (BlockingGroupMember.assignment).
         self._owned: frozenset[Resource] = frozenset()
         self._owned_generation = -1
-        #: the user_data of the last assignment received and the protocol
-        #: (assignor) of its generation: echoed in that protocol's metadata
-        #: at the next join, so an assignor keeps state between rounds
-        #: without keeping any itself (incremental-cooperative, KIP-415).
-        self._echo_user_data: bytes | None = None
-        self._echo_protocol: str | None = None
+        #: the protocol (assignor) of the last assignment received and its
+        #: user_data: echoed in that protocol's metadata at the next join, so
+        #: an assignor keeps state between rounds without keeping any itself
+        #: (incremental-cooperative, KIP-415).
+        self._echo: tuple[str | None, bytes] | None = None
         self._callbacks: deque[InvokeListener] = deque()
-        self._in_flight: Call | InvokeListener | None = None
-        self._in_flight_sent_ms = 0
-        # When the current state's next request is due (retries, heartbeats).
-        self._next_send_ms = 0
-        self._attempts = 0
-        self._rejoin_needed = False
-        #: the next join/sync/catalog call waits out a backoff after a failure
-        #: to reach the coordinator.
-        self._retry_pending = False
-        self._rejoin_at_ms = 0
-        self._rejoin_reason = ""
-        self._join_reason = "initial join"
-        #: send time of the last answer that proved our membership.
-        self._anchor_ms: int | None = None
-        #: send time of the last answer that proved no join phase was in
-        #: progress at the coordinator (a no-error heartbeat, a completed sync).
-        self._settled_ms: int | None = None
-        #: send time of the first join since the last successful one, and the
-        #: value it had when the current generation's join answer arrived.
-        self._join_first_sent_ms: int | None = None
-        self._sync_base_ms: int | None = None
-        #: the main call in flight was overtaken by a side-channel outcome
-        #: (reset, fatal): its answer means nothing any more.
-        self._in_flight_stale = False
-        #: when a side-channel answer first showed the coordinator done with the
-        #: join or sync in flight, and whether to send that call again (see the
-        #: module docstring, "A call the coordinator is done with").
-        self._done_seen_ms: int | None = None
-        self._resend_main = False
-        # The side channel: heartbeats while a rebalance is in progress (KIP-62).
-        self._bg_call: Call | None = None
-        self._bg_sent_ms = 0
-        self._bg_next_ms = 0
-        # SYNCING
-        self._join_members: tuple[JoinMember, ...] = ()
-        self._skip_assignment = False
-        self._catalog: CatalogResponse | None = None
-        self._sync_request: SyncRequest | None = None
-        #: a sync answer read too late to trust, until a heartbeat confirms it.
-        self._pending_sync: SyncResponse | None = None
+        # ---- the leader's
+        #: the catalog epoch the assignment of the latest generation this
+        #: member led covers (set by its plan, or by what a KIP-814 sync
+        #: without assigning delivered).
         self._assigned_epoch: int | None = None
-        #: the leader's last plan left subscribed resources to nobody (they are being
-        #: revoked by their owners): it rejoins once that generation is Stable.
-        #: this member revoked resources for a hand-over and has not rejoined since
-        #: (KIP-429: its rejoin starts the follow-up rebalance that completes it).
-        self._handover_pending = False
+        #: the leader's last plan left subscribed resources to nobody (they are
+        #: being revoked by their owners), and no assignment was delivered since:
+        #: it rejoins once that generation is Stable.
         self._followup_needed = False
-        self.last_resources_epoch = 0
-        # metrics
-        self._rebalance_started_ms: int | None = None
-        self._complete_on_assigned = False
-        self._events: list[RebalanceEvent] = []
-        # closing / failure
+        # ---- the channels, the lease, the rebalance in progress
+        #: the main channel's outstanding action (a call, or a listener).
+        self._in_flight: MainCall | InvokeListener | None = None
+        self._schedule = Schedule(config.retry_backoff_ms, config.retry_backoff_max_ms,
+                                  rng or random.random)
+        self._side = SideChannel()
+        self._lease = Lease(self._timing)
+        #: a rejoin asked for (subscription change, catalog change, a delayed
+        #: rebalance, a hand-over): not before ``at_ms``, for ``reason``.
+        self._rejoin: tuple[int, str] | None = None
+        self._rebalance = RebalanceLog()
+        # ---- closing / failure
         self._closing = False
         #: the ``sequence`` of the last commit built (CommitRequest.sequence).
         self._commit_sequence = -1
@@ -444,6 +198,10 @@ class MemberStateMachine:
         self.last_error: str | None = None
 
     # ------------------------------------------------------------ queries
+
+    @property
+    def state(self) -> MemberState:
+        return self._phase.state
 
     @property
     def owned(self) -> frozenset[Resource]:
@@ -468,52 +226,53 @@ class MemberStateMachine:
     def closing(self) -> bool:
         return self._closing
 
+    @property
+    def rejoin_requested(self) -> bool:
+        """Whether a rejoin was asked for and has not started yet."""
+        return self._rejoin is not None
+
     def safety_deadline_ms(self) -> int | None:
         """When the member must stop believing it owns anything (or None).
-        See the module docstring: the session bound and the rebalance bound."""
-        if not self._owned or self._anchor_ms is None:
+        See :mod:`client.member_state.lease`: the session bound and the
+        rebalance bound."""
+        if not self._owned:
             return None
-        return self._lease_end(self._anchor_ms, self._rebalance_base())
+        return self._lease_end_now()
 
     def _lease_end_now(self) -> int | None:
         """The lease's end whether or not anything is owned (the heartbeat
         timings keep the membership itself too), None before any proof."""
-        if self._anchor_ms is None:
-            return None
-        return self._lease_end(self._anchor_ms, self._rebalance_base())
-
-    def _rebalance_base(self) -> int | None:
-        if self.state is MemberState.SYNCING:
-            return self._sync_base_ms
-        return self._settled_ms
-
-    def _lease_end(self, anchor_ms: int, base_ms: int | None) -> int:
-        return self._timing.end(anchor_ms, base_ms)
+        phase = self._phase
+        base = phase.base_ms if isinstance(phase, Syncing) else self._lease.settled_ms
+        return self._lease.end(base)
 
     def drain_events(self) -> list[RebalanceEvent]:
-        events, self._events = self._events, []
-        return events
+        return self._rebalance.drain()
 
     def wants_interrupt(self, now_ms: int) -> bool:
         """Should the driver abandon the call in flight? Asked whenever the
         driver wakes: it was poked, a side-channel answer arrived, or the
         safety deadline (which it also waits for) passed."""
-        if not isinstance(self._in_flight, Call):
+        main = self._in_flight
+        if not isinstance(main, MainCall):
             return False
-        if self._in_flight.api == "leave":
+        if main.call.api == "leave":
             return False
-        if self._closing or self._in_flight_stale or self.state is MemberState.FAILED:
+        if self._closing or main.stale or self.state is MemberState.FAILED:
             return True
         deadline = self.safety_deadline_ms()
         if deadline is not None and now_ms >= deadline:
             # A join or sync may park for the whole rebalance timeout; the
             # safety rule cannot wait for it (on_lost comes first).
             return True
-        if self._resend_main:
+        if main.resend:
             return True  # its answer is lost: send it again
-        if not self._in_flight.interruptible:
+        if not main.call.interruptible:
             return False
-        return bool(self._callbacks) or (self._rejoin_needed and now_ms >= self._rejoin_at_ms)
+        return bool(self._callbacks) or self._rejoin_due(now_ms)
+
+    def _rejoin_due(self, now_ms: int) -> bool:
+        return self._rejoin is not None and now_ms >= self._rejoin[0]
 
     # ------------------------------------------------------------ inputs from the caller
 
@@ -586,7 +345,7 @@ class MemberStateMachine:
         stale = (request.generation_id != self.generation_id
                  or request.member_id != self.member_id)
         action = ERROR_ACTIONS.get(code, ErrorAction.RETRY)
-        if code in _COMMIT_CONTENT_ERRORS:
+        if code in COMMIT_CONTENT_ERRORS:
             # Refused for what it carries (a resource the catalog no longer has,
             # a value over a limit): that commit fails, the membership is fine,
             # as Kafka's per-partition OffsetCommit errors leave the consumer be.
@@ -603,14 +362,13 @@ class MemberStateMachine:
 
     def next_action(self, now_ms: int) -> Action:
         if self._in_flight is not None:
-            raise RuntimeError(f"next_action with {self._in_flight!r} still outstanding")
+            raise RuntimeError(f"next_action with {self._outstanding()!r} still outstanding")
         if self.state in (MemberState.CLOSED, MemberState.FAILED) and not self._callbacks:
             return Stop(self.failure)
         # The safety rule comes before anything else.
         deadline = self.safety_deadline_ms()
         if deadline is not None and now_ms >= deadline:
-            assert self._anchor_ms is not None  # a deadline needs an anchor
-            if now_ms >= self._anchor_ms + self.config.session_timeout_ms:
+            if self._lease.session_expired(now_ms):
                 self._lose_all("no successful heartbeat for a session timeout")
                 self._request_rejoin(now_ms, "session timed out locally")
             else:
@@ -624,21 +382,23 @@ class MemberStateMachine:
             return Stop(self.failure)
         if self._closing and self.state is not MemberState.LEAVING:
             return self._close_step(now_ms)
-        if self.state is MemberState.STABLE:
-            if self._rejoin_needed and now_ms >= self._rejoin_at_ms:
-                self._enter_joining(now_ms, self._rejoin_reason, at_ms=now_ms)
+        phase = self._phase
+        if isinstance(phase, Stable):
+            if self._rejoin is not None and now_ms >= self._rejoin[0]:
+                self._enter_joining(now_ms, self._rejoin[1], at_ms=now_ms)
             else:
                 return self._stable_step(now_ms)
-        if self.state is MemberState.JOINING:
-            return self._joining_step(now_ms)
-        if self.state is MemberState.SYNCING:
-            return self._syncing_step(now_ms)
+        phase = self._phase
+        if isinstance(phase, Joining):
+            return self._joining_step(now_ms, phase)
+        if isinstance(phase, Syncing):
+            return self._syncing_step(now_ms, phase)
         raise RuntimeError(f"no action in state {self.state}")  # LEAVING is always in flight
 
     def receive(self, now_ms: int, response: object) -> None:
-        call = self._take_call()
-        sent = self._in_flight_sent_ms
-        if self._drop_stale(now_ms):
+        main = self._take_call()
+        call, sent = main.call, main.sent_ms
+        if self._drop_stale(now_ms, main):
             return
         if call.api == "join" and isinstance(response, JoinResponse):
             self._on_join(now_ms, sent, response)
@@ -657,27 +417,28 @@ class MemberStateMachine:
     def call_failed(self, now_ms: int, error: Exception) -> None:
         """The call got no response: network, timeout, 5xx, or a fatal
         transport error (400: a bug; 401/403)."""
-        call = self._take_call()
+        main = self._take_call()
         if isinstance(error, FatalMemberError):
             self._fail(error)
             return
-        if self._drop_stale(now_ms):
+        if self._drop_stale(now_ms, main):
             return
-        self.last_error = _with_api(call.api, str(error))
-        if call.api == "leave":
+        api = main.call.api
+        self.last_error = _with_api(api, str(error))
+        if api == "leave":
             # The session timeout will remove us; do not hang on close.
             self._finish_close()
             return
-        self._retry_later(now_ms, call.api, str(error))
+        self._retry_later(now_ms, api, str(error))
 
     def call_abandoned(self, now_ms: int) -> None:
         """The driver cancelled a call: a parked heartbeat when there is other
         work, any call for close() or when the safety deadline passed."""
-        call = self._take_call()
-        if self._drop_stale(now_ms):
+        main = self._take_call()
+        if self._drop_stale(now_ms, main):
             return
-        if call.api == "heartbeat":
-            self._next_send_ms = now_ms
+        if main.call.api == "heartbeat":
+            self._schedule.due_ms = now_ms
         elif self.state is MemberState.LEAVING:
             self._finish_close()
         else:
@@ -685,26 +446,22 @@ class MemberStateMachine:
             # follows), the safety deadline (on_lost follows, then the same
             # step again: a join rebuilt owning nothing, a sync re-sent), or
             # because its answer is lost (the same step again at once).
-            if self._resend_main:
-                self.last_error = (f"{call.api}: no answer, and the coordinator's answers "
+            if main.resend:
+                self.last_error = (f"{main.call.api}: no answer, and the coordinator's answers "
                                    f"to heartbeats show it answered or never got it; sent again")
-            self._next_send_ms = now_ms
+            self._schedule.due_ms = now_ms
 
     def listener_done(self, now_ms: int) -> None:
         action = self._in_flight
         if not isinstance(action, InvokeListener):
-            raise RuntimeError(f"listener_done with {action!r} outstanding")
+            raise RuntimeError(f"listener_done with {self._outstanding()!r} outstanding")
         self._in_flight = None
         if action.kind is CallbackKind.REVOKED:
             # KIP-429: the assignment changes only after on_revoked returned,
             # so a commit from inside the callback is still accepted.
             self._owned = self._owned - action.resources
-        elif action.kind is CallbackKind.ASSIGNED and self._complete_on_assigned:
-            self._complete_on_assigned = False
-            started = self._rebalance_started_ms
-            self._rebalance_started_ms = None
-            self._events.append(RebalanceCompleted(
-                now_ms, now_ms - started if started is not None else 0, self.generation_id))
+        elif action.kind is CallbackKind.ASSIGNED:
+            self._rebalance.assigned(now_ms, self.generation_id)
 
     # ------------------------------------------------------------ the side channel (KIP-62)
 
@@ -715,37 +472,31 @@ class MemberStateMachine:
         now, ``Wait`` until the next one is due, ``None`` when none applies
         (not rebalancing, no generation to heartbeat with, closing). At most
         one is outstanding; report it with :meth:`background_received`,
-        :meth:`background_failed` or :meth:`background_abandoned`.
-
-        The heartbeat carries the generation the member still has (the old one
-        while joining, the new one while syncing). REBALANCE_IN_PROGRESS and
-        no-error answers prove the coordinator still knows the member and
-        move the session anchor; a no-error answer also proves no join phase
-        was in progress."""
-        if self._bg_call is not None:
-            raise RuntimeError(f"background_heartbeat with {self._bg_call!r} still outstanding")
+        :meth:`background_failed` or :meth:`background_abandoned`
+        (:mod:`client.member_state.heartbeat`)."""
+        side = self._side
+        if side.call is not None:
+            raise RuntimeError(f"background_heartbeat with {side.call!r} still outstanding")
         if not self._bg_applies():
             return None
-        if now_ms < self._bg_next_ms:
-            return Wait(self._bg_next_ms)
+        if now_ms < side.next_ms:
+            return Wait(side.next_ms)
         request = HeartbeatRequest(self.config.group_id, self.member_id, self.generation_id,
                                    self.config.group_instance_id, 0)
         # Answered at once (wait_ms 0), so within reply_ms on a healthy
         # network; a later answer is not waited for (the timing rule).
         timeout = self._timing.heartbeat_timeout_ms(now_ms, 0, self._lease_end_now())
         call = Call("heartbeat", request, timeout, interruptible=True)
-        self._bg_call = call
-        self._bg_sent_ms = now_ms
-        self._bg_next_ms = now_ms + self._timing.heartbeat_interval_ms
+        side.sent(call, now_ms, self._timing.heartbeat_interval_ms)
         return call
 
     def background_received(self, now_ms: int, response: object) -> None:
-        call = self._take_bg()
+        call = self._side.take()
         if not isinstance(response, HeartbeatResponse):
             raise RuntimeError(f"response {type(response).__name__} to a background heartbeat")
         request = call.request
         assert isinstance(request, HeartbeatRequest)
-        sent = self._bg_sent_ms
+        sent = self._side.sent_ms
         if (request.member_id != self.member_id or request.generation_id != self.generation_id
                 or self._closing or self.state not in (MemberState.JOINING, MemberState.SYNCING,
                                                        MemberState.STABLE)):
@@ -755,28 +506,29 @@ class MemberStateMachine:
             # ILLEGAL_GENERATION must not reset a member that just joined).
             return
         code = response.error
-        self._watch_main_call(now_ms, sent, code)
+        main = self._in_flight
+        if isinstance(main, MainCall):
+            main.watch(now_ms, sent, code, self._timing.reply_ms)
         if code is None or code is ErrorCode.REBALANCE_IN_PROGRESS:
             self._coordinator_answered(now_ms)
         if code is None:
             # The coordinator was in CompletingRebalance or Stable with our
             # generation: we are known, and no join phase was in progress.
-            self._anchor_ms = max(self._anchor_ms or sent, sent)
-            self._settled_ms = max(self._settled_ms or sent, sent)
+            self._lease.settled(sent)
             self.last_resources_epoch = max(self.last_resources_epoch, response.resources_epoch)
             return
         action = ERROR_ACTIONS.get(code, ErrorAction.RETRY)
         if action is ErrorAction.REJOIN:
             # PreparingRebalance re-armed our session: we are known. We are
             # rejoining already (or our sync will be told to rejoin).
-            self._anchor_ms = max(self._anchor_ms or sent, sent)
+            self._lease.known(sent)
             return
         if action is ErrorAction.RETRY:
-            self._bg_next_ms = now_ms + min(self.config.retry_backoff_ms,
-                                            self._timing.heartbeat_interval_ms)
+            self._side.next_ms = now_ms + min(self.config.retry_backoff_ms,
+                                              self._timing.heartbeat_interval_ms)
             return
         if (code is ErrorCode.ILLEGAL_GENERATION and self.state is MemberState.JOINING
-                and isinstance(self._in_flight, Call) and self._in_flight.api == "join"):
+                and isinstance(main, MainCall) and main.call.api == "join"):
             # Member validation passed, so the coordinator formed a newer
             # generation *with us* (a member that did not rejoin is removed,
             # and answered UNKNOWN_MEMBER_ID): the join phase completed and
@@ -786,82 +538,47 @@ class MemberStateMachine:
             return
         self._apply_side(now_ms, code, action)
 
-    def _watch_main_call(self, now_ms: int, sent_ms: int, code: ErrorCode | None) -> None:
-        """Is the join or sync in flight one the coordinator is done with (the
-        module docstring, "A call the coordinator is done with")? Judged from a
-        side-channel answer to a heartbeat sent at ``sent_ms`` with the
-        generation the member still has."""
-        call = self._in_flight
-        if (not isinstance(call, Call) or call.api not in ("join", "sync")
-                or sent_ms < self._in_flight_sent_ms or self._resend_main):
-            return  # no such call, or the heartbeat left before it: says nothing of it
-        if call.api == "join":
-            # No error: no join phase (ours would have started one, or been
-            # answered at once). ILLEGAL_GENERATION: a join phase completed
-            # with us in it, and our join was answered then.
-            done = code is None or code is ErrorCode.ILLEGAL_GENERATION
-        else:
-            # No error: Stable (a sync is answered at once) or waiting for the
-            # leader's sync (ours may be parked: sending it again replaces it).
-            # REBALANCE_IN_PROGRESS: a sync gets nothing else any more.
-            done = code is None or code is ErrorCode.REBALANCE_IN_PROGRESS
-        if not done:
-            self._done_seen_ms = None  # e.g. our slow join arrived and began a rebalance
-            return
-        first = self._done_seen_ms
-        if first is None:
-            self._done_seen_ms = now_ms
-        elif now_ms >= first + self._timing.reply_ms and sent_ms >= first:
-            # An answer the coordinator sent before ``first`` has had the reply
-            # allowance to arrive, and this heartbeat, sent since, says the
-            # same: the call's answer (or the call) is lost.
-            self._resend_main = True
-
     def _coordinator_answered(self, now_ms: int) -> None:
         """The coordinator answers again: a join, sync or catalog read waiting
         out the backoff of a failure to reach it goes now (the member would
         otherwise sit out up to ``retry_backoff_max_ms`` holding nothing while
         the coordinator, answered by its heartbeats, counts it as a member
         holding its resources: simulator seed 737)."""
-        if self._retry_pending and self._in_flight is None and self._next_send_ms > now_ms:
-            self._retry_pending = False
-            self._attempts = 0
-            self._next_send_ms = now_ms
+        schedule = self._schedule
+        if schedule.retry_pending and self._in_flight is None and schedule.due_ms > now_ms:
+            schedule.retry_pending = False
+            schedule.attempts = 0
+            schedule.due_ms = now_ms
 
     def background_failed(self, now_ms: int, error: Exception) -> None:
         """A background heartbeat got no answer (network, timeout, 5xx). It
         proves nothing; the next one goes out after a short backoff. A fatal
         transport error (401/403) stops the member as on the main channel."""
-        self._take_bg()
+        self._side.take()
         if isinstance(error, FatalMemberError):
             if self.state not in (MemberState.CLOSED, MemberState.FAILED):
                 self._mark_stale()
                 self._fail(error)
             return
-        self._bg_next_ms = now_ms + min(self.config.retry_backoff_ms,
-                                        self._timing.heartbeat_interval_ms)
+        self._side.next_ms = now_ms + min(self.config.retry_backoff_ms,
+                                          self._timing.heartbeat_interval_ms)
 
     def background_abandoned(self, now_ms: int) -> None:
         """The driver cancelled the background heartbeat (it is stopping)."""
-        self._take_bg()
+        self._side.take()
 
     def _bg_applies(self) -> bool:
-        if self.state not in (MemberState.JOINING, MemberState.SYNCING):
+        phase = self._phase
+        if not isinstance(phase, (Joining, Syncing)):
             return False
         if self._closing or self.failure is not None:
             return False
         if not self.member_id or self.generation_id < 0:
             return False  # nothing to heartbeat with (a new or reset member)
-        if self._pending_sync is not None:
+        if isinstance(phase, Syncing) and phase.pending is not None:
             return False  # the main channel is verifying a late sync answer by heartbeat
-        return not (isinstance(self._in_flight, Call) and self._in_flight.api == "heartbeat")
-
-    def _take_bg(self) -> Call:
-        call = self._bg_call
-        if call is None:
-            raise RuntimeError("no background heartbeat outstanding")
-        self._bg_call = None
-        return call
+        main = self._in_flight
+        return not (isinstance(main, MainCall) and main.call.api == "heartbeat")
 
     def _apply_side(self, now_ms: int, code: ErrorCode, action: ErrorAction) -> None:
         """The table's action for a background heartbeat's answer: like the
@@ -878,18 +595,18 @@ class MemberStateMachine:
         self._owned_generation = -1
         if action is not ErrorAction.RESET_GENERATION:
             self.member_id = ""
-            self._join_first_sent_ms = None
+            if isinstance(self._phase, Joining):
+                self._phase.first_sent_ms = None
         self._enter_joining(now_ms, f"heartbeat: {code.value}", at_ms=now_ms)
 
     def _mark_stale(self) -> None:
-        if isinstance(self._in_flight, Call):
-            self._in_flight_stale = True
+        if isinstance(self._in_flight, MainCall):
+            self._in_flight.stale = True
 
-    def _drop_stale(self, now_ms: int) -> bool:
-        if not self._in_flight_stale:
+    def _drop_stale(self, now_ms: int, main: MainCall) -> bool:
+        if not main.stale:
             return False
-        self._in_flight_stale = False
-        self._next_send_ms = now_ms
+        self._schedule.due_ms = now_ms
         return True
 
     # ------------------------------------------------------------ steps
@@ -933,8 +650,10 @@ class MemberStateMachine:
         # rebalance that gives them to their new owner. Without that rebalance they
         # would belong to nobody (its restart would get its stored assignment back),
         # so it leaves, which starts it (simulator seeds 700838430, 700838624).
-        if (self._leave_on_close or self._handover_pending) and self.member_id:
-            self.state = MemberState.LEAVING
+        phase = self._phase
+        handover = isinstance(phase, Stable) and phase.handover_pending
+        if (self._leave_on_close or handover) and self.member_id:
+            self._phase = Ended(MemberState.LEAVING)
             request = LeaveRequest(self.config.group_id, (LeaveMember(
                 self.member_id, self.config.group_instance_id, "the member is closing"),))
             # Waiting longer than a session for the leave gains nothing: the
@@ -945,41 +664,41 @@ class MemberStateMachine:
         return Stop(None)
 
     def _stable_step(self, now_ms: int) -> Action:
-        wake = [self._next_send_ms]
-        if self._rejoin_needed:
-            wake.append(self._rejoin_at_ms)
+        due = self._schedule.due_ms
+        wake = [due]
+        if self._rejoin is not None:
+            wake.append(self._rejoin[0])
         deadline = self.safety_deadline_ms()
         if deadline is not None:
             wake.append(deadline)
-        if now_ms < self._next_send_ms:
+        if now_ms < due:
             return Wait(min(wake))
         # The timing rule (client/lease.py): held at most an interval, and
         # never so long that the answer, and one retry after it, could come
         # after the lease's end; awaited reply_ms past the hold.
         end = self._lease_end_now()
         wait_ms = self._timing.hold_ms(now_ms, end)
-        if self._rejoin_needed:
-            wait_ms = max(0, min(wait_ms, self._rejoin_at_ms - now_ms))
+        if self._rejoin is not None:
+            wait_ms = max(0, min(wait_ms, self._rejoin[0] - now_ms))
         timeout = self._timing.heartbeat_timeout_ms(now_ms, wait_ms, end)
         request = HeartbeatRequest(self.config.group_id, self.member_id, self.generation_id,
                                    self.config.group_instance_id, wait_ms)
         # Should this heartbeat start a rebalance, the side channel carries on
         # one interval later.
-        self._bg_next_ms = now_ms + self._timing.heartbeat_interval_ms
+        self._side.next_ms = now_ms + self._timing.heartbeat_interval_ms
         return self._send(now_ms, Call("heartbeat", request, timeout, interruptible=True))
 
-    def _joining_step(self, now_ms: int) -> Action:
-        if now_ms < self._next_send_ms:
+    def _joining_step(self, now_ms: int, phase: Joining) -> Action:
+        due = self._schedule.due_ms
+        if now_ms < due:
             deadline = self.safety_deadline_ms()
-            return Wait(self._next_send_ms if deadline is None
-                        else min(self._next_send_ms, deadline))
+            return Wait(due if deadline is None else min(due, deadline))
         if self.protocol is RebalanceProtocol.EAGER and self._owned:
             # KIP-429, eager: on_revoked on the full set before the join.
             return self._revoke_owned()
-        self._rejoin_needed = False
-        if self._rebalance_started_ms is None:
-            self._events.append(RebalanceStarted(now_ms, self._join_reason))
-            self._rebalance_started_ms = now_ms
+        self._rejoin = None
+        if self._rebalance.started_ms is None:
+            self._rebalance.start(now_ms, phase.reason)
         request = JoinRequest(
             group_id=self.config.group_id, member_id=self.member_id,
             protocol_type=PROTOCOL_TYPE,
@@ -987,10 +706,10 @@ class MemberStateMachine:
             session_timeout_ms=self.config.session_timeout_ms,
             rebalance_timeout_ms=self.config.rebalance_timeout_ms,
             group_instance_id=self.config.group_instance_id,
-            client_id=self.config.client_id, reason=self._join_reason,
+            client_id=self.config.client_id, reason=phase.reason,
         )
-        if self._join_first_sent_ms is None:
-            self._join_first_sent_ms = now_ms
+        if phase.first_sent_ms is None:
+            phase.first_sent_ms = now_ms
         return self._send(now_ms, Call("join", request, self._rebalance_call_timeout()))
 
     def _join_protocols(self) -> tuple[tuple[str, bytes], ...]:
@@ -1007,49 +726,52 @@ class MemberStateMachine:
             ).encode()
 
         plain = metadata(self.config.user_data)
-        echoed = self._echo_protocol
+        if self._echo is None:
+            return tuple((name, plain) for name in self.config.assignors)
+        echoed, user_data = self._echo
         return tuple(
-            (name, metadata(self._echo_user_data) if name == echoed else plain)
+            (name, metadata(user_data) if name == echoed else plain)
             for name in self.config.assignors)
 
-    def _syncing_step(self, now_ms: int) -> Action:
-        if now_ms < self._next_send_ms:
+    def _syncing_step(self, now_ms: int, phase: Syncing) -> Action:
+        due = self._schedule.due_ms
+        if now_ms < due:
             deadline = self.safety_deadline_ms()
-            return Wait(self._next_send_ms if deadline is None
-                        else min(self._next_send_ms, deadline))
-        if self._pending_sync is not None:
+            return Wait(due if deadline is None else min(due, deadline))
+        if phase.pending is not None:
             request = HeartbeatRequest(self.config.group_id, self.member_id, self.generation_id,
                                        self.config.group_instance_id, 0)
             return self._send(now_ms, Call("heartbeat", request, self.config.request_timeout_ms))
-        needs_assignment = self.is_leader and not self._skip_assignment
-        if needs_assignment and self._sync_request is None:
-            if self._catalog is None:
+        needs_assignment = self.is_leader and not phase.skip_assignment
+        if needs_assignment and phase.request is None:
+            if phase.catalog is None:
                 return self._send(now_ms, Call(CATALOG_API, CatalogRequest(),
                                                self.config.request_timeout_ms))
-            self._sync_request = self._leader_sync_request(now_ms, self._catalog)
-        if self._sync_request is None:
-            self._sync_request = SyncRequest(
+            phase.request = self._leader_sync_request(now_ms, phase, phase.catalog)
+        if phase.request is None:
+            phase.request = SyncRequest(
                 self.config.group_id, self.member_id, self.generation_id, (),
                 self.config.group_instance_id, PROTOCOL_TYPE, self.protocol_name)
-        return self._send(now_ms, Call("sync", self._sync_request,
-                                       self._rebalance_call_timeout()))
+        return self._send(now_ms, Call("sync", phase.request, self._rebalance_call_timeout()))
 
-    def _leader_sync_request(self, now_ms: int, catalog: CatalogResponse) -> SyncRequest:
+    def _leader_sync_request(self, now_ms: int, phase: Syncing,
+                             catalog: CatalogResponse) -> SyncRequest:
         name = self.protocol_name or ""
         assignor = self._assignors.get(name)
+        members = phase.members
         if assignor is None:
             failure = f"the group chose protocol {name!r}, which this member does not have"
             assignments: dict[str, ResourceAssignment] = {
-                m.member_id: ResourceAssignment(error=failure) for m in self._join_members}
+                m.member_id: ResourceAssignment(error=failure) for m in members}
         else:
             try:
                 clock = self._assignor_clock
-                result = perform_assignment(assignor, catalog.resources, self._join_members,
+                result = perform_assignment(assignor, catalog.resources, members,
                                             now_ms=now_ms if clock is None else clock())
             except AssignmentFailed as exc:
                 failure = str(exc)
                 assignments = {m.member_id: ResourceAssignment(error=failure)
-                               for m in self._join_members}
+                               for m in members}
             else:
                 # Each member's assignment says which catalog epoch it covers:
                 # a later leader process that syncs without assigning (KIP-814)
@@ -1058,7 +780,7 @@ class MemberStateMachine:
                                for m, a in result.assignments.items()}
                 failure = "; ".join(result.undecodable.values())
                 self._followup_needed = _leaves_resources_unassigned(
-                    catalog.resources, self._join_members, assignments)
+                    catalog.resources, members, assignments)
         if failure:
             self.last_error = failure
         self._assigned_epoch = catalog.resources_epoch
@@ -1075,47 +797,45 @@ class MemberStateMachine:
             # owned is empty at this point, join again at once.
             if resp.member_id:
                 self.member_id = resp.member_id
-            self._next_send_ms = now_ms
+            self._schedule.due_ms = now_ms
             return
         if resp.error is not None:
             self._apply(now_ms, "join", resp.error)
             return
-        self._attempts = 0
+        self._schedule.attempts = 0
         # The coordinator restarts our session timer when the join phase
         # completes, which is no earlier than when we sent the join.
-        self._anchor_ms = max(self._anchor_ms or sent_ms, sent_ms)
+        self._lease.known(sent_ms)
         # The generation formed after the join that put us in it reached the
         # coordinator; that may be an earlier join of ours than this one (a
         # join whose answer we never read, answered now "current generation"
         # at once), so the sync deadline is no earlier than the first join's
         # send time + the rebalance timeout.
-        first = self._join_first_sent_ms
-        self._sync_base_ms = sent_ms if first is None else min(first, sent_ms)
-        self._join_first_sent_ms = None
+        phase = self._phase
+        first = phase.first_sent_ms if isinstance(phase, Joining) else None
         self.member_id = resp.member_id or self.member_id
         self.generation_id = resp.generation_id
         self.protocol_name = resp.protocol_name
         self.leader_id = resp.leader
-        self._join_members = resp.members
-        self._skip_assignment = resp.skip_assignment
-        self._catalog = None
-        self._sync_request = None
-        self.state = MemberState.SYNCING
-        self._next_send_ms = now_ms
+        self._phase = Syncing(base_ms=sent_ms if first is None else min(first, sent_ms),
+                              members=resp.members, skip_assignment=resp.skip_assignment)
+        self._schedule.due_ms = now_ms
 
     def _on_catalog(self, now_ms: int, resp: CatalogResponse) -> None:
-        self._attempts = 0
-        self._catalog = resp
-        self._next_send_ms = now_ms
+        self._schedule.attempts = 0
+        if isinstance(self._phase, Syncing):
+            self._phase.catalog = resp
+        self._schedule.due_ms = now_ms
 
     def _on_sync(self, now_ms: int, sent_ms: int, resp: SyncResponse) -> None:
         if resp.error is not None:
             self._apply(now_ms, "sync", resp.error)
             return
-        self._attempts = 0
+        self._schedule.attempts = 0
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
-        anchor = max(self._anchor_ms or sent_ms, sent_ms)
-        if now_ms >= self._lease_end(anchor, max(self._settled_ms or sent_ms, sent_ms)):
+        phase = self._phase
+        assert isinstance(phase, Syncing)  # a sync in flight outside SYNCING is stale
+        if now_ms >= self._lease.end_if_settled(sent_ms):
             # The lease this answer would start is over already: the answer
             # was read a session timeout after our last proven contact (the
             # process was paused, or the answer sat in its socket), or a
@@ -1126,19 +846,18 @@ class MemberStateMachine:
             # what we own as lost first. (Background heartbeats during a
             # slow sync keep the anchor fresh, so a slow leader alone does
             # not trigger this.)
-            self._pending_sync = resp
-            self._next_send_ms = now_ms
+            phase.pending = resp
+            self._schedule.due_ms = now_ms
             return
-        self._deliver(now_ms, resp, sent_ms)
+        self._deliver(now_ms, phase, resp, sent_ms)
 
-    def _deliver(self, now_ms: int, resp: SyncResponse, proof_ms: int) -> None:
+    def _deliver(self, now_ms: int, phase: Syncing, resp: SyncResponse, proof_ms: int) -> None:
         # The coordinator answered a sync (or a heartbeat after it) sent at
         # proof_ms: we were a member then, and the join phase was over.
-        self._anchor_ms = max(self._anchor_ms or proof_ms, proof_ms)
-        self._settled_ms = max(self._settled_ms or proof_ms, proof_ms)
-        self._pending_sync = None
-        self.state = MemberState.STABLE
-        self._next_send_ms = now_ms  # start the heartbeat long-poll at once
+        self._lease.settled(proof_ms)
+        stable = Stable()
+        self._phase = stable
+        self._schedule.due_ms = now_ms  # start the heartbeat long-poll at once
         try:
             assignment = ResourceAssignment.decode(resp.assignment)
         except ValidationError as exc:
@@ -1149,13 +868,13 @@ class MemberStateMachine:
             # claimed in our metadata), count a failed rebalance, retry.
             self.last_error = f"rebalance failed: {assignment.error}"
             self._fail_rebalance(now_ms, self.last_error)
-            self._request_rejoin(now_ms, "previous rebalance failed", self._backoff_ms())
+            self._request_rejoin(now_ms, "previous rebalance failed",
+                                 self._schedule.backoff_ms())
             return
         if assignment.user_data is not None:
             # The assignor owns its protocol's user_data from now on
             # (docs/client.md): echoed at the next join.
-            self._echo_user_data = assignment.user_data
-            self._echo_protocol = self.protocol_name
+            self._echo = (self.protocol_name, assignment.user_data)
         new = from_index_map(assignment.assigned)
         revoked = frozenset(self._owned - new)
         added = frozenset(new - self._owned)
@@ -1165,10 +884,10 @@ class MemberStateMachine:
             # hand it to its new owner (KIP-429 step 3.3).
             self._callbacks.append(InvokeListener(CallbackKind.REVOKED, revoked))
             self._request_rejoin(now_ms, "revoked resources move to their new owner")
-            self._handover_pending = True
+            stable.handover_pending = True
         self._owned_generation = self.generation_id
         self._callbacks.append(InvokeListener(CallbackKind.ASSIGNED, added))
-        self._complete_on_assigned = True
+        self._rebalance.assignment_delivered()
         if assignment.delay_ms > 0:
             # Deferred imbalance resolution (KIP-415 / incremental cooperative).
             self._request_rejoin(now_ms, "assignor asked for a delayed rebalance",
@@ -1185,7 +904,7 @@ class MemberStateMachine:
                                          "their new owner")
         self._followup_needed = False
         if self.is_leader:
-            if self._skip_assignment or self._assigned_epoch is None:
+            if phase.skip_assignment or self._assigned_epoch is None:
                 # Assigned by an earlier leader process (KIP-814): from the
                 # epoch its assignment carries (older leaders' carry none:
                 # then the sync's epoch, and a catalog change made meanwhile
@@ -1202,26 +921,25 @@ class MemberStateMachine:
                 or request.generation_id != self.generation_id):
             # A commit's refusal reset the member while this was in flight:
             # the answer is about a generation we no longer have.
-            self._next_send_ms = now_ms
+            self._schedule.due_ms = now_ms
             return
         if resp.error is not None:
             if resp.error is ErrorCode.REBALANCE_IN_PROGRESS:
                 # The coordinator re-armed our session: proven contact.
-                self._anchor_ms = max(self._anchor_ms or sent_ms, sent_ms)
+                self._lease.known(sent_ms)
             self._apply(now_ms, "heartbeat", resp.error)
             return
-        self._attempts = 0
-        self._anchor_ms = max(self._anchor_ms or sent_ms, sent_ms)
-        self._settled_ms = max(self._settled_ms or sent_ms, sent_ms)
-        pending = self._pending_sync
-        if pending is not None and self.state is MemberState.SYNCING:
+        self._schedule.attempts = 0
+        self._lease.settled(sent_ms)
+        phase = self._phase
+        if isinstance(phase, Syncing) and phase.pending is not None:
             # We are still in this generation as of the heartbeat's send time.
-            if now_ms >= self._lease_end(sent_ms, sent_ms):
-                self._next_send_ms = now_ms  # late again: check again
+            if now_ms >= self._timing.end(sent_ms, sent_ms):
+                self._schedule.due_ms = now_ms  # late again: check again
                 return
-            self._deliver(now_ms, pending, sent_ms)
+            self._deliver(now_ms, phase, phase.pending, sent_ms)
             return
-        self._next_send_ms = max(now_ms, sent_ms + self._timing.heartbeat_interval_ms)
+        self._schedule.due_ms = max(now_ms, sent_ms + self._timing.heartbeat_interval_ms)
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
         if (self.is_leader and self._assigned_epoch is not None
                 and resp.resources_epoch > self._assigned_epoch):
@@ -1237,13 +955,14 @@ class MemberStateMachine:
         if action is not ErrorAction.RETRY:
             # The coordinator answered: the backoff grows only while it is
             # unreachable or unavailable (simulator seed 1424).
-            self._attempts = 0
+            self._schedule.attempts = 0
         in_rebalance = api in ("join", "sync")
         if in_rebalance and action is not ErrorAction.RETRY:
             self._fail_rebalance(now_ms, f"{api}: {code.value}")
         if action is ErrorAction.REJOIN:
             self._enter_joining(now_ms, f"{api}: {code.value}",
-                                at_ms=now_ms + (self._backoff_ms() if api == "join" else 0))
+                                at_ms=now_ms + (self._schedule.backoff_ms()
+                                                if api == "join" else 0))
         elif action in (ErrorAction.RESET_GENERATION, ErrorAction.RESET_MEMBER,
                         ErrorAction.SET_MEMBER_ID):
             # KIP-429 step 1.4: we are out of the generation; whatever we own
@@ -1254,7 +973,8 @@ class MemberStateMachine:
             if action is not ErrorAction.RESET_GENERATION:
                 self.member_id = ""
             self._enter_joining(now_ms, f"{api}: {code.value}",
-                                at_ms=now_ms + (self._backoff_ms() if api == "join" else 0))
+                                at_ms=now_ms + (self._schedule.backoff_ms()
+                                                if api == "join" else 0))
         elif action is ErrorAction.FATAL:
             self._fail(fatal_error_for(code, api))
         else:
@@ -1266,80 +986,71 @@ class MemberStateMachine:
         # stored assignment, PROTOCOL.md "Durability"), a heartbeat is retried.
         if api in ("join", "sync", CATALOG_API):
             self._fail_rebalance(now_ms, _with_api(api, reason), retriable=True)
+        schedule = self._schedule
         if api == "heartbeat" and self.state is MemberState.STABLE:
             # Timing rule 4: the retry still renews the lease if it can.
-            self._next_send_ms = self._timing.retry_at(now_ms, self._backoff_ms(),
-                                                       self._lease_end_now())
+            schedule.due_ms = self._timing.retry_at(now_ms, schedule.backoff_ms(),
+                                                    self._lease_end_now())
             return
-        self._next_send_ms = now_ms + self._backoff_ms()
+        schedule.due_ms = now_ms + schedule.backoff_ms()
         # Waiting out a backoff for want of a coordinator: an answer on the
         # side channel ends it (background_received).
-        self._retry_pending = True
+        schedule.retry_pending = True
 
     # ------------------------------------------------------------ helpers
 
     def _send(self, now_ms: int, call: Call) -> Call:
-        self._retry_pending = False
-        self._done_seen_ms = None
-        self._resend_main = False
-        self._in_flight = call
-        self._in_flight_sent_ms = now_ms
+        self._schedule.retry_pending = False
+        self._in_flight = MainCall(call, now_ms)
         return call
 
-    def _take_call(self) -> Call:
-        call = self._in_flight
-        if not isinstance(call, Call):
-            raise RuntimeError(f"no call outstanding (have {call!r})")
+    def _take_call(self) -> MainCall:
+        main = self._in_flight
+        if not isinstance(main, MainCall):
+            raise RuntimeError(f"no call outstanding (have {main!r})")
         self._in_flight = None
-        return call
+        return main
+
+    def _outstanding(self) -> Call | InvokeListener | None:
+        main = self._in_flight
+        return main.call if isinstance(main, MainCall) else main
 
     def _rebalance_call_timeout(self) -> int:
         # Kafka: a join may park for the whole rebalance timeout.
         return self.config.rebalance_timeout_ms + max(5_000, self.config.session_timeout_ms)
 
-    def _backoff_ms(self) -> int:
-        """Exponential backoff with +-20% jitter (Kafka's retry.backoff)."""
-        self._attempts += 1
-        base = min(self.config.retry_backoff_max_ms,
-                   self.config.retry_backoff_ms * 2 ** min(self._attempts - 1, 20))
-        return max(1, int(base * (0.8 + 0.4 * self._rng())))
-
     def _request_rejoin(self, now_ms: int, reason: str, delay_ms: int = 0) -> None:
         at = now_ms + max(0, delay_ms)
-        if self._rejoin_needed:
-            self._rejoin_at_ms = min(self._rejoin_at_ms, at)
+        if self._rejoin is not None:
+            self._rejoin = (min(self._rejoin[0], at), self._rejoin[1])
         else:
-            self._rejoin_needed = True
-            self._rejoin_at_ms = at
-            self._rejoin_reason = reason
+            self._rejoin = (at, reason)
 
     def _enter_joining(self, now_ms: int, reason: str, *, at_ms: int) -> None:
-        self._handover_pending = False
-        if self.state is not MemberState.JOINING or self._rebalance_started_ms is None:
-            self._events.append(RebalanceStarted(now_ms, reason))
-            self._rebalance_started_ms = now_ms
-        self.state = MemberState.JOINING
-        self._pending_sync = None
-        self._join_reason = reason
-        self._rejoin_needed = False
-        self._next_send_ms = at_ms
-        self._complete_on_assigned = False
+        phase = self._phase
+        if not isinstance(phase, Joining) or self._rebalance.started_ms is None:
+            self._rebalance.start(now_ms, reason)
+        if isinstance(phase, Joining):
+            phase.reason = reason  # still the first join's send time
+        else:
+            self._phase = Joining(reason)
+        self._rejoin = None
+        self._schedule.due_ms = at_ms
+        self._rebalance.forget_assignment()
 
     def _fail_rebalance(self, now_ms: int, reason: str, *, retriable: bool = False) -> None:
-        if self._rebalance_started_ms is not None or self.state is MemberState.SYNCING:
-            self._events.append(RebalanceFailed(now_ms, reason, retriable))
-        self._rebalance_started_ms = None
+        self._rebalance.fail(now_ms, reason, retriable=retriable,
+                             syncing=self.state is MemberState.SYNCING)
 
     def _lose_all(self, reason: str) -> None:
         # Losing everything supersedes whatever callbacks were pending: a
         # revocation of something lost, or an assignment of a generation we
         # are no longer part of.
         self._callbacks.clear()
-        self._complete_on_assigned = False
+        self._rebalance.forget_assignment()
         # Out of the group (or no longer sure to be in it): the assignor's
         # state we carried belongs to a membership we lost, like what we own.
-        self._echo_user_data = None
-        self._echo_protocol = None
+        self._echo = None
         if self._owned:
             self._callbacks.append(InvokeListener(CallbackKind.LOST, frozenset(self._owned)))
         self.last_error = reason
@@ -1347,11 +1058,11 @@ class MemberStateMachine:
     def _fail(self, error: FatalMemberError) -> None:
         self._lose_all(str(error))
         self.failure = error
-        self.state = MemberState.FAILED
-        self._rejoin_needed = False
+        self._phase = Ended(MemberState.FAILED)
+        self._rejoin = None
 
     def _finish_close(self) -> None:
-        self.state = MemberState.CLOSED
+        self._phase = Ended(MemberState.CLOSED)
 
     def _check_open(self) -> None:
         if self.failure is not None:

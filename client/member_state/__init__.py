@@ -1,0 +1,69 @@
+"""The group member as a sans-IO state machine (DESIGN.md practice 7).
+
+The driver (``client/member.py``, and the simulator's ``tests/sim/member.py``)
+asks :meth:`MemberStateMachine.next_action` what to do at time ``now_ms``,
+does it and reports back; see :mod:`client.member_state.machine`. The
+package:
+
+=================  ==========================================================
+module             holds
+=================  ==========================================================
+``actions``        the states, the actions (``Call``, ``InvokeListener``,
+                   ``Wait``, ``Stop``), the rebalance events and
+                   ``RebalanceLog``, the error table ``ERROR_ACTIONS``
+``config``         ``MemberConfig`` (checked when built) and the protocol
+                   choice (KIP-429)
+``lease``          ``Lease``: the safety lease, until when the member may
+                   believe it owns its resources (the timing rule that keeps
+                   it renewable is ``client/lease.py``)
+``heartbeat``      ``SideChannel``: the background heartbeat (KIP-62), and
+                   the rule for a join or sync the coordinator is done with
+``main_channel``   ``MainCall``: the call in flight and what the side channel
+                   learnt about it; ``Schedule``: when the next request is
+                   due, the retry backoff
+``states``         ``Joining``, ``Syncing``, ``Stable``: one object per
+                   state, holding only what that state means
+``machine``        ``MemberStateMachine``: the transitions
+=================  ==========================================================
+"""
+
+from client.member_state.actions import (
+    ERROR_ACTIONS,
+    Action,
+    Call,
+    CallbackKind,
+    ErrorAction,
+    InvokeListener,
+    MemberState,
+    RebalanceCompleted,
+    RebalanceEvent,
+    RebalanceFailed,
+    RebalanceStarted,
+    Resource,
+    Stop,
+    Wait,
+)
+from client.member_state.config import MemberConfig, choose_protocol
+from client.member_state.machine import MemberStateMachine, from_index_map, to_index_map
+
+__all__ = [
+    "ERROR_ACTIONS",
+    "Action",
+    "Call",
+    "CallbackKind",
+    "ErrorAction",
+    "InvokeListener",
+    "MemberConfig",
+    "MemberState",
+    "MemberStateMachine",
+    "RebalanceCompleted",
+    "RebalanceEvent",
+    "RebalanceFailed",
+    "RebalanceStarted",
+    "Resource",
+    "Stop",
+    "Wait",
+    "choose_protocol",
+    "from_index_map",
+    "to_index_map",
+]
