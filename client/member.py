@@ -9,12 +9,17 @@ next protocol step (a join after an eager ``on_revoked``, the follow-up
 rebalance after a cooperative one) waits for them; see
 :mod:`client.listener` for the order and the rules.
 
-Time comes from an injected ``clock`` (monotonic milliseconds); the driver
-only sleeps until the deadlines the machine names, or until it is poked by
-``subscribe``, ``commit`` or ``close``. The leader's assignor gets its own
-time, ``wall_clock`` (wall-clock milliseconds by default): an assignor that
-keeps deadlines in ``user_data`` (incremental-cooperative) needs a time base
-every member shares, since the next leader may be another process or host.
+Time comes from an injected ``clock`` (monotonic milliseconds), and so does
+every wait (:mod:`client.clock`): the driver sleeps until the deadlines the
+machine names, or until it is poked by ``subscribe``, ``commit`` or
+``close``; a call's timeout, the side channel's heartbeat timeout and the
+bounds of ``wait_assigned`` and ``close`` are deadlines on that clock too,
+never delays on the event loop's. On a clock that only moves when a test (or
+a simulator) moves it, the driver does exactly what it would do in real time.
+The leader's assignor gets its own time, ``wall_clock`` (wall-clock
+milliseconds by default): an assignor that keeps deadlines in ``user_data``
+(incremental-cooperative) needs a time base every member shares, since the
+next leader may be another process or host.
 
 While the machine is rebalancing (a join or sync in flight, or waiting to
 send one), the driver also runs the machine's side channel: heartbeats with
@@ -44,6 +49,7 @@ from typing import Any, Self
 
 from prometheus_client import CollectorRegistry
 
+from client.clock import MemberClock, TimerHandle, as_member_clock
 from client.errors import (
     CoordinatorUnavailableError,
     FatalMemberError,
@@ -121,7 +127,7 @@ class GroupMember:
         user_data: bytes | None = None,
         token: str | None = None,
         registry: CollectorRegistry | None = None,
-        clock: Callable[[], int] = monotonic_ms,
+        clock: Callable[[], int] | MemberClock = monotonic_ms,
         rng: Callable[[], float] | None = None,
         leave_on_close: bool | None = None,
         retry_backoff_ms: int = 100,
@@ -147,10 +153,11 @@ class GroupMember:
             retry_backoff_max_ms=retry_backoff_max_ms, request_timeout_ms=request_timeout_ms,
             leave_on_close=leave_on_close, assignor_settings=dict(assignor_settings or {}),
         )
+        time_source = as_member_clock(clock)
         if wall_clock is None:
             # An injected (test) clock drives the assignor too, so one fake
             # clock moves everything; the real default is the wall clock.
-            wall_clock = wall_ms if clock is monotonic_ms else clock
+            wall_clock = wall_ms if clock is monotonic_ms else time_source.now_ms
         self._machine = MemberStateMachine(self.config, rng=rng, assignor_clock=wall_clock)
         self._router: CoordinatorRouter | None = None
         if urls is not None:
@@ -177,15 +184,19 @@ class GroupMember:
         #: the last rebalance failed and is being retried (logged quietly).
         self._retrying = False
         self._listener = listener or RebalanceListener()
-        self._clock = clock
-        self.metrics = MemberMetrics(registry, group_id, self.client_id, clock)
+        #: the clock every wait is armed on; ``_clock`` reads it.
+        self._time = time_source
+        self._clock: Callable[[], int] = time_source.now_ms
+        self.metrics = MemberMetrics(registry, group_id, self.client_id, self._clock)
         self._wakeup = asyncio.Event()
         self._assigned_once = asyncio.Event()
         self._stopped = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
-        #: the side channel's heartbeat in flight (see _background).
+        #: the side channel's heartbeat in flight (see _background), and when
+        #: it times out (on the member's clock).
         self._bg: asyncio.Future[Any] | None = None
+        self._bg_deadline = 0
         #: one commit at a time, in call order (asyncio.Lock wakes waiters FIFO).
         self._commit_lock = asyncio.Lock()
 
@@ -274,8 +285,7 @@ class GroupMember:
         first = asyncio.ensure_future(self._assigned_once.wait())
         stopped = asyncio.ensure_future(self._stopped.wait())
         try:
-            done, _ = await asyncio.wait({first, stopped}, timeout=timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done = await self._first_of({first, stopped}, self._after_s(timeout_s))
         finally:
             first.cancel()
             stopped.cancel()
@@ -304,15 +314,14 @@ class GroupMember:
             return
         timeout = timeout_s if timeout_s is not None else (
             self.config.request_timeout_ms / 1000 + 5)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout)
-        except TimeoutError:
+        # Not cancelled if this caller is: the close goes on.
+        done = await self._first_of({self._task}, self._after_s(timeout))
+        if self._task not in done:
             log.warning("member %s: close timed out after %.1fs; stopping", self.client_id,
                         timeout)
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        except GroupCoordError:
-            pass  # the failure is kept in self._failure
+        # A failure is kept in self._failure; the task itself raises nothing.
 
     async def __aenter__(self) -> Self:
         self.start()
@@ -404,11 +413,17 @@ class GroupMember:
 
     async def _user_call(self, api: str, request: Any, timeout_ms: int | None = None) -> Any:
         limit_ms = self.config.request_timeout_ms if timeout_ms is None else timeout_ms
+        call = asyncio.ensure_future(self._transport.call(api, request))
         try:
-            return await asyncio.wait_for(self._transport.call(api, request), limit_ms / 1000)
-        except TimeoutError as exc:
+            done = await self._first_of({call}, self._clock() + limit_ms)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if call not in done:
+            await _cancel(call)
             self._timed_out(api)
-            raise CoordinatorUnavailableError(f"{api}: timed out") from exc
+            raise CoordinatorUnavailableError(f"{api}: timed out")
+        return call.result()
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
@@ -523,24 +538,31 @@ class GroupMember:
                 return
             bg = self._bg
             await self._wait(None, _earliest(until_ms, bg_due))
-            if bg is not None and bg.done():
+            if bg is not None and (bg.done() or self._clock() >= self._bg_deadline):
                 self._background()  # report it now; the main loop asks what is next
                 return
 
     # ------------------------------------------------------------ the side channel (KIP-62)
 
     def _background(self) -> int | None:
-        """Report a finished side-channel heartbeat, send the next one if it
-        is due; returns when the next one is due (None: nothing scheduled,
-        or one is in flight and its completion wakes the waiter)."""
+        """Report a finished side-channel heartbeat (or one past its timeout),
+        send the next one if it is due; returns when to look again: the next
+        one is due, or the one in flight times out (None: nothing scheduled)."""
         machine = self._machine
         bg = self._bg
         if bg is not None:
-            if not bg.done():
-                return None
-            self._bg = None
             now = self._clock()
-            exc = bg.exception() if not bg.cancelled() else asyncio.CancelledError()
+            exc: BaseException | None
+            if not bg.done():
+                if now < self._bg_deadline:
+                    return self._bg_deadline
+                bg.cancel()  # no answer within its timeout
+                exc = TimeoutError()
+            elif bg.cancelled():
+                exc = asyncio.CancelledError()
+            else:
+                exc = bg.exception()
+            self._bg = None
             if exc is None:
                 self._answered("heartbeat", bg.result())
                 machine.background_received(now, bg.result())
@@ -556,11 +578,12 @@ class GroupMember:
             else:
                 log.warning("member %s: background heartbeat raised %r", self.client_id, exc)
                 machine.background_failed(now, CoordinatorUnavailableError(repr(exc)))
-        action = machine.background_heartbeat(self._clock())
+        now = self._clock()
+        action = machine.background_heartbeat(now)
         if isinstance(action, Call):
-            self._bg = asyncio.ensure_future(asyncio.wait_for(
-                self._transport.call(action.api, action.request), action.timeout_ms / 1000))
-            return None
+            self._bg = asyncio.ensure_future(self._transport.call(action.api, action.request))
+            self._bg_deadline = now + action.timeout_ms
+            return self._bg_deadline
         if isinstance(action, Wait):
             return action.until_ms
         return None
@@ -583,11 +606,35 @@ class GroupMember:
             waiters.add(self._bg)
         # At least 1 ms: a deadline already due is handled by the caller's
         # next check, never by spinning here.
-        timeout = None if until_ms is None else max(1, until_ms - self._clock()) / 1000
+        until = None if until_ms is None else max(until_ms, self._clock() + 1)
         try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await self._first_of(waiters, until)
         finally:
             poke.cancel()
+
+    async def _first_of(self, waiters: set[asyncio.Future[Any]],
+                        until_ms: int | None) -> set[asyncio.Future[Any]]:
+        """Wait until one of ``waiters`` is done or the member's clock reads
+        ``until_ms`` (None: no bound); returns those done. Cancels none of
+        them."""
+        timer: asyncio.Future[None] | None = None
+        handle: TimerHandle | None = None
+        if until_ms is not None:
+            timer = asyncio.get_running_loop().create_future()
+            handle = self._time.call_at(until_ms, _resolver(timer))
+        try:
+            await asyncio.wait(waiters if timer is None else waiters | {timer},
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if handle is not None:
+                handle.cancel()
+            if timer is not None:
+                timer.cancel()
+        return {w for w in waiters if w.done()}
+
+    def _after_s(self, timeout_s: float | None) -> int | None:
+        """The member's clock ``timeout_s`` seconds from now (None: never)."""
+        return None if timeout_s is None else self._clock() + round(timeout_s * 1000)
 
     def _timed_out(self, api: str) -> None:
         """A call got no answer within its timeout: tell a transport that
@@ -669,6 +716,13 @@ def _describe(transport: Transport) -> str:
     if not isinstance(url, str):
         return type(transport).__name__
     return redact_url(url)  # never log credentials a URL may carry
+
+
+def _resolver(future: asyncio.Future[None]) -> Callable[[], None]:
+    def resolve() -> None:
+        if not future.done():
+            future.set_result(None)
+    return resolve
 
 
 def _earliest(*times: int | None) -> int | None:
