@@ -12,7 +12,7 @@ what is owned, the lease (:mod:`client.member_state.lease`), the main call
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 from client.member_state.actions import MemberState
@@ -51,10 +51,8 @@ class Syncing:
     #: again as is when the sync is retried).
     catalog: CatalogResponse | None = None
     request: SyncRequest | None = None
-    #: the catalog epoch the leader's plan covers.
-    plan_epoch: int | None = None
     #: a sync answer read too late to trust, until a heartbeat confirms it.
-    pending: SyncResponse | None = field(default=None)
+    pending: SyncResponse | None = None
 
 
 @dataclass(slots=True)
