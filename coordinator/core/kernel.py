@@ -222,7 +222,7 @@ class Kernel:
 
     def arm_session(self, group: Group, member: Member) -> None:
         """(Re)start a member's session timeout from now (Kafka's completeAndScheduleNext...)."""
-        deadline = self.now + member.session_timeout_ms
+        deadline = self.now + member.record.session_timeout_ms
         member.session_deadline_ms = deadline
         key = member.session_key
         if key not in self.timers:

@@ -6,8 +6,10 @@ check, in the same order, so a client sees the same error Kafka would give.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from coordinator.core.commands import Heartbeat, Join, Leave, ReleaseHeartbeat, Sync
-from coordinator.core.group import Group, Member, TimerKind, pending_key, session_key
+from coordinator.core.group import Group, Member, TimerKind, pending_key
 from coordinator.core.kernel import Kernel, TimerTarget
 from coordinator.core.rebalance import (
     after_removal,
@@ -20,6 +22,7 @@ from coordinator.core.rebalance import (
     remove_member,
     replace_static_member,
 )
+from coordinator.core.records import MemberRecord
 from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -45,7 +48,8 @@ def owns_instance(member: Member, principal: str | None) -> bool:
     for the static ``member`` by its instance id alone (a join with an empty member
     id, a leave by instance id)? Only the token that created the instance may; an
     instance created with authentication off (no owner) may be claimed by anyone."""
-    return principal is None or member.owner is None or member.owner == principal
+    owner = member.record.owner
+    return principal is None or owner is None or owner == principal
 
 
 def validate_member(g: Group, member_id: str, instance_id: str | None) -> ErrorCode | None:
@@ -175,7 +179,7 @@ def _join_current(k: Kernel, g: Group, cmd: Join) -> None:
         k.reply(rid, JoinResponse(error, member_id=member_id))
         return
     member = g.members[member_id]
-    changed = member.protocols != req.protocols
+    changed = member.record.protocols != req.protocols
     if g.state is PREPARING:
         _update_member(g, member, cmd)
         k.park_join(g, member, rid)
@@ -226,19 +230,18 @@ def subscription_changed(protocol_type: str, old: tuple[tuple[str, bytes], ...],
 
 def _update_member(g: Group, member: Member, cmd: Join) -> None:
     req = cmd.request
-    g.set_protocols(member, req.protocols)
-    member.session_timeout_ms = req.session_timeout_ms
-    member.rebalance_timeout_ms = req.rebalance_timeout_ms
-    member.client_id = req.client_id or ""
-    member.client_host = cmd.client_host
+    g.update_member(member, replace(
+        member.record, protocols=req.protocols, session_timeout_ms=req.session_timeout_ms,
+        rebalance_timeout_ms=req.rebalance_timeout_ms, client_id=req.client_id or "",
+        client_host=cmd.client_host))
 
 
 def _add_member_and_rebalance(k: Kernel, g: Group, cmd: Join, member_id: str) -> None:
     req = cmd.request
-    member = Member(member_id, req.group_instance_id, req.client_id or "", cmd.client_host,
-                    req.session_timeout_ms, req.rebalance_timeout_ms, req.protocols,
-                    session_key(g.group_id, member_id),
-                    owner=cmd.principal if req.group_instance_id is not None else None)
+    member = Member.of(g.group_id, MemberRecord(
+        member_id, req.group_instance_id, req.client_id or "", cmd.client_host,
+        req.session_timeout_ms, req.rebalance_timeout_ms, req.protocols,
+        owner=cmd.principal if req.group_instance_id is not None else None))
     g.add_member(member, req.protocol_type)
     k.park_join(g, member, cmd.request_id)
     k.arm_session(g, member)
@@ -252,11 +255,11 @@ def _static_rejoin(k: Kernel, g: Group, cmd: Join, old: Member) -> None:
     """KIP-345: a known instance id came back with an empty member id."""
     req = cmd.request
     rid = cmd.request_id
-    changed = subscription_changed(req.protocol_type, old.protocols, req.protocols)
+    changed = subscription_changed(req.protocol_type, old.record.protocols, req.protocols)
     member = replace_static_member(k, g, old, cmd.new_member_id)
-    if member.owner is None:
+    if member.record.owner is None:
         # An instance from before authentication was on: the first token claims it.
-        member.owner = cmd.principal
+        member.record = replace(member.record, owner=cmd.principal)
     _update_member(g, member, cmd)
     k.arm_session(g, member)
     if g.state is PREPARING:
@@ -355,7 +358,7 @@ def handle_heartbeat(k: Kernel, cmd: Heartbeat) -> None:
                 elif state is STABLE and req.wait_ms > 0:
                     # Long-poll: held at most half the session timeout, so the
                     # member's next heartbeat still comes well before expiry.
-                    hold = min(req.wait_ms, member.session_timeout_ms // 2)
+                    hold = min(req.wait_ms, member.record.session_timeout_ms // 2)
                     if hold > 0:
                         k.park_heartbeat(g, member, rid, hold)
                         return
