@@ -13,7 +13,7 @@ from coordinator.core.commands import AdoptCatalog, DeleteGroup, DeleteResource,
 from coordinator.core.effects import AdminResult
 from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel
-from coordinator.core.records import CatalogChanged, GroupDeleted
+from coordinator.core.records import GroupDeleted
 from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_NAME_LENGTH, MAX_PARTITIONS
@@ -86,12 +86,7 @@ def handle_delete_resource(k: Kernel, cmd: DeleteResource) -> None:
 
 
 def _change_catalog(k: Kernel, name: str, partitions: int | None) -> None:
-    k.resources_epoch += 1
-    if partitions is None:
-        del k.catalog[name]
-    else:
-        k.catalog[name] = partitions
-    k.persist(CatalogChanged(name, partitions, k.resources_epoch))
+    k.change_catalog(name, partitions)
     _wake_parked_heartbeats(k)
 
 
@@ -99,8 +94,7 @@ def handle_adopt_catalog(k: Kernel, cmd: AdoptCatalog) -> None:
     """Several coordinators: take the shared database's catalog if it is newer."""
     if cmd.resources_epoch <= k.resources_epoch:
         return
-    k.catalog = dict(cmd.catalog)
-    k.resources_epoch = cmd.resources_epoch
+    k.set_catalog(dict(cmd.catalog), cmd.resources_epoch)
     _wake_parked_heartbeats(k)
 
 

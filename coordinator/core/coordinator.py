@@ -122,8 +122,7 @@ class GroupCoordinator:
         if k.groups or k.catalog or k.checkpoints or k.resources_epoch:
             raise RuntimeError("restore() needs a fresh GroupCoordinator")
         k.begin(now_ms)
-        k.catalog = dict(snapshot.catalog)
-        k.resources_epoch = snapshot.resources_epoch
+        k.set_catalog(dict(snapshot.catalog), snapshot.resources_epoch)
         k.checkpoints = {gid: CheckpointStore(values, snapshot.checkpoint_meta.get(gid))
                          for gid, values in snapshot.checkpoints.items() if values}
         for gid in k.checkpoints:

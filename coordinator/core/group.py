@@ -134,8 +134,11 @@ class Group:
         self.static_members: dict[str, str] = {}
         #: KIP-394 pending member id -> expiry deadline (ms).
         self.pending: dict[str, int] = {}
+        # Counters derived from the members, owned here: add_member, detach,
+        # update_member and set_join_request are their only writers.
         #: protocol name -> number of members supporting it.
         self.protocol_counts: dict[str, int] = {}
+        #: members with a parked join (Kafka's numMembersAwaitingJoin).
         self.num_awaiting_join = 0
         self.join_key = join_key(group_id)
         self.sync_key = sync_key(group_id)
@@ -186,6 +189,17 @@ class Group:
         self.pending_sync.discard(member.member_id)
         if self.leader == member.member_id:
             self.leader = None
+
+    def set_join_request(self, member: Member, request_id: int | None) -> None:
+        """Park (an id) or unpark (``None``) a member's join: the one writer of
+        ``Member.join_request`` once the member is in the group, so
+        ``num_awaiting_join`` (owned here) cannot drift from it."""
+        if member.join_request is None:
+            if request_id is not None:
+                self.num_awaiting_join += 1
+        elif request_id is None:
+            self.num_awaiting_join -= 1
+        member.join_request = request_id
 
     def update_member(self, member: Member, record: MemberRecord) -> None:
         """Give ``member`` a changed record (same member id and instance id),

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from coordinator.core.admin import delete_group
 from coordinator.core.commands import Cancelled, TimerFired
 from coordinator.core.effects import MemberExpired
-from coordinator.core.group import Group, TimerKind, heartbeat_key
+from coordinator.core.group import Group, TimerKind
 from coordinator.core.kernel import Kernel, TimerTarget
 from coordinator.core.rebalance import (
     after_removal,
@@ -147,8 +147,7 @@ def _retention_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> No
     if latest_pending > k.now:
         # A KIP-394 pending member is between MEMBER_ID_REQUIRED and its real join:
         # let it join (that stops the retention) or expire first.
-        k.retention[g.group_id] = latest_pending
-        k.arm(key, latest_pending, target)
+        k.extend_retention(g.group_id, latest_pending)
         return
     delete_group(k, g, "retention_expired")
 
@@ -166,22 +165,11 @@ ON_TIMER: dict[TimerKind, Callable[[Kernel, Group, str, TimerTarget], None]] = {
 
 def handle_cancelled(k: Kernel, cmd: Cancelled) -> None:
     """The caller went away: forget its parked request; the member stays (Kafka)."""
-    parked = k.parked.get(cmd.request_id)
-    if parked is None:
+    cancelled = k.cancel_parked(cmd.request_id)
+    if cancelled is None:
         return
-    group = k.groups[parked.group_id]
-    member = group.members[parked.member_id]
-    del k.parked[cmd.request_id]
-    if parked.kind == "join":
-        member.join_request = None
-        group.num_awaiting_join -= 1
-        # No longer parked, so no longer kept alive: its session runs from now.
+    group, member, kind = cancelled
+    if kind != "heartbeat":
+        # No longer parked join or sync, so no longer kept alive: its session runs from now.
         k.arm_session(group, member)
-    elif parked.kind == "sync":
-        member.sync_request = None
-        k.arm_session(group, member)
-    else:
-        member.heartbeats.discard(cmd.request_id)
-        del k.heartbeats[cmd.request_id]
-        k.disarm(heartbeat_key(cmd.request_id))
 
