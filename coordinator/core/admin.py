@@ -14,23 +14,23 @@ from coordinator.core.effects import AdminResult
 from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel
 from coordinator.core.records import GroupDeleted
-from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_NAME_LENGTH, MAX_PARTITIONS
 from protocol.validate import control_character_problem
 
 
-def handle_delete_group(k: Kernel, cmd: DeleteGroup) -> None:
-    g = k.groups.get(cmd.group_id)
-    if g is None:
-        k.reply(cmd.request_id, AdminResult(ErrorCode.UNKNOWN_GROUP, k.resources_epoch,
-                                            found=False))
-        return
-    if g.state is not GroupState.EMPTY:
-        k.reply(cmd.request_id, AdminResult(ErrorCode.NON_EMPTY_GROUP, k.resources_epoch))
-        return
+def unknown_group(k: Kernel, request_id: int) -> None:
+    k.reply(request_id, AdminResult(ErrorCode.UNKNOWN_GROUP, k.resources_epoch, found=False))
+
+
+def delete_empty_group(k: Kernel, g: Group, cmd: DeleteGroup) -> None:
     delete_group(k, g, "deleted")
     k.reply(cmd.request_id, AdminResult(None, k.resources_epoch))
+
+
+def refuse_delete(k: Kernel, g: Group, cmd: DeleteGroup) -> None:
+    """Only an Empty group can be deleted (Kafka's ``NON_EMPTY_GROUP``)."""
+    k.reply(cmd.request_id, AdminResult(ErrorCode.NON_EMPTY_GROUP, k.resources_epoch))
 
 
 def delete_group(k: Kernel, g: Group, reason: str) -> None:

@@ -1,9 +1,10 @@
 """One group's in-memory state (Kafka's ``GroupMetadata`` and ``MemberMetadata``).
 
-Plain bookkeeping, no effects: :mod:`coordinator.core.rebalance` and
-:mod:`coordinator.core.handlers` decide *when* things change; this module keeps
-the derived counters (members awaiting join, per-protocol support counts, the
-static-instance map) consistent so the hot paths stay O(1).
+Plain bookkeeping, no effects: :mod:`coordinator.core.rebalance` and the state
+table's handlers (:mod:`coordinator.core.dispatch`) decide *when* things
+change; this module owns the derived counters (members awaiting join,
+per-protocol support counts, the static-instance map) and keeps them
+consistent so the hot paths stay O(1).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ Protocols = tuple[tuple[str, bytes], ...]
 
 
 class TimerKind(enum.StrEnum):
-    """What a core timer is for (``TimerTarget.kind``; ``timers.handle_timer``
-    dispatches on it). A timer's *key* stays a string, ``"{kind}:{ids}"``: the
-    runtime keys its timers by it, and as group and member ids may hold any
-    character the core never parses a key (``Kernel.timers`` maps it to its
-    target)."""
+    """What a core timer is for (``TimerTarget.kind``; ``dispatch.handle_timer``
+    dispatches on it and the group's state, ``dispatch.TABLE``). A timer's *key*
+    stays a string, ``"{kind}:{ids}"``: the runtime keys its timers by it, and as
+    group and member ids may hold any character the core never parses a key
+    (``Kernel.timers`` maps it to its target)."""
 
     #: ``session:{group}:{member}``: the member's session timeout.
     SESSION = "session"
