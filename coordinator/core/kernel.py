@@ -247,6 +247,20 @@ class Kernel:
                 and group.group_id in self.groups):
             self.drop_group(group, "vacant")
 
+    # ------------------------------------------------------------ pending members (KIP-394)
+
+    def add_pending(self, group: Group, member_id: str, deadline_ms: int) -> None:
+        """A member id minted by ``MEMBER_ID_REQUIRED``: pending until it joins or
+        ``deadline_ms``. The kernel owns ``Group.pending`` and its timers."""
+        group.pending[member_id] = deadline_ms
+        self.arm(pending_key(group.group_id, member_id), deadline_ms,
+                 TimerTarget(TimerKind.PENDING, group.group_id, member_id))
+
+    def drop_pending(self, group: Group, member_id: str) -> None:
+        """It joined, left, was refused or expired: pending no more."""
+        del group.pending[member_id]
+        self.disarm(pending_key(group.group_id, member_id))
+
     # ------------------------------------------------------------ sessions
 
     def arm_session(self, group: Group, member: Member) -> None:

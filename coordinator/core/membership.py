@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from coordinator.core.commands import Heartbeat, Join, Leave, ReleaseHeartbeat, Sync
-from coordinator.core.group import Group, Member, TimerKind, pending_key
-from coordinator.core.kernel import Kernel, TimerTarget
+from coordinator.core.group import Group, Member
+from coordinator.core.kernel import Kernel
 from coordinator.core.rebalance import (
     after_removal,
     clear_sync_deadline,
@@ -160,8 +160,7 @@ def _refuse_full(k: Kernel, g: Group, known: Member | None, member_id: str, rid:
 
 def take_pending(k: Kernel, g: Group, member_id: str) -> None:
     """A KIP-394 pending member joins, leaves or is refused: it is pending no more."""
-    del g.pending[member_id]
-    k.disarm(pending_key(g.group_id, member_id))
+    k.drop_pending(g, member_id)
 
 
 def require_member_id(k: Kernel, g: Group, cmd: Join) -> None:
@@ -170,9 +169,7 @@ def require_member_id(k: Kernel, g: Group, cmd: Join) -> None:
     pending and expires after its session timeout."""
     new_id = cmd.new_member_id
     deadline = k.now + cmd.request.session_timeout_ms
-    g.pending[new_id] = deadline
-    k.arm(pending_key(g.group_id, new_id), deadline,
-          TimerTarget(TimerKind.PENDING, g.group_id, new_id))
+    k.add_pending(g, new_id, deadline)
     k.reply(cmd.request_id, JoinResponse(ErrorCode.MEMBER_ID_REQUIRED, member_id=new_id))
 
 

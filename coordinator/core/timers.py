@@ -132,7 +132,7 @@ def pending_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
     if k.now < deadline:
         k.arm(key, deadline, target)
         return
-    del g.pending[target.member_id]
+    k.drop_pending(g, target.member_id)  # its timer fired: nothing to cancel
     maybe_complete_join(k, g)
     k.forget_if_vacant(g)
 

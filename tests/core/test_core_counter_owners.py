@@ -22,19 +22,22 @@ OWNERS = {
     "retention": "kernel.py",           # Kernel.arm/renew/extend/disarm_retention
     "parked": "kernel.py",              # Kernel.park_*, answer_*, cancel_parked
     "heartbeats": "kernel.py",
+    "pending": "kernel.py",             # Kernel.add_pending, drop_pending, drop_group
 }
 
 
 def _writes(name: str, text: str) -> bool:
-    pattern = (rf"\.{name}\s*(:[^=\n]*)?(\+|-)?=(?!=)|\.{name}\[[^\]]*\]\s*(\+|-)?=(?!=)"
+    """Whether ``text`` changes attribute ``name`` (its declaration with a type,
+    ``self.name: T = ...``, is not a change)."""
+    pattern = (rf"\.{name}\s*(\+|-)?=(?!=)|\.{name}\[[^\]]*\]\s*(\+|-)?=(?!=)"
                rf"|del [\w.]+\.{name}\[|\.{name}\.(pop|add|discard|clear|update|setdefault)\(")
     return re.search(pattern, text) is not None
 
 
 @pytest.mark.parametrize("name", sorted(OWNERS))
 def test_only_the_owner_writes_the_counter(name: str) -> None:
-    writers = sorted(p.name for p in CORE.glob("*.py") if _writes(name, p.read_text()))
-    assert writers == [OWNERS[name]], f"{name} is written in {writers}"
+    writers = {p.name for p in CORE.glob("*.py") if _writes(name, p.read_text())}
+    assert writers <= {OWNERS[name]}, f"{name} is written in {sorted(writers)}"
 
 
 def test_the_scan_sees_writes() -> None:
@@ -42,3 +45,4 @@ def test_the_scan_sees_writes() -> None:
     assert _writes("num_awaiting_join", "g.num_awaiting_join -= 1")
     assert _writes("heartbeats", "member.heartbeats.discard(rid)")
     assert not _writes("parked", "if self.parked[rid] == x:")
+    assert not _writes("pending", "        self.pending: dict[str, int] = {}")
