@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import Any
 
 from coordinator import auth, history
 from coordinator.core.commands import ResetCheckpoints
 from coordinator.core.effects import AdminResult
-from coordinator.core.views import GroupView, MemberView
+from coordinator.core.records import SHOWN_MEMBER_FIELDS, MemberRecord
+from coordinator.core.views import GroupView
 from coordinator.runtime.runtime import Answer
 from coordinator.runtime.service import Service
 from protocol.limits import MAX_PARTITIONS
@@ -58,12 +60,15 @@ def assignment_json(protocol_type: str | None, data: bytes) -> Any:
     return base64.b64encode(data).decode("ascii")
 
 
-def member_json(view: GroupView, m: MemberView) -> dict[str, Any]:
-    return {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
-            "client_id": m.client_id, "client_host": m.client_host,
-            "session_timeout_ms": m.session_timeout_ms,
-            "rebalance_timeout_ms": m.rebalance_timeout_ms,
-            "assignment": assignment_json(view.protocol_type, m.assignment)}
+_shown_member_fields = attrgetter(*SHOWN_MEMBER_FIELDS)
+
+
+def member_json(protocol_type: str | None, m: MemberRecord) -> dict[str, Any]:
+    """A member as the admin API shows it: the record's ``SHOWN_MEMBER_FIELDS`` in
+    order, the assignment decoded (none yet: ``b""``)."""
+    doc = dict(zip(SHOWN_MEMBER_FIELDS, _shown_member_fields(m), strict=True))
+    doc["assignment"] = assignment_json(protocol_type, m.assignment or b"")
+    return doc
 
 
 def group_doc(view: GroupView) -> dict[str, Any]:
@@ -71,7 +76,7 @@ def group_doc(view: GroupView) -> dict[str, Any]:
     return {"group_id": view.group_id, "state": view.state,
             "protocol_type": view.protocol_type, "protocol_name": view.protocol_name,
             "generation_id": view.generation_id, "leader": view.leader,
-            "members": [member_json(view, m) for m in view.members]}
+            "members": [member_json(view.protocol_type, m) for m in view.members]}
 
 
 async def journal(runtime: Service, group_id: str, limit: int

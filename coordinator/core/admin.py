@@ -13,24 +13,24 @@ from coordinator.core.commands import AdoptCatalog, DeleteGroup, DeleteResource,
 from coordinator.core.effects import AdminResult
 from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel
-from coordinator.core.records import CatalogChanged, GroupDeleted
-from coordinator.core.states import GroupState
+from coordinator.core.records import GroupDeleted
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_NAME_LENGTH, MAX_PARTITIONS
 from protocol.validate import control_character_problem
 
 
-def handle_delete_group(k: Kernel, cmd: DeleteGroup) -> None:
-    g = k.groups.get(cmd.group_id)
-    if g is None:
-        k.reply(cmd.request_id, AdminResult(ErrorCode.UNKNOWN_GROUP, k.resources_epoch,
-                                            found=False))
-        return
-    if g.state is not GroupState.EMPTY:
-        k.reply(cmd.request_id, AdminResult(ErrorCode.NON_EMPTY_GROUP, k.resources_epoch))
-        return
+def unknown_group(k: Kernel, request_id: int) -> None:
+    k.reply(request_id, AdminResult(ErrorCode.UNKNOWN_GROUP, k.resources_epoch, found=False))
+
+
+def delete_empty_group(k: Kernel, g: Group, cmd: DeleteGroup) -> None:
     delete_group(k, g, "deleted")
     k.reply(cmd.request_id, AdminResult(None, k.resources_epoch))
+
+
+def refuse_delete(k: Kernel, g: Group, cmd: DeleteGroup) -> None:
+    """Only an Empty group can be deleted (Kafka's ``NON_EMPTY_GROUP``)."""
+    k.reply(cmd.request_id, AdminResult(ErrorCode.NON_EMPTY_GROUP, k.resources_epoch))
 
 
 def delete_group(k: Kernel, g: Group, reason: str) -> None:
@@ -86,12 +86,7 @@ def handle_delete_resource(k: Kernel, cmd: DeleteResource) -> None:
 
 
 def _change_catalog(k: Kernel, name: str, partitions: int | None) -> None:
-    k.resources_epoch += 1
-    if partitions is None:
-        del k.catalog[name]
-    else:
-        k.catalog[name] = partitions
-    k.persist(CatalogChanged(name, partitions, k.resources_epoch))
+    k.change_catalog(name, partitions)
     _wake_parked_heartbeats(k)
 
 
@@ -99,8 +94,7 @@ def handle_adopt_catalog(k: Kernel, cmd: AdoptCatalog) -> None:
     """Several coordinators: take the shared database's catalog if it is newer."""
     if cmd.resources_epoch <= k.resources_epoch:
         return
-    k.catalog = dict(cmd.catalog)
-    k.resources_epoch = cmd.resources_epoch
+    k.set_catalog(dict(cmd.catalog), cmd.resources_epoch)
     _wake_parked_heartbeats(k)
 
 

@@ -16,7 +16,7 @@ answers at most ``MAX_FETCH_CHECKPOINTS`` checkpoints: more are read in pages.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from coordinator.core.checkpoint_store import Checkpoint, CheckpointStore, Plan
@@ -35,7 +35,12 @@ from protocol.validate import value_size
 _EMPTY = CheckpointStore()
 
 
-def handle_commit(k: Kernel, cmd: Commit) -> None:
+#: a commit's member check in one group state (the state table's commit column):
+#: the error, or ``None`` when the committer may commit now.
+Gate = Callable[[Group, CommitRequest, bool], ErrorCode | None]
+
+
+def handle_commit(k: Kernel, cmd: Commit, gates: Mapping[GroupState, Gate]) -> None:
     req = cmd.request
     rid = cmd.request_id
     # Kafka's "simple" commit: no group management (generation -1, no instance id).
@@ -71,7 +76,7 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
         plan: Plan | None = admitted
         g = k.create_group(req.group_id, cmd.principal)
     else:
-        error = _member_error(g, req, simple)
+        error = gates[g.state](g, req, simple)
         if error is not None:
             k.reply(rid, CommitResponse(error))
             return
@@ -115,24 +120,40 @@ def handle_commit(k: Kernel, cmd: Commit) -> None:
         k.renew_retention(req.group_id)
 
 
-def _member_error(g: Group, req: CommitRequest, simple: bool) -> ErrorCode | None:
-    """Whether the committer may commit to ``g`` now (Kafka's OffsetCommit checks)."""
-    state = g.state
-    if state is GroupState.DEAD:
-        return ErrorCode.COORDINATOR_NOT_AVAILABLE
-    if simple and state is GroupState.EMPTY:
-        return None
+# The gates, Kafka's OffsetCommit checks by state.
+
+
+def _committer_error(g: Group, req: CommitRequest) -> ErrorCode | None:
     # A zombie (stale generation, removed or fenced member) cannot
     # overwrite the new owner's progress: same checks as heartbeat.
     error = validate_member(g, req.member_id, req.group_instance_id)
     if error is None and req.generation_id != g.generation_id:
         error = ErrorCode.ILLEGAL_GENERATION
-    if error is None:
-        if state is GroupState.COMPLETING_REBALANCE:
-            error = ErrorCode.REBALANCE_IN_PROGRESS
-        elif state not in (GroupState.STABLE, GroupState.PREPARING_REBALANCE):
-            error = ErrorCode.UNKNOWN_MEMBER_ID
     return error
+
+
+def commit_gate_dead(g: Group, req: CommitRequest, simple: bool) -> ErrorCode | None:
+    return ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+def commit_gate_empty(g: Group, req: CommitRequest, simple: bool) -> ErrorCode | None:
+    """Simple commits only (Kafka's generation -1); a member's commit finds no member."""
+    if simple:
+        return None
+    error = _committer_error(g, req)
+    return ErrorCode.UNKNOWN_MEMBER_ID if error is None else error
+
+
+def commit_gate_member(g: Group, req: CommitRequest, simple: bool) -> ErrorCode | None:
+    """PreparingRebalance (the old generation saves its progress before its
+    resources move) and Stable: a member of the current generation commits."""
+    return _committer_error(g, req)
+
+
+def commit_gate_completing(g: Group, req: CommitRequest, simple: bool) -> ErrorCode | None:
+    """No commits between the generation and its assignment (Kafka)."""
+    error = _committer_error(g, req)
+    return ErrorCode.REBALANCE_IN_PROGRESS if error is None else error
 
 
 def value_problem(k: Kernel, checkpoints: Sequence[Checkpoint],

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from coordinator.core import admin, checkpoints, membership, operations, timers
+from coordinator.core import admin, checkpoints, dispatch, membership, timers
 from coordinator.core.checkpoint_store import CheckpointStore
 from coordinator.core.commands import (
     AdoptCatalog,
@@ -49,18 +49,20 @@ from coordinator.core.views import GroupSummary, GroupView
 from protocol.validate import Scalar
 
 _HANDLERS: dict[type[Any], Callable[[Kernel, Any], None]] = {
-    Join: membership.handle_join,
-    Sync: membership.handle_sync,
-    Heartbeat: membership.handle_heartbeat,
-    Leave: membership.handle_leave,
-    Commit: checkpoints.handle_commit,
+    # By the group's state: the state table (dispatch.TABLE).
+    Join: dispatch.handle_join,
+    Sync: dispatch.handle_sync,
+    Heartbeat: dispatch.handle_heartbeat,
+    Leave: dispatch.handle_leave,
+    Commit: dispatch.handle_commit,
+    DeleteGroup: dispatch.handle_delete_group,
+    RemoveMember: dispatch.handle_remove_member,
+    ResetCheckpoints: dispatch.handle_reset,
+    TimerFired: dispatch.handle_timer,
+    # Whatever the group's state.
     Fetch: checkpoints.handle_fetch,
-    DeleteGroup: admin.handle_delete_group,
-    RemoveMember: operations.handle_remove_member,
-    ResetCheckpoints: operations.handle_reset,
     PutResource: admin.handle_put_resource,
     DeleteResource: admin.handle_delete_resource,
-    TimerFired: timers.handle_timer,
     Cancelled: timers.handle_cancelled,
     ReleaseHeartbeat: membership.handle_release_heartbeat,
     AdoptCatalog: admin.handle_adopt_catalog,
@@ -122,8 +124,7 @@ class GroupCoordinator:
         if k.groups or k.catalog or k.checkpoints or k.resources_epoch:
             raise RuntimeError("restore() needs a fresh GroupCoordinator")
         k.begin(now_ms)
-        k.catalog = dict(snapshot.catalog)
-        k.resources_epoch = snapshot.resources_epoch
+        k.set_catalog(dict(snapshot.catalog), snapshot.resources_epoch)
         k.checkpoints = {gid: CheckpointStore(values, snapshot.checkpoint_meta.get(gid))
                          for gid, values in snapshot.checkpoints.items() if values}
         for gid in k.checkpoints:

@@ -1,30 +1,31 @@
 """One group's in-memory state (Kafka's ``GroupMetadata`` and ``MemberMetadata``).
 
-Plain bookkeeping, no effects: :mod:`coordinator.core.rebalance` and
-:mod:`coordinator.core.handlers` decide *when* things change; this module keeps
-the derived counters (members awaiting join, per-protocol support counts, the
-static-instance map) consistent so the hot paths stay O(1).
+Plain bookkeeping, no effects: :mod:`coordinator.core.rebalance` and the state
+table's handlers (:mod:`coordinator.core.dispatch`) decide *when* things
+change; this module owns the derived counters (members awaiting join,
+per-protocol support counts, the static-instance map) and keeps them
+consistent so the hot paths stay O(1).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coordinator.core.protocol_selection import candidates, select_protocol, supports_any
 from coordinator.core.records import GroupRecord, MemberRecord
 from coordinator.core.states import GroupState
-from coordinator.core.views import GroupSummary, GroupView, MemberView
+from coordinator.core.views import GroupSummary, GroupView
 
 Protocols = tuple[tuple[str, bytes], ...]
 
 
 class TimerKind(enum.StrEnum):
-    """What a core timer is for (``TimerTarget.kind``; ``timers.handle_timer``
-    dispatches on it). A timer's *key* stays a string, ``"{kind}:{ids}"``: the
-    runtime keys its timers by it, and as group and member ids may hold any
-    character the core never parses a key (``Kernel.timers`` maps it to its
-    target)."""
+    """What a core timer is for (``TimerTarget.kind``; ``dispatch.handle_timer``
+    dispatches on it and the group's state, ``dispatch.TABLE``). A timer's *key*
+    stays a string, ``"{kind}:{ids}"``: the runtime keys its timers by it, and as
+    group and member ids may hold any character the core never parses a key
+    (``Kernel.timers`` maps it to its target)."""
 
     #: ``session:{group}:{member}``: the member's session timeout.
     SESSION = "session"
@@ -67,46 +68,51 @@ def heartbeat_key(request_id: int) -> str:
 
 @dataclass(slots=True, eq=False)
 class Member:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocols: Protocols
+    """A member as the core holds it: its record (the durable fields, spelled once
+    in :class:`MemberRecord`) and what lives only in memory.
+
+    The record is frozen: a change of a durable field makes a new record
+    (:meth:`Group.update_member`, :meth:`set_assignment`), so ``to_record`` and
+    the admin view hand out the record itself.
+    """
+
+    record: MemberRecord
     session_key: str
-    #: as the leader sent it for the current generation; None until then.
-    assignment: bytes | None = None
     #: request ids of this member's parked calls.
     join_request: int | None = None
     sync_request: int | None = None
     heartbeats: set[int] = field(default_factory=set)
     session_deadline_ms: int = 0
-    #: the token name that created this static instance (``MemberRecord.owner``).
-    owner: str | None = None
     #: the ``sequence`` of this member's last applied commit (-1: none yet); a
     #: commit carrying one not above it arrived late and is not applied.
     commit_sequence: int = -1
 
+    @classmethod
+    def of(cls, group_id: str, record: MemberRecord) -> Member:
+        return cls(record, session_key(group_id, record.member_id))
+
+    @property
+    def member_id(self) -> str:
+        """The record's (a shorthand: the id is what everything keys a member by)."""
+        return self.record.member_id
+
+    @property
+    def assignment(self) -> bytes | None:
+        """The record's: as the leader sent it for the current generation; None until then."""
+        return self.record.assignment
+
+    def set_assignment(self, assignment: bytes | None) -> None:
+        if assignment is not self.record.assignment:
+            self.record = replace(self.record, assignment=assignment)
+
     def protocol_names(self) -> list[str]:
-        return [name for name, _ in self.protocols]
+        return [name for name, _ in self.record.protocols]
 
     def metadata_for(self, protocol: str) -> bytes:
-        for name, metadata in self.protocols:
+        for name, metadata in self.record.protocols:
             if name == protocol:
                 return metadata
         raise KeyError(f"member {self.member_id!r} does not support {protocol!r}")
-
-    def to_record(self) -> MemberRecord:
-        return MemberRecord(self.member_id, self.group_instance_id, self.client_id,
-                            self.client_host, self.session_timeout_ms, self.rebalance_timeout_ms,
-                            self.protocols, self.assignment, self.owner)
-
-    @classmethod
-    def from_record(cls, group_id: str, rec: MemberRecord) -> Member:
-        return cls(rec.member_id, rec.group_instance_id, rec.client_id, rec.client_host,
-                   rec.session_timeout_ms, rec.rebalance_timeout_ms, tuple(rec.protocols),
-                   session_key(group_id, rec.member_id), rec.assignment, owner=rec.owner)
 
 
 class Group:
@@ -129,8 +135,11 @@ class Group:
         self.static_members: dict[str, str] = {}
         #: KIP-394 pending member id -> expiry deadline (ms).
         self.pending: dict[str, int] = {}
+        # Counters derived from the members, owned here: add_member, detach,
+        # update_member and set_join_request are their only writers.
         #: protocol name -> number of members supporting it.
         self.protocol_counts: dict[str, int] = {}
+        #: members with a parked join (Kafka's numMembersAwaitingJoin).
         self.num_awaiting_join = 0
         self.join_key = join_key(group_id)
         self.sync_key = sync_key(group_id)
@@ -160,39 +169,58 @@ class Group:
         if not self.members:
             # Kafka: the first member fixes the protocol type (an Empty group takes any).
             self.protocol_type = protocol_type
-        self.members[member.member_id] = member
-        if member.group_instance_id is not None:
-            self.static_members[member.group_instance_id] = member.member_id
-        self._count(member.protocols, +1)
+        record = member.record
+        self.members[record.member_id] = member
+        if record.group_instance_id is not None:
+            self.static_members[record.group_instance_id] = record.member_id
+        self._count(record.protocols, +1)
         if member.join_request is not None:
             self.num_awaiting_join += 1
 
     def detach(self, member: Member) -> None:
         """Remove a member's bookkeeping (its parked calls must be answered already)."""
-        del self.members[member.member_id]
-        if (member.group_instance_id is not None
-                and self.static_members.get(member.group_instance_id) == member.member_id):
-            del self.static_members[member.group_instance_id]
-        self._count(member.protocols, -1)
+        record = member.record
+        del self.members[record.member_id]
+        instance_id = record.group_instance_id
+        if instance_id is not None and self.static_members.get(instance_id) == record.member_id:
+            del self.static_members[instance_id]
+        self._count(record.protocols, -1)
         if member.join_request is not None:
             self.num_awaiting_join -= 1
         self.pending_sync.discard(member.member_id)
         if self.leader == member.member_id:
             self.leader = None
 
-    def set_protocols(self, member: Member, protocols: Protocols) -> None:
-        if protocols != member.protocols:
-            self._count(member.protocols, -1)
-            member.protocols = protocols
-            self._count(protocols, +1)
+    def set_join_request(self, member: Member, request_id: int | None) -> None:
+        """Park (an id) or unpark (``None``) a member's join: the one writer of
+        ``Member.join_request`` once the member is in the group, so
+        ``num_awaiting_join`` (owned here) cannot drift from it."""
+        if member.join_request is None:
+            if request_id is not None:
+                self.num_awaiting_join += 1
+        elif request_id is None:
+            self.num_awaiting_join -= 1
+        member.join_request = request_id
+
+    def update_member(self, member: Member, record: MemberRecord) -> None:
+        """Give ``member`` a changed record (same member id and instance id),
+        keeping the per-protocol counts."""
+        old = member.record
+        assert (record.member_id, record.group_instance_id) == \
+            (old.member_id, old.group_instance_id)
+        if record.protocols != old.protocols:
+            self._count(old.protocols, -1)
+            self._count(record.protocols, +1)
+        member.record = record
 
     def replace_member_id(self, old: Member, new: Member) -> None:
         """Swap ``old`` for ``new`` in place (same position, protocols, instance id)."""
         self.members = {(new.member_id if mid == old.member_id else mid):
                         (new if mid == old.member_id else m)
                         for mid, m in self.members.items()}
-        if new.group_instance_id is not None:
-            self.static_members[new.group_instance_id] = new.member_id
+        instance_id = new.record.group_instance_id
+        if instance_id is not None:
+            self.static_members[instance_id] = new.member_id
         if self.leader == old.member_id:
             self.leader = new.member_id
         if old.member_id in self.pending_sync:
@@ -231,7 +259,7 @@ class Group:
                                candidates(self.protocol_counts, len(self.members)))
 
     def max_rebalance_timeout(self) -> int:
-        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+        return max((m.record.rebalance_timeout_ms for m in self.members.values()), default=0)
 
     def all_joined(self) -> bool:
         """Kafka's ``hasAllMembersJoined``: the join barrier of the normal (non-initial) phase."""
@@ -242,7 +270,7 @@ class Group:
     def to_record(self) -> GroupRecord:
         return GroupRecord(self.group_id, self.state.value, self.generation_id,
                            self.protocol_type, self.protocol_name, self.leader,
-                           tuple(m.to_record() for m in self.members.values()),
+                           tuple(m.record for m in self.members.values()),
                            self.state_timestamp_ms)
 
     @classmethod
@@ -254,7 +282,7 @@ class Group:
             return group
         group.protocol_name = rec.protocol_name
         for mrec in rec.members:
-            group.add_member(Member.from_record(rec.group_id, mrec), rec.protocol_type)
+            group.add_member(Member.of(rec.group_id, mrec), rec.protocol_type)
         group.leader = rec.leader if rec.leader in group.members else None
         group.generation_members = tuple(group.members)
         return group
@@ -266,7 +294,4 @@ class Group:
     def view(self) -> GroupView:
         return GroupView(
             self.group_id, self.state.value, self.protocol_type, self.protocol_name,
-            self.generation_id, self.leader,
-            tuple(MemberView(m.member_id, m.group_instance_id, m.client_id, m.client_host,
-                             m.session_timeout_ms, m.rebalance_timeout_ms, m.assignment or b"")
-                  for m in self.members.values()))
+            self.generation_id, self.leader, tuple(m.record for m in self.members.values()))

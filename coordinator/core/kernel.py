@@ -29,7 +29,13 @@ from coordinator.core.effects import (
 )
 from coordinator.core.group import Group, Member, TimerKind, heartbeat_key, pending_key
 from coordinator.core.health import GroupHealth
-from coordinator.core.records import CheckpointsWritten, GroupOwner, GroupRecord, Record
+from coordinator.core.records import (
+    CatalogChanged,
+    CheckpointsWritten,
+    GroupOwner,
+    GroupRecord,
+    Record,
+)
 from coordinator.core.states import GroupState, check_transition
 from protocol.errors import ErrorCode
 from protocol.messages import HeartbeatResponse, JoinResponse, Response, SyncResponse
@@ -116,6 +122,24 @@ class Kernel:
         if self.timers.pop(key, None) is not None:
             self.out.append(CancelTimer(key))
 
+    # ------------------------------------------------------------ the catalog
+
+    def set_catalog(self, catalog: dict[str, int], resources_epoch: int) -> None:
+        """Take a whole catalog at its epoch (restore, or a newer shared one). The
+        kernel owns ``resources_epoch``: this and :meth:`change_catalog` write it."""
+        self.catalog = catalog
+        self.resources_epoch = resources_epoch
+
+    def change_catalog(self, name: str, partitions: int | None) -> None:
+        """Create, resize or (``partitions`` ``None``) delete a resource set: a new epoch,
+        persisted."""
+        self.resources_epoch += 1
+        if partitions is None:
+            del self.catalog[name]
+        else:
+            self.catalog[name] = partitions
+        self.persist(CatalogChanged(name, partitions, self.resources_epoch))
+
     # ------------------------------------------------------------ groups
 
     def at_group_limit(self) -> bool:
@@ -186,6 +210,11 @@ class Kernel:
         else:
             self.arm_retention(group_id, self.now)
 
+    def extend_retention(self, group_id: str, deadline_ms: int) -> None:
+        """Move an armed retention to a later deadline (the kernel owns ``retention``)."""
+        self.retention[group_id] = deadline_ms
+        self.arm(retention_key(group_id), deadline_ms, TimerTarget(TimerKind.RETENTION, group_id))
+
     def disarm_retention(self, group_id: str) -> None:
         if self.retention.pop(group_id, None) is not None:
             self.disarm(retention_key(group_id))
@@ -218,11 +247,25 @@ class Kernel:
                 and group.group_id in self.groups):
             self.drop_group(group, "vacant")
 
+    # ------------------------------------------------------------ pending members (KIP-394)
+
+    def add_pending(self, group: Group, member_id: str, deadline_ms: int) -> None:
+        """A member id minted by ``MEMBER_ID_REQUIRED``: pending until it joins or
+        ``deadline_ms``. The kernel owns ``Group.pending`` and its timers."""
+        group.pending[member_id] = deadline_ms
+        self.arm(pending_key(group.group_id, member_id), deadline_ms,
+                 TimerTarget(TimerKind.PENDING, group.group_id, member_id))
+
+    def drop_pending(self, group: Group, member_id: str) -> None:
+        """It joined, left, was refused or expired: pending no more."""
+        del group.pending[member_id]
+        self.disarm(pending_key(group.group_id, member_id))
+
     # ------------------------------------------------------------ sessions
 
     def arm_session(self, group: Group, member: Member) -> None:
         """(Re)start a member's session timeout from now (Kafka's completeAndScheduleNext...)."""
-        deadline = self.now + member.session_timeout_ms
+        deadline = self.now + member.record.session_timeout_ms
         member.session_deadline_ms = deadline
         key = member.session_key
         if key not in self.timers:
@@ -237,16 +280,14 @@ class Kernel:
             # connection): the old caller is told to rejoin.
             self.answer_join(group, member, JoinResponse(ErrorCode.REBALANCE_IN_PROGRESS,
                                                          member_id=member.member_id))
-        member.join_request = request_id
-        group.num_awaiting_join += 1
+        group.set_join_request(member, request_id)
         self.parked[request_id] = Parked("join", group.group_id, member.member_id)
 
     def answer_join(self, group: Group, member: Member, response: JoinResponse) -> None:
         request_id = member.join_request
         if request_id is None:
             return
-        member.join_request = None
-        group.num_awaiting_join -= 1
+        group.set_join_request(member, None)
         del self.parked[request_id]
         self.reply(request_id, response)
 
@@ -290,6 +331,24 @@ class Kernel:
     def answer_heartbeats(self, member: Member, error: ErrorCode | None) -> None:
         for request_id in list(member.heartbeats):
             self.answer_heartbeat(member, request_id, error)
+
+    def cancel_parked(self, request_id: int) -> tuple[Group, Member, str] | None:
+        """Forget a parked call whose caller went away, unanswered; returns the group,
+        the member and the call's kind (``None``: not parked, e.g. answered already)."""
+        parked = self.parked.pop(request_id, None)
+        if parked is None:
+            return None
+        group = self.groups[parked.group_id]
+        member = group.members[parked.member_id]
+        if parked.kind == "join":
+            group.set_join_request(member, None)
+        elif parked.kind == "sync":
+            member.sync_request = None
+        else:
+            member.heartbeats.discard(request_id)
+            del self.heartbeats[request_id]
+            self.disarm(heartbeat_key(request_id))
+        return group, member, parked.kind
 
     def answer_all_parked(self, group: Group, member: Member, error: ErrorCode) -> None:
         """Answer every parked call of a member that is being removed or fenced."""

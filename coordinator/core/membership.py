@@ -1,25 +1,31 @@
 """The membership calls: join, sync, heartbeat, leave (PROTOCOL.md, "Calls").
 
-Each handler follows Kafka's ``GroupCoordinator.handle*`` (3.x) check for
-check, in the same order, so a client sees the same error Kafka would give.
+The handlers here are the cells of the state table
+(:mod:`coordinator.core.dispatch`, which picks one by the group's state and
+the call) plus the checks every state shares. Together they follow Kafka's
+``GroupCoordinator.handle*`` (3.x) check for check, in the same order, so a
+client sees the same error Kafka would give.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 from coordinator.core.commands import Heartbeat, Join, Leave, ReleaseHeartbeat, Sync
-from coordinator.core.group import Group, Member, TimerKind, pending_key, session_key
-from coordinator.core.kernel import Kernel, TimerTarget
+from coordinator.core.group import Group, Member
+from coordinator.core.kernel import Kernel
 from coordinator.core.rebalance import (
     after_removal,
     clear_sync_deadline,
     complete_sync,
     current_generation_reply,
     maybe_complete_join,
-    maybe_prepare_rebalance,
     prepare_rebalance,
     remove_member,
     replace_static_member,
 )
+from coordinator.core.records import MemberRecord
 from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -45,7 +51,8 @@ def owns_instance(member: Member, principal: str | None) -> bool:
     for the static ``member`` by its instance id alone (a join with an empty member
     id, a leave by instance id)? Only the token that created the instance may; an
     instance created with authentication off (no owner) may be claimed by anyone."""
-    return principal is None or member.owner is None or member.owner == principal
+    owner = member.record.owner
+    return principal is None or owner is None or owner == principal
 
 
 def validate_member(g: Group, member_id: str, instance_id: str | None) -> ErrorCode | None:
@@ -64,34 +71,47 @@ def validate_member(g: Group, member_id: str, instance_id: str | None) -> ErrorC
 # ---------------------------------------------------------------- join
 
 
-def handle_join(k: Kernel, cmd: Join) -> None:
+def join_group(k: Kernel, cmd: Join) -> Group | None:
+    """The checks before any group state: session bounds, the group (created by a
+    join with an empty member id, within the limits). ``None``: answered."""
     req = cmd.request
     rid = cmd.request_id
     cfg = k.config
     if not cfg.min_session_timeout_ms <= req.session_timeout_ms <= cfg.max_session_timeout_ms:
         k.reply(rid, JoinResponse(ErrorCode.INVALID_SESSION_TIMEOUT, member_id=req.member_id))
-        return
+        return None
     g = k.groups.get(req.group_id)
-    if g is None:
-        # Kafka: only a join with an empty member id creates the group.
-        if req.member_id:
-            k.reply(rid, JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id=req.member_id))
-            return
-        if k.at_group_limit():
-            # --max-groups: nothing is created; the client retries with backoff.
-            k.refuse(rid, req.group_id, "max_groups",
-                     JoinResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=req.member_id))
-            return
-        if k.over_group_quota(cmd.principal):
-            # --max-groups-per-token: the same answer, for this token only.
-            k.refuse(rid, req.group_id, "max_groups_per_token",
-                     JoinResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=req.member_id))
-            return
-        g = k.create_group(req.group_id, cmd.principal)
-    if g.state is DEAD:
-        k.reply(rid, JoinResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=req.member_id))
-        return
-    # The member this join speaks for, if the group knows it (by id, or by instance id).
+    if g is not None:
+        return g
+    # Kafka: only a join with an empty member id creates the group.
+    if req.member_id:
+        k.reply(rid, JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id=req.member_id))
+        return None
+    if k.at_group_limit():
+        # --max-groups: nothing is created; the client retries with backoff.
+        k.refuse(rid, req.group_id, "max_groups",
+                 JoinResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=req.member_id))
+        return None
+    if k.over_group_quota(cmd.principal):
+        # --max-groups-per-token: the same answer, for this token only.
+        k.refuse(rid, req.group_id, "max_groups_per_token",
+                 JoinResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=req.member_id))
+        return None
+    return k.create_group(req.group_id, cmd.principal)
+
+
+def join_dead(k: Kernel, g: Group, cmd: Join) -> None:
+    k.reply(cmd.request_id, JoinResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                         member_id=cmd.request.member_id))
+
+
+def join_admit(k: Kernel, g: Group, cmd: Join) -> tuple[bool, Member | None]:
+    """The member this join speaks for, if the group knows it (by id, or by
+    instance id), and whether the join passes the checks every live state
+    shares (instance ownership, ``group_max_size``, protocols); a refused join
+    is answered."""
+    req = cmd.request
+    rid = cmd.request_id
     known: Member | None
     if req.member_id:
         known = g.members.get(req.member_id)
@@ -102,18 +122,15 @@ def handle_join(k: Kernel, cmd: Join) -> None:
     if not req.member_id and known is not None and not owns_instance(known, cmd.principal):
         # Another token's static instance: no takeover, nothing changes.
         k.reply(rid, JoinResponse(ErrorCode.FENCED_INSTANCE_ID, member_id=req.member_id))
-        return
+        return False, known
     if not _accept_joining(k, g, known):
         _refuse_full(k, g, known, req.member_id, rid)
-        return
+        return False, known
     if not g.supports(req.protocol_type, req.protocols, known):
         k.reply(rid, JoinResponse(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=req.member_id))
         k.forget_if_vacant(g)
-        return
-    if not req.member_id:
-        _join_new(k, g, cmd, known)
-    else:
-        _join_current(k, g, cmd)
+        return False, known
+    return True, known
 
 
 def _accept_joining(k: Kernel, g: Group, known: Member | None) -> bool:
@@ -135,67 +152,159 @@ def _refuse_full(k: Kernel, g: Group, known: Member | None, member_id: str, rid:
         remove_member(k, g, known, ErrorCode.GROUP_MAX_SIZE_REACHED)
         after_removal(k, g, "leave")
     elif member_id in g.pending:
-        del g.pending[member_id]
-        k.disarm(pending_key(g.group_id, member_id))
+        take_pending(k, g, member_id)
         maybe_complete_join(k, g)
     k.reply(rid, JoinResponse(ErrorCode.GROUP_MAX_SIZE_REACHED))
     k.forget_if_vacant(g)
 
 
-def _join_new(k: Kernel, g: Group, cmd: Join, known: Member | None) -> None:
-    req = cmd.request
-    if req.group_instance_id is not None:
-        if known is not None:
-            _static_rejoin(k, g, cmd, known)
-        else:
-            # A static member unknown so far joins at once (no MEMBER_ID_REQUIRED step).
-            _add_member_and_rebalance(k, g, cmd, cmd.new_member_id)
-        return
-    # KIP-394: the member id is minted now but the member only counts once it
-    # rejoins with it; until then it is pending and expires after its session timeout.
+def take_pending(k: Kernel, g: Group, member_id: str) -> None:
+    """A KIP-394 pending member joins, leaves or is refused: it is pending no more."""
+    k.drop_pending(g, member_id)
+
+
+def require_member_id(k: Kernel, g: Group, cmd: Join) -> None:
+    """KIP-394 (any live state): a dynamic member with an empty member id gets
+    one minted now, and only counts once it rejoins with it; until then it is
+    pending and expires after its session timeout."""
     new_id = cmd.new_member_id
-    deadline = k.now + req.session_timeout_ms
-    g.pending[new_id] = deadline
-    k.arm(pending_key(g.group_id, new_id), deadline,
-          TimerTarget(TimerKind.PENDING, g.group_id, new_id))
+    deadline = k.now + cmd.request.session_timeout_ms
+    k.add_pending(g, new_id, deadline)
     k.reply(cmd.request_id, JoinResponse(ErrorCode.MEMBER_ID_REQUIRED, member_id=new_id))
 
 
-def _join_current(k: Kernel, g: Group, cmd: Join) -> None:
+# -- a member joins the group (a new static member, or a pending one rejoining)
+
+
+def _add_member(k: Kernel, g: Group, cmd: Join, member_id: str) -> Member:
     req = cmd.request
-    rid = cmd.request_id
-    member_id = req.member_id
-    if member_id in g.pending and req.group_instance_id is None:
-        del g.pending[member_id]
-        k.disarm(pending_key(g.group_id, member_id))
-        _add_member_and_rebalance(k, g, cmd, member_id)
-        return
-    error = validate_member(g, member_id, req.group_instance_id)
-    if error is not None:
-        k.reply(rid, JoinResponse(error, member_id=member_id))
-        return
-    member = g.members[member_id]
-    changed = member.protocols != req.protocols
-    if g.state is PREPARING:
-        _update_member(g, member, cmd)
-        k.park_join(g, member, rid)
-        maybe_complete_join(k, g)
-    elif g.state is COMPLETING and not changed:
+    member = Member.of(g.group_id, MemberRecord(
+        member_id, req.group_instance_id, req.client_id or "", cmd.client_host,
+        req.session_timeout_ms, req.rebalance_timeout_ms, req.protocols,
+        owner=cmd.principal if req.group_instance_id is not None else None))
+    g.add_member(member, req.protocol_type)
+    k.park_join(g, member, cmd.request_id)
+    k.arm_session(g, member)
+    return member
+
+
+def add_to_empty(k: Kernel, g: Group, cmd: Join, member_id: str) -> None:
+    _add_member(k, g, cmd, member_id)
+    prepare_rebalance(k, g, "initial")
+    maybe_complete_join(k, g)
+
+
+def add_while_preparing(k: Kernel, g: Group, cmd: Join, member_id: str) -> None:
+    _add_member(k, g, cmd, member_id)
+    if g.initial_delay_remaining_ms is not None:
+        g.new_member_added = True
+    maybe_complete_join(k, g)
+
+
+def add_to_generation(k: Kernel, g: Group, cmd: Join, member_id: str) -> None:
+    """CompletingRebalance or Stable: a newcomer starts a rebalance."""
+    _add_member(k, g, cmd, member_id)
+    prepare_rebalance(k, g, "join")
+    maybe_complete_join(k, g)
+
+
+# -- a member rejoins with its member id
+
+
+def _changed(member: Member, cmd: Join) -> bool:
+    return member.record.protocols != cmd.request.protocols
+
+
+def _rejoin_and_rebalance(k: Kernel, g: Group, cmd: Join, member: Member, reason: str) -> None:
+    _update_member(g, member, cmd)
+    k.park_join(g, member, cmd.request_id)
+    prepare_rebalance(k, g, reason)
+    maybe_complete_join(k, g)
+
+
+def rejoin_empty(k: Kernel, g: Group, cmd: Join, member: Member) -> None:
+    k.reply(cmd.request_id, JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID,
+                                         member_id=cmd.request.member_id))
+
+
+def rejoin_preparing(k: Kernel, g: Group, cmd: Join, member: Member) -> None:
+    _update_member(g, member, cmd)
+    k.park_join(g, member, cmd.request_id)
+    maybe_complete_join(k, g)
+
+
+def rejoin_completing(k: Kernel, g: Group, cmd: Join, member: Member) -> None:
+    if not _changed(member, cmd):
         # The member may have missed its join answer: give it again.
-        k.reply(rid, current_generation_reply(g, member))
+        k.reply(cmd.request_id, current_generation_reply(g, member))
         k.arm_session(g, member)
-    elif g.state is STABLE and not changed and member_id != g.leader:
-        k.reply(rid, current_generation_reply(g, member, with_members=False))
+    else:
+        _rejoin_and_rebalance(k, g, cmd, member, "metadata_change")
+
+
+def rejoin_stable(k: Kernel, g: Group, cmd: Join, member: Member) -> None:
+    changed = _changed(member, cmd)
+    if not changed and member.member_id != g.leader:
+        k.reply(cmd.request_id, current_generation_reply(g, member, with_members=False))
         k.arm_session(g, member)
-    elif g.state in (COMPLETING, STABLE):
+    else:
         # Kafka: the leader rejoining forces a rebalance (how it reacts to
         # changes the metadata does not show, e.g. the resources epoch).
-        _update_member(g, member, cmd)
-        k.park_join(g, member, rid)
-        prepare_rebalance(k, g, "metadata_change" if changed else "rejoin")
+        _rejoin_and_rebalance(k, g, cmd, member, "metadata_change" if changed else "rejoin")
+
+
+# -- KIP-345: a known instance id comes back with an empty member id
+
+
+def _static_takeover(k: Kernel, g: Group, cmd: Join, old: Member) -> tuple[Member, bool]:
+    """Fence the old member id and give the instance a new one; whether its
+    subscription changed."""
+    req = cmd.request
+    changed = subscription_changed(req.protocol_type, old.record.protocols, req.protocols)
+    member = replace_static_member(k, g, old, cmd.new_member_id)
+    if member.record.owner is None:
+        # An instance from before authentication was on: the first token claims it.
+        member.record = replace(member.record, owner=cmd.principal)
+    _update_member(g, member, cmd)
+    k.arm_session(g, member)
+    return member, changed
+
+
+def static_rejoin_preparing(k: Kernel, g: Group, cmd: Join, old: Member) -> None:
+    member, _ = _static_takeover(k, g, cmd, old)
+    k.park_join(g, member, cmd.request_id)
+    maybe_complete_join(k, g)
+
+
+def _static_rejoin_formed(k: Kernel, g: Group, cmd: Join, old: Member) -> Member | None:
+    """The same metadata: no rebalance, the new member returned (the caller
+    answers); changed: a rebalance, ``None``."""
+    member, changed = _static_takeover(k, g, cmd, old)
+    if changed:
+        k.park_join(g, member, cmd.request_id)
+        prepare_rebalance(k, g, "static_change")
         maybe_complete_join(k, g)
-    else:
-        k.reply(rid, JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id=member_id))
+        return None
+    # Same metadata: no rebalance. The new member id must be durable before the
+    # member uses it (a restart would otherwise not know it).
+    k.persist(g.to_record())
+    return member
+
+
+def static_rejoin_completing(k: Kernel, g: Group, cmd: Join, old: Member) -> None:
+    member = _static_rejoin_formed(k, g, cmd, old)
+    if member is not None:
+        # The leader's assignment for the old id will reach the new one
+        # (Group.replaced); a returning leader must assign.
+        k.reply(cmd.request_id, current_generation_reply(g, member))
+
+
+def static_rejoin_stable(k: Kernel, g: Group, cmd: Join, old: Member) -> None:
+    member = _static_rejoin_formed(k, g, cmd, old)
+    if member is not None:
+        # KIP-814: a returning leader gets the members but must not reassign.
+        k.reply(cmd.request_id, current_generation_reply(
+            g, member, skip_assignment=member.member_id == g.leader))
 
 
 def subscription_changed(protocol_type: str, old: tuple[tuple[str, bytes], ...],
@@ -226,74 +335,27 @@ def subscription_changed(protocol_type: str, old: tuple[tuple[str, bytes], ...],
 
 def _update_member(g: Group, member: Member, cmd: Join) -> None:
     req = cmd.request
-    g.set_protocols(member, req.protocols)
-    member.session_timeout_ms = req.session_timeout_ms
-    member.rebalance_timeout_ms = req.rebalance_timeout_ms
-    member.client_id = req.client_id or ""
-    member.client_host = cmd.client_host
-
-
-def _add_member_and_rebalance(k: Kernel, g: Group, cmd: Join, member_id: str) -> None:
-    req = cmd.request
-    member = Member(member_id, req.group_instance_id, req.client_id or "", cmd.client_host,
-                    req.session_timeout_ms, req.rebalance_timeout_ms, req.protocols,
-                    session_key(g.group_id, member_id),
-                    owner=cmd.principal if req.group_instance_id is not None else None)
-    g.add_member(member, req.protocol_type)
-    k.park_join(g, member, cmd.request_id)
-    k.arm_session(g, member)
-    if g.state is PREPARING and g.initial_delay_remaining_ms is not None:
-        g.new_member_added = True
-    maybe_prepare_rebalance(k, g, "initial" if g.state is EMPTY else "join")
-    maybe_complete_join(k, g)
-
-
-def _static_rejoin(k: Kernel, g: Group, cmd: Join, old: Member) -> None:
-    """KIP-345: a known instance id came back with an empty member id."""
-    req = cmd.request
-    rid = cmd.request_id
-    changed = subscription_changed(req.protocol_type, old.protocols, req.protocols)
-    member = replace_static_member(k, g, old, cmd.new_member_id)
-    if member.owner is None:
-        # An instance from before authentication was on: the first token claims it.
-        member.owner = cmd.principal
-    _update_member(g, member, cmd)
-    k.arm_session(g, member)
-    if g.state is PREPARING:
-        k.park_join(g, member, rid)
-        maybe_complete_join(k, g)
-        return
-    if changed:
-        k.park_join(g, member, rid)
-        prepare_rebalance(k, g, "static_change")
-        maybe_complete_join(k, g)
-        return
-    # Same metadata: no rebalance. The new member id must be durable before the
-    # member uses it (a restart would otherwise not know it).
-    k.persist(g.to_record())
-    if g.state is STABLE:
-        # KIP-814: a returning leader gets the members but must not reassign.
-        k.reply(rid, current_generation_reply(g, member,
-                                              skip_assignment=member.member_id == g.leader))
-    else:
-        # CompletingRebalance: the leader's assignment for the old id will reach
-        # the new one (Group.replaced); a returning leader must assign.
-        k.reply(rid, current_generation_reply(g, member))
+    g.update_member(member, replace(
+        member.record, protocols=req.protocols, session_timeout_ms=req.session_timeout_ms,
+        rebalance_timeout_ms=req.rebalance_timeout_ms, client_id=req.client_id or "",
+        client_host=cmd.client_host))
 
 
 # ---------------------------------------------------------------- sync
 
 
-def handle_sync(k: Kernel, cmd: Sync) -> None:
+def sync_unknown_group(k: Kernel, cmd: Sync) -> None:
+    k.reply(cmd.request_id, k.sync_error(ErrorCode.UNKNOWN_MEMBER_ID))
+
+
+def sync_dead(k: Kernel, g: Group, cmd: Sync) -> None:
+    k.reply(cmd.request_id, k.sync_error(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+
+
+def _sync_member(k: Kernel, g: Group, cmd: Sync) -> Member | None:
+    """The checks every live state shares: member, generation, protocol; a
+    failed check is answered (``None``)."""
     req = cmd.request
-    rid = cmd.request_id
-    g = k.groups.get(req.group_id)
-    if g is None:
-        k.reply(rid, k.sync_error(ErrorCode.UNKNOWN_MEMBER_ID))
-        return
-    if g.state is DEAD:
-        k.reply(rid, k.sync_error(ErrorCode.COORDINATOR_NOT_AVAILABLE))
-        return
     error = validate_member(g, req.member_id, req.group_instance_id)
     if error is None and req.generation_id != g.generation_id:
         error = ErrorCode.ILLEGAL_GENERATION
@@ -301,64 +363,109 @@ def handle_sync(k: Kernel, cmd: Sync) -> None:
             (req.protocol_type is not None and req.protocol_type != g.protocol_type)
             or (req.protocol_name is not None and req.protocol_name != g.protocol_name)):
         error = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
-    if error is None:
-        if g.state is PREPARING:
-            error = ErrorCode.REBALANCE_IN_PROGRESS
-        elif g.state not in (COMPLETING, STABLE):
-            error = ErrorCode.UNKNOWN_MEMBER_ID
     if error is not None:
-        k.reply(rid, k.sync_error(error))
+        k.reply(cmd.request_id, k.sync_error(error))
+        return None
+    return g.members[req.member_id]
+
+
+def sync_refused(error: ErrorCode) -> Callable[[Kernel, Group, Sync], None]:
+    """A state without a generation to sync to: the shared checks, then ``error``."""
+    def refuse(k: Kernel, g: Group, cmd: Sync) -> None:
+        if _sync_member(k, g, cmd) is not None:
+            k.reply(cmd.request_id, k.sync_error(error))
+    refuse.__name__ = refuse.__qualname__ = f"sync_refused({error.name})"
+    return refuse
+
+
+def sync_completing(k: Kernel, g: Group, cmd: Sync) -> None:
+    member = _sync_member(k, g, cmd)
+    if member is None:
         return
-    member = g.members[req.member_id]
-    if g.state is COMPLETING:
-        k.park_sync(g, member, rid)
-        g.pending_sync.discard(member.member_id)
-        if member.member_id == g.leader:
-            complete_sync(k, g, req.assignments)
+    k.park_sync(g, member, cmd.request_id)
+    g.pending_sync.discard(member.member_id)
+    if member.member_id == g.leader:
+        complete_sync(k, g, cmd.request.assignments)
+
+
+def sync_stable(k: Kernel, g: Group, cmd: Sync) -> None:
+    """The stored assignment (also what a member re-sending its sync after a
+    coordinator restart gets, PROTOCOL.md "Durability")."""
+    member = _sync_member(k, g, cmd)
+    if member is None:
         return
-    # Stable: the stored assignment (also what a member re-sending its sync
-    # after a coordinator restart gets, PROTOCOL.md "Durability").
     g.pending_sync.discard(member.member_id)
     if not g.pending_sync and g.sync_deadline_ms is not None:
         clear_sync_deadline(k, g)
-    k.reply(rid, SyncResponse(None, g.protocol_type, g.protocol_name, member.assignment or b"",
-                              k.resources_epoch))
+    k.reply(cmd.request_id, SyncResponse(None, g.protocol_type, g.protocol_name,
+                                         member.assignment or b"", k.resources_epoch))
     k.arm_session(g, member)
 
 
 # ---------------------------------------------------------------- heartbeat
+#
+# O(1): a few dict lookups, one timer re-arm, one reply (or one parked entry).
 
 
-def handle_heartbeat(k: Kernel, cmd: Heartbeat) -> None:
-    """O(1): a few dict lookups, one timer re-arm, one reply (or one parked entry)."""
+def heartbeat_unknown_group(k: Kernel, cmd: Heartbeat) -> None:
+    k.reply(cmd.request_id, HeartbeatResponse(ErrorCode.UNKNOWN_MEMBER_ID, k.resources_epoch))
+
+
+def heartbeat_dead(k: Kernel, g: Group, cmd: Heartbeat) -> None:
+    k.reply(cmd.request_id, HeartbeatResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                              k.resources_epoch))
+
+
+def _heartbeat_member(k: Kernel, g: Group, cmd: Heartbeat) -> Member | None:
+    """Member and generation checks; a failed one is answered (``None``)."""
+    req = cmd.request
+    error = validate_member(g, req.member_id, req.group_instance_id)
+    if error is None and req.generation_id != g.generation_id:
+        error = ErrorCode.ILLEGAL_GENERATION
+    if error is not None:
+        k.reply(cmd.request_id, HeartbeatResponse(error, k.resources_epoch))
+        return None
+    return g.members[req.member_id]
+
+
+def heartbeat_empty(k: Kernel, g: Group, cmd: Heartbeat) -> None:
+    if _heartbeat_member(k, g, cmd) is not None:
+        k.reply(cmd.request_id, HeartbeatResponse(ErrorCode.UNKNOWN_MEMBER_ID,
+                                                  k.resources_epoch))
+
+
+def heartbeat_preparing(k: Kernel, g: Group, cmd: Heartbeat) -> None:
+    member = _heartbeat_member(k, g, cmd)
+    if member is not None:
+        k.arm_session(g, member)
+        k.reply(cmd.request_id, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS,
+                                                  k.resources_epoch))
+
+
+def heartbeat_completing(k: Kernel, g: Group, cmd: Heartbeat) -> None:
+    member = _heartbeat_member(k, g, cmd)
+    if member is not None:
+        k.arm_session(g, member)
+        k.reply(cmd.request_id, HeartbeatResponse(None, k.resources_epoch))
+
+
+def heartbeat_stable(k: Kernel, g: Group, cmd: Heartbeat) -> None:
+    # The hot path: the checks of _heartbeat_member inline.
     req = cmd.request
     rid = cmd.request_id
-    g = k.groups.get(req.group_id)
-    error: ErrorCode | None
-    if g is None:
-        error = ErrorCode.UNKNOWN_MEMBER_ID
-    elif g.state is DEAD:
-        error = ErrorCode.COORDINATOR_NOT_AVAILABLE
-    else:
-        error = validate_member(g, req.member_id, req.group_instance_id)
-        if error is None and req.generation_id != g.generation_id:
-            error = ErrorCode.ILLEGAL_GENERATION
-        if error is None:
-            member = g.members[req.member_id]
-            state = g.state
-            if state is EMPTY:
-                error = ErrorCode.UNKNOWN_MEMBER_ID
-            else:
-                k.arm_session(g, member)
-                if state is PREPARING:
-                    error = ErrorCode.REBALANCE_IN_PROGRESS
-                elif state is STABLE and req.wait_ms > 0:
-                    # Long-poll: held at most half the session timeout, so the
-                    # member's next heartbeat still comes well before expiry.
-                    hold = min(req.wait_ms, member.session_timeout_ms // 2)
-                    if hold > 0:
-                        k.park_heartbeat(g, member, rid, hold)
-                        return
+    error = validate_member(g, req.member_id, req.group_instance_id)
+    if error is None and req.generation_id != g.generation_id:
+        error = ErrorCode.ILLEGAL_GENERATION
+    if error is None:
+        member = g.members[req.member_id]
+        k.arm_session(g, member)
+        if req.wait_ms > 0:
+            # Long-poll: held at most half the session timeout, so the
+            # member's next heartbeat still comes well before expiry.
+            hold = min(req.wait_ms, member.record.session_timeout_ms // 2)
+            if hold > 0:
+                k.park_heartbeat(g, member, rid, hold)
+                return
     k.reply(rid, HeartbeatResponse(error, k.resources_epoch))
 
 
@@ -375,18 +482,22 @@ def handle_release_heartbeat(k: Kernel, cmd: ReleaseHeartbeat) -> None:
 # ---------------------------------------------------------------- leave
 
 
-def handle_leave(k: Kernel, cmd: Leave) -> None:
+def leave_unknown_group(k: Kernel, cmd: Leave) -> None:
+    k.reply(cmd.request_id, LeaveResponse(None, tuple(
+        LeaveMemberResult(m.member_id, m.group_instance_id, ErrorCode.UNKNOWN_MEMBER_ID)
+        for m in cmd.request.members)))
+
+
+def leave_dead(k: Kernel, g: Group, cmd: Leave) -> None:
+    k.reply(cmd.request_id, LeaveResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+
+
+def leave(k: Kernel, g: Group, cmd: Leave) -> None:
+    """Every live state: each listed member (or pending member) is removed, then
+    one rebalance for the batch (``after_removal``: Stable and
+    CompletingRebalance rebalance, PreparingRebalance re-checks its barrier)."""
     req = cmd.request
     rid = cmd.request_id
-    g = k.groups.get(req.group_id)
-    if g is None:
-        k.reply(rid, LeaveResponse(None, tuple(
-            LeaveMemberResult(m.member_id, m.group_instance_id, ErrorCode.UNKNOWN_MEMBER_ID)
-            for m in req.members)))
-        return
-    if g.state is DEAD:
-        k.reply(rid, LeaveResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE))
-        return
     removed_member = False
     removed_pending = False
     results: list[LeaveMemberResult] = []
@@ -406,8 +517,7 @@ def handle_leave(k: Kernel, cmd: Leave) -> None:
                 remove_member(k, g, g.members[current], ErrorCode.UNKNOWN_MEMBER_ID)
                 removed_member = True
         elif entry.member_id in g.pending:
-            del g.pending[entry.member_id]
-            k.disarm(pending_key(g.group_id, entry.member_id))
+            take_pending(k, g, entry.member_id)
             removed_pending = True
         else:
             error = validate_member(g, entry.member_id, entry.group_instance_id)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from coordinator.core.admin import unknown_group
 from coordinator.core.checkpoint_store import Checkpoint
 from coordinator.core.checkpoints import (
     Refusal,
@@ -24,20 +25,23 @@ from coordinator.core.checkpoints import (
 )
 from coordinator.core.commands import RemoveMember, ResetCheckpoints
 from coordinator.core.effects import AdminResult
+from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel
 from coordinator.core.rebalance import after_removal, remove_member
 from coordinator.core.records import CheckpointMeta, CheckpointsWritten
-from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
 from protocol.validate import Scalar
 
 
-def handle_remove_member(k: Kernel, cmd: RemoveMember) -> None:
-    g = k.groups.get(cmd.group_id)
-    if g is None or g.state is GroupState.DEAD:
-        k.reply(cmd.request_id, AdminResult(ErrorCode.UNKNOWN_GROUP, k.resources_epoch,
-                                            found=False))
-        return
+def remove_member_dead(k: Kernel, g: Group, cmd: RemoveMember) -> None:
+    unknown_group(k, cmd.request_id)
+
+
+def reset_dead(k: Kernel, g: Group, cmd: ResetCheckpoints) -> None:
+    unknown_group(k, cmd.request_id)
+
+
+def remove_one_member(k: Kernel, g: Group, cmd: RemoveMember) -> None:
     member = g.members.get(cmd.member_id)
     if member is None:
         k.reply(cmd.request_id, AdminResult(ErrorCode.UNKNOWN_MEMBER_ID, k.resources_epoch,
@@ -55,18 +59,16 @@ def _is_integer(value: Scalar) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def handle_reset(k: Kernel, cmd: ResetCheckpoints) -> None:
+def refuse_reset(k: Kernel, g: Group, cmd: ResetCheckpoints) -> None:
+    """A group with members (or a rebalance under way) is not reset."""
+    k.reply(cmd.request_id, AdminResult(
+        ErrorCode.NON_EMPTY_GROUP, k.resources_epoch,
+        message=f"group {cmd.group_id!r} is {g.state.value} with {len(g.members)} "
+                f"member(s): a reset needs an Empty group (stop its members first)"))
+
+
+def reset_empty(k: Kernel, g: Group, cmd: ResetCheckpoints) -> None:
     rid = cmd.request_id
-    g = k.groups.get(cmd.group_id)
-    if g is None or g.state is GroupState.DEAD:
-        k.reply(rid, AdminResult(ErrorCode.UNKNOWN_GROUP, k.resources_epoch, found=False))
-        return
-    if g.state is not GroupState.EMPTY:
-        k.reply(rid, AdminResult(
-            ErrorCode.NON_EMPTY_GROUP, k.resources_epoch,
-            message=f"group {cmd.group_id!r} is {g.state.value} with {len(g.members)} "
-                    f"member(s): a reset needs an Empty group (stop its members first)"))
-        return
     store = k.checkpoints.get(cmd.group_id)
     values = {} if store is None else store.values
     chosen = None if cmd.resources is None else set(cmd.resources)

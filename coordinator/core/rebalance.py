@@ -7,10 +7,12 @@ storing the leader's assignment, removing and replacing members.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from coordinator.core.effects import RebalanceCompleted
-from coordinator.core.group import Group, Member, TimerKind, session_key
+from coordinator.core.group import Group, Member, TimerKind
 from coordinator.core.kernel import Kernel, TimerTarget
-from coordinator.core.records import JournalEntry
+from coordinator.core.records import JournalEntry, journal_member
 from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
 from protocol.messages import JoinMember, JoinResponse, SyncAssignment, SyncResponse
@@ -99,11 +101,12 @@ def complete_join(k: Kernel, g: Group) -> None:
     g.generation_members = tuple(g.members)
     g.replaced.clear()
     for member in g.members.values():
-        member.assignment = None
+        member.set_assignment(None)
     k.transition(g, COMPLETING, "join_complete")
     k.persist(g.to_record())
     protocol = g.protocol_name
-    leader_view = tuple(JoinMember(m.member_id, m.group_instance_id, m.metadata_for(protocol))
+    leader_view = tuple(JoinMember(m.member_id, m.record.group_instance_id,
+                                   m.metadata_for(protocol))
                         for m in g.members.values())
     for member in g.members.values():
         k.answer_join(g, member, JoinResponse(
@@ -125,7 +128,8 @@ def current_generation_reply(g: Group, member: Member, *, skip_assignment: bool 
     leader_view: tuple[JoinMember, ...] = ()
     show = member.member_id == g.leader if with_members is None else with_members
     if show and protocol is not None:
-        leader_view = tuple(JoinMember(m.member_id, m.group_instance_id, m.metadata_for(protocol))
+        leader_view = tuple(JoinMember(m.member_id, m.record.group_instance_id,
+                                       m.metadata_for(protocol))
                             for m in g.members.values())
     return JoinResponse(None, g.generation_id, g.protocol_type, protocol, g.leader or "",
                         member.member_id, leader_view, skip_assignment)
@@ -140,7 +144,7 @@ def complete_sync(k: Kernel, g: Group, assignments: tuple[SyncAssignment, ...]) 
             given[member_id] = entry.assignment
     for member in g.members.values():
         # PROTOCOL.md: a member missing from the leader's list gets an empty assignment.
-        member.assignment = given.get(member.member_id, b"")
+        member.set_assignment(given.get(member.member_id, b""))
     k.transition(g, STABLE, "assignment_received")
     k.persist(g.to_record())
     current = tuple(g.members)
@@ -149,7 +153,7 @@ def complete_sync(k: Kernel, g: Group, assignments: tuple[SyncAssignment, ...]) 
     started = g.rebalance_started_ms
     k.persist(JournalEntry(
         g.group_id, g.generation_id, g.protocol_type, g.protocol_name, g.leader,
-        tuple((m.member_id, m.group_instance_id, m.client_id) for m in g.members.values()),
+        tuple(journal_member(m.record) for m in g.members.values()),
         tuple(mid for mid in current if mid not in previous),
         tuple(mid for mid in g.previous_generation_members if mid not in now_set),
         g.rebalance_reason or "join", started, k.now,
@@ -189,10 +193,7 @@ def replace_static_member(k: Kernel, g: Group, old: Member, new_member_id: str) 
     leadership. The old id's parked calls are answered ``FENCED_INSTANCE_ID``.
     """
     k.answer_all_parked(g, old, ErrorCode.FENCED_INSTANCE_ID)
-    new = Member(new_member_id, old.group_instance_id, old.client_id, old.client_host,
-                 old.session_timeout_ms, old.rebalance_timeout_ms, old.protocols,
-                 session_key(g.group_id, new_member_id),
-                 old.assignment, owner=old.owner)
+    new = Member.of(g.group_id, replace(old.record, member_id=new_member_id))
     g.replace_member_id(old, new)
     k.disarm(old.session_key)
     return new

@@ -10,27 +10,71 @@ is rebuilt from it with ``GroupCoordinator.restore``; a replay round-trip
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import NamedTuple
 
 from protocol.validate import Scalar
 
+#: field metadata of :class:`MemberRecord` (see its docstring).
+_HIDDEN = {"shown": False}
+_JOURNAL = {"journal": True}
+#: a trailing field storage writes only when set (rows written before it existed lack it).
+_TAIL = {"shown": False, "tail": True}
+
 
 @dataclass(frozen=True, slots=True)
 class MemberRecord:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
+    """A group member: the one place a member's fields are spelled.
+
+    Everything else that holds or shows a member derives from this class:
+
+    - the core's live member (:class:`coordinator.core.group.Member`) holds its
+      record (``Member.record``) plus what only lives in memory (parked calls,
+      the session deadline, the commit sequence);
+    - the admin view of a member is its record (``GroupView.members``), and the
+      admin JSON (:func:`coordinator.admin_views.member_json`) is the fields in
+      :data:`SHOWN_MEMBER_FIELDS`, in this order;
+    - storage writes a member as the array of its fields in this order, a
+      trailing field marked ``tail`` left out while it is ``None`` (``owner``,
+      added after the first release: eight-field rows have none), and checks
+      each field it reads against its type here
+      (:func:`coordinator.storage.sqlite.encode_members`, ``decode_members``);
+    - the rebalance journal lists each member by :data:`JOURNAL_MEMBER_FIELDS`
+      (:func:`journal_member`).
+
+    A new field goes at the end with a default, so existing rows still load.
+    """
+
+    member_id: str = field(metadata=_JOURNAL)
+    group_instance_id: str | None = field(metadata=_JOURNAL)
+    client_id: str = field(metadata=_JOURNAL)
     client_host: str
     session_timeout_ms: int
     rebalance_timeout_ms: int
     #: every protocol the member supports, in its order of preference.
-    protocols: tuple[tuple[str, bytes], ...]
+    protocols: tuple[tuple[str, bytes], ...] = field(metadata=_HIDDEN)
     #: ``None`` until the leader's assignment arrived for this generation.
     assignment: bytes | None = None
     #: the name of the token that created this static instance (``None``: dynamic
     #: member, or authentication off): no other token may take it over or remove it.
-    owner: str | None = None
+    owner: str | None = field(default=None, metadata=_TAIL)
+
+
+#: the member fields the admin API shows (``GET /v1/groups/{id}``), in record order.
+SHOWN_MEMBER_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(MemberRecord) if f.metadata.get("shown", True))
+#: the member fields a journal entry keeps of each member of a generation.
+JOURNAL_MEMBER_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(MemberRecord) if f.metadata.get("journal", False))
+
+_journal_member = attrgetter(*JOURNAL_MEMBER_FIELDS)
+
+
+def journal_member(member: MemberRecord) -> tuple[str, str | None, str]:
+    """``(member_id, group_instance_id, client_id)``: a member as the journal lists it."""
+    triple: tuple[str, str | None, str] = _journal_member(member)
+    return triple
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +161,8 @@ class JournalEntry:
     protocol_type: str | None
     protocol_name: str | None
     leader: str | None
-    #: (member_id, group_instance_id, client_id) of every member of the generation.
+    #: every member of the generation as :func:`journal_member` gives it
+    #: (member_id, group_instance_id, client_id).
     members: tuple[tuple[str, str | None, str], ...]
     #: member ids new in this generation / gone since the previous one.
     joined: tuple[str, ...]

@@ -1,11 +1,11 @@
 """Group states and their allowed transitions (PROTOCOL.md, "Group states").
 
 The names and the transition table are Kafka's (``GroupState.scala``). Each
-state class below is documentation plus its row of the table: what the
-coordinator does with every call while a group is in that state. The dispatch
-itself lives in :mod:`coordinator.core.handlers`; :func:`check_transition` is
-called on every state change, so a transition missing from the table is a bug
-that raises before anything is changed.
+state class below is documentation plus the states it may be entered from;
+what the coordinator does with every call and timer while a group is in that
+state is its row of the state table, :data:`coordinator.core.dispatch.TABLE`.
+:func:`check_transition` is called on every state change, so a transition
+missing from the table is a bug that raises before anything is changed.
 """
 
 from __future__ import annotations

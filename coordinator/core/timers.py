@@ -10,7 +10,7 @@ recorded deadline rather than being lost.
 Timer kinds are :class:`~coordinator.core.group.TimerKind` (keys:
 ``session:{group}:{member}``, ``pending:{group}:{member}``, ``join:{group}``,
 ``sync:{group}``, ``heartbeat:{request_id}``, ``retention:{group}``); each has
-one handler in :data:`ON_TIMER`.
+its handler per group state in the state table (:mod:`coordinator.core.dispatch`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from coordinator.core.admin import delete_group
 from coordinator.core.commands import Cancelled, TimerFired
 from coordinator.core.effects import MemberExpired
-from coordinator.core.group import Group, TimerKind, heartbeat_key
+from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel, TimerTarget
 from coordinator.core.rebalance import (
     after_removal,
@@ -30,22 +30,28 @@ from coordinator.core.rebalance import (
     remove_member,
     set_join_deadline,
 )
-from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
 
+#: what a firing does in one group state (a cell of the state table's timer columns).
+OnTimer = Callable[[Kernel, Group, str, TimerTarget], None]
 
-def handle_timer(k: Kernel, cmd: TimerFired) -> None:
-    # A fired timer is gone on the runtime's side; handlers re-arm if they need it.
+
+def fired_target(k: Kernel, cmd: TimerFired) -> tuple[Group, TimerTarget] | None:
+    """The group and target of a firing; ``None``: stale (the key was disarmed,
+    or its group is gone). A fired timer is gone on the runtime's side;
+    handlers re-arm if they need it."""
     target = k.timers.pop(cmd.key, None)
     if target is None:
-        return
+        return None
     group = k.groups.get(target.group_id)
-    if group is None:
-        return
-    ON_TIMER[target.kind](k, group, cmd.key, target)
+    return None if group is None else (group, target)
 
 
-def _session_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+def stale(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+    """A deadline of a phase the group is no longer in: nothing to do."""
+
+
+def session_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
     member = g.members.get(target.member_id)
     if member is None or member.session_key != key:
         return
@@ -62,7 +68,7 @@ def _session_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None
     after_removal(k, g, "session_expiry")
 
 
-def _heartbeat_held(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+def heartbeat_held(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
     parked = k.heartbeats.get(target.request_id)
     if parked is None:
         return
@@ -72,9 +78,10 @@ def _heartbeat_held(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
     k.arm_session(g, member)
 
 
-def _join_deadline(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+def join_deadline(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+    """PreparingRebalance only (the state table)."""
     deadline = g.join_deadline_ms
-    if g.state is not GroupState.PREPARING_REBALANCE or deadline is None:
+    if deadline is None:
         return
     if k.now < deadline:
         k.arm(key, deadline, target)
@@ -100,9 +107,10 @@ def _join_deadline(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
     complete_join(k, g)
 
 
-def _sync_deadline(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+def sync_deadline(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+    """CompletingRebalance and Stable only (the state table)."""
     deadline = g.sync_deadline_ms
-    if g.state not in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE) or deadline is None:
+    if deadline is None:
         return
     if k.now < deadline:
         k.arm(key, deadline, target)
@@ -117,19 +125,19 @@ def _sync_deadline(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
     maybe_complete_join(k, g)
 
 
-def _pending_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+def pending_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
     deadline = g.pending.get(target.member_id)
     if deadline is None:
         return
     if k.now < deadline:
         k.arm(key, deadline, target)
         return
-    del g.pending[target.member_id]
+    k.drop_pending(g, target.member_id)  # its timer fired: nothing to cancel
     maybe_complete_join(k, g)
     k.forget_if_vacant(g)
 
 
-def _retention_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
+def retention_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> None:
     """KIP-211: an Empty group's checkpoints expire, and the group with them (Empty -> Dead).
 
     Kafka expires the offsets of a group ``offsets.retention.minutes`` after it
@@ -137,7 +145,7 @@ def _retention_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> No
     together, durably (a ``GroupDeleted`` record, as the admin delete writes).
     """
     deadline = k.retention.get(g.group_id)
-    if deadline is None or g.state is not GroupState.EMPTY:
+    if deadline is None:
         return
     if k.now < deadline:
         # Renewed by a commit since the timer was armed (Kernel.renew_retention).
@@ -147,41 +155,18 @@ def _retention_expired(k: Kernel, g: Group, key: str, target: TimerTarget) -> No
     if latest_pending > k.now:
         # A KIP-394 pending member is between MEMBER_ID_REQUIRED and its real join:
         # let it join (that stops the retention) or expire first.
-        k.retention[g.group_id] = latest_pending
-        k.arm(key, latest_pending, target)
+        k.extend_retention(g.group_id, latest_pending)
         return
     delete_group(k, g, "retention_expired")
 
 
-#: what a firing of each timer kind does (every kind has one: tests/core).
-ON_TIMER: dict[TimerKind, Callable[[Kernel, Group, str, TimerTarget], None]] = {
-    TimerKind.SESSION: _session_expired,
-    TimerKind.HEARTBEAT: _heartbeat_held,
-    TimerKind.JOIN: _join_deadline,
-    TimerKind.SYNC: _sync_deadline,
-    TimerKind.PENDING: _pending_expired,
-    TimerKind.RETENTION: _retention_expired,
-}
-
-
 def handle_cancelled(k: Kernel, cmd: Cancelled) -> None:
     """The caller went away: forget its parked request; the member stays (Kafka)."""
-    parked = k.parked.get(cmd.request_id)
-    if parked is None:
+    cancelled = k.cancel_parked(cmd.request_id)
+    if cancelled is None:
         return
-    group = k.groups[parked.group_id]
-    member = group.members[parked.member_id]
-    del k.parked[cmd.request_id]
-    if parked.kind == "join":
-        member.join_request = None
-        group.num_awaiting_join -= 1
-        # No longer parked, so no longer kept alive: its session runs from now.
+    group, member, kind = cancelled
+    if kind != "heartbeat":
+        # No longer parked join or sync, so no longer kept alive: its session runs from now.
         k.arm_session(group, member)
-    elif parked.kind == "sync":
-        member.sync_request = None
-        k.arm_session(group, member)
-    else:
-        member.heartbeats.discard(cmd.request_id)
-        del k.heartbeats[cmd.request_id]
-        k.disarm(heartbeat_key(cmd.request_id))
 

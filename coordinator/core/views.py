@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.core.records import MemberRecord
+
 
 @dataclass(frozen=True, slots=True)
 class GroupSummary:
@@ -16,18 +18,6 @@ class GroupSummary:
 
 
 @dataclass(frozen=True, slots=True)
-class MemberView:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    #: as the leader sent it; ``b""`` when none yet. The HTTP layer decodes it.
-    assignment: bytes
-
-
-@dataclass(frozen=True, slots=True)
 class GroupView:
     group_id: str
     state: str
@@ -35,4 +25,6 @@ class GroupView:
     protocol_name: str | None
     generation_id: int
     leader: str | None
-    members: tuple[MemberView, ...]
+    #: each member as its record (frozen, so the view is a safe copy): the admin
+    #: JSON shows its ``SHOWN_MEMBER_FIELDS`` (coordinator/admin_views.py).
+    members: tuple[MemberRecord, ...]

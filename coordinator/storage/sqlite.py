@@ -43,10 +43,12 @@ import logging
 import os
 import sqlite3
 import time
+import types
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_type_hints
 
 import aiosqlite
 
@@ -61,6 +63,7 @@ from coordinator.core.records import (
     MemberRecord,
     Record,
     Snapshot,
+    journal_member,
 )
 from coordinator.core.states import GroupState
 from coordinator.storage.schema import MIGRATIONS, SCHEMA_VERSION
@@ -111,21 +114,59 @@ class BadValue(ValueError):
 # ---------------------------------------------------------------- encoding
 
 
+# A member's storage row is derived from MemberRecord's fields (records.py):
+# the array of its fields in their order, trailing "tail" fields left out while
+# None; each field read back is checked against its type hint.
+_MEMBER_FIELDS = fields(MemberRecord)
+_member_values = attrgetter(*(f.name for f in _MEMBER_FIELDS))
+#: fields every row has; the "tail" ones after them are written only when set.
+_MEMBER_REQUIRED = len(_MEMBER_FIELDS) - sum(
+    1 for f in _MEMBER_FIELDS if f.metadata.get("tail", False))
+_PROTOCOLS = tuple[tuple[str, bytes], ...]
+
+
+def _field_checks() -> tuple[list[tuple[int, str, type, bool]], int]:
+    """(index, name, type, nullable) of each scalar member field, and the index of
+    the protocols; a field of another type fails at import, not at the first read."""
+    scalars: list[tuple[int, str, type, bool]] = []
+    protocols = -1
+    hints = get_type_hints(MemberRecord)
+    for i, f in enumerate(_MEMBER_FIELDS):
+        hint = hints[f.name]
+        args = get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        kinds = [a for a in args if a is not type(None)]
+        if hint == _PROTOCOLS:
+            protocols = i
+        elif len(kinds) == 1 and kinds[0] in (str, int, bytes):
+            scalars.append((i, f.name, kinds[0], len(args) == 2))
+        else:
+            raise TypeError(f"MemberRecord.{f.name}: no storage check for {hint!r}")
+    assert protocols >= 0
+    return scalars, protocols
+
+
+_SCALAR_CHECKS, _PROTOCOLS_AT = _field_checks()
+
+
+def _member_row(member: MemberRecord) -> tuple[Any, ...]:
+    values: tuple[Any, ...] = _member_values(member)
+    end = len(values)
+    while end > _MEMBER_REQUIRED and values[end - 1] is None:
+        end -= 1
+    return values if end == len(values) else values[:end]
+
+
 def encode_members(members: Sequence[MemberRecord]) -> bytes:
     """A group's members as one msgpack blob (schema.py, ``groups.members``).
 
-    Each member is an array ``[member_id, group_instance_id, client_id,
-    client_host, session_timeout_ms, rebalance_timeout_ms, protocols,
-    assignment]`` rather than a map: a 1,000-member group is written at every
-    generation, and arrays encode in half the time and space of maps. A static
-    instance bound to a token has a ninth field, ``owner``.
+    Each member is an array of :class:`MemberRecord`'s fields in order
+    (``[member_id, group_instance_id, client_id, client_host,
+    session_timeout_ms, rebalance_timeout_ms, protocols, assignment]``) rather
+    than a map: a 1,000-member group is written at every generation, and
+    arrays encode in half the time and space of maps. A static instance bound
+    to a token has a ninth field, ``owner``.
     """
-    return encode([
-        (m.member_id, m.group_instance_id, m.client_id, m.client_host, m.session_timeout_ms,
-         m.rebalance_timeout_ms, m.protocols, m.assignment)
-        + ((m.owner,) if m.owner is not None else ())
-        for m in members
-    ])
+    return encode([_member_row(m) for m in members])
 
 
 def decode_members(blob: bytes) -> tuple[MemberRecord, ...]:
@@ -139,39 +180,31 @@ def decode_members(blob: bytes) -> tuple[MemberRecord, ...]:
         raise BadValue(f"expected an array of members, got {type(items).__name__}")
     out = []
     seen: set[str] = set()
+    total = len(_MEMBER_FIELDS)
+    counts = (f"{_MEMBER_REQUIRED} or {total}" if total == _MEMBER_REQUIRED + 1
+              else f"{_MEMBER_REQUIRED} to {total}")
     for i, item in enumerate(items):
-        if not isinstance(item, list) or len(item) not in (8, 9):
-            raise BadValue(f"member {i}: expected an array of 8 or 9 fields, "
-                            f"got {_short(item)}")
-        (member_id, instance, client_id, client_host, session_ms, rebalance_ms, protocols,
-         assignment) = item[:8]
-        owner = item[8] if len(item) == 9 else None
+        if not isinstance(item, list) or not _MEMBER_REQUIRED <= len(item) <= total:
+            raise BadValue(f"member {i}: expected an array of {counts} fields, "
+                           f"got {_short(item)}")
+        member_id = item[0]
         where = f"member {i} ({member_id!r})" if isinstance(member_id, str) else f"member {i}"
-        _check(where, "member_id", member_id, str)
-        _check(where, "group_instance_id", instance, str, nullable=True)
-        _check(where, "client_id", client_id, str)
-        _check(where, "client_host", client_host, str)
-        _check(where, "session_timeout_ms", session_ms, int)
-        _check(where, "rebalance_timeout_ms", rebalance_ms, int)
-        _check(where, "assignment", assignment, bytes, nullable=True)
-        _check(where, "owner", owner, str, nullable=True)
+        for at, name, kind, nullable in _SCALAR_CHECKS:
+            _check(where, name, item[at] if at < len(item) else None, kind, nullable=nullable)
         if member_id in seen:
             raise BadValue(f"{where}: member id listed twice")
         seen.add(member_id)
+        protocols = item[_PROTOCOLS_AT]
         if not isinstance(protocols, list) or not protocols:
             raise BadValue(f"{where}: protocols: expected a non-empty array, "
-                            f"got {_short(protocols)}")
+                           f"got {_short(protocols)}")
         for pair in protocols:
             if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str)
                     or not isinstance(pair[1], bytes)):
                 raise BadValue(f"{where}: protocols: expected [name, metadata bytes] pairs, "
-                                f"got {_short(pair)}")
-        out.append(MemberRecord(
-            member_id=member_id, group_instance_id=instance, client_id=client_id,
-            client_host=client_host, session_timeout_ms=session_ms,
-            rebalance_timeout_ms=rebalance_ms,
-            protocols=tuple((name, meta) for name, meta in protocols),
-            assignment=assignment, owner=owner))
+                               f"got {_short(pair)}")
+        item[_PROTOCOLS_AT] = tuple((name, meta) for name, meta in protocols)
+        out.append(MemberRecord(*item))
     return tuple(out)
 
 
@@ -190,7 +223,8 @@ def _check(where: str, name: str, value: object, kind: type, *, nullable: bool =
 
 
 def member_triples(members: Iterable[MemberRecord]) -> str:
-    return json.dumps([[m.member_id, m.group_instance_id, m.client_id] for m in members])
+    """The members as the ``generations`` table lists them (records.journal_member)."""
+    return json.dumps([list(journal_member(m)) for m in members])
 
 
 # ---------------------------------------------------------------- statements

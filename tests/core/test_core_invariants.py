@@ -39,7 +39,7 @@ def _check_invariants(k: Kernel) -> None:
         assert g.num_awaiting_join == sum(m.join_request is not None for m in g.members.values())
         counts: dict[str, int] = {}
         for m in g.members.values():
-            for name, _ in m.protocols:
+            for name, _ in m.record.protocols:
                 counts[name] = counts.get(name, 0) + 1
             assert k.timers.get(m.session_key) is not None, (gid, m.member_id)
             for rid in (m.join_request, m.sync_request, *m.heartbeats):
@@ -53,8 +53,8 @@ def _check_invariants(k: Kernel) -> None:
             if m.sync_request is not None:
                 assert g.state is GroupState.COMPLETING_REBALANCE
         assert counts == g.protocol_counts
-        assert {m.group_instance_id: mid for mid, m in g.members.items()
-                if m.group_instance_id is not None} == g.static_members
+        assert {m.record.group_instance_id: mid for mid, m in g.members.items()
+                if m.record.group_instance_id is not None} == g.static_members
         assert g.pending_sync <= set(g.members)
         assert not (set(g.pending) & set(g.members))
         if g.state is GroupState.EMPTY:

@@ -1,0 +1,91 @@
+"""A member spelled once (issue 14): the storage row, the journal triple and the
+admin JSON all derive from ``MemberRecord``'s fields, and the bytes stay what
+they were before (the golden values below were written by the code that spelled
+each member's fields by hand, commit f447fa4)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+from coordinator.admin_views import member_json
+from coordinator.core.records import (
+    JOURNAL_MEMBER_FIELDS,
+    SHOWN_MEMBER_FIELDS,
+    MemberRecord,
+)
+from coordinator.storage.sqlite import BadValue, decode_members, encode_members, member_triples
+from protocol.codec import decode, encode
+
+MEMBERS = (
+    MemberRecord("m-1", None, "c1", "10.0.0.1", 10_000, 30_000,
+                 (("range", b"\x01\x02"), ("sticky", b"")), None),
+    MemberRecord("s-1", "inst", "c2", "h", 6_000, 300_000, (("range", b"x"),),
+                 b"\x00assign", "alice"),
+    MemberRecord("s-2", "inst2", "", "h", 6_000, 300_000, (("range", b"x"),), b"", None),
+)
+
+GOLDEN = bytes.fromhex(
+    "9398a36d2d31c0a26331a831302e302e302e31cd2710cd75309292a572616e6765c402010292a673"
+    "7469636b79c400c099a3732d31a4696e7374a26332a168cd1770ce000493e09192a572616e6765c4"
+    "0178c4070061737369676ea5616c69636598a3732d32a5696e737432a0a168cd1770ce000493e091"
+    "92a572616e6765c40178c400")
+
+
+def test_members_encode_to_the_bytes_written_before() -> None:
+    assert encode_members(MEMBERS) == GOLDEN
+    assert decode_members(GOLDEN) == MEMBERS
+
+
+def test_a_row_without_the_owner_field_loads_with_none() -> None:
+    # Rows written before the owner existed have eight fields.
+    row = decode(encode_members(MEMBERS[2:]))
+    assert len(row[0]) == 8
+    assert decode_members(encode(row)) == MEMBERS[2:]
+
+
+def test_a_row_is_the_record_fields_in_order() -> None:
+    (row,) = decode(encode_members(MEMBERS[1:2]))
+    names = [f.name for f in fields(MemberRecord)]
+    assert len(row) == len(names)
+    record = MEMBERS[1]
+    for name, value in zip(names, row, strict=True):
+        expected = getattr(record, name)
+        if name == "protocols":
+            expected = [list(pair) for pair in expected]
+        assert value == expected, name
+
+
+@pytest.mark.parametrize(("at", "value", "message"), [
+    (4, "10", "member 0 ('m-1'): session_timeout_ms: expected int, got '10'"),
+    (1, 7, "member 0 ('m-1'): group_instance_id: expected str or null, got 7"),
+    (7, "a", "member 0 ('m-1'): assignment: expected bytes or null, got 'a'"),
+    (6, [], "member 0 ('m-1'): protocols: expected a non-empty array, got []"),
+])
+def test_each_field_is_checked_against_its_type(at: int, value: object, message: str) -> None:
+    row = decode(encode_members(MEMBERS[:1]))
+    row[0][at] = value
+    with pytest.raises(BadValue) as caught:
+        decode_members(encode(row))
+    assert str(caught.value) == message
+
+
+def test_a_row_of_the_wrong_length_names_both_lengths() -> None:
+    with pytest.raises(BadValue, match="expected an array of 8 or 9 fields"):
+        decode_members(encode([["m", None, "c"]]))
+
+
+def test_journal_and_json_take_their_fields_from_the_record() -> None:
+    assert JOURNAL_MEMBER_FIELDS == ("member_id", "group_instance_id", "client_id")
+    assert member_triples(MEMBERS) == ('[["m-1", null, "c1"], ["s-1", "inst", "c2"], '
+                                       '["s-2", "inst2", ""]]')
+    assert SHOWN_MEMBER_FIELDS == ("member_id", "group_instance_id", "client_id",
+                                   "client_host", "session_timeout_ms",
+                                   "rebalance_timeout_ms", "assignment")
+    doc = member_json("opaque", MEMBERS[0])
+    assert list(doc) == list(SHOWN_MEMBER_FIELDS)
+    assert doc == {"member_id": "m-1", "group_instance_id": None, "client_id": "c1",
+                   "client_host": "10.0.0.1", "session_timeout_ms": 10_000,
+                   "rebalance_timeout_ms": 30_000, "assignment": ""}
+    assert member_json("opaque", MEMBERS[1])["assignment"] == "AGFzc2lnbg=="
