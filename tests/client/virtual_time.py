@@ -17,15 +17,19 @@ in-process transport, the "healthy network" of the timing tests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from client_harness import InProcessCoordinator, InProcessTransport
+from client_harness import InProcessCoordinator, InProcessTransport, MemoryStore
 
+from coordinator.core import CoreConfig, GroupCoordinator
 from coordinator.runtime.clock import TimerHandle
+from coordinator.runtime.runtime import Runtime
 
-__all__ = ["LatencyTransport", "LoopClock", "VirtualTimeLoop", "loop_ms"]
+__all__ = ["LatencyTransport", "LoopClock", "VirtualTimeLoop", "in_process_coordinator",
+           "loop_ms", "loop_s", "run_virtual"]
 
 
 class _VirtualSelector(selectors.DefaultSelector):
@@ -62,6 +66,11 @@ def loop_ms() -> int:
     return round(asyncio.get_running_loop().time() * 1000)
 
 
+def loop_s() -> float:
+    """The running loop's time in seconds (a ``Ledger``'s clock)."""
+    return asyncio.get_running_loop().time()
+
+
 class LoopClock:
     """The runtime's clock on the running loop's (virtual) time."""
 
@@ -95,6 +104,21 @@ class LatencyTransport:
         response = await self.inner.call(api, request)
         await asyncio.sleep(self.one_way_s)
         return response
+
+
+@contextlib.asynccontextmanager
+async def in_process_coordinator(**settings: int) -> AsyncIterator[InProcessCoordinator]:
+    """The real core and runtime on the loop's clock, in memory, stopped on
+    exit: the ``coordinator`` fixture of conftest.py for a test in virtual
+    time (the same defaults: 100 ms minimum session, no initial delay)."""
+    config = CoreConfig(**{"min_session_timeout_ms": 100, "initial_rebalance_delay_ms": 0,
+                           **settings})
+    runtime = Runtime(GroupCoordinator(config), MemoryStore(), LoopClock())
+    await runtime.start()
+    try:
+        yield InProcessCoordinator(runtime)
+    finally:
+        await runtime.stop()
 
 
 def run_virtual(main: Callable[[], Any], *, start_s: float = 1_000.0) -> Any:
