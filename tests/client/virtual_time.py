@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import selectors
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from client_harness import InProcessCoordinator, InProcessTransport, MemoryStore
@@ -29,7 +29,7 @@ from coordinator.runtime.clock import TimerHandle
 from coordinator.runtime.runtime import Runtime
 
 __all__ = ["LatencyTransport", "LoopClock", "VirtualTimeLoop", "in_process_coordinator",
-           "loop_ms", "loop_s", "run_virtual"]
+           "loop_ms", "loop_s", "run_virtual", "run_with_coordinator"]
 
 
 class _VirtualSelector(selectors.DefaultSelector):
@@ -129,6 +129,18 @@ def run_virtual(main: Callable[[], Any], *, start_s: float = 1_000.0) -> Any:
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+def run_with_coordinator(scenario: Callable[[InProcessCoordinator], Awaitable[None]],
+                         **settings: int) -> None:
+    """``scenario(coordinator)`` on a fresh virtual-time loop, with an
+    :func:`in_process_coordinator` made with ``settings``."""
+
+    async def main() -> None:
+        async with in_process_coordinator(**settings) as coordinator:
+            await scenario(coordinator)
+
+    run_virtual(main)
 
 
 def settings_id(settings: Mapping[str, int]) -> str:
