@@ -1,9 +1,14 @@
-"""A few chaos seeds in CI: real coordinator and worker processes under faults.
+"""One chaos seed in CI: real coordinator and worker processes under faults.
 
-Each seed plays ~8 s of faults (worker SIGKILLs, SIGSTOP zombies, coordinator
-SIGKILL + restart on the same database, latency and partitions, catalog
-changes, joins and leaves) and then checks the four invariants of ledger.py.
-The longer runner is ``benchmarks/chaos.py --seeds N``.
+The seed plays ~8 s of faults (worker SIGKILLs, SIGSTOP zombies, coordinator
+SIGKILL + restart on the same database, latency and partitions, joins and
+leaves) and then checks the four invariants of ledger.py. It is the smoke
+test of the real processes, the HTTP drivers, the fault proxy and SQLite's
+durability across a SIGKILL; the protocol's logic under faults is explored by
+the simulator's seeds (tests/sim, thousands per CI run, issue 14), so one
+seed here is enough (seed 7: every fault kind of this harness but catalog
+changes, two coordinator kills). The longer runner is
+``benchmarks/chaos.py --seeds N``.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ CI_CONFIG = ChaosConfig(fault_seconds=8.0)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("seed", [2, 7])
+@pytest.mark.parametrize("seed", [7])
 async def test_chaos_seed_has_no_violations(seed: int, tmp_path: Path) -> None:
     result = await run_seed(seed, tmp_path, CI_CONFIG)
     print(summary_line(result))

@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,15 +98,17 @@ class InProcessTransport:
 
 @dataclass
 class Ledger:
-    """Every callback of every member, in the order they ran."""
+    """Every callback of every member, in the order they ran, stamped by
+    ``clock`` (seconds; ``virtual_time.loop_s`` for a test in virtual time)."""
 
     events: list[tuple[float, str, str, frozenset[Resource]]] = field(default_factory=list)
+    clock: Callable[[], float] = time.time
 
     def listener(self, member: str) -> LedgerListener:
         return LedgerListener(self, member)
 
     def record(self, member: str, kind: str, resources: Iterable[Resource]) -> None:
-        self.events.append((time.time(), member, kind, frozenset(resources)))
+        self.events.append((self.clock(), member, kind, frozenset(resources)))
 
     def check(self) -> dict[Resource, str]:
         """Replay; fail on double ownership; return who holds what at the end."""
@@ -179,9 +181,11 @@ def owners(members: Iterable[GroupMember]) -> dict[Resource, int]:
 
 
 async def eventually(predicate: Any, timeout_s: float = 10.0, interval_s: float = 0.02) -> None:
-    """Await until ``predicate()`` is true; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    """Await until ``predicate()`` is true; fail after ``timeout_s`` of the
+    running loop's time (real time, or virtual time on a ``VirtualTimeLoop``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
         if predicate():
             return
         await asyncio.sleep(interval_s)

@@ -2,7 +2,8 @@
 and ``GroupMember.safety_deadline_ms()`` says until when the member may work.
 
 Against the real core and runtime in this process; the transport holds the
-first commit back, as a slow connection would.
+first commit back, as a slow connection would. The deadline's test runs in
+virtual time (``virtual_time.py``): it waits for a session to run out.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from typing import Any
 
 import pytest
 from client_harness import InProcessCoordinator, InProcessTransport, eventually
+from virtual_time import loop_ms, run_with_coordinator
 
 from client import GroupMember, RebalanceListener, Resource
 from client.errors import CoordinatorUnavailableError
-from client.member import monotonic_ms
 from protocol.messages import CommitRequest
 
 pytestmark = pytest.mark.timeout(60)
@@ -89,20 +90,23 @@ async def test_a_failed_commit_does_not_block_the_next(
         assert await member.fetch() == {("s", 0): 2}
 
 
-async def test_safety_deadline_is_renewed_by_the_coordinator_and_ends_ownership(
-        coordinator: InProcessCoordinator) -> None:
+def test_safety_deadline_is_renewed_by_the_coordinator_and_ends_ownership() -> None:
+    run_with_coordinator(_safety_deadline)
+
+
+async def _safety_deadline(coordinator: InProcessCoordinator) -> None:
     await coordinator.put_resource("s", 2)
     lost_at: list[int] = []
 
     class Listener(RebalanceListener):
         def on_lost(self, resources: set[Resource]) -> None:
-            lost_at.append(monotonic_ms())
+            lost_at.append(loop_ms())
 
     transport = coordinator.transport()
-    member = GroupMember(transport, "g", ["s"], listener=Listener(), **FAST)
+    member = GroupMember(transport, "g", ["s"], listener=Listener(), clock=loop_ms, **FAST)
     assert member.safety_deadline_ms() is None  # owns nothing yet
     async with member:
-        now = monotonic_ms()
+        now = loop_ms()
         first = member.safety_deadline_ms()
         assert first is not None
         # At most one session timeout ahead: the coordinator may expire the member then.

@@ -1,6 +1,7 @@
 """GroupMember (the asyncio driver) against the real coordinator core and
 runtime in this process, through the in-memory transport: whole flows on the
-wall clock with small timeouts."""
+wall clock with small timeouts; those that wait for sessions to run out in
+virtual time (``virtual_time.py``, members on the loop's clock)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from client_harness import InProcessCoordinator, Ledger, eventually, owners
 from prometheus_client import CollectorRegistry
+from virtual_time import loop_ms, loop_s, run_with_coordinator
 
 from client import (
     FencedInstanceIdError,
@@ -175,17 +177,20 @@ async def test_fenced_static_member_loses_everything_and_stops(
         await old.__aexit__(None, None, None)
 
 
-async def test_a_partitioned_member_stops_on_its_own_before_the_move(
-        coordinator: InProcessCoordinator) -> None:
+def test_a_partitioned_member_stops_on_its_own_before_the_move() -> None:
+    run_with_coordinator(_partitioned)
+
+
+async def _partitioned(coordinator: InProcessCoordinator) -> None:
     await coordinator.put_resource("s", 8)
-    ledger = Ledger()
-    a = member(coordinator, "a", ledger)
-    b = member(coordinator, "b", ledger)
+    ledger = Ledger(clock=loop_s)
+    a = member(coordinator, "a", ledger, clock=loop_ms)
+    b = member(coordinator, "b", ledger, clock=loop_ms)
     async with a, b:
         await eventually(lambda: settled([a, b], 8))
         transport = a._transport
         assert hasattr(transport, "partitioned")
-        cut_at = time.time()
+        cut_at = loop_s()
         transport.partitioned = True
         await eventually(lambda: len(b.assignment) == 8, timeout_s=10)
         lost_at = [t for t, m, k, _ in ledger.events if m == "a" and k == "lost"]
@@ -197,22 +202,25 @@ async def test_a_partitioned_member_stops_on_its_own_before_the_move(
         ledger.check()
 
 
-async def test_static_member_restart_gets_its_resources_back_without_rebalance(
-        coordinator: InProcessCoordinator) -> None:
+def test_static_member_restart_gets_its_resources_back_without_rebalance() -> None:
+    run_with_coordinator(_static_restart)
+
+
+async def _static_restart(coordinator: InProcessCoordinator) -> None:
     await coordinator.put_resource("s", 8)
-    ledger = Ledger()
+    ledger = Ledger(clock=loop_s)
     a = member(coordinator, "a", ledger, group_instance_id="i-a", session_timeout_ms=3_000,
-               heartbeat_interval_ms=300)
+               heartbeat_interval_ms=300, clock=loop_ms)
     b = member(coordinator, "b", ledger, group_instance_id="i-b", session_timeout_ms=3_000,
-               heartbeat_interval_ms=300)
+               heartbeat_interval_ms=300, clock=loop_ms)
     async with a:
         async with b:
             await eventually(lambda: settled([a, b], 8))
         held = {r for r in ledger.revoked_or_lost("b")}
         generation = a.generation_id
-        since = time.time()
+        since = loop_s()
         b2 = member(coordinator, "b2", ledger, group_instance_id="i-b",
-                    session_timeout_ms=3_000, heartbeat_interval_ms=300)
+                    session_timeout_ms=3_000, heartbeat_interval_ms=300, clock=loop_ms)
         async with b2:
             assert b2.assignment == held
             await asyncio.sleep(0.5)

@@ -1,15 +1,17 @@
 """The driver's side channel against the real core in process: heartbeats
 while a join is parked, on_lost at the rebalance bound when the join is
-lost, nothing lost when a slow but healthy barrier stays inside the bound."""
+lost, nothing lost when a slow but healthy barrier stays inside the bound.
+In virtual time (``virtual_time.py``): the same scenarios ran for ~2 s of
+real time each."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
 from client_harness import InProcessCoordinator, InProcessTransport, Ledger, eventually
+from virtual_time import in_process_coordinator, loop_ms, loop_s, run_virtual
 
 from client import GroupMember
 from client.errors import CoordinatorUnavailableError
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.timeout(60)
 
 FAST: dict[str, Any] = dict(session_timeout_ms=600, heartbeat_interval_ms=150,
                             rebalance_timeout_ms=2_000, retry_backoff_ms=20,
-                            retry_backoff_max_ms=100)
+                            retry_backoff_max_ms=100, clock=loop_ms)
 
 
 class JoinControl(InProcessTransport):
@@ -35,7 +37,7 @@ class JoinControl(InProcessTransport):
         self.log: list[tuple[float, str]] = []
 
     async def call(self, api: str, request: Any) -> Any:
-        self.log.append((time.monotonic(), api))
+        self.log.append((loop_s(), api))
         if isinstance(request, JoinRequest) and request.member_id:
             if self.lose_joins:
                 await self.heal.wait()
@@ -48,10 +50,17 @@ class JoinControl(InProcessTransport):
         return sum(1 for t, a in self.log if a == api and start <= t <= end)
 
 
-async def test_a_member_whose_join_is_lost_gives_up_at_the_bound_before_the_move(
-        coordinator: InProcessCoordinator) -> None:
+def test_a_member_whose_join_is_lost_gives_up_at_the_bound_before_the_move() -> None:
+    async def main() -> None:
+        async with in_process_coordinator() as coordinator:
+            await _join_lost(coordinator)
+
+    run_virtual(main)
+
+
+async def _join_lost(coordinator: InProcessCoordinator) -> None:
     await coordinator.put_resource("s", 4)
-    ledger = Ledger()
+    ledger = Ledger(clock=loop_s)
     lossy = JoinControl(coordinator)
     a = GroupMember(lossy, "g", ["s"], client_id="a", listener=ledger.listener("a"), **FAST)
     b = GroupMember(coordinator.transport(), "g", ["s"], client_id="b",
@@ -60,7 +69,7 @@ async def test_a_member_whose_join_is_lost_gives_up_at_the_bound_before_the_move
     try:
         assert len(await a.wait_assigned(10)) == 4
         lossy.lose_joins = True
-        lost_from = time.monotonic()
+        lost_from = loop_s()
         b.start()
         await eventually(lambda: len(b.assignment) == 4, timeout_s=15)
         lost_at = [t for t, m, k, _ in ledger.events if m == "a" and k == "lost"]
@@ -76,10 +85,17 @@ async def test_a_member_whose_join_is_lost_gives_up_at_the_bound_before_the_move
                              return_exceptions=True)
 
 
-async def test_a_slow_healthy_barrier_inside_the_bound_loses_nothing(
-        coordinator: InProcessCoordinator) -> None:
+def test_a_slow_healthy_barrier_inside_the_bound_loses_nothing() -> None:
+    async def main() -> None:
+        async with in_process_coordinator() as coordinator:
+            await _slow_barrier(coordinator)
+
+    run_virtual(main)
+
+
+async def _slow_barrier(coordinator: InProcessCoordinator) -> None:
     await coordinator.put_resource("s", 6)
-    ledger = Ledger()
+    ledger = Ledger(clock=loop_s)
     ta, tc = JoinControl(coordinator), JoinControl(coordinator)
     a = GroupMember(ta, "g", ["s"], client_id="a", listener=ledger.listener("a"), **FAST)
     c = GroupMember(tc, "g", ["s"], client_id="c", listener=ledger.listener("c"), **FAST)
@@ -94,10 +110,10 @@ async def test_a_slow_healthy_barrier_inside_the_bound_loses_nothing(
         # c rejoins slowly: the join barrier lasts about twice the session
         # timeout, well inside the rebalance timeout
         tc.delay_joins_s = 1.2
-        started = time.monotonic()
+        started = loop_s()
         b.start()
         await eventually(lambda: len(b.assignment) == 2, timeout_s=15)
-        assert time.monotonic() - started > 1.2
+        assert loop_s() - started > 1.2
         assert not [e for e in ledger.events if e[1] in ("a", "c") and e[2] == "lost"]
         # what moved to b was revoked; everything else was kept throughout
         moved = {r for _, m, k, rs in ledger.events if k == "revoked" for r in rs}

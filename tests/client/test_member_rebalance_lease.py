@@ -5,7 +5,8 @@ it owns ends at the earliest of ``anchor + session`` and the rebalance
 bound: ``settled + rebalance_timeout`` while joining (``settled``: send time
 of the last answer proving no join phase was in progress), ``first join
 sent + rebalance_timeout`` while syncing. Chaos scenario this pins down:
-tests/chaos/test_chaos_scenarios.py (a cooperative member whose join is lost).
+tests/client/test_member_handover_deadlines.py (a cooperative member whose join is
+lost).
 """
 
 from __future__ import annotations

@@ -190,6 +190,28 @@ def test_a_member_finds_its_coordinator_through_the_list_and_follows_not_coordin
         f"(NOT_COORDINATOR from {B}; was {B})"], changes
 
 
+def test_a_member_given_one_url_follows_not_coordinator_away_from_it() -> None:
+    """One URL in front of several coordinators (a load balancer): the group
+    moves, the URL answers NOT_COORDINATOR naming the owner, and the member
+    follows it, keeping its resources. (Before v1.1 the member retried the
+    same URL until its deadline and lost them.) Over real HTTP for ~4 s of
+    real time until issue 14; the HTTP stand-ins still serve the list cases
+    in test_member_routing_http.py."""
+
+    async def main() -> None:
+        w = await _world([A], owner=A, a="serve")
+        generation = w.generation()
+        moved = asyncio.get_running_loop().time()
+        w.cluster.move(B, a="redirect", b="serve")
+        await asyncio.sleep(SESSION_MS / 1000 + 0.5)
+        assert w.cluster.count(B, "heartbeat", since=moved) >= 2
+        assert sum(w.cluster.count(u, FIND_COORDINATOR_API) for u in (A, B)) == 0
+        _keeps_everything(w, generation)
+        await _stop(w)
+
+    run_virtual(main)
+
+
 def test_not_coordinator_without_an_owner_sends_the_member_to_find_coordinator() -> None:
     async def main() -> None:
         w = await _world([A, B], owner=A, a="serve", b="redirect")

@@ -10,8 +10,8 @@ of two, quiet for several sessions, then a third member joins and later
 leaves, and one heartbeat is lost on the way; no member may ever see
 ``on_lost``, and the generation must not move while nothing changes (the
 churn of issue 11: ``Stable -> PreparingRebalance`` every session). The
-real-server, real-time check of the reported case is in
-test_member_timing_server.py.
+reported case exactly as reported (two members, 12 resources, the churn read
+from the coordinator's log) is test_member_timing_server.py.
 """
 
 from __future__ import annotations

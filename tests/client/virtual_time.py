@@ -17,15 +17,19 @@ in-process transport, the "healthy network" of the timing tests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-from client_harness import InProcessCoordinator, InProcessTransport
+from client_harness import InProcessCoordinator, InProcessTransport, MemoryStore
 
+from coordinator.core import CoreConfig, GroupCoordinator
 from coordinator.runtime.clock import TimerHandle
+from coordinator.runtime.runtime import Runtime
 
-__all__ = ["LatencyTransport", "LoopClock", "VirtualTimeLoop", "loop_ms"]
+__all__ = ["LatencyTransport", "LoopClock", "VirtualTimeLoop", "in_process_coordinator",
+           "loop_ms", "loop_s", "run_virtual", "run_with_coordinator"]
 
 
 class _VirtualSelector(selectors.DefaultSelector):
@@ -60,6 +64,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 def loop_ms() -> int:
     """The running loop's time in milliseconds (the member's ``clock``)."""
     return round(asyncio.get_running_loop().time() * 1000)
+
+
+def loop_s() -> float:
+    """The running loop's time in seconds (a ``Ledger``'s clock)."""
+    return asyncio.get_running_loop().time()
 
 
 class LoopClock:
@@ -97,6 +106,21 @@ class LatencyTransport:
         return response
 
 
+@contextlib.asynccontextmanager
+async def in_process_coordinator(**settings: int) -> AsyncIterator[InProcessCoordinator]:
+    """The real core and runtime on the loop's clock, in memory, stopped on
+    exit: the ``coordinator`` fixture of conftest.py for a test in virtual
+    time (the same defaults: 100 ms minimum session, no initial delay)."""
+    config = CoreConfig(**{"min_session_timeout_ms": 100, "initial_rebalance_delay_ms": 0,
+                           **settings})
+    runtime = Runtime(GroupCoordinator(config), MemoryStore(), LoopClock())
+    await runtime.start()
+    try:
+        yield InProcessCoordinator(runtime)
+    finally:
+        await runtime.stop()
+
+
 def run_virtual(main: Callable[[], Any], *, start_s: float = 1_000.0) -> Any:
     """Run the coroutine function ``main`` on a fresh virtual-time loop."""
     loop = VirtualTimeLoop(start_s)
@@ -105,6 +129,18 @@ def run_virtual(main: Callable[[], Any], *, start_s: float = 1_000.0) -> Any:
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+def run_with_coordinator(scenario: Callable[[InProcessCoordinator], Awaitable[None]],
+                         **settings: int) -> None:
+    """``scenario(coordinator)`` on a fresh virtual-time loop, with an
+    :func:`in_process_coordinator` made with ``settings``."""
+
+    async def main() -> None:
+        async with in_process_coordinator(**settings) as coordinator:
+            await scenario(coordinator)
+
+    run_virtual(main)
 
 
 def settings_id(settings: Mapping[str, int]) -> str:
