@@ -52,6 +52,10 @@ class MemoryStore:
     async def write(self, records: Sequence[Record]) -> float:
         return 0.0
 
+    async def rebalances(self, group_id: str, limit: int) -> list[dict[str, Any]]:
+        """In memory the journal is not kept: no rebalances to list."""
+        return []
+
     def check(self) -> None:
         """In memory: no file to find replaced."""
 
