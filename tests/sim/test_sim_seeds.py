@@ -6,6 +6,8 @@
 * 200 fresh seeds, their numbers printed (``-s``) so a failure is replayed
   with ``benchmarks/simulate_groups.py --seed S --trace``;
 * determinism: a seed run twice gives a byte-identical trace;
+* several coordinators (sim.cluster): a zombie owner's write never commits
+  after another took its partition over, and the checker sees one that would;
 * every seed that found a bug, as a regression.
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from sim import SeedResult, report, run_seed
+from sim.cluster import SimDatabase, Statement
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -58,7 +61,7 @@ def test_fresh_seeds_violate_nothing() -> None:
     _fail_with(results)
 
 
-@pytest.mark.parametrize("seed", [3, 5, 152])
+@pytest.mark.parametrize("seed", [3, 5, 152, 14])
 def test_a_seed_gives_a_byte_identical_trace(seed: int) -> None:
     first = run_seed(seed, keep_trace=True)
     second = run_seed(seed, keep_trace=True)
@@ -78,6 +81,37 @@ def test_a_failure_report_names_the_seed_the_config_the_faults_and_the_replay() 
     assert "an example violation" in text
     assert "benchmarks/simulate_groups.py --seed 3 --trace" in text
     assert "trace (shortened):" in text and "FAULT" in text
+
+
+#: A seed with three coordinators whose group's owner is paused between a
+#: write's fence and its COMMIT, past its lease (the zombie coordinator).
+ZOMBIE_SEED = 14
+
+
+def test_a_zombie_coordinators_write_is_ended_and_its_partition_taken_over() -> None:
+    result = run_seed(ZOMBIE_SEED, keep_trace=True)
+    assert result.coordinators == 3
+    assert result.ok, report(result)
+    assert result.refused_writes >= 1  # the zombie's COMMIT found its transaction ended
+    assert result.takeovers >= 1
+    assert any("coord_pause" in line and "mid_write=True" in line for line in result.trace)
+
+
+def test_a_write_committed_after_a_takeover_is_a_violation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker's teeth: a database that lets the zombie's COMMIT through
+    (its transaction ended, its partition acquired by another meanwhile)."""
+    def commit_anyway(self: SimDatabase, arg: tuple[Statement, int, list[object]]) -> None:
+        st, partition, records = arg
+        if self.locks.get(partition) is st:
+            del self.locks[partition]
+        self._check_write(st.node, partition, st)
+        self.records[partition].extend(records)  # type: ignore[arg-type]
+        st.node.at(self.sim.now + 1, self._reply, (st, None))
+
+    monkeypatch.setattr(SimDatabase, "_write_commit", commit_anyway)
+    result = run_seed(ZOMBIE_SEED)
+    assert any("fenced-db" in v for v in result.violations), result.violations
 
 
 #: Seeds that found a bug, each failing on the code before its fix
