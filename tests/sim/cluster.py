@@ -9,8 +9,9 @@ and the members' router (issue 14; issue 12's system, docs/operations.md,
     partition's committed records and the shared catalog. A statement runs at
     the database after a drawn latency and is judged by the database's clock
     (the global one); its answer comes back after another latency. A
-    coordinator cut off from the database (the *db_cut* fault) gets no answer:
-    its statements fail at their timeout. A write is a transaction in two
+    coordinator cut off from the database (the *db_cut* fault) exchanges
+    nothing with it meanwhile; what was on its way goes on when the cut heals
+    (TCP's retransmissions), unless the statement's timeout ended it first. A write is a transaction in two
     steps, as the real one: the fence (the writer must hold the partition's
     lease at the write's epoch), which locks the lease row (``FOR SHARE``: an
     acquire of the row fails meanwhile, as at the real ``lock_timeout``), then
@@ -39,7 +40,8 @@ and the members' router (issue 14; issue 12's system, docs/operations.md,
     a member's ``CoordinatorRouter``: its choices are the real
     :class:`~client.transport.CoordinatorChoice`; the calls travel as legs on
     one connection: ``find_coordinator`` to the bootstrap URLs in the choice's
-    order (each bounded by ``find_timeout_ms``), the call to the coordinator
+    order (each bounded by ``find_timeout_ms``, the member's ``reply_ms`` as
+    ``GroupMember`` sets it), the call to the coordinator
     found, ``NOT_COORDINATOR`` followed (at most ``MAX_REDIRECTS`` times),
     ``COORDINATOR_LOAD_IN_PROGRESS`` and failures handed to the member; a
     call that timed out gives its coordinator up, and finding another fails
@@ -83,8 +85,6 @@ __all__ = ["NODE_DOWN", "NODE_PAUSED", "NODE_UP", "Cluster", "SimDatabase", "Sim
 NODE_UP, NODE_PAUSED, NODE_DOWN = "up", "paused", "down"
 #: ms after a dead owner's lease runs out at which a survivor looks (host.py: 0.02 s).
 EXPIRY_MARGIN_MS = 20
-#: a member's find_coordinator attempt is given up after this (the router's default).
-FIND_TIMEOUT_MS = 5_000
 #: a read (a partition's load) is given up after this (host.READ_TIMEOUT_S).
 READ_TIMEOUT_MS = 30_000
 
@@ -132,8 +132,9 @@ class SimDatabase:
         self.records: dict[int, list[Record]] = {p: [] for p in range(partitions)}
         self.catalog = dict(catalog)
         self.catalog_epoch = 1
-        #: coordinators cut off from the database.
+        #: coordinators cut off from the database, and what their cut holds.
         self.cut: set[str] = set()
+        self.held: dict[str, list[tuple[Callable[[Any], None], Any]]] = {}
         self.slow_until = -1
         self.slow_factor = 1
         self.inflight: dict[str, list[Statement]] = {}
@@ -142,6 +143,8 @@ class SimDatabase:
         #: partition -> the largest epoch a committed write carried.
         self.written_epoch: dict[int, int] = {}
         self.on_violation: Callable[[str], None] | None = None
+        #: the coordinators (for a cut's heal).
+        self.nodes: list[SimNode] = []
         self.writes = 0
         #: writes refused by the fence, and writes whose transaction the server ended.
         self.fenced = 0
@@ -167,8 +170,18 @@ class SimDatabase:
         self.inflight.setdefault(node.id, []).append(st)
         if node.id in self.cut:
             self._arm_timeout(st)
-            return
-        self.sim.after(self._latency(), self._exec, st)
+        self._on_link(node, self._exec, st)
+
+    def _on_link(self, node: SimNode, fn: Callable[[Any], None], arg: Any,
+                 at_node: bool = False) -> None:
+        """A message between ``node`` and the database: after a latency, or held
+        by a cut until it heals."""
+        if node.id in self.cut:
+            self.held.setdefault(node.id, []).append((fn, arg))
+        elif at_node:
+            node.at(self.sim.now + self._latency(), fn, arg)
+        else:
+            self.sim.after(self._latency(), fn, arg)
 
     def _arm_timeout(self, st: Statement) -> None:
         if not st.timeout_armed:
@@ -178,17 +191,23 @@ class SimDatabase:
 
     def _exec(self, st: Statement) -> None:
         node = st.node
-        if st.life != node.life or node.id in self.cut:
-            return  # the process died (its transaction rolled back), or cut off
+        if st.life != node.life:
+            return  # the process died: its transaction rolled back
+        if node.id in self.cut:
+            self.held.setdefault(node.id, []).append((self._exec, st))
+            return
         try:
             result = st.run()
         except StatementFailed as exc:
             result = exc
-        node.at(self.sim.now + self._latency(), self._reply, (st, result))
+        self._on_link(node, self._reply, (st, result), at_node=True)
 
     def _reply(self, arg: tuple[Statement, Any]) -> None:
         st, result = arg
-        if st.finished or st.node.id in self.cut:
+        if st.finished:
+            return
+        if st.node.id in self.cut:
+            self.held.setdefault(st.node.id, []).append((self._reply, arg))
             return
         self._finish(st, result)
 
@@ -210,10 +229,17 @@ class SimDatabase:
         self.sim.after(duration, self._heal, node.id)
 
     def _heal(self, node_id: str) -> None:
+        if node_id not in self.cut:
+            return
         self.cut.discard(node_id)
+        node = next(n for n in self.nodes if n.id == node_id)
+        for fn, arg in self.held.pop(node_id, []):
+            self._on_link(node, fn, arg,
+                          at_node=fn in (self._reply, self._write_send_commit))
 
     def heal_all(self) -> None:
-        self.cut.clear()
+        for node_id in sorted(self.cut):
+            self._heal(node_id)
 
     # ------------------------------------------------------------ the statements (run at the db)
 
@@ -266,16 +292,20 @@ class SimDatabase:
         """A fenced write (see the class docs); ``done(None)`` once committed."""
         st = Statement(node, node.life, lambda: None, done, timeout_ms, epoch=epoch)
         self.inflight.setdefault(node.id, []).append(st)
+        arg = (st, partition, epoch, records)
         if node.id in self.cut:
             self._arm_timeout(st)
+            self.held.setdefault(node.id, []).append((self._write_fence, arg))
             return
-        self.sim.after(self._latency(slow=True), self._write_fence,
-                       (st, partition, epoch, records))
+        self.sim.after(self._latency(slow=True), self._write_fence, arg)
 
     def _write_fence(self, arg: tuple[Statement, int, int, list[Record]]) -> None:
         st, partition, epoch, records = arg
         node = st.node
-        if st.life != node.life or node.id in self.cut:
+        if st.life != node.life:
+            return
+        if node.id in self.cut:
+            self.held.setdefault(node.id, []).append((self._write_fence, arg))
             return
         row = self.leases[partition]
         result: StatementFailed | None = None
@@ -286,11 +316,11 @@ class SimDatabase:
         elif partition in self.locks:
             result = StatementFailed(f"partition {partition}: lease row locked")
         if result is not None:
-            node.at(self.sim.now + self._latency(), self._reply, (st, result))
+            self._on_link(node, self._reply, (st, result), at_node=True)
             return
         self.locks[partition] = st
         self.sim.after(self.idle_timeout_ms, self._idle_end, (st, partition))
-        node.at(self.sim.now + self._latency(), self._write_send_commit, (st, partition, records))
+        self._on_link(node, self._write_send_commit, (st, partition, records), at_node=True)
 
     def _write_send_commit(self, arg: tuple[Statement, int, list[Record]]) -> None:
         """At the coordinator: the fence answered; the records and COMMIT go."""
@@ -304,13 +334,16 @@ class SimDatabase:
             self.sim.after(duration, node.resume)
             node.deferred.append((self._write_send_commit, arg))
             return
-        if not st.finished and node.id not in self.cut:
-            self.sim.after(self._latency(), self._write_commit, arg)
+        if not st.finished:
+            self._on_link(node, self._write_commit, arg)
 
     def _write_commit(self, arg: tuple[Statement, int, list[Record]]) -> None:
         st, partition, records = arg
         node = st.node
-        if st.life != node.life or node.id in self.cut:
+        if st.life != node.life:
+            return
+        if node.id in self.cut:
+            self.held.setdefault(node.id, []).append((self._write_commit, arg))
             return
         result: StatementFailed | None = None
         if self.locks.get(partition) is not st:
@@ -321,7 +354,7 @@ class SimDatabase:
             self._check_write(node, partition, st)
             self.writes += 1
             self.records[partition].extend(records)
-        node.at(self.sim.now + self._latency(), self._reply, (st, result))
+        self._on_link(node, self._reply, (st, result), at_node=True)
 
     def _idle_end(self, arg: tuple[Statement, int]) -> None:
         st, partition = arg
@@ -334,6 +367,7 @@ class SimDatabase:
             if st.node is node:
                 del self.locks[partition]
         self.inflight.pop(node.id, None)
+        self.held.pop(node.id, None)
 
     def _check_write(self, node: SimNode, partition: int, st: Statement) -> None:
         """The invariant, from the checker's own log of acquisitions: a write
@@ -390,7 +424,8 @@ class SimNode:
         self.resources_epoch = 0
         self.stopping = False
         self._round_token = 0
-        self._expiry_token = 0
+        #: the global time of the armed expiry event (None: none armed).
+        self._expiry_at: int | None = None
         self._pending_catalog: tuple[dict[str, int], int] = ({}, 0)
         #: a pause armed for the next write's COMMIT (its duration; 0: none).
         self.pause_mid_write = 0
@@ -445,6 +480,7 @@ class SimNode:
         self._exit()
 
     def _exit(self) -> None:
+        self._expiry_at = None
         self.state = NODE_DOWN
         self.life += 1
         self.deferred.clear()
@@ -481,7 +517,6 @@ class SimNode:
         self.log("STOP")
         self.stopping = True
         self._round_token += 1  # the round in progress ends here
-        self._expiry_token += 1
         numbers = sorted(self.partitions)
 
         def next_one(_: Any = None) -> None:
@@ -624,10 +659,10 @@ class SimNode:
         epoch = part.lease.epoch
 
         def done(result: Any) -> None:
-            if isinstance(result, StatementFailed):
+            failed = isinstance(result, StatementFailed)
+            if failed:
                 self._failed(part, runtime, f"write failed: {result}")
-            else:
-                runtime.write_done(batch)
+            runtime.write_result(batch, not failed)
 
         self.db.write(self, part.number, epoch, records, done, self.lease_ms)
 
@@ -678,16 +713,23 @@ class SimNode:
         self._arm_expiry()
 
     def _arm_expiry(self) -> None:
-        self._expiry_token += 1
+        """host._arm_expiry: a timer at the earliest ``valid_until`` of the owned
+        leases. One event at a time: an armed one that fires earlier than needed
+        (the lease was renewed since) just arms the next."""
         if not self.partitions or self.stopping:
             return
         earliest = min(p.lease.valid_until for p in self.partitions.values())
         # One ms past: LocalLease.valid is then false by this clock.
-        self.at(self.clock.global_at(int(earliest * 1000) + 1), self._expiry_event,
-                self._expiry_token)
+        when = self.clock.global_at(int(earliest * 1000) + 1)
+        armed = self._expiry_at
+        if armed is not None and self.sim.now <= armed <= when:
+            return
+        self._expiry_at = when
+        self.at(when, self._expiry_event, when)
 
-    def _expiry_event(self, token: int) -> None:
-        if token == self._expiry_token:
+    def _expiry_event(self, when: int) -> None:
+        if self._expiry_at == when:
+            self._expiry_at = None
             self._expire()
 
     def adopt_catalog(self, catalog: dict[str, int], epoch: int) -> None:
@@ -772,6 +814,7 @@ class Cluster:
         clock_rng = random.Random(seed * 83 + 31)
         self.nodes = [SimNode(self, i, DriftClock(clock_rng.randint(0, 10**9), drift_ppm[i]))
                       for i in range(coordinators)]
+        self.db.nodes = self.nodes
         self.urls = tuple(n.url for n in self.nodes)
         self.by_url = {n.url: n for n in self.nodes}
         self.core_errors: list[str] = []
@@ -851,6 +894,8 @@ class SimRouter:
         self.member = member
         self.cluster = cluster
         self.choice = CoordinatorChoice(cluster.urls)
+        # GroupMember gives its router the timing rule's reply allowance.
+        self.find_timeout_ms = member.config.timing.reply_ms
 
     def open(self, conn: Conn) -> None:
         current = self.choice.current
@@ -876,7 +921,7 @@ class SimRouter:
         conn.find_left = order[1:]
         self.cluster.net.send_leg(conn, self.cluster.by_url[url])
         member = self.member
-        member.sim.at(member.clock.global_at(member.local() + FIND_TIMEOUT_MS),
+        member.sim.at(member.clock.global_at(member.local() + self.find_timeout_ms),
                       member.router_event, (self._find_timeout, (conn, conn.leg)))
 
     def _find_timeout(self, arg: tuple[Conn, int]) -> None:

@@ -170,10 +170,11 @@ def draw_config(seed: int, profile: str = "space") -> SimConfig:
     tail_ms = max(0, one_way_max - base - jitter)
     faulty = rng.random() < 0.8
     listener_hi = max(0, min(effective // 4, 200))
-    # Several coordinators for some seeds, drawn apart (every other draw, and so
-    # every seed with one coordinator, is as it was before they existed).
+    # Profile "cluster": the same draws, and several coordinators drawn apart
+    # (so every seed of the other profiles is as it was before they existed).
     crng = random.Random(seed * 1_000_003 + 17)
-    coordinators = crng.choice([2, 3]) if crng.random() < CLUSTER_SHARE else 1
+    crng.random()
+    coordinators = crng.choice([2, 3]) if profile == "cluster" else 1
     partitions = crng.choice([1, 2, 3, 4, 8])
     # The lease sized as docs/operations.md says: a failover (a lease, a load, a
     # retry) well inside the member's budget, min(session, rebalance) - 2 intervals;
@@ -199,7 +200,7 @@ def draw_config(seed: int, profile: str = "space") -> SimConfig:
         fault_ms=rng.randint(2, 5) * session,
         upgrade=upgrade,
         coordinators=coordinators, partitions=partitions, lease_ms=lease_ms,
-        coord_drift_ppm=coord_drift,
+        coord_drift_ppm=coord_drift, profile=profile,
     )
 
 
@@ -220,8 +221,6 @@ FAULT_WEIGHTS: tuple[tuple[str, float], ...] = (
 CLUSTER_WEIGHTS: tuple[tuple[str, float], ...] = (
     *FAULT_WEIGHTS, ("coord_pause", 1.5), ("db_cut", 1.5), ("coord_stop", 1),
 )
-#: the share of seeds (profile "space") with several coordinators.
-CLUSTER_SHARE = 0.25
 
 
 def draw_faults(config: SimConfig) -> tuple[Fault, ...]:

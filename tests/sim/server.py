@@ -130,6 +130,9 @@ class SimCoordinator:
         #: parked calls answered.
         self._stopped: Callable[[], None] | None = None
         self._stop_code = ErrorCode.NOT_COORDINATOR
+        #: a hand-off abandoned while a write was in flight: ends with that write.
+        self._stop_waits_for: Batch | None = None
+        self._stopped_late: Callable[[], None] | None = None
 
     def now(self) -> int:
         """The time the core is given: the process's own clock."""
@@ -320,10 +323,18 @@ class SimCoordinator:
 
     # ------------------------------------------------------------ several coordinators
 
-    def write_done(self, batch: Batch) -> None:
-        """The database committed ``batch`` (a fenced write that went through)."""
-        if self.up and self.commits.inflight is batch:
+    def write_result(self, batch: Batch, ok: bool) -> None:
+        """The database answered the write of ``batch``: committed (``ok``) or not
+        (the owner drops the partition). A hand-off abandoned meanwhile goes on
+        now: ``Runtime.stop`` waits for the write in flight, whatever happened."""
+        if ok and self.up and self.commits.inflight is batch:
             self._committed((self.epoch, batch))
+            return
+        if self._stop_waits_for is batch:
+            done, self._stopped_late = self._stopped_late, None
+            self._stop_waits_for = None
+            if done is not None:
+                done()
 
     def abandon(self, code: ErrorCode = ErrorCode.COORDINATOR_NOT_AVAILABLE) -> None:
         """``Runtime.abandon``/``_halt``: serve nothing more from memory at once --
@@ -335,8 +346,16 @@ class SimCoordinator:
         self.epoch += 1
         self.core = None
         self._timers.clear()
+        inflight = self.commits.inflight
         self.commits.clear()
-        self._stopped = None
+        stopping, self._stopped = self._stopped, None
+        if stopping is not None:
+            # Abandoned in the middle of a hand-off: it ends when the write in
+            # flight returns (at once if none is).
+            if inflight is None:
+                self.sim.after(0, lambda _: stopping())
+            else:
+                self._stop_waits_for, self._stopped_late = inflight, stopping
         waiters, self._waiters = self._waiters, {}
         for rid in sorted(waiters):
             waiter = waiters[rid]
@@ -356,7 +375,7 @@ class SimCoordinator:
             self._finish_stop()
 
     def _finish_stop(self) -> None:
-        done = self._stopped
+        done, self._stopped = self._stopped, None
         assert done is not None
         self.abandon(self._stop_code)
         done()

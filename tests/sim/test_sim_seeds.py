@@ -1,10 +1,12 @@
 """The simulator's seeds in CI (issue 14; docs/reliability.md, "Simulation").
 
-* a fixed block of 2,000 seeds (the same every run), as four quarters that
+* a fixed block of 2,000 seeds (the same every run) and one of 400 seeds with
+  several coordinators (profile ``cluster``), as four quarters that
   pytest-xdist can give to different workers, each on two worker processes
   (``SIM_JOBS``), with no invariant violated;
-* 200 fresh seeds, their numbers printed (``-s``) so a failure is replayed
-  with ``benchmarks/simulate_groups.py --seed S --trace``;
+* 200 fresh seeds and 50 fresh ones of the ``cluster`` profile, their numbers
+  printed (``-s``) so a failure is replayed with
+  ``benchmarks/simulate_groups.py --seed S --trace [--profile cluster]``;
 * determinism: a seed run twice gives a byte-identical trace;
 * several coordinators (sim.cluster): a zombie owner's write never commits
   after another took its partition over, and the checker sees one that would;
@@ -31,6 +33,11 @@ FIXED_FIRST = 0
 FIXED_COUNT = 2_000
 FIXED_PARTS = 4
 FRESH_COUNT = 200
+#: several coordinators (sim.cluster): a block of its own, so that every seed of
+#: the main block is what it was before they existed.
+CLUSTER_FIRST = 0
+CLUSTER_COUNT = 400
+CLUSTER_FRESH = 50
 JOBS = int(os.environ.get("SIM_JOBS", "2"))
 
 
@@ -44,13 +51,22 @@ def _fail_with(results: list[SeedResult]) -> None:
 _BOUNDS = [FIXED_FIRST + FIXED_COUNT * i // FIXED_PARTS for i in range(FIXED_PARTS + 1)]
 
 
+_CLUSTER_BOUNDS = [CLUSTER_FIRST + CLUSTER_COUNT * i // FIXED_PARTS
+                   for i in range(FIXED_PARTS + 1)]
+
+
 @pytest.mark.parametrize("part", range(FIXED_PARTS))
 def test_fixed_block_of_seeds_violates_nothing(part: int) -> None:
     first, end = _BOUNDS[part], _BOUNDS[part + 1]
     results, wall = run_many(first, end - first, jobs=JOBS)
     print(f"\n{summary(results, wall)}")
     assert [r.seed for r in results] == list(range(first, end))
-    _fail_with(results)
+    first, end = _CLUSTER_BOUNDS[part], _CLUSTER_BOUNDS[part + 1]
+    cluster, wall = run_many(first, end - first, "cluster", jobs=JOBS)
+    print(f"several coordinators:\n{summary(cluster, wall)}")
+    assert [r.seed for r in cluster] == list(range(first, end))
+    assert all(r.coordinators > 1 for r in cluster)
+    _fail_with(results + cluster)
 
 
 def test_fresh_seeds_violate_nothing() -> None:
@@ -58,18 +74,22 @@ def test_fresh_seeds_violate_nothing() -> None:
     print(f"\nfresh seeds {first}..{first + FRESH_COUNT - 1}")
     results, wall = run_many(first, FRESH_COUNT, jobs=JOBS)
     print(summary(results, wall))
-    _fail_with(results)
+    print(f"fresh seeds {first}..{first + CLUSTER_FRESH - 1}, profile cluster")
+    cluster, wall = run_many(first, CLUSTER_FRESH, "cluster", jobs=JOBS)
+    print(summary(cluster, wall))
+    _fail_with(results + cluster)
 
 
-@pytest.mark.parametrize("seed", [3, 5, 152, 14])
-def test_a_seed_gives_a_byte_identical_trace(seed: int) -> None:
-    first = run_seed(seed, keep_trace=True)
-    second = run_seed(seed, keep_trace=True)
+@pytest.mark.parametrize(("seed", "profile"), [(3, "space"), (5, "space"), (152, "space"),
+                                               (14, "cluster"), (43, "cluster")])
+def test_a_seed_gives_a_byte_identical_trace(seed: int, profile: str) -> None:
+    first = run_seed(seed, keep_trace=True, profile=profile)
+    second = run_seed(seed, keep_trace=True, profile=profile)
     assert len(first.trace) > 100
     assert first.trace == second.trace
     assert first.trace_hash == second.trace_hash
     # The untraced run (the one CI and the runner do) takes the same path.
-    plain = run_seed(seed)
+    plain = run_seed(seed, profile=profile)
     assert (plain.events, plain.violations) == (first.events, first.violations)
 
 
@@ -89,7 +109,7 @@ ZOMBIE_SEED = 14
 
 
 def test_a_zombie_coordinators_write_is_ended_and_its_partition_taken_over() -> None:
-    result = run_seed(ZOMBIE_SEED, keep_trace=True)
+    result = run_seed(ZOMBIE_SEED, keep_trace=True, profile="cluster")
     assert result.coordinators == 3
     assert result.ok, report(result)
     assert result.refused_writes >= 1  # the zombie's COMMIT found its transaction ended
@@ -110,7 +130,7 @@ def test_a_write_committed_after_a_takeover_is_a_violation(
         st.node.at(self.sim.now + 1, self._reply, (st, None))
 
     monkeypatch.setattr(SimDatabase, "_write_commit", commit_anyway)
-    result = run_seed(ZOMBIE_SEED)
+    result = run_seed(ZOMBIE_SEED, profile="cluster")
     assert any("fenced-db" in v for v in result.violations), result.violations
 
 
@@ -138,3 +158,22 @@ REGRESSION_SEEDS = {
 def test_seed_that_found_a_bug_passes(seed: int) -> None:
     result = run_seed(seed)
     assert result.ok, f"{REGRESSION_SEEDS[seed]}\n{report(result)}"
+
+
+#: Seeds of the ``cluster`` profile that found a bug (of the simulator's model
+#: of several coordinators, or of the real code: docs/reliability.md).
+CLUSTER_REGRESSION_SEEDS = {
+    3779: "a hand-off whose partition's lease runs out during its last write ends when "
+          "that write returns (Runtime.stop waits for the write in flight), so the "
+          "lease loop goes on",
+    869: "a statement on its way while the database is cut off goes on when the cut "
+         "heals (a load is not lost for its 30 s timeout)",
+    2771: "a member's find_coordinator is bounded by its reply allowance, as GroupMember "
+          "gives it to its router (not the router's default of 5 s)",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(CLUSTER_REGRESSION_SEEDS))
+def test_cluster_seed_that_found_a_bug_passes(seed: int) -> None:
+    result = run_seed(seed, profile="cluster")
+    assert result.ok, f"{CLUSTER_REGRESSION_SEEDS[seed]}\n{report(result)}"
