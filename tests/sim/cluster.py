@@ -11,13 +11,14 @@ and the members' router (issue 14; issue 12's system, docs/operations.md,
     (the global one); its answer comes back after another latency. A
     coordinator cut off from the database (the *db_cut* fault) exchanges
     nothing with it meanwhile; what was on its way goes on when the cut heals
-    (TCP's retransmissions), unless the statement's timeout ended it first. A write is a transaction in two
-    steps, as the real one: the fence (the writer must hold the partition's
-    lease at the write's epoch), which locks the lease row (``FOR SHARE``: an
-    acquire of the row fails meanwhile, as at the real ``lock_timeout``), then
-    the records and ``COMMIT``, sent by the coordinator once the fence
-    answered -- a coordinator paused in between (the zombie) holds the lock
-    until the server ends its transaction after a lease
+    (TCP's retransmissions), unless the statement's timeout ended it first. A
+    write is a transaction in two steps, as the real one: the fence (the
+    writer must hold the partition's lease at the write's epoch), which locks
+    the lease row (``FOR SHARE``: an acquire of the row fails meanwhile, as at
+    the real ``lock_timeout``), then the records and ``COMMIT``, sent by the
+    coordinator once the fence answered -- a coordinator paused in between
+    (the zombie) holds the lock until the server ends its transaction after a
+    lease
     (``idle_in_transaction_session_timeout``), and its ``COMMIT`` then fails.
 
 :class:`SimNode`
