@@ -757,8 +757,18 @@ class SimNode:
             self.cluster.net.reset(conn, "connection refused (coordinator down)")
             return
         if self.state == NODE_PAUSED:
-            self.deferred.append((self.on_request, conn))
+            # Read when it resumes, if the member has not moved the call on
+            # meanwhile (a find given up and sent elsewhere).
+            self.deferred.append((self._request_later, (conn, conn.leg)))
             return
+        self._route(conn)
+
+    def _request_later(self, arg: tuple[Conn, int]) -> None:
+        conn, leg = arg
+        if conn.leg == leg:
+            self._route(conn)
+
+    def _route(self, conn: Conn) -> None:
         net = self.cluster.net
         number = self.cluster.group_partition
         if conn.finding:
