@@ -1,10 +1,10 @@
 """The simulator's seeds in CI (issue 14; docs/reliability.md, "Simulation").
 
-* a fixed block of 2,000 seeds (the same every run) and one of 400 seeds with
+* a fixed block of 2,000 seeds (the same every run) and one of 300 seeds with
   several coordinators (profile ``cluster``), as four quarters that
   pytest-xdist can give to different workers, each on two worker processes
   (``SIM_JOBS``), with no invariant violated;
-* 200 fresh seeds and 50 fresh ones of the ``cluster`` profile, their numbers
+* 200 fresh seeds and 40 fresh ones of the ``cluster`` profile, their numbers
   printed (``-s``) so a failure is replayed with
   ``benchmarks/simulate_groups.py --seed S --trace [--profile cluster]``;
 * determinism: a seed run twice gives a byte-identical trace;
@@ -36,8 +36,8 @@ FRESH_COUNT = 200
 #: several coordinators (sim.cluster): a block of its own, so that every seed of
 #: the main block is what it was before they existed.
 CLUSTER_FIRST = 0
-CLUSTER_COUNT = 400
-CLUSTER_FRESH = 50
+CLUSTER_COUNT = 300
+CLUSTER_FRESH = 40
 JOBS = int(os.environ.get("SIM_JOBS", "2"))
 
 
