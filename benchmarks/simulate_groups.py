@@ -73,14 +73,16 @@ def summary(results: list[SeedResult], wall_s: float) -> str:
         f"process applied late: {sum(r.reordered for r in results)}",
         f"converged:        {len(converged)} faulty seeds, "
         f"max {max(converged, default=0)} ms after the faults",
-        f"coordinators:     {sum(1 for r in results if r.coordinators > 1)} seeds with "
-        f"several; the group's partition taken over {sum(r.takeovers for r in results)} "
-        f"times; {sum(r.refused_writes for r in results)} writes fenced or ended",
         f"speed:            {len(results) / cpu:.1f} seeds per CPU-second "
         f"({cpu:.1f} CPU-s, {wall_s:.1f} s wall)" if cpu > 0 else "speed: -",
         f"violations found: {sum(len(r.violations) for r in results)}"
         + (f" (seeds {bad[:50]})" if bad else ""),
     ]
+    several = [r for r in results if r.coordinators > 1]
+    if several:
+        lines.insert(-2, f"coordinators:     {len(several)} seeds with several; the group's "
+                         f"partition taken over {sum(r.takeovers for r in several)} times; "
+                         f"{sum(r.refused_writes for r in several)} writes fenced or ended")
     return "\n".join(lines)
 
 
