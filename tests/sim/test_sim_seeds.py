@@ -170,6 +170,8 @@ CLUSTER_REGRESSION_SEEDS = {
          "heals (a load is not lost for its 30 s timeout)",
     2771: "a member's find_coordinator is bounded by its reply allowance, as GroupMember "
           "gives it to its router (not the router's default of 5 s)",
+    892: "a request a paused coordinator reads on resuming is dropped if the member moved "
+         "its call on meanwhile (the simulator crashed)",
 }
 
 
