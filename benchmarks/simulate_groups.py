@@ -12,7 +12,9 @@ that matter, the violations and the command that replays it), the totals and
 the seeds per CPU-second, and exits 1 on any violation. ``--seed S`` runs one
 seed; ``--trace`` prints its whole trace (byte-identical on every run).
 ``--profile chaos`` draws the real-process chaos harness's settings instead
-of the whole valid space.
+of the whole valid space; ``--profile cluster`` draws the whole valid space
+with two or three coordinators sharing a simulated database (leases, epochs,
+failover; tests/sim/cluster.py).
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ def summary(results: list[SeedResult], wall_s: float) -> str:
         f"violations found: {sum(len(r.violations) for r in results)}"
         + (f" (seeds {bad[:50]})" if bad else ""),
     ]
+    several = [r for r in results if r.coordinators > 1]
+    if several:
+        lines.insert(-2, f"coordinators:     {len(several)} seeds with several; the group's "
+                         f"partition taken over {sum(r.takeovers for r in several)} times; "
+                         f"{sum(r.refused_writes for r in several)} writes fenced or ended")
     return "\n".join(lines)
 
 
@@ -85,7 +92,7 @@ def main() -> int:
     p.add_argument("--first", type=int, default=0, help="the first seed")
     p.add_argument("--seed", type=int, help="run this one seed")
     p.add_argument("--trace", action="store_true", help="print the seed's whole trace")
-    p.add_argument("--profile", choices=("space", "chaos"), default="space")
+    p.add_argument("--profile", choices=("space", "chaos", "cluster"), default="space")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes (the machine's other users permitting)")
     args = p.parse_args()

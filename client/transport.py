@@ -78,6 +78,7 @@ __all__ = [
     "CallResponse",
     "CatalogRequest",
     "CatalogResponse",
+    "CoordinatorChoice",
     "CoordinatorRouter",
     "Transport",
     "check_coordinator_url",
@@ -317,6 +318,91 @@ def _error_message(body: bytes, json_body: bool) -> str:
     return str(obj)[:200]
 
 
+class CoordinatorChoice:
+    """Which coordinator a member's calls go to: the decisions of
+    :class:`CoordinatorRouter`, without I/O (the deterministic simulator,
+    tests/sim/cluster.py, drives the same object).
+
+    ``current``: the group's coordinator as last learned (``None``: unknown;
+    with one bootstrap URL, that URL from the start). ``find_order()``: whom to
+    ask ``find_coordinator``, from the last that answered, the coordinator just
+    given up last.
+    """
+
+    __slots__ = ("bootstrap", "current", "failed", "first", "https_only")
+
+    def __init__(self, bootstrap: Sequence[str]) -> None:
+        urls = tuple(dict.fromkeys(u.rstrip("/") for u in bootstrap))
+        if not urls:
+            raise ValueError("give at least one coordinator URL")
+        self.bootstrap = urls
+        #: given https:// URLs, the member follows no server to http:// (its
+        #: token would then travel in clear).
+        self.https_only = any(u.startswith("https://") for u in urls)
+        self.current: str | None = urls[0] if len(urls) == 1 else None
+        #: where the next find_coordinator round starts (the last that answered).
+        self.first = 0
+        #: the coordinator last given up (asked last in the next round).
+        self.failed: str | None = None
+
+    def find_order(self) -> list[str]:
+        """The bootstrap URLs in the order a ``find_coordinator`` round asks them:
+        from the last that answered; the coordinator just given up last (killed
+        or paused, it would cost a timeout each round)."""
+        urls = self.bootstrap
+        order = [(self.first + k) % len(urls) for k in range(len(urls))]
+        order.sort(key=lambda j: urls[j] == self.failed)
+        return [urls[j] for j in order]
+
+    def answered(self, url: str) -> None:
+        """``url`` (a bootstrap URL) answered ``find_coordinator``."""
+        self.first = self.bootstrap.index(url)
+
+    def none_answered(self) -> None:
+        """A ``find_coordinator`` round got no answer: the next starts one further."""
+        self.first = (self.first + 1) % len(self.bootstrap)
+
+    def check_named(self, url: str) -> None:
+        """A coordinator URL a server named; ``ValueError`` if this member must not use it."""
+        if self.https_only and not url.startswith("https://"):
+            raise ValueError(f"{redact_url(url)!r} is not an https:// URL, and this member "
+                             f"was given https:// URLs")
+
+    def forget(self, url: str) -> None:
+        """``url`` failed (no answer, a reset, ``COORDINATOR_NOT_AVAILABLE``): the
+        coordinator is unknown again, if it was ``url``."""
+        if self.current == url:
+            self.current = None
+            self.failed = url
+
+    def redirect_target(self, url: str, owner: str) -> str | None:
+        """``url`` answered ``NOT_COORDINATOR`` naming ``owner`` (or nobody): the
+        URL to follow (to be checked with :meth:`check_named`), or ``None`` (the
+        caller forgets ``url``: look again). Only while ``url`` is current:
+        another call may have moved on already (then ``""``: nothing to do)."""
+        if self.current != url:
+            return ""
+        owner = owner.rstrip("/")
+        if not owner or owner == url:
+            return None
+        return owner
+
+    def found_target(self, asked: str, response: FindCoordinatorResponse) -> str:
+        """``asked`` answered ``find_coordinator``: the group's coordinator (to be
+        checked with :meth:`check_named` unless it is ``asked``), or
+        :class:`CoordinatorUnavailableError` when none serves the group now."""
+        if response.error is not None:
+            raise CoordinatorUnavailableError(
+                f"no coordinator serves the group now (find_coordinator at "
+                f"{redact_url(asked)}: {response.error.value})")
+        if not response.url:
+            # No error and no other URL: the server asked serves the group (a
+            # one-process server that does not know its advertised URL); should
+            # it not, its NOT_COORDINATOR corrects it.
+            return asked
+        return response.url.rstrip("/")
+
+
 class CoordinatorRouter:
     """The transport of one group's member when coordinators may change
     (PROTOCOL.md v1.1, "Several coordinators sharing groups"; Kafka's
@@ -360,15 +446,10 @@ class CoordinatorRouter:
     def __init__(self, bootstrap: Sequence[str], group_id: str,
                  connect: Callable[[str], Transport], *, find_timeout_ms: int = 5_000,
                  name: str | None = None) -> None:
-        urls = tuple(dict.fromkeys(u.rstrip("/") for u in bootstrap))
-        if not urls:
-            raise ValueError("give at least one coordinator URL")
         if find_timeout_ms <= 0:
             raise ValueError(f"find_timeout_ms must be positive, got {find_timeout_ms!r}")
-        self._bootstrap = urls
-        #: given https:// URLs, the member follows no server to http:// (its
-        #: token would then travel in clear).
-        self._https_only = any(u.startswith("https://") for u in urls)
+        self._choice = CoordinatorChoice(bootstrap)
+        urls = self._choice.bootstrap
         self._group_id = group_id
         self._connect = connect
         self._find_timeout_ms = find_timeout_ms
@@ -376,13 +457,8 @@ class CoordinatorRouter:
         self._transports: dict[str, Transport] = {}
         for url in urls:
             self._transport_for(url)  # a URL the transport refuses: ValueError now
-        self._current: str | None = urls[0] if len(urls) == 1 else None
         #: the coordinator last announced in the log.
-        self._announced: str | None = self._current
-        #: where the next find_coordinator round starts (the last that answered).
-        self._first = 0
-        #: the coordinator last given up (asked last in the next round).
-        self._failed: str | None = None
+        self._announced: str | None = self._choice.current
         self._finding = asyncio.Lock()
         #: per api, the coordinator the last call cancelled while waiting was sent to.
         self._cancelled: dict[str, str] = {}
@@ -392,18 +468,19 @@ class CoordinatorRouter:
 
     @property
     def bootstrap_urls(self) -> tuple[str, ...]:
-        return self._bootstrap
+        return self._choice.bootstrap
 
     @property
     def current_url(self) -> str | None:
         """The group's coordinator as last learned, ``None`` while unknown."""
-        return self._current
+        return self._choice.current
 
     async def call(self, api: str, request: Any) -> Any:
         self._cancelled.pop(api, None)
         redirects = 0
         while True:
-            url = self._current if self._current is not None else await self._find(api)
+            current = self._choice.current
+            url = current if current is not None else await self._find(api)
             try:
                 response = await self._send(url, api, request)
             except NotCoordinatorError as exc:
@@ -469,18 +546,14 @@ class CoordinatorRouter:
 
     def _named(self, url: str) -> None:
         """Check a coordinator URL a server named; ``ValueError`` if unusable."""
-        if self._https_only and not url.startswith("https://"):
-            raise ValueError(f"{redact_url(url)!r} is not an https:// URL, and this member "
-                             f"was given https:// URLs")
+        self._choice.check_named(url)
         self._transport_for(url)
 
     def _forget(self, url: str) -> None:
-        if self._current == url:
-            self._current = None
-            self._failed = url
+        self._choice.forget(url)
 
     def _use(self, url: str, how: str) -> None:
-        self._current = url
+        self._choice.current = url
         # The calls still waiting on another coordinator fail now (found
         # again, the same coordinator keeps its calls: with one URL nothing
         # changes).
@@ -497,12 +570,13 @@ class CoordinatorRouter:
 
     def _redirect(self, url: str, owner: str) -> None:
         """``url`` answered NOT_COORDINATOR naming ``owner`` (or nobody)."""
-        if self._current != url:
+        target = self._choice.redirect_target(url, owner)
+        if target == "":
             return  # another call moved on already
-        owner = owner.rstrip("/")
-        if not owner or owner == url:
+        if target is None:
             self._forget(url)
             return
+        owner = target
         try:
             self._named(owner)
         except ValueError as exc:
@@ -514,19 +588,15 @@ class CoordinatorRouter:
 
     async def _find(self, api: str) -> str:
         async with self._finding:
-            if self._current is not None:
-                return self._current  # found by another call meanwhile
-            urls = self._bootstrap
+            choice = self._choice
+            if choice.current is not None:
+                return choice.current  # found by another call meanwhile
+            urls = choice.bootstrap
             if len(urls) == 1:
                 self._use(urls[0], "the only URL given")
                 return urls[0]
             failures: list[str] = []
-            # From the last that answered; the coordinator just given up last
-            # (killed or paused, it would cost a timeout each round).
-            order = [(self._first + k) % len(urls) for k in range(len(urls))]
-            order.sort(key=lambda j: urls[j] == self._failed)
-            for i in order:
-                url = urls[i]
+            for url in choice.find_order():
                 try:
                     response = await asyncio.wait_for(
                         self._transports[url].call(FIND_COORDINATOR_API,
@@ -540,30 +610,29 @@ class CoordinatorRouter:
                     if exc.http_status == 404:
                         # A server without find_coordinator (v1): one process
                         # that serves every group.
-                        self._first = i
+                        choice.answered(url)
                         self._use(url, "a server without find_coordinator")
                         return url
                     failures.append(f"{redact_url(url)}: {exc}")
                     continue
-                self._first = i
+                choice.answered(url)
                 return self._found(api, url, response)
-            self._first = (self._first + 1) % len(urls)
+            choice.none_answered()
             raise CoordinatorUnavailableError(
                 f"{api}: find_coordinator for group {self._group_id!r} got no answer: "
                 + "; ".join(failures))
 
     def _found(self, api: str, asked: str, response: FindCoordinatorResponse) -> str:
-        if response.error is not None:
+        try:
+            owner = self._choice.found_target(asked, response)
+        except CoordinatorUnavailableError:
+            assert response.error is not None
             raise CoordinatorUnavailableError(
                 f"{api}: no coordinator serves group {self._group_id!r} now "
-                f"(find_coordinator at {redact_url(asked)}: {response.error.value})")
+                f"(find_coordinator at {redact_url(asked)}: {response.error.value})") from None
         if not response.url:
-            # No error and no other URL: the server asked serves the group (a
-            # one-process server that does not know its advertised URL); should
-            # it not, its NOT_COORDINATOR corrects it.
             self._use(asked, f"find_coordinator at {redact_url(asked)} named itself")
             return asked
-        owner = response.url.rstrip("/")
         try:
             self._named(owner)
         except ValueError as exc:

@@ -54,6 +54,7 @@ from client.member_state import (
 from protocol.messages import CommitRequest, JoinRequest, SyncResponse
 from protocol.resources import MemberMetadata, ResourceAssignment
 from protocol.validate import ValidationError
+from sim.cluster import SimRouter
 
 if TYPE_CHECKING:
     from sim.events import DriftClock
@@ -107,6 +108,8 @@ class SimMember:
         self.planned_revoke: frozenset[Resource] | None = None
         #: ``owned_at`` as the invariant checker last saw it.
         self.seen: frozenset[Resource] = frozenset()
+        #: several coordinators: this process's router (None: one coordinator).
+        self.router = SimRouter(self, world.cluster) if world.cluster is not None else None
 
     # ------------------------------------------------------------ clock and wake-ups
 
@@ -156,6 +159,7 @@ class SimMember:
                     continue
                 if now >= self.main_deadline:
                     api = self.main.api
+                    self._timed_out(self.main)
                     self._close_main()
                     m.call_failed(now, CoordinatorUnavailableError(
                         f"{api}: no answer within the call's timeout"))
@@ -200,6 +204,7 @@ class SimMember:
             if now < self.bg_deadline:
                 return self.bg_deadline
             conn, self.bg = self.bg, None
+            self._timed_out(conn)
             self.world.net.close(conn)
             m.background_failed(now, CoordinatorUnavailableError("heartbeat: no answer in time"))
         action = m.background_heartbeat(now)
@@ -213,12 +218,16 @@ class SimMember:
             return action.until_ms
         return None
 
-    def on_answer(self, arg: tuple[Conn, Any]) -> None:
+    def on_answer(self, arg: tuple[Conn, Any, int]) -> None:
         if self._defer(self.on_answer, arg):
             return
-        conn, response = arg
+        conn, response, leg = arg
         if conn.closed:
             return
+        if self.router is not None:
+            final, response = self.router.on_answer(conn, response, leg)
+            if not final:
+                return  # the router sent the call on (a redirect, after a find)
         conn.closed = True  # answered: back to the pool, nothing more on it
         self._deliver(conn, response)
 
@@ -352,6 +361,7 @@ class SimMember:
             return
         if conn is not self.commit_conn:
             return
+        self._timed_out(conn)
         self.world.net.close(conn)
         self.sim.log(f"{self.tag} commit value={self.commit_value} timed out")
         self._commit_done(self.local(), CoordinatorUnavailableError("commit: timed out"))
@@ -369,6 +379,36 @@ class SimMember:
                 self.world.on_commit_acked(self, request, self.commit_value)
         self._commit_finished()
         self.run()  # GroupMember.commit pokes the driver
+
+    # ------------------------------------------------------------ several coordinators
+
+    def _timed_out(self, conn: Conn) -> None:
+        """``GroupMember._timed_out``: the router gives the coordinator up."""
+        if self.router is not None:
+            self.router.timed_out(conn)
+
+    def router_event(self, arg: tuple[Callable[[Any], None], Any]) -> None:
+        """An event of this process's router (waits while the process is paused)."""
+        if self._defer(self.router_event, arg):
+            return
+        fn, inner = arg
+        fn(inner)
+
+    def router_final(self, conn: Conn, response: Any) -> None:
+        """The router ended a call itself (no coordinator found)."""
+        if conn.closed:
+            return
+        conn.closed = True
+        self._deliver(conn, response)
+
+    def gone(self, arg: tuple[Conn, int]) -> None:
+        """Another coordinator was found: a call still waiting on the old one fails."""
+        conn, leg = arg
+        if conn.closed or conn.leg != leg:
+            return
+        self.world.net.close(conn)
+        self._deliver(conn, CoordinatorUnavailableError(
+            f"{conn.api}: gave up waiting on {conn.url}: the group's coordinator changed"))
 
     def _commit_finished(self) -> None:
         if self.listener_commit is not None and self.listener is not None:

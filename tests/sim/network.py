@@ -39,7 +39,8 @@ __all__ = ["Conn", "Link", "Network"]
 
 
 class Conn:
-    __slots__ = ("api", "arrive_at", "closed", "id", "member", "request", "rid")
+    __slots__ = ("api", "arrive_at", "closed", "find_left", "finding", "id", "leg", "member",
+                 "redirects", "request", "rid", "server", "target", "url")
 
     def __init__(self, cid: int, member: SimMember, api: str, request: Any) -> None:
         self.id = cid
@@ -52,6 +53,16 @@ class Conn:
         self.arrive_at: int | None = None
         #: the member is done with it (answered, gave up, reset, crashed).
         self.closed = False
+        # Several coordinators (sim.cluster): the call travels in legs (a
+        # find_coordinator, then the call, again after a NOT_COORDINATOR), one
+        # at a time, each to ``target``; answers of an older leg are dropped.
+        self.leg = 0
+        self.target: Any = None
+        self.server: Any = None
+        self.url = ""
+        self.finding = False
+        self.find_left: list[str] = []
+        self.redirects = 0
 
 
 class Link:
@@ -100,7 +111,8 @@ class Network:
         link = conn.member.link
         if link.drop and self.rng.random() < link.drop:
             self.sim.log(f"LOST {conn.api}")
-            if conn.api in ("join", "sync") and self.on_lost_call is not None:
+            if conn.api in ("join", "sync") and not conn.finding \
+                    and self.on_lost_call is not None:
                 self.on_lost_call(conn)
             return True
         return False
@@ -120,6 +132,9 @@ class Network:
     def open(self, member: SimMember, api: str, request: Any) -> Conn:
         self._ids += 1
         conn = Conn(self._ids, member, api, request)
+        if member.router is not None:
+            member.router.open(conn)
+            return conn
         if not self._lost(conn):
             assert self.server is not None
             conn.arrive_at = self._send(member.link, self._arrive, conn)
@@ -138,6 +153,24 @@ class Network:
         assert self.server is not None
         self.server.on_request(conn)
 
+    def send_leg(self, conn: Conn, target: Any) -> None:
+        """The next leg of a routed call, to the coordinator ``target``."""
+        conn.leg += 1
+        conn.target = target
+        conn.server = None
+        conn.rid = None
+        conn.arrive_at = None
+        if not self._lost(conn):
+            conn.arrive_at = self._send(conn.member.link, self._arrive_leg, (conn, conn.leg))
+
+    def _arrive_leg(self, arg: tuple[Conn, int]) -> None:
+        conn, leg = arg
+        if conn.leg != leg or conn.member.state == "dead":
+            return  # given up (a find that timed out), or its process died
+        if conn.arrive_at is None:
+            conn.arrive_at = self.sim.now
+        conn.target.on_request(conn)
+
     def close(self, conn: Conn) -> None:
         """The member closed the connection (gave up, or its process died)."""
         if conn.closed:
@@ -153,6 +186,9 @@ class Network:
         self.sim.at(when, self._close_arrive, conn)
 
     def _close_arrive(self, conn: Conn) -> None:
+        if conn.target is not None:
+            conn.target.on_close(conn)
+            return
         assert self.server is not None
         self.server.on_close(conn)
 
@@ -161,12 +197,12 @@ class Network:
     def answer(self, conn: Conn, response: Any) -> None:
         if self._lost(conn):
             return  # lost: the connection hangs until the member gives up on it
-        self._send(conn.member.link, conn.member.on_answer, (conn, response))
+        self._send(conn.member.link, conn.member.on_answer, (conn, response, conn.leg))
 
     def reset(self, conn: Conn, why: str) -> None:
         """The connection broke on the coordinator's side (crash, refused)."""
         self._send(conn.member.link, conn.member.on_answer,
-                   (conn, CoordinatorUnavailableError(f"{conn.api}: {why}")))
+                   (conn, CoordinatorUnavailableError(f"{conn.api}: {why}"), conn.leg))
 
     # ------------------------------------------------------------ partitions
 

@@ -28,6 +28,12 @@ class SeedResult:
     settled_at_ms: int | None = None
     core_errors: list[str] = field(default_factory=list)
     reordered: int = 0
+    #: several coordinators: how many, the group's partition acquired after its
+    #: first owner (failovers and hand-offs), writes the database fenced or
+    #: ended (a zombie's), and partitions dropped by their owner.
+    coordinators: int = 1
+    takeovers: int = 0
+    refused_writes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -45,13 +51,20 @@ def run_seed(seed: int, *, keep_trace: bool = False, profile: str = "space") -> 
     world = World(config, keep_trace=keep_trace)
     world.run()
     violations = list(world.violations)
-    violations += [f"core: {e}" for e in world.server.core_errors[:3]]
+    violations += [f"core: {e}" for e in world.core_errors[:3]]
     converged = (max(0, world.converged_since - world.quiet_at)
                  if world.converged_since is not None and config.faulty else None)
-    return SeedResult(seed, config, violations, world.sim.trace_hash(), world.sim.events,
-                      time.process_time() - started, dict(world.applied), world.sim.trace,
-                      converged, world.settled_at, list(world.server.core_errors),
-                      world.reordered)
+    result = SeedResult(seed, config, violations, world.sim.trace_hash(), world.sim.events,
+                        time.process_time() - started, dict(world.applied), world.sim.trace,
+                        converged, world.settled_at, list(world.core_errors),
+                        world.reordered)
+    cluster = world.cluster
+    if cluster is not None:
+        db = cluster.db
+        result.coordinators = config.coordinators
+        result.takeovers = max(0, len(db.acquired.get(cluster.group_partition, [])) - 1)
+        result.refused_writes = db.fenced + db.ended
+    return result
 
 
 def replay_command(seed: int, profile: str = "space") -> str:
@@ -63,7 +76,8 @@ def shorten(trace: list[str], limit: int = 60) -> list[str]:
     """The lines that matter: faults, crashes, pauses, losses, state changes
     of the group, violations; the last ``limit`` of them."""
     keys = ("FAULT", "CRASH", "PAUSE", "RESUME", "CLOSE", "VIOLATION", "coord group",
-            "coord up", "on_lost", "stopped", "SETTLED", "CONVERGENCE", "start ")
+            "coord up", "on_lost", "stopped", "SETTLED", "CONVERGENCE", "start ", "acquired p",
+            "serving p", "hand-off p", "drop p", "STOP")
     picked = [line for line in trace if any(k in line for k in keys)]
     return picked[-limit:]
 

@@ -67,6 +67,18 @@ class SimConfig:
     #: "space": drawn from the whole valid space; "chaos": the chaos harness's settings.
     profile: str = "space"
     faults: tuple[Fault, ...] = field(default=())
+    #: several coordinators (sim.cluster; 1: the single server of every other seed).
+    coordinators: int = 1
+    #: the database's partitions, the lease length, each coordinator's clock drift.
+    partitions: int = 1
+    lease_ms: int = 0
+    coord_drift_ppm: tuple[int, ...] = ()
+
+    @property
+    def warmup_ms(self) -> int:
+        """Several coordinators start before the members, and share the
+        partitions out first (an operator starts the cluster, then the workers)."""
+        return 2 * self.lease_ms if self.coordinators > 1 else 0
 
     @property
     def convergence_bound_ms(self) -> int:
@@ -74,8 +86,12 @@ class SimConfig:
         session timeouts plus the rebalance timeout, plus the initial delay of
         a group that emptied and an incremental-cooperative assignor's delay."""
         extra = self.incremental_delay_ms if "incremental-cooperative" in self.assignors else 0
+        # Several coordinators: a coordinator restarted at the end takes its share
+        # back (a hand-off, a load, the members' find_coordinator), a failover
+        # costs up to a lease and a round.
+        cluster = 3 * self.lease_ms if self.coordinators > 1 else 0
         return (2 * self.session_timeout_ms + self.rebalance_timeout_ms
-                + self.initial_rebalance_delay_ms + extra)
+                + self.initial_rebalance_delay_ms + extra + cluster)
 
     def describe(self) -> str:
         interval = (f"{self.heartbeat_interval_ms}" if self.heartbeat_interval_ms is not None
@@ -88,7 +104,10 @@ class SimConfig:
                 f"sets={list(self.sets)} incremental_delay={self.incremental_delay_ms} "
                 f"commit_interval={self.commit_interval_ms} listener={self.listener_ms} "
                 f"latency={self.latency} disk={self.disk_ms} drift_ppm={list(self.drift_ppm)} "
-                f"faulty={self.faulty} fault_ms={self.fault_ms} upgrade={self.upgrade}")
+                f"faulty={self.faulty} fault_ms={self.fault_ms} upgrade={self.upgrade}"
+                + (f" coordinators={self.coordinators} partitions={self.partitions} "
+                   f"lease={self.lease_ms} coord_drift_ppm={list(self.coord_drift_ppm)}"
+                   if self.coordinators > 1 else ""))
 
 
 def _log_uniform(rng: random.Random, lo: int, hi: int) -> int:
@@ -151,6 +170,20 @@ def draw_config(seed: int, profile: str = "space") -> SimConfig:
     tail_ms = max(0, one_way_max - base - jitter)
     faulty = rng.random() < 0.8
     listener_hi = max(0, min(effective // 4, 200))
+    # Profile "cluster": the same draws, and several coordinators drawn apart
+    # (so every seed of the other profiles is as it was before they existed).
+    crng = random.Random(seed * 1_000_003 + 17)
+    crng.random()
+    coordinators = crng.choice([2, 3]) if profile == "cluster" else 1
+    partitions = crng.choice([1, 2, 3, 4, 8])
+    # The lease sized as docs/operations.md says: a failover (a lease, a load, a
+    # retry) well inside the member's budget, min(session, rebalance) - 2 intervals;
+    # never under 100 ms (the real floor is 1000 ms; the simulator scales down).
+    budget = max(1, lease - 2 * effective)
+    lease_ms = max(100, crng.randint(budget // 4 + 1, max(budget // 4 + 1, budget // 2)))
+    coord_drift = tuple(crng.randint(-MAX_DRIFT_PPM, MAX_DRIFT_PPM) for _ in range(coordinators))
+    if coordinators == 1:
+        partitions, lease_ms, coord_drift = 1, 0, ()
     return SimConfig(
         seed=seed, members=members, static=static, assignors=assignors,
         session_timeout_ms=session, rebalance_timeout_ms=rebalance,
@@ -166,6 +199,8 @@ def draw_config(seed: int, profile: str = "space") -> SimConfig:
         faulty=faulty or upgrade,
         fault_ms=rng.randint(2, 5) * session,
         upgrade=upgrade,
+        coordinators=coordinators, partitions=partitions, lease_ms=lease_ms,
+        coord_drift_ppm=coord_drift, profile=profile,
     )
 
 
@@ -182,6 +217,10 @@ FAULT_WEIGHTS: tuple[tuple[str, float], ...] = (
     ("drops", 1), ("reset", 1), ("partition", 2), ("catalog", 1), ("join", 1), ("leave", 1),
     ("stall", 0.5),
 )
+#: several coordinators: their own faults as well (a crash is of one of them).
+CLUSTER_WEIGHTS: tuple[tuple[str, float], ...] = (
+    *FAULT_WEIGHTS, ("coord_pause", 1.5), ("db_cut", 1.5), ("coord_stop", 1),
+)
 
 
 def draw_faults(config: SimConfig) -> tuple[Fault, ...]:
@@ -195,7 +234,10 @@ def draw_faults(config: SimConfig) -> tuple[Fault, ...]:
     left: set[str] = set()
     extra = 0
     coord_up_at = 0
-    table = CHAOS_WEIGHTS if config.profile == "chaos" else FAULT_WEIGHTS
+    table = (CHAOS_WEIGHTS if config.profile == "chaos" else
+             CLUSTER_WEIGHTS if config.coordinators > 1 else FAULT_WEIGHTS)
+    nodes = [f"c{i}" for i in range(config.coordinators)]
+    node_busy = dict.fromkeys(nodes, 0)
     kinds = [k for k, _ in table]
     weights = [w for _, w in table]
     faults: list[Fault] = []
@@ -234,6 +276,23 @@ def draw_faults(config: SimConfig) -> tuple[Fault, ...]:
             frozen = int(s * rng.uniform(1.3, 2.5))
             fault = Fault(t, kind, slot, frozen)
             busy_until[slot] = t + frozen
+        elif kind in ("coord_crash", "coord_pause", "db_cut", "coord_stop") \
+                and config.coordinators > 1:
+            # One coordinator at a time is hit (the others carry its partitions).
+            idle = [n for n in nodes if node_busy[n] <= t]
+            if len(idle) == len(nodes):
+                node = rng.choice(nodes)
+                lease_ms = config.lease_ms
+                dur = (rng.randint(1, s) if kind in ("coord_crash", "coord_stop") else
+                       int(lease_ms * rng.uniform(1.2, 3.0)) if kind == "coord_pause" else
+                       rng.randint(1, 3 * lease_ms))
+                # A pause may wait for the coordinator's next write and strike
+                # between its fence and its COMMIT; it may be of the group's owner.
+                params: tuple[tuple[str, Any], ...] = (
+                    (("owner", rng.random() < 0.6), ("mid_write", rng.random() < 0.5))
+                    if kind == "coord_pause" else ())
+                fault = Fault(t, kind, node, dur, params)
+                node_busy[node] = t + dur
         elif kind == "coord_crash" and coord_up_at <= t:
             down = rng.randint(1, s)
             fault = Fault(t, kind, "", down)

@@ -22,6 +22,14 @@ with the simulation's clock, network and disk instead of asyncio and SQLite:
 
 The catalog read (``GET /v1/resources``) is answered from memory at once,
 as the HTTP layer does.
+
+With several coordinators (:mod:`sim.cluster`) one of these is the runtime
+of one partition a coordinator owns: its clock is the coordinator's drifting
+clock, its batches are fenced writes to the simulated database (``write``),
+its events wait while the coordinator is paused (``gate``), and it can be
+abandoned (a lease run out, a fenced or failed write) or stopped for a
+hand-off (writes finished, parked calls answered ``NOT_COORDINATOR``), as
+``Runtime.abandon`` and ``Runtime.stop`` do.
 """
 
 from __future__ import annotations
@@ -61,7 +69,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import CommitRequest, HeartbeatRequest, JoinRequest, LeaveRequest
 
 if TYPE_CHECKING:
-    from sim.events import Sim
+    from sim.events import DriftClock, Sim
     from sim.network import Conn, Network
 
 __all__ = ["SimCoordinator"]
@@ -80,8 +88,10 @@ class _Waiter:
 
 class SimCoordinator:
     def __init__(self, sim: Sim, net: Network, rng: random.Random, config: CoreConfig, *,
-                 disk_ms: tuple[int, int]) -> None:
+                 disk_ms: tuple[int, int], clock: DriftClock | None = None) -> None:
         self.sim = sim
+        #: the process's monotonic clock (None: the global one, a single coordinator).
+        self.clock = clock
         self.net = net
         self.rng = rng
         self.config = config
@@ -104,14 +114,36 @@ class SimCoordinator:
         #: hooks of the invariant checker.
         self.on_effects: Callable[[Command, list[Effect], Conn | None], None] | None = None
         self.on_restored: Callable[[], None] | None = None
+        #: a reply sent (several coordinators: a commit's checks wait for this).
+        self.on_resolved: Callable[[Reply], None] | None = None
         self.crashes = 0
         self.core_errors: list[str] = []
+        #: several coordinators: a batch goes to the database through this (the
+        #: owner calls :meth:`write_done`); None: the simulated disk.
+        self.write: Callable[[Batch], None] | None = None
+        #: several coordinators: True when the event must wait (the process is
+        #: paused; it is kept and replayed) or must not run (it is gone).
+        self.gate: Callable[[Callable[[Any], None], Any], bool] | None = None
+        #: a member id for a first join (several coordinators: unique across them).
+        self.new_member_id: Callable[[str], str] | None = None
+        #: a hand-off in progress: called once the writes are done and the
+        #: parked calls answered.
+        self._stopped: Callable[[], None] | None = None
+        self._stop_code = ErrorCode.NOT_COORDINATOR
+        #: a hand-off abandoned while a write was in flight: ends with that write.
+        self._stop_waits_for: Batch | None = None
+        self._stopped_late: Callable[[], None] | None = None
+
+    def now(self) -> int:
+        """The time the core is given: the process's own clock."""
+        clock = self.clock
+        return self.sim.now if clock is None else clock.local(self.sim.now)
 
     # ------------------------------------------------------------ life cycle
 
     def start(self) -> None:
         self.core = GroupCoordinator(self.config)
-        effects = self.core.restore(fold(self.durable), self.sim.now)
+        effects = self.core.restore(fold(self.durable), self.now())
         self.up = True
         self.sim.log(f"coord up epoch={self.epoch} records={len(self.durable)}")
         self._execute(effects)
@@ -160,8 +192,11 @@ class SimCoordinator:
         request = conn.request
         command: Command
         if isinstance(request, JoinRequest):
-            self._member_ids += 1
-            new_id = f"{conn.member.name}-m{self._member_ids}"
+            if self.new_member_id is not None:
+                new_id = self.new_member_id(conn.member.name)
+            else:
+                self._member_ids += 1
+                new_id = f"{conn.member.name}-m{self._member_ids}"
             command = Join(rid, request, conn.member.name, new_id)
         elif conn.api == "sync":
             command = Sync(rid, request)
@@ -172,7 +207,7 @@ class SimCoordinator:
 
     def on_close(self, conn: Conn) -> None:
         rid = conn.rid
-        if rid is None or not self.up:
+        if rid is None or not self.up or self._stopped is not None:
             return
         waiter = self._waiters.get(rid)
         if waiter is None or waiter.conn is not conn:
@@ -187,7 +222,7 @@ class SimCoordinator:
         core = self.core
         assert core is not None
         try:
-            effects = core.handle(self.sim.now, command)
+            effects = core.handle(self.now(), command)
         except Exception as exc:  # the runtime answers UNKNOWN_SERVER_ERROR; here it is a finding
             self.core_errors.append(f"core raised {exc!r} on {command!r}")
             self.sim.log(f"coord CORE ERROR {exc!r}")
@@ -240,14 +275,19 @@ class SimCoordinator:
         # Sent even if the member gave up meanwhile (its close is still on the
         # way): the member drops an answer on a connection it closed.
         self.net.answer(waiter.conn, reply.response)
+        if self.on_resolved is not None:
+            self.on_resolved(reply)
 
     # ------------------------------------------------------------ timers
 
     def _arm(self, key: str, deadline_ms: int) -> None:
         self._timers[key] = deadline_ms
-        self.sim.at(deadline_ms, self._fire, (self.epoch, key, deadline_ms))
+        when = deadline_ms if self.clock is None else self.clock.global_at(deadline_ms)
+        self.sim.at(when, self._fire, (self.epoch, key, deadline_ms))
 
     def _fire(self, arg: tuple[int, str, int]) -> None:
+        if self.gate is not None and self.gate(self._fire, arg):
+            return
         epoch, key, deadline = arg
         if epoch != self.epoch or self._timers.get(key) != deadline:
             return  # re-armed, cancelled, or from before a crash
@@ -258,6 +298,9 @@ class SimCoordinator:
 
     def _start_commit(self) -> None:
         batch = self.commits.start_commit()
+        if self.write is not None:
+            self.write(batch)
+            return
         lo, hi = self.disk_ms
         ms = self.rng.randint(lo, hi)
         if self.sim.now < self.slow_disk_until:
@@ -275,6 +318,67 @@ class SimCoordinator:
             self._resolve(reply)
         if self.commits.open.records:
             self._start_commit()
+        elif self._stopped is not None and self.commits.inflight is None:
+            self._finish_stop()
+
+    # ------------------------------------------------------------ several coordinators
+
+    def write_result(self, batch: Batch, ok: bool) -> None:
+        """The database answered the write of ``batch``: committed (``ok``) or not
+        (the owner drops the partition). A hand-off abandoned meanwhile goes on
+        now: ``Runtime.stop`` waits for the write in flight, whatever happened."""
+        if ok and self.up and self.commits.inflight is batch:
+            self._committed((self.epoch, batch))
+            return
+        if self._stop_waits_for is batch:
+            done, self._stopped_late = self._stopped_late, None
+            self._stop_waits_for = None
+            if done is not None:
+                done()
+
+    def abandon(self, code: ErrorCode = ErrorCode.COORDINATOR_NOT_AVAILABLE) -> None:
+        """``Runtime.abandon``/``_halt``: serve nothing more from memory at once --
+        timers and uncommitted writes dropped, every waiting call answered
+        ``code`` (its outcome unknown: a write in flight may still commit)."""
+        if not self.up:
+            return
+        self.up = False
+        self.epoch += 1
+        self.core = None
+        self._timers.clear()
+        inflight = self.commits.inflight
+        self.commits.clear()
+        stopping, self._stopped = self._stopped, None
+        if stopping is not None:
+            # Abandoned in the middle of a hand-off: it ends when the write in
+            # flight returns (at once if none is).
+            if inflight is None:
+                self.sim.after(0, lambda _: stopping())
+            else:
+                self._stop_waits_for, self._stopped_late = inflight, stopping
+        waiters, self._waiters = self._waiters, {}
+        for rid in sorted(waiters):
+            waiter = waiters[rid]
+            if not waiter.conn.closed:
+                self.net.answer(waiter.conn, error_answer(waiter.command, code))
+
+    def stop(self, done: Callable[[], None]) -> None:
+        """``Runtime.stop(NOT_COORDINATOR)``, a hand-off: timers cancelled, the
+        pending writes committed, then every call still waiting answered
+        ``NOT_COORDINATOR`` (nothing was done for it); then ``done()``."""
+        if not self.up:
+            done()
+            return
+        self._timers.clear()
+        self._stopped = done
+        if self.commits.inflight is None and not self.commits.open.records:
+            self._finish_stop()
+
+    def _finish_stop(self) -> None:
+        done, self._stopped = self._stopped, None
+        assert done is not None
+        self.abandon(self._stop_code)
+        done()
 
     # ------------------------------------------------------------ admin helpers
 

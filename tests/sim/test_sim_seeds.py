@@ -1,11 +1,15 @@
 """The simulator's seeds in CI (issue 14; docs/reliability.md, "Simulation").
 
-* a fixed block of 2,000 seeds (the same every run), as four quarters that
+* a fixed block of 2,000 seeds (the same every run) and one of 300 seeds with
+  several coordinators (profile ``cluster``), as four quarters that
   pytest-xdist can give to different workers, each on two worker processes
   (``SIM_JOBS``), with no invariant violated;
-* 200 fresh seeds, their numbers printed (``-s``) so a failure is replayed
-  with ``benchmarks/simulate_groups.py --seed S --trace``;
+* 200 fresh seeds and 40 fresh ones of the ``cluster`` profile, their numbers
+  printed (``-s``) so a failure is replayed with
+  ``benchmarks/simulate_groups.py --seed S --trace [--profile cluster]``;
 * determinism: a seed run twice gives a byte-identical trace;
+* several coordinators (sim.cluster): a zombie owner's write never commits
+  after another took its partition over, and the checker sees one that would;
 * every seed that found a bug, as a regression.
 """
 
@@ -19,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from sim import SeedResult, report, run_seed
+from sim.cluster import SimDatabase, Statement
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -28,6 +33,11 @@ FIXED_FIRST = 0
 FIXED_COUNT = 2_000
 FIXED_PARTS = 4
 FRESH_COUNT = 200
+#: several coordinators (sim.cluster): a block of its own, so that every seed of
+#: the main block is what it was before they existed.
+CLUSTER_FIRST = 0
+CLUSTER_COUNT = 300
+CLUSTER_FRESH = 40
 JOBS = int(os.environ.get("SIM_JOBS", "2"))
 
 
@@ -41,13 +51,22 @@ def _fail_with(results: list[SeedResult]) -> None:
 _BOUNDS = [FIXED_FIRST + FIXED_COUNT * i // FIXED_PARTS for i in range(FIXED_PARTS + 1)]
 
 
+_CLUSTER_BOUNDS = [CLUSTER_FIRST + CLUSTER_COUNT * i // FIXED_PARTS
+                   for i in range(FIXED_PARTS + 1)]
+
+
 @pytest.mark.parametrize("part", range(FIXED_PARTS))
 def test_fixed_block_of_seeds_violates_nothing(part: int) -> None:
     first, end = _BOUNDS[part], _BOUNDS[part + 1]
     results, wall = run_many(first, end - first, jobs=JOBS)
     print(f"\n{summary(results, wall)}")
     assert [r.seed for r in results] == list(range(first, end))
-    _fail_with(results)
+    first, end = _CLUSTER_BOUNDS[part], _CLUSTER_BOUNDS[part + 1]
+    cluster, wall = run_many(first, end - first, "cluster", jobs=JOBS)
+    print(f"several coordinators:\n{summary(cluster, wall)}")
+    assert [r.seed for r in cluster] == list(range(first, end))
+    assert all(r.coordinators > 1 for r in cluster)
+    _fail_with(results + cluster)
 
 
 def test_fresh_seeds_violate_nothing() -> None:
@@ -55,18 +74,22 @@ def test_fresh_seeds_violate_nothing() -> None:
     print(f"\nfresh seeds {first}..{first + FRESH_COUNT - 1}")
     results, wall = run_many(first, FRESH_COUNT, jobs=JOBS)
     print(summary(results, wall))
-    _fail_with(results)
+    print(f"fresh seeds {first}..{first + CLUSTER_FRESH - 1}, profile cluster")
+    cluster, wall = run_many(first, CLUSTER_FRESH, "cluster", jobs=JOBS)
+    print(summary(cluster, wall))
+    _fail_with(results + cluster)
 
 
-@pytest.mark.parametrize("seed", [3, 5, 152])
-def test_a_seed_gives_a_byte_identical_trace(seed: int) -> None:
-    first = run_seed(seed, keep_trace=True)
-    second = run_seed(seed, keep_trace=True)
+@pytest.mark.parametrize(("seed", "profile"), [(3, "space"), (5, "space"), (152, "space"),
+                                               (14, "cluster"), (43, "cluster")])
+def test_a_seed_gives_a_byte_identical_trace(seed: int, profile: str) -> None:
+    first = run_seed(seed, keep_trace=True, profile=profile)
+    second = run_seed(seed, keep_trace=True, profile=profile)
     assert len(first.trace) > 100
     assert first.trace == second.trace
     assert first.trace_hash == second.trace_hash
     # The untraced run (the one CI and the runner do) takes the same path.
-    plain = run_seed(seed)
+    plain = run_seed(seed, profile=profile)
     assert (plain.events, plain.violations) == (first.events, first.violations)
 
 
@@ -78,6 +101,37 @@ def test_a_failure_report_names_the_seed_the_config_the_faults_and_the_replay() 
     assert "an example violation" in text
     assert "benchmarks/simulate_groups.py --seed 3 --trace" in text
     assert "trace (shortened):" in text and "FAULT" in text
+
+
+#: A seed with three coordinators whose group's owner is paused between a
+#: write's fence and its COMMIT, past its lease (the zombie coordinator).
+ZOMBIE_SEED = 14
+
+
+def test_a_zombie_coordinators_write_is_ended_and_its_partition_taken_over() -> None:
+    result = run_seed(ZOMBIE_SEED, keep_trace=True, profile="cluster")
+    assert result.coordinators == 3
+    assert result.ok, report(result)
+    assert result.refused_writes >= 1  # the zombie's COMMIT found its transaction ended
+    assert result.takeovers >= 1
+    assert any("coord_pause" in line and "mid_write=True" in line for line in result.trace)
+
+
+def test_a_write_committed_after_a_takeover_is_a_violation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker's teeth: a database that lets the zombie's COMMIT through
+    (its transaction ended, its partition acquired by another meanwhile)."""
+    def commit_anyway(self: SimDatabase, arg: tuple[Statement, int, list[object]]) -> None:
+        st, partition, records = arg
+        if self.locks.get(partition) is st:
+            del self.locks[partition]
+        self._check_write(st.node, partition, st)
+        self.records[partition].extend(records)  # type: ignore[arg-type]
+        st.node.at(self.sim.now + 1, self._reply, (st, None))
+
+    monkeypatch.setattr(SimDatabase, "_write_commit", commit_anyway)
+    result = run_seed(ZOMBIE_SEED, profile="cluster")
+    assert any("fenced-db" in v for v in result.violations), result.violations
 
 
 #: Seeds that found a bug, each failing on the code before its fix
@@ -104,3 +158,24 @@ REGRESSION_SEEDS = {
 def test_seed_that_found_a_bug_passes(seed: int) -> None:
     result = run_seed(seed)
     assert result.ok, f"{REGRESSION_SEEDS[seed]}\n{report(result)}"
+
+
+#: Seeds of the ``cluster`` profile that found a bug (of the simulator's model
+#: of several coordinators, or of the real code: docs/reliability.md).
+CLUSTER_REGRESSION_SEEDS = {
+    3779: "a hand-off whose partition's lease runs out during its last write ends when "
+          "that write returns (Runtime.stop waits for the write in flight), so the "
+          "lease loop goes on",
+    869: "a statement on its way while the database is cut off goes on when the cut "
+         "heals (a load is not lost for its 30 s timeout)",
+    2771: "a member's find_coordinator is bounded by its reply allowance, as GroupMember "
+          "gives it to its router (not the router's default of 5 s)",
+    892: "a request a paused coordinator reads on resuming is dropped if the member moved "
+         "its call on meanwhile (the simulator crashed)",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(CLUSTER_REGRESSION_SEEDS))
+def test_cluster_seed_that_found_a_bug_passes(seed: int) -> None:
+    result = run_seed(seed, profile="cluster")
+    assert result.ok, f"{CLUSTER_REGRESSION_SEEDS[seed]}\n{report(result)}"

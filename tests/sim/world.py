@@ -44,11 +44,13 @@ from client.errors import FatalMemberError
 from client.member_state import CallbackKind, InvokeListener, MemberConfig, MemberState, Resource
 from coordinator.core.commands import Command, Commit, Sync
 from coordinator.core.config import CoreConfig
+from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.effects import Effect, GroupStateChanged, MemberExpired, Reply
 from protocol.errors import ErrorCode
 from protocol.messages import CommitRequest, JoinRequest
 from protocol.resources import MemberMetadata, ResourceAssignment
 from protocol.validate import ValidationError
+from sim.cluster import NODE_DOWN, NODE_PAUSED, Cluster, SimNode
 from sim.events import DriftClock, Sim
 from sim.member import DEAD, PAUSED, STOPPED, UP, SimMember
 from sim.network import Link, Network
@@ -87,13 +89,30 @@ class World:
         self.member_rng = random.Random(seed * 131 + 3)
         core = CoreConfig(min_session_timeout_ms=min(300, config.session_timeout_ms),
                           initial_rebalance_delay_ms=config.initial_rebalance_delay_ms)
-        self.server = SimCoordinator(self.sim, self.net, random.Random(seed * 17 + 5), core,
-                                     disk_ms=config.disk_ms)
-        self.net.server = self.server
+        #: one coordinator (``server``), or several and their database (``cluster``).
+        self.server: SimCoordinator | None = None
+        self.cluster: Cluster | None = None
+        if config.coordinators > 1:
+            self.cluster = Cluster(
+                self.sim, self.net, coordinators=config.coordinators,
+                partitions=config.partitions, lease_ms=config.lease_ms,
+                drift_ppm=config.coord_drift_ppm, seed=seed, core=core,
+                db_ms=config.disk_ms, catalog=dict(config.catalog), group=GROUP)
+            self.cluster.on_runtime = self._wire_runtime
+            self.cluster.db.on_violation = self.violation
+        else:
+            server = SimCoordinator(self.sim, self.net, random.Random(seed * 17 + 5), core,
+                                    disk_ms=config.disk_ms)
+            self.server = server
+            self.net.server = server
+            server.on_effects = self._on_effects
+            server.on_restored = self._check_durable
         self.net.on_cut = self._cut
         self.net.on_lost_call = self._lost_call
-        self.server.on_effects = self._on_effects
-        self.server.on_restored = self._check_durable
+        #: several coordinators: a commit's checks, made when it is applied, kept
+        #: until its answer is sent (a write fenced meanwhile never counts).
+        self._pending_commits: dict[tuple[SimCoordinator, int], tuple[
+            CommitRequest, SimMember | None, list[str], list[str]]] = {}
         self.slots: dict[str, Slot] = {}
         self.links: dict[str, Link] = {}
         self.clocks: dict[str, DriftClock] = {}
@@ -102,8 +121,10 @@ class World:
         self.notes: list[str] = []
         self.value = 0
         self.acked: dict[Resource, int] = {}
+        #: several coordinators start first (members and faults come after).
+        self.t0 = config.warmup_ms
         #: when every fault is ended (the run restarts, resumes and heals everything).
-        self.t_end = last_fault_end(config)
+        self.t_end = self.t0 + last_fault_end(config)
         #: when the last fault's effect is over: the end, or a hung call's timeout.
         self.quiet_at = self.t_end
         self.check_at = self.t_end + config.convergence_bound_ms
@@ -189,15 +210,20 @@ class World:
 
     def run(self) -> None:
         c = self.config
-        self.server.start()
-        for name, partitions in c.catalog:
-            self.server.put_resource(name, partitions)
+        if self.server is not None:
+            self.server.start()
+            for name, partitions in c.catalog:
+                self.server.put_resource(name, partitions)
+        else:
+            assert self.cluster is not None
+            self.cluster.start()
+        t0 = self.t0
         for i in range(c.members):
             slot = self.add_slot(f"w{i}")
             # Workers start within a few milliseconds of each other.
-            self.sim.at(self.member_rng.randint(0, 20), self._spawn_event, slot)
+            self.sim.at(t0 + self.member_rng.randint(0, 20), self._spawn_event, slot)
         for fault in c.faults:
-            self.sim.at(fault.at, self._apply, fault)
+            self.sim.at(t0 + fault.at, self._apply, fault)
         if c.faults:
             self.sim.at(self.t_end, self._end_faults)
         while self.sim.now < self.end:
@@ -225,10 +251,13 @@ class World:
         elif kind == "zombie" and up and member is not None:
             member.pause()
             self.sim.after(fault.duration, member.resume)
-        elif kind == "coord_crash" and self.server.up:
+        elif self.cluster is not None and kind in ("coord_crash", "coord_pause", "db_cut",
+                                                     "coord_stop", "slow_disk", "catalog"):
+            applied = self._apply_cluster(fault)
+        elif kind == "coord_crash" and self.server is not None and self.server.up:
             self.server.crash()
             self.sim.after(fault.duration, self._restart_server)
-        elif kind == "slow_disk":
+        elif kind == "slow_disk" and self.server is not None:
             self.server.slow_disk_until = self.sim.now + fault.duration
             self.server.slow_disk_factor = params["factor"]
         elif kind == "latency" and slot is not None:
@@ -246,7 +275,8 @@ class World:
             for link in self.links.values():
                 self.net.partition(link, fault.duration, False)
         elif kind == "catalog":
-            applied = self.server.put_resource(params["set"], params["partitions"])
+            applied = (self.server is not None
+                       and self.server.put_resource(params["set"], params["partitions"]))
         elif kind == "join":
             new = self.add_slot(fault.slot)
             self.spawn(new)
@@ -268,6 +298,46 @@ class World:
             self.applied[kind] = self.applied.get(kind, 0) + 1
         else:
             self.skipped += 1
+
+    def _apply_cluster(self, fault: Fault) -> bool:
+        """A fault of several coordinators (or of their database)."""
+        cluster = self.cluster
+        assert cluster is not None
+        kind = fault.kind
+        params = dict(fault.params)
+        if kind == "slow_disk":
+            cluster.db.slow_until = self.sim.now + fault.duration
+            cluster.db.slow_factor = params["factor"]
+            return True
+        if kind == "catalog":
+            cluster.change_catalog(params["set"], params["partitions"])
+            return True
+        node = cluster.node(fault.slot)
+        if kind == "coord_pause" and params.get("owner"):
+            node = cluster.group_owner() or node
+        if node is None or node.state != "up" or node.stopping:
+            return False
+        if kind == "coord_crash":
+            node.crash()
+            self.sim.after(fault.duration, self._start_node, node)
+        elif kind == "coord_pause" and params.get("mid_write"):
+            # The zombie mid-write: paused once its next write's fence answered.
+            node.pause_mid_write = fault.duration
+            self.sim.after(fault.duration, node.disarm_pause)
+        elif kind == "coord_pause":
+            node.pause()  # the zombie: its leases run out meanwhile
+            self.sim.after(fault.duration, node.resume)
+        elif kind == "db_cut":
+            cluster.db.cut_off(node, fault.duration)
+        else:  # coord_stop: a graceful stop (hand-offs), started again later
+            until = self.sim.now + fault.duration
+            node.stop(lambda: self.sim.at(until if self.sim.now < self.t_end else self.sim.now,
+                                          self._start_node, node))
+        return True
+
+    def _start_node(self, node: SimNode) -> None:
+        if node.state == NODE_DOWN:
+            node.start()
 
     def _respawn_after_close(self, arg: tuple[Slot, SimMember | None]) -> None:
         slot, closed = arg
@@ -312,16 +382,25 @@ class World:
         self.links[name].drop = 0.0
 
     def _restart_server(self, _: Any = None) -> None:
-        if not self.server.up:
+        if self.server is not None and not self.server.up:
             self.server.start()
 
     def _end_faults(self, _: Any = None) -> None:
         self.sim.log("FAULTS END")
         self._restart_server()
-        self.server.slow_disk_until = -1
-        if self.server.up and self.server.inflight_done_at > self.quiet_at:
-            # A write started on the slow disk ends when it ends.
-            self._quiet_from(self.server.inflight_done_at)
+        if self.server is not None:
+            self.server.slow_disk_until = -1
+            if self.server.up and self.server.inflight_done_at > self.quiet_at:
+                # A write started on the slow disk ends when it ends.
+                self._quiet_from(self.server.inflight_done_at)
+        if self.cluster is not None:
+            self.cluster.db.slow_until = -1
+            self.cluster.db.heal_all()
+            for node in self.cluster.nodes:
+                if node.state == NODE_PAUSED:
+                    node.resume()
+                elif node.state == NODE_DOWN:
+                    node.start()
         for link in self.links.values():
             self.net.heal(link)
         for slot in self.slots.values():
@@ -367,11 +446,32 @@ class World:
         if self.sim.now >= self.t_end and self.config.faulty:
             self._watch_convergence()
 
+    def group_core(self) -> GroupCoordinator | None:
+        """The core serving the group now (several coordinators: of the newest epoch)."""
+        if self.server is not None:
+            return self.server.core
+        assert self.cluster is not None
+        runtime = self.cluster.group_runtime()
+        return runtime.core if runtime is not None else None
+
+    @property
+    def core_errors(self) -> list[str]:
+        if self.server is not None:
+            return self.server.core_errors
+        assert self.cluster is not None
+        return self.cluster.core_errors
+
+    def _catalog(self) -> dict[str, int] | None:
+        if self.cluster is not None:
+            return self.cluster.db.catalog
+        core = self.group_core()
+        return dict(core.catalog()) if core is not None else None
+
     def _exactly_once(self) -> bool:
-        core = self.server.core
-        if core is None:
+        catalog = self._catalog()
+        if catalog is None:
             return False
-        expected = {(name, i) for name, n in core.catalog().items()
+        expected = {(name, i) for name, n in catalog.items()
                     if name in self.config.sets for i in range(n)}
         seen: set[Resource] = set()
         total = 0
@@ -392,7 +492,7 @@ class World:
             self.converged_since = None
 
     def _settled(self) -> bool:
-        core = self.server.core
+        core = self.group_core()
         if core is None:
             return False
         view = core.describe_group(GROUP)
@@ -465,8 +565,8 @@ class World:
             if self.acked.get(key, 0) < value:
                 self.acked[key] = value
 
-    def _check_durable(self) -> None:
-        core = self.server.core
+    def _check_durable(self, core: GroupCoordinator | None = None) -> None:
+        core = core if core is not None else self.group_core()
         assert core is not None
         stored = core.checkpoints(GROUP)
         for key, value in sorted(self.acked.items()):
@@ -475,11 +575,29 @@ class World:
                 self.violation(f"durable: checkpoint {key} acknowledged at {value}, "
                                f"the restarted coordinator has {got!r}")
 
-    def _on_effects(self, command: Command, effects: list[Effect], conn: Conn | None) -> None:
+    def _wire_runtime(self, runtime: SimCoordinator, serves_group: bool) -> None:
+        """Several coordinators: the checks of a partition's runtime, as of the one server."""
+        if not serves_group:
+            return
+        runtime.on_effects = lambda command, effects, conn: self._on_effects(
+            command, effects, conn, runtime)
+        runtime.on_restored = lambda: self._check_durable(runtime.core)
+        runtime.on_resolved = lambda reply: self._resolved(runtime, reply)
+
+    def _resolved(self, runtime: SimCoordinator, reply: Reply) -> None:
+        pending = self._pending_commits.pop((runtime, reply.request_id), None)
+        if pending is not None and getattr(reply.response, "error", 1) is None:
+            request, sender, stale, overlaps = pending
+            self._commit_applied(request, sender, stale, overlaps)
+
+    def _on_effects(self, command: Command, effects: list[Effect], conn: Conn | None,
+                    runtime: SimCoordinator | None = None) -> None:
+        core = runtime.core if runtime is not None else self.group_core()
+        assert core is not None
         if isinstance(command, Commit):
-            self._check_commit(command, effects, conn)
+            self._check_commit(command, effects, conn, core, runtime)
         elif isinstance(command, Sync):
-            self._check_assignment(command, effects)
+            self._check_assignment(command, effects, core)
         if not self.config.faulty:
             for effect in effects:
                 if isinstance(effect, MemberExpired) or (
@@ -495,22 +613,43 @@ class World:
                     self.violation(f"liveness: rebalance ({effect.reason}) after the group "
                                    f"settled at {self.settled_at}ms, without any fault")
 
-    def _check_commit(self, command: Commit, effects: list[Effect],
-                      conn: Conn | None) -> None:
+    def _check_commit(self, command: Commit, effects: list[Effect], conn: Conn | None,
+                      core: GroupCoordinator, runtime: SimCoordinator | None = None) -> None:
+        """A commit the core accepted: judged now (its generation, who else owns
+        its resources), counted once it is answered (at once with one coordinator;
+        with several, when its write committed: a fenced one never counts)."""
         request = command.request
         accepted = any(isinstance(e, Reply) and e.request_id == command.request_id
                        and getattr(e.response, "error", 1) is None for e in effects)
         if not accepted or not request.checkpoints:
             return
-        core = self.server.core
-        assert core is not None
+        stale: list[str] = []
         view = core.describe_group(GROUP)
         if view is None or view.generation_id != request.generation_id or not any(
                 m.member_id == request.member_id for m in view.members):
-            self.violation(f"fenced: commit of {request.member_id} generation "
-                           f"{request.generation_id} accepted")
+            stale.append(f"fenced: commit of {request.member_id} generation "
+                         f"{request.generation_id} accepted")
         sender = conn.member if conn is not None else None
         resources = {(s, i) for s, i, _ in request.checkpoints}
+        overlaps: list[str] = []
+        for other in self.live:
+            if other is sender or other.state not in (UP, PAUSED):
+                continue
+            both = resources & other.machine.owned_at(other.local())
+            if both:
+                overlaps.append(f"fenced: commit of {sorted(both)} by "
+                                f"{sender.tag if sender else request.member_id} accepted while "
+                                f"{other.tag} owns them")
+        if runtime is not None:
+            self._pending_commits[(runtime, command.request_id)] = (request, sender, stale,
+                                                                    overlaps)
+            return
+        self._commit_applied(request, sender, stale, overlaps)
+
+    def _commit_applied(self, request: CommitRequest, sender: SimMember | None,
+                        stale: list[str], overlaps: list[str]) -> None:
+        for line in stale:
+            self.violation(line)
         for name, index, value in request.checkpoints:
             key = (name, index)
             if not isinstance(value, int):
@@ -532,23 +671,16 @@ class World:
                                f"{sender.tag if sender else request.member_id} applied after "
                                f"value {before[0]} of "
                                f"{before[1].tag if before[1] else '?'}")
-        for other in self.live:
-            if other is sender or other.state not in (UP, PAUSED):
-                continue
-            both = resources & other.machine.owned_at(other.local())
-            if both:
-                self.violation(f"fenced: commit of {sorted(both)} by "
-                               f"{sender.tag if sender else request.member_id} accepted while "
-                               f"{other.tag} owns them")
+        for line in overlaps:
+            self.violation(line)
 
-    def _check_assignment(self, command: Sync, effects: list[Effect]) -> None:
+    def _check_assignment(self, command: Sync, effects: list[Effect],
+                          core: GroupCoordinator) -> None:
         """The leader's assignment completing a generation: no resource to a new
         owner while a member still claims it (cooperative assignors)."""
         if not any(isinstance(e, GroupStateChanged) and e.new_state == "Stable"
                    for e in effects):
             return
-        core = self.server.core
-        assert core is not None
         group = core._k.groups.get(GROUP)
         if group is None or group.protocol_name not in ("cooperative-sticky",
                                                         "incremental-cooperative"):
@@ -582,7 +714,7 @@ class World:
 
     def _final_checks(self) -> None:
         c = self.config
-        if self.server.core is not None:
+        if self.group_core() is not None:
             self._check_durable()
         if not c.faulty:
             if self.settled_at is None:
@@ -597,8 +729,8 @@ class World:
                            f"the faults ended, over the bound of {bound}ms")
 
     def _ownership_summary(self) -> str:
-        core = self.server.core
-        catalog = core.catalog() if core is not None else {}
+        core = self.group_core()
+        catalog = self._catalog() or {}
         owners: dict[Resource, list[str]] = {}
         for m in self.live:
             if m.state == UP:
