@@ -54,7 +54,7 @@ class ReportData:
     storm_window_ms: int
     storm_threshold: int
     inputs: list[str] = field(default_factory=list)
-    #: aggregates.series: one row per bucket of ``bucket_ms`` with a rebalance
+    #: ``series`` (below): one row per bucket of ``bucket_ms`` with a rebalance
     series: list[dict[str, Any]] = field(default_factory=list)
     bucket_ms: int = HOUR_MS
     #: aggregates.attribution: the members whose joins and leaves started most
@@ -74,7 +74,7 @@ def duration_figures(rebalances: Any) -> dict[str, Any]:
     """Exact duration percentiles and the longest over every rebalance
     (``duration_*``), over rebalances proper (``rebalance_*``, with
     ``rebalance_count``) and over the initial joins (``initial_*``, with
-    ``initial_count``), named as ``aggregates.duration_split`` names them.
+    ``initial_count``).
 
     Spark's own exact ``percentile``, over the distinct durations with how
     often each occurred as the frequency (a hash aggregate of longs first:
