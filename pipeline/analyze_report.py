@@ -79,8 +79,8 @@ def duration_figures(rebalances: Any) -> dict[str, Any]:
     Spark's own exact ``percentile``, over the distinct durations with how
     often each occurred as the frequency (a hash aggregate of longs first:
     thousands of rows where ``rebalances/`` has millions). Over the rows
-    themselves, beside two ``count_distinct``, it expanded every row three
-    times and fell back to sorting."""
+    themselves, beside two ``count_distinct`` that expanded every row three
+    times, it cost several times more (docs/bench-pipeline.md)."""
     from pyspark.sql import functions as F
     initial = F.coalesce(F.col("reason") == "initial", F.lit(False))
     cells = rebalances.groupBy("duration_ms", initial.alias("initial")).count()
