@@ -12,8 +12,9 @@ The job (docs/pipeline.md):
    written by Spark -> ``rebalances/``;
 3. Spark SQL over ``rebalances/`` (pipeline/aggregates.py): ``group_hours/``,
    ``groups/`` (with the generations, worst first), ``fleet_hours/``, exact
-   percentiles, the report's totals and histogram;
-4. report.html from the small aggregates (pipeline/analyze_report.py).
+   percentiles;
+4. the report's figures, from those tables where they hold them, and
+   report.html (pipeline/analyze_report.py).
 """
 
 from __future__ import annotations
