@@ -114,20 +114,6 @@ def fleet_columns() -> list[str]:
     return ["hour_start_ms", *FLEET_SUMS, "groups", "storming_groups", *DURATIONS]
 
 
-def overall(rebalances: Any) -> dict[str, Any]:
-    """Exact duration percentiles over every rebalance, and over rebalances
-    and initial joins apart (``duration_split``), the groups and sources, and
-    the span of the journal (one Spark job)."""
-    from pyspark.sql import functions as F
-    row = rebalances.agg(
-        *_durations(), *duration_split(),
-        F.count_distinct("source", "group_id").alias("groups"),
-        F.count_distinct("source").alias("sources"),
-        F.min("started_ms").alias("first_started_ms"),
-        F.max("ended_ms").alias("last_ended_ms")).collect()[0]
-    return {k: (v if v is not None else 0) for k, v in row.asDict().items()}
-
-
 def histogram(rebalances: Any) -> list[tuple[int, int]]:
     """(bucket, rebalances): bucket b holds durations in [10^(b/5), 10^((b+1)/5))
     ms (durations under 1 ms in bucket 0)."""
@@ -154,40 +140,6 @@ def bucket_width(first_ms: int, last_ms: int) -> int:
         if span // width + 1 <= MAX_BUCKETS:
             return width
     return BUCKETS_MS[-1]
-
-
-def _split_durations(prefix: str, keep: Any) -> list[Any]:
-    """Exact p50/p95/p99/max of ``duration_ms`` over the rows where ``keep``."""
-    from pyspark.sql import functions as F
-    d = F.when(keep, F.col("duration_ms"))
-    pct = F.percentile(d, list(PERCENTILES))
-    return [*(pct[i].alias(f"{prefix}_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)),
-            F.max(d).alias(f"{prefix}_max_ms"), F.count(d).alias(f"{prefix}_count")]
-
-
-def duration_split() -> list[Any]:
-    """Durations of rebalances proper (``rebalance_*``) apart from the initial
-    joins (``initial_*``: reason ``initial``, whose length is mostly the
-    coordinator's deliberate initial-rebalance delay)."""
-    from pyspark.sql import functions as F
-    initial = F.coalesce(F.col("reason") == "initial", F.lit(False))
-    return [*_split_durations("rebalance", ~initial), *_split_durations("initial", initial)]
-
-
-def series(rebalances: Any, width_ms: int, threshold: int) -> list[dict[str, Any]]:
-    """The report's time series, one dict per bucket of ``width_ms`` that had a
-    rebalance, in time order: counts by reason, cost, groups rebalancing and
-    storming, and the split durations."""
-    from pyspark.sql import functions as F
-    start = (F.col("started_ms") - F.pmod("started_ms", F.lit(width_ms))).alias("bucket_ms")
-    key = F.concat_ws("\u0000", "source", "group_id")
-    storm = F.when(F.col("window_count") >= threshold, key)
-    rows = rebalances.groupBy(start).agg(
-        *_sums(threshold, storms=False),
-        F.count_distinct(key).alias("groups"),
-        F.count_distinct(storm).alias("storming_groups"),
-        *duration_split()).orderBy("bucket_ms").collect()
-    return [r.asDict() for r in rows]
 
 
 def attribution(journal: Any, top: int) -> list[dict[str, Any]]:

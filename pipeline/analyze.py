@@ -12,8 +12,9 @@ The job (docs/pipeline.md):
    written by Spark -> ``rebalances/``;
 3. Spark SQL over ``rebalances/`` (pipeline/aggregates.py): ``group_hours/``,
    ``groups/`` (with the generations, worst first), ``fleet_hours/``, exact
-   percentiles, the report's totals and histogram;
-4. report.html from the small aggregates (pipeline/analyze_report.py).
+   percentiles;
+4. the report's figures, from those tables where they hold them, and
+   report.html (pipeline/analyze_report.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.aggregates import FACT_COUNTS, FLEET_SUMS
 from pipeline.errors import PipelineError
 from pipeline.sources import (
     GENERATIONS_SCHEMA,
@@ -251,19 +251,6 @@ def _write(df: Any, out: Path) -> None:
     df.write.mode("overwrite").parquet(str(out))
 
 
-#: Groups whose generation timeline the report draws (the worst ones).
-TIMELINE_GROUPS = 5
-
-
-def totals(fleet: list[dict[str, Any]], rebalances: Any) -> dict[str, Any]:
-    """The report's headline figures: sums over the fleet's hours, exact
-    percentiles over all durations, groups, sources and span."""
-    from pipeline.aggregates import overall
-    tot: dict[str, Any] = {c: sum(int(h[c] or 0) for h in fleet)
-                           for c in (*FLEET_SUMS, *FACT_COUNTS)}
-    return tot | overall(rebalances)
-
-
 # ---------------------------------------------------------------- the job
 
 
@@ -273,7 +260,7 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
     from pyspark.sql import functions as F
 
     from pipeline import aggregates as agg
-    from pipeline.analyze_report import ReportData, write_report
+    from pipeline.analyze_report import report_figures, write_report
     from pipeline.spark import progress
     opts = options or AnalyzeOptions()
     plan = inputs if isinstance(inputs, InputPlan) else plan_inputs(inputs)
@@ -307,33 +294,15 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
     with progress(spark, "analyze [3/4] collecting figures for the report", show):
         fleet = [r.asDict() for r in fleet_df.collect()]
         fleet_df.unpersist()
-        tot = totals(fleet, rebalances)
-        groups = spark.read.parquet(str(tables["groups"]))
-        worst = [r.asDict() for r in groups.orderBy(
-            F.desc("peak_window_rebalances"), F.desc("rebalances"), "source", "group_id")
-            .limit(opts.top).collect()]
-        keys = {(w["source"], w["group_id"]) for w in worst}
-        heat: list[dict[str, Any]] = []
-        if keys:
-            # One scan that keeps the worst groups' names (a join with them
-            # was two jobs); a name two coordinators share is told apart here.
-            names = sorted({g for _, g in keys})
-            heat = [r.asDict() for r in hours.where(F.col("group_id").isin(names))
-                    .select("source", "group_id", "hour_start_ms", "rebalances").collect()
-                    if (r["source"], r["group_id"]) in keys]
-        hist = agg.histogram(rebalances)
-        width = agg.bucket_width(tot["first_started_ms"], tot["last_ended_ms"])
-        series = agg.series(rebalances, width, opts.storm_threshold) if tot["rebalances"] else []
-        starters = agg.attribution(journal, opts.top)
-        timelines = agg.generations(rebalances, {(w["source"], w["group_id"])
-                                                 for w in worst[:TIMELINE_GROUPS]})
-    with progress(spark, "analyze [4/4] writing report.html", show):
-        report = write_report(out_dir / "report.html", ReportData(
-            totals=tot, fleet_hours=fleet, worst_groups=worst, heat=heat, histogram=hist,
-            series=series, bucket_ms=width, starters=starters, timelines=timelines,
-            storm_window_ms=opts.storm_window_ms, storm_threshold=opts.storm_threshold,
+        data = report_figures(
+            fleet, rebalances, hours, spark.read.parquet(str(tables["groups"])), journal,
+            top=opts.top, storm_window_ms=opts.storm_window_ms,
+            storm_threshold=opts.storm_threshold,
             inputs=[j.name for j in plan.databases] + sorted(
-                {str(Path(p).parent.parent) for p in plan.journal_parquet})))
+                {str(Path(p).parent.parent) for p in plan.journal_parquet}))
+    with progress(spark, "analyze [4/4] writing report.html", show):
+        report = write_report(out_dir / "report.html", data)
+    tot = data.totals
     return AnalyzeResult(int(tot["rebalances"]), int(tot["groups"]), report, tables)
 
 

@@ -1,7 +1,10 @@
 """report.html of ``groupcoord analyze``: the fleet's rebalances at a glance.
 
-Built on the driver from the small aggregates only (fleet per hour, the worst
-groups, a duration histogram), never from the per-rebalance table.
+``report_figures`` gathers what the report shows with a few small Spark
+jobs, reusing the tables phase 2 wrote (``fleet_hours``, ``group_hours/``,
+``groups/``) wherever they already hold the figure; ``render`` draws the
+page on the driver from those figures only, never from the per-rebalance
+table.
 """
 
 from __future__ import annotations
@@ -14,7 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.aggregates import HOUR_MS, REASONS
+from pipeline.aggregates import (
+    FACT_COUNTS,
+    FLEET_SUMS,
+    HOUR_MS,
+    PERCENTILES,
+    REASONS,
+    _sums,
+    attribution,
+    bucket_width,
+    generations,
+    histogram,
+)
 from pipeline.report import (
     amount,
     cards,
@@ -40,13 +54,157 @@ class ReportData:
     storm_window_ms: int
     storm_threshold: int
     inputs: list[str] = field(default_factory=list)
-    #: aggregates.series: one row per bucket of ``bucket_ms`` with a rebalance
+    #: ``series`` (below): one row per bucket of ``bucket_ms`` with a rebalance
     series: list[dict[str, Any]] = field(default_factory=list)
     bucket_ms: int = HOUR_MS
     #: aggregates.attribution: the members whose joins and leaves started most
     starters: list[dict[str, Any]] = field(default_factory=list)
     #: aggregates.generations: the worst groups' rebalances in time order
     timelines: list[dict[str, Any]] = field(default_factory=list)
+
+
+#: Groups whose generation timeline the report draws (the worst ones).
+TIMELINE_GROUPS = 5
+
+
+# ---------------------------------------------------------------- the figures
+
+
+def duration_figures(rebalances: Any) -> dict[str, Any]:
+    """Exact duration percentiles and the longest over every rebalance
+    (``duration_*``), over rebalances proper (``rebalance_*``, with
+    ``rebalance_count``) and over the initial joins (``initial_*``, with
+    ``initial_count``).
+
+    Spark's own exact ``percentile``, over the distinct durations with how
+    often each occurred as the frequency (a hash aggregate of longs first:
+    thousands of rows where ``rebalances/`` has millions). Over the rows
+    themselves, beside two ``count_distinct`` that expanded every row three
+    times, it cost several times more (docs/bench-pipeline.md)."""
+    from pyspark.sql import functions as F
+    initial = F.coalesce(F.col("reason") == "initial", F.lit(False))
+    cells = rebalances.groupBy("duration_ms", initial.alias("initial")).count()
+    figures = []
+    for prefix, keep in (("duration", F.lit(True)), ("rebalance", ~F.col("initial")),
+                         ("initial", F.col("initial"))):
+        d = F.when(keep, F.col("duration_ms"))
+        pct = F.percentile(d, list(PERCENTILES), F.col("count"))
+        figures += [*(pct[i].alias(f"{prefix}_p{round(p * 100)}_ms")
+                      for i, p in enumerate(PERCENTILES)),
+                    F.max(d).alias(f"{prefix}_max_ms")]
+        if prefix != "duration":
+            figures.append(F.sum(F.when(d.isNotNull(), F.col("count")))
+                           .alias(f"{prefix}_count"))
+    row: dict[str, Any] = cells.agg(*figures).collect()[0].asDict()
+    return row
+
+
+def totals(fleet: list[dict[str, Any]], groups: Any, durations: dict[str, Any]
+           ) -> dict[str, Any]:
+    """The report's headline figures: sums over the fleet's hours; groups,
+    sources and span from ``groups/``; the ``durations`` of
+    ``duration_figures``. A figure of no rebalance is 0."""
+    from pyspark.sql import functions as F
+    tot: dict[str, Any] = {c: sum(int(h[c] or 0) for h in fleet)
+                           for c in (*FLEET_SUMS, *FACT_COUNTS)}
+    span = groups.agg(F.count(F.lit(1)).alias("groups"),
+                      F.count_distinct("source").alias("sources"),
+                      F.min("first_started_ms").alias("first_started_ms"),
+                      F.max("last_ended_ms").alias("last_ended_ms")).collect()[0].asDict()
+    return tot | {k: (v if v is not None else 0) for k, v in (durations | span).items()}
+
+
+def _bucket(column: str, width_ms: int) -> Any:
+    from pyspark.sql import functions as F
+    return (F.col(column) - F.pmod(column, F.lit(width_ms))).alias("bucket_ms")
+
+
+def series(rebalances: Any, hours: Any, fleet: list[dict[str, Any]], width_ms: int,
+           threshold: int, span_ms: int, parallelism: int) -> list[dict[str, Any]]:
+    """The report's time series, one dict per bucket of ``width_ms`` that had a
+    rebalance, in time order: the FLEET_SUMS (counts by reason, cost),
+    ``groups`` rebalancing and ``storming_groups``, and ``rebalance_p50_ms``
+    ... ``rebalance_max_ms``, ``rebalance_count`` without the initial joins.
+
+    The sums and groups come from what phase 2 wrote: ``fleet_hours`` itself
+    for hourly buckets, ``group_hours/`` summed per (bucket, group) and then
+    per bucket for wider ones, ``rebalances/`` the same way for buckets under
+    an hour (a group counts once per bucket; no ``count_distinct``, which
+    expanded every row). The durations are exact percentiles per bucket over
+    ``rebalances/``, hash-partitioned by bucket first so that each task
+    aggregates a few buckets (Spark's ``percentile`` keeps a hash map per key
+    and falls back to sorting its input past 128 keys in a task)."""
+    from pyspark.sql import functions as F
+    if width_ms == HOUR_MS:
+        sums = [{"bucket_ms": int(h["hour_start_ms"]),
+                 **{c: h[c] for c in (*FLEET_SUMS, "groups", "storming_groups")}}
+                for h in fleet]
+    else:
+        if width_ms % HOUR_MS == 0:
+            per_group = hours.groupBy(_bucket("hour_start_ms", width_ms), "source", "group_id") \
+                .agg(*(F.sum(c).alias(c) for c in FLEET_SUMS),
+                     F.sum("storm_rebalances").alias("storm_rebalances"))
+        else:
+            per_group = rebalances.groupBy(_bucket("started_ms", width_ms), "source",
+                                           "group_id").agg(*_sums(threshold))
+        sums = [r.asDict() for r in per_group.groupBy("bucket_ms").agg(
+            *(F.sum(c).cast("long").alias(c) for c in FLEET_SUMS),
+            F.count(F.lit(1)).alias("groups"),
+            F.sum(F.when(F.col("storm_rebalances") > 0, 1).otherwise(0)).cast("long")
+            .alias("storming_groups")).collect()]
+    initial = F.coalesce(F.col("reason") == "initial", F.lit(False))
+    buckets = span_ms // width_ms + 1
+    pct = F.percentile(F.col("duration_ms"), list(PERCENTILES))
+    durations = {int(r["bucket_ms"]): r.asDict() for r in rebalances.where(~initial)
+                 .select(_bucket("started_ms", width_ms), "duration_ms")
+                 .repartition(max(parallelism, -(-buckets // 32)), "bucket_ms")
+                 .groupBy("bucket_ms").agg(
+                     *(pct[i].alias(f"rebalance_p{round(p * 100)}_ms")
+                       for i, p in enumerate(PERCENTILES)),
+                     F.max("duration_ms").alias("rebalance_max_ms"),
+                     F.count("duration_ms").alias("rebalance_count")).collect()}
+    none = {f"rebalance_p{round(p * 100)}_ms": None for p in PERCENTILES} | {
+        "rebalance_max_ms": None, "rebalance_count": 0}
+    out = []
+    for row in sorted(sums, key=lambda r: int(r["bucket_ms"])):
+        d = durations.get(int(row["bucket_ms"]), none)
+        out.append(row | {k: d[k] for k in none})
+    return out
+
+
+def report_figures(fleet: list[dict[str, Any]], rebalances: Any, hours: Any, groups: Any,
+                   journal: Any, *, top: int, storm_window_ms: int, storm_threshold: int,
+                   inputs: Sequence[str] = ()) -> ReportData:
+    """Everything report.html shows, from the tables phase 2 wrote
+    (``fleet`` is fleet_hours' rows with the FACT_COUNTS) and, for what no
+    table holds, ``rebalances/`` and the journal (who joined and left)."""
+    from pyspark.sql import functions as F
+    tot = totals(fleet, groups, duration_figures(rebalances))
+    worst = [r.asDict() for r in groups.orderBy(
+        F.desc("peak_window_rebalances"), F.desc("rebalances"), "source", "group_id")
+        .limit(top).collect()]
+    keys = {(w["source"], w["group_id"]) for w in worst}
+    heat: list[dict[str, Any]] = []
+    if keys:
+        # One scan that keeps the worst groups' names (a join with them
+        # was two jobs); a name two coordinators share is told apart here.
+        names = sorted({g for _, g in keys})
+        heat = [r.asDict() for r in hours.where(F.col("group_id").isin(names))
+                .select("source", "group_id", "hour_start_ms", "rebalances").collect()
+                if (r["source"], r["group_id"]) in keys]
+    width = bucket_width(tot["first_started_ms"], tot["last_ended_ms"])
+    parallelism = int(rebalances.sparkSession.sparkContext.defaultParallelism)
+    rows = series(rebalances, hours, fleet, width, storm_threshold,
+                  int(tot["last_ended_ms"]) - int(tot["first_started_ms"]), parallelism) \
+        if tot["rebalances"] else []
+    starters = attribution(journal, top)
+    timelines = generations(rebalances, {(w["source"], w["group_id"])
+                                         for w in worst[:TIMELINE_GROUPS]})
+    return ReportData(
+        totals=tot, fleet_hours=fleet, worst_groups=worst, heat=heat,
+        histogram=histogram(rebalances), series=rows, bucket_ms=width, starters=starters,
+        timelines=timelines, storm_window_ms=storm_window_ms,
+        storm_threshold=storm_threshold, inputs=list(inputs))
 
 
 def bucket_name(width_ms: int) -> str:
