@@ -21,6 +21,9 @@ from typing import Any
 
 __all__ = ["DriftClock", "Sim"]
 
+_push = heapq.heappush
+_pop = heapq.heappop
+
 
 class Sim:
     def __init__(self, *, keep_trace: bool = False) -> None:
@@ -34,21 +37,34 @@ class Sim:
 
     def at(self, when: int, fn: Callable[[Any], None], arg: Any = None) -> None:
         """Run ``fn(arg)`` at global time ``when`` (never in the past)."""
-        heapq.heappush(self._heap, (max(when, self.now), next(self._seq), fn, arg))
+        now = self.now
+        _push(self._heap, (when if when > now else now, next(self._seq), fn, arg))
 
     def after(self, delay: int, fn: Callable[[Any], None], arg: Any = None) -> None:
-        self.at(self.now + delay, fn, arg)
+        now = self.now
+        when = now + delay
+        _push(self._heap, (when if when > now else now, next(self._seq), fn, arg))
 
     def run_until(self, end: int, after_step: Callable[[], None] | None = None) -> None:
         heap = self._heap
-        pop = heapq.heappop
-        while heap and heap[0][0] <= end:
-            when, _, fn, arg = pop(heap)
-            self.now = when
-            self.events += 1
-            fn(arg)
-            if after_step is not None:
-                after_step()
+        pop = _pop
+        events = self.events
+        try:
+            if after_step is None:
+                while heap and heap[0][0] <= end:
+                    when, _, fn, arg = pop(heap)
+                    self.now = when
+                    events += 1
+                    fn(arg)
+            else:
+                while heap and heap[0][0] <= end:
+                    when, _, fn, arg = pop(heap)
+                    self.now = when
+                    events += 1
+                    fn(arg)
+                    after_step()
+        finally:
+            self.events = events
         self.now = max(self.now, end)
 
     def log(self, line: str) -> None:
