@@ -1,5 +1,5 @@
-"""Wall time of ``groupcoord analyze`` on local[1] and local[2], against a
-floor job (docs/bench-pipeline.md).
+"""Wall time (and the peak memory of every process) of ``groupcoord analyze``
+on local[1] and local[2], against a floor job (docs/bench-pipeline.md).
 
 Runs the real command line (a fresh JVM per run, as a user would) on an input
 made by benchmarks/gen_journal.py and prints the wall times, the speed-up
@@ -23,17 +23,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline_cpu import run_measured
+from pipeline_cpu import run_measured_peak
 
 
 def run(cmd: list[str], label: str) -> float:
-    proc, wall, cpu = run_measured(cmd)
+    proc, wall, cpu, peak = run_measured_peak(cmd)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-3000:])
         raise SystemExit(f"{label} failed ({proc.returncode})")
     # CPU seconds of the JVM, the driver and the Python workers: on a shared
     # machine (load average below) wall time alone says little.
-    print(f"  {label}: {wall:.1f} s wall, {cpu:.1f} s CPU, load average "
+    print(f"  {label}: {wall:.1f} s wall, {cpu:.1f} s CPU, peak memory "
+          f"{peak / 2**30:.2f} GiB (all processes), load average "
           f"{os.getloadavg()[0]:.1f}   ({proc.stdout.strip()})", flush=True)
     for line in proc.stderr.splitlines():
         if "done in" in line:
