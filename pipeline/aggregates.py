@@ -19,12 +19,12 @@ REASONS: tuple[str, ...] = (
     "sync_timeout", "restart", "static_change",
 )
 
-_SUMMED = ("joined", "left", "revoked", "moved", "unavailable_ms", "unowned_at_end")
+SUMMED = ("joined", "left", "revoked", "moved", "unavailable_ms", "unowned_at_end")
 PERCENTILES = (0.5, 0.95, 0.99)
 DURATIONS = ("duration_p50_ms", "duration_p95_ms", "duration_p99_ms", "duration_max_ms")
 
 #: The group_hours columns fleet_hours sums, in fleet_hours' order.
-FLEET_SUMS: tuple[str, ...] = ("rebalances", *_SUMMED, "follow_up_rebalances",
+FLEET_SUMS: tuple[str, ...] = ("rebalances", *SUMMED, "follow_up_rebalances",
                                *(f"reason_{r}" for r in (*REASONS, "other")))
 
 #: Counted over the facts for the report's totals (not in fleet_hours/).
@@ -51,7 +51,7 @@ def _sums(threshold: int, storms: bool = True) -> list[Any]:
     the reasons and (``storms``) the storm rebalances."""
     from pyspark.sql import functions as F
     out = [F.count(F.lit(1)).alias("rebalances")]
-    out += [F.coalesce(F.sum(c), F.lit(0)).cast("long").alias(c) for c in _SUMMED]
+    out += [F.coalesce(F.sum(c), F.lit(0)).cast("long").alias(c) for c in SUMMED]
     out.append(F.sum(F.col("is_follow_up").cast("long")).alias("follow_up_rebalances"))
     for r in REASONS:
         out.append(F.sum(F.when(F.col("reason") == r, 1).otherwise(0)).cast("long")
@@ -65,14 +65,18 @@ def _sums(threshold: int, storms: bool = True) -> list[Any]:
 
 
 def group_hours(rebalances: Any, threshold: int) -> Any:
-    """One row per group and UTC hour."""
+    """One row per group and UTC hour. ``analyze`` takes these rows from the
+    facts task (pipeline/group_figures.py); this is their definition, which
+    the tests check that against."""
     return rebalances.groupBy("source", "group_id", hour_start()).agg(
         *_sums(threshold), *_durations())
 
 
 def groups(rebalances: Any, generations: Any, threshold: int) -> Any:
     """One row per group, with its generations (formed, and formed without
-    the leader's assignment)."""
+    the leader's assignment). ``analyze`` takes the per-group part from the
+    facts task (pipeline/group_figures.py); this is its definition, which
+    the tests check that against."""
     from pyspark.sql import functions as F
     per_group = rebalances.groupBy("source", "group_id").agg(
         *_sums(threshold), *_durations(),
@@ -83,6 +87,12 @@ def groups(rebalances: Any, generations: Any, threshold: int) -> Any:
         F.bool_or("cooperative").alias("cooperative"),
         F.max("member_count").alias("max_members"),
         F.max("follow_ups").alias("max_follow_ups"))
+    return with_generations(per_group, generations)
+
+
+def with_generations(per_group: Any, generations: Any) -> Any:
+    """Per-group rows with their generations joined on (null: none known)."""
+    from pyspark.sql import functions as F
     gens = generations.groupBy("source", "group_id").agg(
         F.count(F.lit(1)).alias("generations_formed"),
         F.sum(F.when(F.col("has_assignments"), 0).otherwise(1)).cast("long")

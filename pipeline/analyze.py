@@ -191,8 +191,10 @@ def facts_calls(spark: Any, plan: InputPlan) -> int:
     return max(least, -(-input_bytes(plan) // INPUT_BYTES_PER_TASK))
 
 
-def rebalance_facts(journal: Any, options: AnalyzeOptions, partitions: int) -> Any:
-    """The ``rebalances/`` rows (``facts.facts_schema()``) of ``journal``.
+def facts_task(journal: Any, options: AnalyzeOptions, partitions: int) -> Any:
+    """The ``rebalances/`` rows (``facts.facts_schema()``) of ``journal``,
+    with the ``group_hours/`` and ``groups/`` rows of each chunk of groups
+    (``facts.task_schema()``: :func:`split_task_output` takes them apart).
 
     The ownership accounting is sequential per group and runs in Python:
     ``repartition(partitions, source, group_id)`` puts the rows of whole
@@ -202,12 +204,17 @@ def rebalance_facts(journal: Any, options: AnalyzeOptions, partitions: int) -> A
     Spark sorts every row of a group-by's input, assignment bytes included,
     which cost more than the accounting itself (docs/bench-pipeline.md);
     the Python side orders a partition by its dictionary codes instead.
-    The storm counter is a window function.
+    The storm counter is counted there too (``facts.window_counts``, the
+    same count as a window function over the group ordered by start, which
+    would shuffle and sort the facts a second time), and so are the
+    per-group and per-group-and-hour figures (``group_figures``, the same
+    as ``aggregates.group_hours`` and ``aggregates.groups``): the task holds
+    whole groups, and three Spark aggregations over ``rebalances/`` with
+    exact percentiles cost more than the accounting.
     """
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from pipeline.facts import chunk_facts_schema, facts_of_partition, facts_schema
+    from pipeline.facts import facts_of_partition, task_schema
     rows = journal.select(
         "source", "group_id",
         F.col("id").cast("long").alias("id"),
@@ -219,13 +226,34 @@ def rebalance_facts(journal: Any, options: AnalyzeOptions, partitions: int) -> A
         F.coalesce(F.size("joined"), F.lit(0)).cast("long").alias("joined_count"),
         F.coalesce(F.size("left"), F.lit(0)).cast("long").alias("left_count"),
         "assignments")
-    facts = rows.repartition(partitions, "source", "group_id").mapInArrow(
-        facts_of_partition(options.cooperative), ddl(chunk_facts_schema()))
-    # (S - W, S]: whole milliseconds, so [S - W + 1, S].
-    window = Window.partitionBy("source", "group_id").orderBy("started_ms") \
-        .rangeBetween(-(options.storm_window_ms - 1), 0)
-    facts = facts.withColumn("window_count", F.count(F.lit(1)).over(window))
-    return facts.select(*facts_schema().names)
+    return rows.repartition(partitions, "source", "group_id").mapInArrow(
+        facts_of_partition(options.cooperative, options.storm_window_ms,
+                           options.storm_threshold), ddl(task_schema()))
+
+
+def split_task_output(task: Any) -> tuple[Any, Any, Any]:
+    """(``rebalances/`` rows, ``group_hours/`` rows, per-group rows without
+    the generations) of :func:`facts_task`'s output."""
+    from pyspark.sql import functions as F
+
+    from pipeline.facts import facts_schema
+    from pipeline.group_figures import GROUP_HOURS_SCHEMA, GROUPS_SCHEMA
+
+    def columns(schema: Any, struct: str | None = None) -> list[Any]:
+        # A column never null in its table is written as such (as Spark's own
+        # count or coalesce would be): coalesce with a literal says so.
+        out = []
+        for f in schema:
+            c = F.col(f"{struct}.{f.name}" if struct else f.name)
+            out.append(c if f.nullable else F.coalesce(c, F.lit(0)).alias(f.name))
+        return out
+
+    facts = task.where(F.col("group_hours").isNull()).select(*columns(facts_schema()))
+    hours = task.where(F.col("group_hours").isNotNull()) \
+        .select(F.explode("group_hours").alias("r")).select(*columns(GROUP_HOURS_SCHEMA, "r"))
+    per_group = task.where(F.col("groups").isNotNull()) \
+        .select(F.explode("groups").alias("r")).select(*columns(GROUPS_SCHEMA, "r"))
+    return facts, hours, per_group
 
 
 def ddl(schema: Any) -> str:
@@ -271,22 +299,27 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
     show = opts.progress
     with progress(spark, "analyze [1/4] reading journals, per-rebalance accounting", show):
         journal = _load_journal(spark, plan)
+        # Written three times (rebalances/, group_hours/, groups/): cached, so
+        # the journal is read and accounted once.
+        task = facts_task(journal, opts, facts_calls(spark, plan)).persist()
+        facts, hour_rows, group_rows = split_task_output(task)
         try:
-            _write(rebalance_facts(journal, opts, facts_calls(spark, plan)),
-                   tables["rebalances"])
+            _write(facts, tables["rebalances"])
         except Exception as exc:
+            task.unpersist()
             raise _spark_input_error(exc, plan) from exc
     rebalances = spark.read.parquet(str(tables["rebalances"]))
     generations = _load_generations(spark, plan)
     with progress(spark, "analyze [2/4] aggregating per group and hour, per group, "
                   "fleet-wide", show):
-        _write(agg.group_hours(rebalances, opts.storm_threshold), tables["group_hours"])
-        hours = spark.read.parquet(str(tables["group_hours"]))
+        _write(hour_rows, tables["group_hours"])
         # Small tables go out as one file, in a useful order (repartition, not
         # coalesce: that would run the aggregation itself in one task).
-        _write(agg.groups(rebalances, generations, opts.storm_threshold).repartition(1)
+        _write(agg.with_generations(group_rows, generations).repartition(1)
                .sortWithinPartitions(F.desc("peak_window_rebalances"), F.desc("rebalances"),
                                      "source", "group_id"), tables["groups"])
+        task.unpersist()
+        hours = spark.read.parquet(str(tables["group_hours"]))
         # Kept for the report, with the FACT_COUNTS that fleet_hours/ leaves out.
         fleet_df = agg.fleet_hours(rebalances, hours).repartition(1) \
             .sortWithinPartitions("hour_start_ms").cache()

@@ -63,16 +63,39 @@ _OWNERSHIP = ("owned_before", "owned_after", "revoked", "moved", "first_assigned
 
 
 def facts_schema() -> pa.Schema:
-    """The columns of ``rebalances/``."""
-    return pa.schema([(n, pa.int64() if n in _LONG else pa.bool_() if n in _BOOL
-                       else pa.string()) for n in FACTS_FIELDS])
+    """The columns of ``rebalances/`` (``window_count``, a count, is never null)."""
+    return pa.schema([pa.field(n, pa.int64() if n in _LONG else pa.bool_() if n in _BOOL
+                               else pa.string(), nullable=n != "window_count")
+                      for n in FACTS_FIELDS])
 
 
-def chunk_facts_schema() -> pa.Schema:
-    """What :func:`facts_for_chunk` computes: ``facts_schema()`` without
-    ``window_count`` (Spark counts it: pipeline/analyze.py)."""
-    schema = facts_schema()
-    return schema.remove(schema.get_field_index("window_count"))
+def window_counts(group: np.ndarray, started: np.ndarray, window_ms: int) -> np.ndarray:
+    """The storm counter: for each row, the rows of its group (``group``:
+    one number per group) that started in ``(S - W, S]`` of its start ``S``,
+    itself and rows with the same start included (whole milliseconds, so
+    ``[S - W + 1, S]``); rows in any order. The same count as Spark's
+    ``count(1).over(Window.partitionBy(group).orderBy(started_ms)
+    .rangeBetween(-(W - 1), 0))`` (tests/pipeline/test_pipeline_facts.py
+    checks it against that window), without a second shuffle and sort of
+    the facts.
+
+    Starts and window bounds are ranked together, so that (group, rank)
+    is one sortable integer, and two binary searches per row count the rows
+    between the bounds."""
+    n = len(started)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    s = np.asarray(started, np.int64)
+    low = s - np.int64(max(1, int(window_ms)) - 1)
+    values, rank = np.unique(np.concatenate([s, low]), return_inverse=True)
+    rank = rank.reshape(-1)
+    g = np.asarray(group, np.int64) * np.int64(len(values) + 1)
+    at = g + rank[:n]
+    keys = np.sort(at)
+    hi = np.searchsorted(keys, at, side="right")
+    lo = np.searchsorted(keys, g + rank[n:], side="left")
+    out: np.ndarray = (hi - lo).astype(np.int64)
+    return out
 
 
 # ---------------------------------------------------------------- decoding
@@ -393,17 +416,17 @@ def _bucket_width(width: int) -> int:
     return max(8, 1 << max(0, int(width) - 1).bit_length())
 
 
-def facts_for_chunk(table: pa.Table, is_cooperative: Callable[[str | None], bool]
-                    ) -> pa.Table:
-    """The facts (:func:`chunk_facts_schema`: all but the storm counter, which
-    Spark counts with a window function) of every journal row in ``table``.
+def facts_for_chunk(table: pa.Table, is_cooperative: Callable[[str | None], bool],
+                    window_ms: int) -> pa.Table:
+    """The facts (:func:`facts_schema`) of every journal row in ``table``,
+    the storm counter over ``window_ms`` included.
 
     ``table`` has :data:`INPUT_COLUMNS` and holds whole groups, each group's
     rows contiguous and in journal order (a row given twice counts once).
     """
     table = table.combine_chunks()
     if table.num_rows == 0:
-        return chunk_facts_schema().empty_table()
+        return facts_schema().empty_table()
     new_group = _shift_differs(table["source"]) | _shift_differs(table["group_id"])
     group = np.cumsum(new_group) - 1
     ids = _np(table["id"])
@@ -493,10 +516,11 @@ def facts_for_chunk(table: pa.Table, is_cooperative: Callable[[str | None], bool
         "member_count": pa.array(_np(rows["member_count"])),
         "joined": pa.array(_np(rows["joined_count"])),
         "left": pa.array(_np(rows["left_count"])),
-        "assignment_error": pa.array(readable_type & bad_bytes)}
+        "assignment_error": pa.array(readable_type & bad_bytes),
+        "window_count": pa.array(window_counts(group, started, window_ms))}
     for name, values in figures.items():
         columns[name] = pa.array(values, mask=null) if null.any() else pa.array(values)
-    schema = chunk_facts_schema()
+    schema = facts_schema()
     return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
 
 
@@ -588,11 +612,46 @@ def partition_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
 # ---------------------------------------------------------------- the Spark UDF
 
 
-def facts_of_partition(cooperative: Sequence[str]
+def task_schema() -> pa.Schema:
+    """What the facts task returns: ``rebalances/`` rows (:func:`facts_schema`;
+    ``group_hours`` and ``groups`` null) and, after each chunk's facts, one
+    row holding (the other columns null) the chunk's ``group_hours/`` and
+    ``groups/`` rows as lists (pipeline/group_figures.py)."""
+    from pipeline.group_figures import GROUP_HOURS_SCHEMA, GROUPS_SCHEMA
+    return pa.schema([*facts_schema(),
+                      pa.field("group_hours", pa.list_(pa.struct(list(GROUP_HOURS_SCHEMA)))),
+                      pa.field("groups", pa.list_(pa.struct(list(GROUPS_SCHEMA))))])
+
+
+def _as_list(table: pa.Table) -> pa.Array:
+    """``table`` as one list of structs (a one-row array)."""
+    rows = pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns],
+                                      fields=list(table.schema))
+    return pa.ListArray.from_arrays(pa.array([0, len(rows)], pa.int32()), rows)
+
+
+def task_batches(chunk: pa.Table, is_cooperative: Callable[[str | None], bool],
+                 window_ms: int, threshold: int) -> Iterator[pa.RecordBatch]:
+    """The facts task's output (:func:`task_schema`) for one chunk of whole groups."""
+    from pipeline.group_figures import group_hour_rows, group_rows
+    schema = task_schema()
+    facts = facts_for_chunk(chunk, is_cooperative, window_ms)
+    n = facts.num_rows
+    if n == 0:
+        return
+    lists = [pa.nulls(n, schema.field(c).type) for c in ("group_hours", "groups")]
+    yield from pa.table([*facts.columns, *lists], schema=schema).to_batches()
+    figures = [_as_list(group_hour_rows(facts, threshold)), _as_list(group_rows(facts, threshold))]
+    yield pa.RecordBatch.from_arrays(
+        [*(pa.nulls(1, f.type) for f in facts.schema), *figures], schema=schema)
+
+
+def facts_of_partition(cooperative: Sequence[str], window_ms: int, threshold: int
                        ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function ``mapInArrow`` runs on the executors: the record batches
     of one partition holding whole groups (:data:`INPUT_COLUMNS`, rows in any
-    order) in, their facts (:func:`chunk_facts_schema`) out, chunk by chunk.
+    order) in, their facts and group figures (:func:`task_schema`) out,
+    chunk by chunk.
 
     The partition is not sorted by Spark (``repartition``, not ``groupBy``:
     a group-by sorts every row, assignment bytes included, in the JVM);
@@ -603,7 +662,7 @@ def facts_of_partition(cooperative: Sequence[str]
         from pipeline.ownership import cooperative_names
         is_coop = cooperative_names(names)
         for chunk in partition_chunks(batches):
-            yield from facts_for_chunk(chunk, is_coop).to_batches()
+            yield from task_batches(chunk, is_coop, window_ms, threshold)
     return facts_of
 
 

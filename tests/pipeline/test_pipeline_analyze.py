@@ -84,6 +84,36 @@ def test_group_hours(result: dict[str, Any]) -> None:
     assert (e["storm_rebalances"], c["storm_rebalances"]) == (2, 2)
 
 
+def test_task_tables_are_the_spark_sql_definitions(spark: Any, result: dict[str, Any],
+                                                    tmp_path: Path) -> None:
+    """``group_hours/`` and ``groups/`` come out of the facts task
+    (pipeline/group_figures.py); they are what the Spark SQL definitions
+    (pipeline/aggregates.py) over ``rebalances/`` write, rows and Parquet
+    schema, nullability included; and so is ``window_count`` (a window
+    function)."""
+    import pyarrow.parquet as pq
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from pipeline import aggregates as agg
+    from pipeline.analyze import _load_generations, plan_inputs
+    out = result["out"]
+    facts = spark.read.parquet(str(out / "rebalances"))
+    window = Window.partitionBy("source", "group_id").orderBy("started_ms") \
+        .rangeBetween(-(600_000 - 1), 0)
+    generations = _load_generations(spark, plan_inputs([str(out.parent / "export")]))
+    for name, want in (
+            ("rebalances", facts.withColumn("window_count", F.count(F.lit(1)).over(window))),
+            ("group_hours", agg.group_hours(facts, 3)),
+            ("groups", agg.groups(facts, generations, 3))):
+        want.write.parquet(str(tmp_path / name))
+        got_t, want_t = pq.read_table(out / name), pq.read_table(tmp_path / name)
+        assert got_t.schema == want_t.schema, name
+        key = [(c, "ascending") for c in got_t.column_names if c not in
+               ("cooperative", "is_follow_up", "assignment_error")]
+        assert got_t.sort_by(key).equals(want_t.sort_by(key)), name
+
+
 def test_groups_and_storms(result: dict[str, Any]) -> None:
     groups = result["rows"]("groups")
     assert [g["group_id"] for g in groups] == ["eager", "coop"]  # worst first (5 rebalances)

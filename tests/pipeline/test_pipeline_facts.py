@@ -1,8 +1,10 @@
 """The numpy facts (pipeline/facts.py) against the row-at-a-time reference
 (pipeline/ownership.py), on the hand-made journals and on seeded random ones,
 including matrices cut into blocks of a few cells (the state carried between
-blocks). The storm counter is Spark's (tests/pipeline/test_pipeline_analyze.py):
-the reference's ``window_count`` is left out here."""
+blocks). The reference's storm counter only looks back in journal order,
+the numpy one (``facts.window_counts``) by start time as Spark's window
+function does (tests/pipeline/test_pipeline_group_figures.py): ``window_count``
+is left out here."""
 
 from __future__ import annotations
 
@@ -30,9 +32,13 @@ def reference(rows: list[JournalRow], window_ms: int) -> list[dict[str, Any]]:
                   key=_key)
 
 
+def _no_window(facts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in f.items() if k != "window_count"} for f in facts]
+
+
 def vectorised(rows: list[JournalRow], window_ms: int) -> list[dict[str, Any]]:
-    del window_ms  # Spark counts the storm window
-    return sorted(facts_for_chunk(input_table(rows), IS_COOP).to_pylist(), key=_key)
+    return sorted(_no_window(facts_for_chunk(input_table(rows), IS_COOP, window_ms)
+                             .to_pylist()), key=_key)
 
 
 def _random_journal(rnd: random.Random) -> list[Row]:
@@ -119,7 +125,7 @@ def test_chunks_from_a_partition_in_any_order_keep_groups_whole(chunk_rows: int)
         runs = [k[:2] for i, k in enumerate(keys) if i == 0 or keys[i - 1][:2] != k[:2]]
         assert len(runs) == len(set(runs))
         assert keys == sorted(keys, key=lambda k: (runs.index(k[:2]), k[2]))
-    got = [r for c in chunks for r in facts_for_chunk(c, IS_COOP).to_pylist()]
+    got = _no_window([r for c in chunks for r in facts_for_chunk(c, IS_COOP, 2_000).to_pylist()])
     by_group = sorted(rows, key=lambda r: (r.source, r.group_id, r.journal_id))
     assert sorted(got, key=_key) == reference(by_group, 2_000)
 
@@ -135,11 +141,19 @@ def test_the_spark_function_takes_groups_in_any_order() -> None:
     rows = journal_rows(EAGER + COOP)
     shuffled = rows[::-1]
     batches = input_table(shuffled).to_batches(max_chunksize=3)
-    out = list(facts_mod.facts_of_partition([])(iter(batches)))
-    assert all(b.schema == facts_mod.chunk_facts_schema() for b in out)
-    got = sorted(pa.Table.from_batches(out).to_pylist(), key=_key)
+    out = list(facts_mod.facts_of_partition([], 10_000, 3)(iter(batches)))
+    assert all(b.schema == facts_mod.task_schema() for b in out)
+    table = pa.Table.from_batches(out)
+    facts = table.filter(table["group_hours"].is_null())
+    got = sorted(_no_window(facts.select(facts_mod.facts_schema().names).to_pylist()), key=_key)
     assert got == reference(rows, 10_000)
-    assert list(facts_mod.facts_of_partition([])(iter([]))) == []
+    figures = table.filter(table["group_hours"].is_valid())
+    hours = [h for x in figures["group_hours"].to_pylist() for h in x]
+    groups = [g for x in figures["groups"].to_pylist() for g in x]
+    assert sum(h["rebalances"] for h in hours) == sum(g["rebalances"] for g in groups) \
+        == len(got)
+    assert len(groups) == len({(r["source"], r["group_id"]) for r in got})
+    assert list(facts_mod.facts_of_partition([], 10_000, 3)(iter([]))) == []
 
 
 def test_shared_dictionary_unifies_chunks_that_do_not_share_one(

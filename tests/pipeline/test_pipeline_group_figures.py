@@ -1,0 +1,151 @@
+"""The numpy kernels of the facts task against plain Spark SQL on the same
+rows: the storm counter (``facts.window_counts`` against a window function)
+and the per-group and per-group-and-hour figures (pipeline/group_figures.py
+against ``aggregates.group_hours`` and ``aggregates.groups``), on seeded
+random facts with ties, nulls, unknown reasons and groups of two sources
+that share a name."""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline import aggregates as agg
+from pipeline.aggregates import HOUR_MS, REASONS
+from pipeline.analyze import ddl
+from pipeline.facts import facts_schema, window_counts
+from pipeline.group_figures import (
+    GROUP_HOURS_SCHEMA,
+    GROUPS_SCHEMA,
+    exact_percentiles,
+    group_hour_rows,
+    group_rows,
+)
+from pipeline.sources import GENERATIONS_SCHEMA
+
+T0 = 1_700_000_000_000
+
+
+def _figure(rnd: random.Random, unreadable: bool, hi: int) -> int | None:
+    return None if unreadable else rnd.randint(0, hi)
+
+
+def random_facts(rnd: random.Random, groups: int = 12) -> pa.Table:
+    """``rebalances/`` rows of whole groups, in journal order per group."""
+    rows: list[dict[str, Any]] = []
+    for g in range(groups):
+        source, group_id = rnd.choice(["a.db", "b.db"]), f"g{g % 7}"
+        if any(r["source"] == source and r["group_id"] == group_id for r in rows):
+            continue
+        t = T0 + rnd.randint(0, 3 * HOUR_MS)
+        for j in range(rnd.randint(1, 40)):
+            t += rnd.choice([0, 0, 1_000, 60_000, 599_999, 600_000, 1_800_000, -5_000])
+            unreadable = rnd.random() < 0.1
+            fig = functools.partial(_figure, rnd, unreadable)
+            duration = rnd.choice([0, 5, 5, 100, rnd.randint(0, 10_000), 3_000])
+            rows.append({
+                "source": source, "group_id": group_id, "journal_id": j + 1,
+                "generation_id": j, "protocol_type": "resources",
+                "protocol_name": rnd.choice(["range", "cooperative-sticky", None]),
+                "cooperative": rnd.random() < 0.3,
+                "reason": rnd.choice([*REASONS, "something-new", None]),
+                "started_ms": t, "ended_ms": t + duration, "duration_ms": duration,
+                "member_count": rnd.randint(0, 9), "joined": rnd.randint(0, 3),
+                "left": rnd.randint(0, 3), "owned_before": fig(20),
+                "owned_after": fig(20), "revoked": fig(5), "moved": fig(5),
+                "first_assigned": fig(5), "unavailable_ms": fig(50_000),
+                "unowned_at_end": fig(2),
+                "is_follow_up": None if unreadable else rnd.random() < 0.3,
+                "follow_ups": fig(3), "converged_ms": None if unreadable else t,
+                "window_count": rnd.randint(1, 15), "assignment_error": unreadable})
+    return pa.Table.from_pylist(rows, schema=facts_schema())
+
+
+def _rows(table: Any, key: list[str]) -> list[dict[str, Any]]:
+    rows = [r if isinstance(r, dict) else r.asDict() for r in table]
+    return sorted(rows, key=lambda r: tuple(r[k] for k in key))
+
+
+def _same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.keys() == w.keys()
+        for k in g:  # doubles bit for bit: the same arithmetic as Spark's
+            assert g[k] == w[k] or (isinstance(g[k], float) and math.isnan(g[k])
+                                    and math.isnan(w[k])), (k, g, w)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_group_hours_and_groups_match_spark_sql(spark: Any, seed: int) -> None:
+    facts = random_facts(random.Random(seed))
+    df = spark.createDataFrame(facts)
+    threshold = 4
+    want_hours = _rows(agg.group_hours(df, threshold).collect(),
+                       ["source", "group_id", "hour_start_ms"])
+    got_hours = _rows(group_hour_rows(facts, threshold).to_pylist(),
+                      ["source", "group_id", "hour_start_ms"])
+    assert [f.name for f in GROUP_HOURS_SCHEMA] == list(want_hours[0])
+    _same(got_hours, want_hours)
+    generations = spark.createDataFrame([], ddl(GENERATIONS_SCHEMA))
+    want_groups = [{k: v for k, v in r.items() if not k.startswith("generations_")}
+                   for r in _rows(agg.groups(df, generations, threshold).collect(),
+                                  ["source", "group_id"])]
+    got_groups = _rows(group_rows(facts, threshold).to_pylist(), ["source", "group_id"])
+    assert [f.name for f in GROUPS_SCHEMA] == list(want_groups[0])
+    _same(got_groups, want_groups)
+
+
+def test_the_task_schemas_are_what_spark_writes(spark: Any) -> None:
+    """The kernels' column types are those of the Spark SQL definitions."""
+    facts = random_facts(random.Random(1))
+    df = spark.createDataFrame(facts)
+    generations = spark.createDataFrame([], ddl(GENERATIONS_SCHEMA))
+    assert spark.createDataFrame(group_hour_rows(facts, 3)).schema.simpleString() \
+        == agg.group_hours(df, 3).schema.simpleString()
+    groups = agg.groups(df, generations, 3).drop("generations_formed",
+                                                  "generations_without_assignment")
+    assert spark.createDataFrame(group_rows(facts, 3)).schema.simpleString() \
+        == groups.schema.simpleString()
+
+
+def test_exact_percentiles_match_spark_on_ties_and_odd_counts(spark: Any) -> None:
+    rnd = random.Random(3)
+    segments = [sorted(rnd.choice([1, 2, 2, 7, 10**9, rnd.randint(0, 10**12)])
+                       for _ in range(rnd.randint(1, 30))) for _ in range(60)]
+    values = np.array([v for s in segments for v in s], np.int64)
+    counts = np.array([len(s) for s in segments], np.int64)
+    starts = np.cumsum(counts) - counts
+    rows = [(k, v) for k, s in enumerate(segments) for v in s]
+    df = spark.createDataFrame(rows, "k long, v long")
+    from pyspark.sql import functions as F
+    for p in (0.5, 0.95, 0.99, 0.0, 1.0, 0.3):
+        want = [r["p"] for r in df.groupBy("k").agg(F.percentile("v", p).alias("p"))
+                .orderBy("k").collect()]
+        assert exact_percentiles(values, starts, counts, p).tolist() == want, p
+
+
+@pytest.mark.parametrize("window_ms", [1, 10_000, 600_000])
+def test_window_counts_match_a_spark_window_function(spark: Any, window_ms: int) -> None:
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+    rnd = random.Random(window_ms)
+    rows, t = [], T0
+    for i in range(400):
+        t += rnd.choice([-3_000, 0, 0, 1, 1_000, 4_000, 9_999, 10_000, 20_000, 599_999])
+        rows.append((i, rnd.randint(0, 5), t))
+    df = spark.createDataFrame(rows, "i long, g long, s long")
+    window = Window.partitionBy("g").orderBy("s").rangeBetween(-(window_ms - 1), 0)
+    want = [r["c"] for r in df.withColumn("c", F.count(F.lit(1)).over(window))
+            .orderBy("i").collect()]
+    got = window_counts(np.array([g for _, g, _ in rows]), np.array([s for _, _, s in rows]),
+                        window_ms)
+    assert got.tolist() == want
+    plain = [sum(1 for _, h, u in rows if h == g and s - window_ms < u <= s)
+             for _, g, s in rows]
+    assert want == plain
