@@ -353,7 +353,7 @@ class World:
         """A join or sync lost on a hung connection. A member with a generation
         heartbeats on the side channel meanwhile, and the coordinator's answers
         there tell it when the call can no longer be answered (client/
-        member_state.py, "a call the coordinator is done with"): that is the
+        member_state/heartbeat.py, "a call the coordinator is done with"): that is the
         member's to recover within the convergence bound. A member without a
         generation (a first join, a join after a reset) has no side channel and
         learns only at the call's timeout (the rebalance timeout + max(5000,
@@ -542,7 +542,7 @@ class World:
                      or conn.request.generation_id != member.machine.generation_id)):
             # The join phase completed with us while (or before) our join's
             # answer came: a side-channel heartbeat still carried the old
-            # generation (the machine ignores this answer; client/member_state.py).
+            # generation (the machine ignores this answer; client/member_state/machine.py).
             return
         self.violation(f"liveness: {member.tag}'s {conn.api} answered {error} without any fault")
 
