@@ -235,16 +235,7 @@ class MemberStateMachine:
         """When the member must stop believing it owns anything (or None).
         See :mod:`client.member_state.lease`: the session bound and the
         rebalance bound."""
-        if not self._owned:
-            return None
-        # _lease_end_now and Lease.end, inlined: the driver asks at every step.
-        lease = self._lease
-        anchor = lease.anchor_ms
-        if anchor is None:
-            return None
-        phase = self._phase
-        base = phase.base_ms if isinstance(phase, Syncing) else lease.settled_ms
-        return lease.timing.end(anchor, base)
+        return self._lease_end_now() if self._owned else None
 
     def _lease_end_now(self) -> int | None:
         """The lease's end whether or not anything is owned (the heartbeat
