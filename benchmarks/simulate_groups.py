@@ -9,7 +9,10 @@ drawn from the seed, and checks the invariants of tests/sim/world.py after
 every step. ``--seeds N [--first S]`` runs seeds S..S+N-1 (over ``--jobs``
 processes), prints each failed seed's report (its configuration, the faults
 that matter, the violations and the command that replays it), the totals and
-the seeds per CPU-second, and exits 1 on any violation. ``--seed S`` runs one
+the seeds per CPU-second, and exits 1 on any violation. Results are added up
+chunk by chunk (at most 1,000 seeds each), so a run of a million seeds keeps
+only its failed seeds in memory; ``--progress SECONDS`` prints the running
+totals while it goes. ``--seed S`` runs one
 seed; ``--trace`` prints its whole trace (byte-identical on every run).
 ``--profile chaos`` draws the real-process chaos harness's settings instead
 of the whole valid space; ``--profile cluster`` draws the whole valid space
@@ -26,6 +29,7 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -48,6 +52,81 @@ def _block(args: tuple[int, int, str]) -> list[SeedResult]:
     return out
 
 
+@dataclass
+class Totals:
+    """What a run of seeds adds up to, without keeping every seed's result:
+    a run of a million seeds holds only the failed ones."""
+    seeds: int = 0
+    first: int | None = None
+    last: int | None = None
+    cpu_s: float = 0.0
+    events: int = 0
+    reordered: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    converged: int = 0
+    converged_max_ms: int = 0
+    several: int = 0
+    takeovers: int = 0
+    refused_writes: int = 0
+    violations: int = 0
+    failed: list[SeedResult] = field(default_factory=list)
+
+    def add(self, r: SeedResult) -> None:
+        self.seeds += 1
+        self.first = r.seed if self.first is None else min(self.first, r.seed)
+        self.last = r.seed if self.last is None else max(self.last, r.seed)
+        self.cpu_s += r.cpu_s
+        self.events += r.events
+        self.reordered += r.reordered
+        self.faults.update(r.faults)
+        if r.converged_after_ms is not None:
+            self.converged += 1
+            self.converged_max_ms = max(self.converged_max_ms, r.converged_after_ms)
+        if r.coordinators > 1:
+            self.several += 1
+            self.takeovers += r.takeovers
+            self.refused_writes += r.refused_writes
+        if not r.ok:
+            self.violations += len(r.violations)
+            self.failed.append(r)
+
+    def merge(self, other: Totals) -> None:
+        self.seeds += other.seeds
+        for seed in (other.first, other.last):
+            if seed is not None:
+                self.first = seed if self.first is None else min(self.first, seed)
+                self.last = seed if self.last is None else max(self.last, seed)
+        self.cpu_s += other.cpu_s
+        self.events += other.events
+        self.reordered += other.reordered
+        self.faults.update(other.faults)
+        self.converged += other.converged
+        self.converged_max_ms = max(self.converged_max_ms, other.converged_max_ms)
+        self.several += other.several
+        self.takeovers += other.takeovers
+        self.refused_writes += other.refused_writes
+        self.violations += other.violations
+        self.failed.extend(other.failed)
+
+    @classmethod
+    def of(cls, results: list[SeedResult]) -> Totals:
+        totals = cls()
+        for r in results:
+            totals.add(r)
+        return totals
+
+
+def _block_totals(args: tuple[int, int, str]) -> Totals:
+    return Totals.of(_block(args))
+
+
+def _chunks(first: int, count: int, profile: str, jobs: int,
+            most: int) -> list[tuple[int, int, str]]:
+    # Small chunks: a slow chunk does not idle a worker.
+    step = max(1, min(most, -(-count // (jobs * 8))))
+    return [(s, min(step, first + count - s), profile) for s in range(first, first + count, step)]
+
+
 def run_many(first: int, count: int, profile: str = "space",
              jobs: int = 1) -> tuple[list[SeedResult], float]:
     """Seeds ``first..first+count-1``; returns the results and the wall seconds."""
@@ -55,40 +134,55 @@ def run_many(first: int, count: int, profile: str = "space",
     if jobs <= 1:
         results = _block((first, count, profile))
     else:
-        step = -(-count // (jobs * 8))  # small chunks: a slow chunk does not idle a worker
-        chunks = [(s, min(step, first + count - s), profile)
-                  for s in range(first, first + count, step)]
         with ProcessPoolExecutor(jobs) as pool:
-            results = [r for chunk in pool.map(_block, chunks) for r in chunk]
+            results = [r for chunk in pool.map(_block, _chunks(first, count, profile, jobs,
+                                                               count))
+                       for r in chunk]
     return results, time.monotonic() - started
 
 
-def summary(results: list[SeedResult], wall_s: float) -> str:
-    cpu = sum(r.cpu_s for r in results)
-    faults: Counter[str] = Counter()
-    for r in results:
-        faults.update(r.faults)
-    bad = [r.seed for r in results if not r.ok]
-    converged = [r.converged_after_ms for r in results if r.converged_after_ms is not None]
+def run_totals(first: int, count: int, profile: str = "space", jobs: int = 1,
+               progress_s: float | None = None) -> tuple[Totals, float]:
+    """The same seeds as ``run_many``, added up chunk by chunk (chunks of at
+    most 1,000 seeds), for runs too long to keep every result; with
+    ``progress_s``, a line of running totals at most that often."""
+    started = time.monotonic()
+    totals = Totals()
+    shown = started
+    with ProcessPoolExecutor(jobs) as pool:
+        for part in pool.map(_block_totals, _chunks(first, count, profile, jobs, 1_000)):
+            totals.merge(part)
+            for r in part.failed:
+                print(report(r), flush=True)
+            now = time.monotonic()
+            if progress_s is not None and now - shown >= progress_s:
+                shown = now
+                print(f"[{time.strftime('%H:%M:%S')}] {totals.seeds} of {count} seeds, "
+                      f"{totals.seeds / max(totals.cpu_s, 1e-9):.1f} seeds per CPU-second, "
+                      f"{totals.violations} violations, {now - started:.0f} s", flush=True)
+    return totals, time.monotonic() - started
+
+
+def summary(results: list[SeedResult] | Totals, wall_s: float) -> str:
+    t = results if isinstance(results, Totals) else Totals.of(results)
+    bad = [r.seed for r in t.failed]
     lines = [
-        f"seeds run:        {len(results)} ({results[0].seed}..{results[-1].seed})"
-        if results else "seeds run:        0",
-        f"faults injected:  {sum(faults.values())} ("
-        + ", ".join(f"{k} {v}" for k, v in sorted(faults.items())) + ")",
-        f"events:           {sum(r.events for r in results)}; reordered commits of one "
-        f"process applied late: {sum(r.reordered for r in results)}",
-        f"converged:        {len(converged)} faulty seeds, "
-        f"max {max(converged, default=0)} ms after the faults",
-        f"speed:            {len(results) / cpu:.1f} seeds per CPU-second "
-        f"({cpu:.1f} CPU-s, {wall_s:.1f} s wall)" if cpu > 0 else "speed: -",
-        f"violations found: {sum(len(r.violations) for r in results)}"
-        + (f" (seeds {bad[:50]})" if bad else ""),
+        f"seeds run:        {t.seeds} ({t.first}..{t.last})" if t.seeds
+        else "seeds run:        0",
+        f"faults injected:  {sum(t.faults.values())} ("
+        + ", ".join(f"{k} {v}" for k, v in sorted(t.faults.items())) + ")",
+        f"events:           {t.events}; reordered commits of one "
+        f"process applied late: {t.reordered}",
+        f"converged:        {t.converged} faulty seeds, "
+        f"max {t.converged_max_ms} ms after the faults",
+        f"speed:            {t.seeds / t.cpu_s:.1f} seeds per CPU-second "
+        f"({t.cpu_s:.1f} CPU-s, {wall_s:.1f} s wall)" if t.cpu_s > 0 else "speed: -",
+        f"violations found: {t.violations}" + (f" (seeds {bad[:50]})" if bad else ""),
     ]
-    several = [r for r in results if r.coordinators > 1]
-    if several:
-        lines.insert(-2, f"coordinators:     {len(several)} seeds with several; the group's "
-                         f"partition taken over {sum(r.takeovers for r in several)} times; "
-                         f"{sum(r.refused_writes for r in several)} writes fenced or ended")
+    if t.several:
+        lines.insert(-2, f"coordinators:     {t.several} seeds with several; the group's "
+                         f"partition taken over {t.takeovers} times; "
+                         f"{t.refused_writes} writes fenced or ended")
     return "\n".join(lines)
 
 
@@ -101,6 +195,8 @@ def main() -> int:
     p.add_argument("--profile", choices=("space", "chaos", "cluster"), default="space")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes (the machine's other users permitting)")
+    p.add_argument("--progress", type=float, metavar="SECONDS",
+                   help="print running totals at most this often (long runs)")
     args = p.parse_args()
     if args.seed is not None:
         result = run_seed(args.seed, keep_trace=args.trace, profile=args.profile)
@@ -119,12 +215,9 @@ def main() -> int:
     if args.seeds <= 0 or args.jobs <= 0:
         p.error("--seeds and --jobs must be positive")
     jobs = min(args.jobs, os.cpu_count() or 1)
-    results, wall = run_many(args.first, args.seeds, args.profile, jobs)
-    for result in results:
-        if not result.ok:
-            print(report(result), flush=True)
-    print(summary(results, wall))
-    return 0 if all(r.ok for r in results) else 1
+    totals, wall = run_totals(args.first, args.seeds, args.profile, jobs, args.progress)
+    print(summary(totals, wall))
+    return 0 if totals.violations == 0 else 1
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from sim.cluster import SimDatabase, Statement
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from simulate_groups import run_many, summary
+from simulate_groups import Totals, run_many, run_totals, summary
 
 FIXED_FIRST = 0
 FIXED_COUNT = 2_000
@@ -91,6 +91,22 @@ def test_a_seed_gives_a_byte_identical_trace(seed: int, profile: str) -> None:
     # The untraced run (the one CI and the runner do) takes the same path.
     plain = run_seed(seed, profile=profile)
     assert (plain.events, plain.violations) == (first.events, first.violations)
+
+
+def test_the_long_run_adds_up_chunks_to_what_one_block_gives() -> None:
+    """``run_totals`` (the runner's path, chunk by chunk over processes) keeps
+    no result but the failed ones and adds up to the same totals."""
+    results, _ = run_many(40, 30)
+    totals, _ = run_totals(40, 30, jobs=2)
+    whole = Totals.of(results)
+    assert (totals.seeds, totals.first, totals.last) == (30, 40, 69)
+    assert (totals.events, totals.faults, totals.converged, totals.converged_max_ms) == (
+        whole.events, whole.faults, whole.converged, whole.converged_max_ms)
+    assert totals.failed == [] and totals.violations == 0
+    failing = results[0]
+    failing.violations = ["t=1ms an example violation"]
+    assert Totals.of([failing]).failed == [failing]
+    assert "violations found: 1 (seeds [40])" in summary([failing], 1.0)
 
 
 def test_a_failure_report_names_the_seed_the_config_the_faults_and_the_replay() -> None:
