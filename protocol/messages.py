@@ -83,6 +83,11 @@ class JoinRequest:
     group_instance_id: str | None = None
     client_id: str | None = None
     reason: str | None = None
+    #: v1.1 (simulator finding 8): the sending process's incarnation, an opaque id
+    #: it draws once and sends on every join of its life, and the wall-clock ms at
+    #: which that process started. Only with ``group_instance_id``; absent: v1.
+    incarnation: str | None = None
+    incarnation_ms: int | None = None
 
     API = "join"
 
@@ -103,6 +108,15 @@ class JoinRequest:
                 raise ValidationError(f"protocols[{i}][0]", f"protocol {name!r} listed twice")
             seen.add(name)
             protocols.append((name, pair[1]))
+        instance_id = f.opt_string("group_instance_id")
+        incarnation = f.opt_string("incarnation")
+        incarnation_ms = f.integer("incarnation_ms", lo=0, hi=2**63 - 1, required=False) \
+            if f.raw("incarnation_ms") is not None else None
+        if incarnation is not None and instance_id is None:
+            raise ValidationError("incarnation", "only a static member (group_instance_id) "
+                                  "has an incarnation")
+        if incarnation_ms is not None and incarnation is None:
+            raise ValidationError("incarnation_ms", "only with incarnation")
         return cls(
             group_id=f.string("group_id"),
             member_id=f.string("member_id", allow_empty=True),
@@ -110,13 +124,15 @@ class JoinRequest:
             protocols=tuple(protocols),
             session_timeout_ms=f.integer("session_timeout_ms", lo=0, hi=MAX_TIMEOUT_MS),
             rebalance_timeout_ms=f.integer("rebalance_timeout_ms", lo=0, hi=MAX_TIMEOUT_MS),
-            group_instance_id=f.opt_string("group_instance_id"),
+            group_instance_id=instance_id,
             client_id=f.opt_string("client_id"),
             reason=f.reason(),
+            incarnation=incarnation,
+            incarnation_ms=incarnation_ms,
         )
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "group_id": self.group_id,
             "member_id": self.member_id,
             "group_instance_id": self.group_instance_id,
@@ -127,6 +143,12 @@ class JoinRequest:
             "client_id": self.client_id,
             "reason": self.reason,
         }
+        # Sent only when set: a v1 coordinator ignores unknown fields anyway.
+        if self.incarnation is not None:
+            wire["incarnation"] = self.incarnation
+        if self.incarnation_ms is not None:
+            wire["incarnation_ms"] = self.incarnation_ms
+        return wire
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,7 @@ flight is one the coordinator is done with, and is sent again).
 from __future__ import annotations
 
 import random
+import secrets
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -134,12 +135,21 @@ class MemberStateMachine:
 
     def __init__(self, config: MemberConfig, *,
                  rng: Callable[[], float] | None = None,
-                 assignor_clock: Callable[[], int] | None = None) -> None:
+                 assignor_clock: Callable[[], int] | None = None,
+                 incarnation: str | None = None) -> None:
         """``assignor_clock``: the time handed to the leader's assignor as
         ``now_ms`` (wall-clock milliseconds: incremental-cooperative keeps
         absolute deadlines in ``user_data``, read by whichever member leads
-        next); None hands it the machine's own ``now_ms``."""
+        next); None hands it the machine's own ``now_ms``.
+
+        ``incarnation``: this process's id on a static member's joins (v1.1,
+        docs/client.md, "Incarnation"); None draws one (16 random bytes, hex).
+        Its start time is ``assignor_clock()`` now (None: not sent)."""
         self.config = config
+        #: a static member's joins carry both, so the coordinator can tell a late
+        #: join of this process, or of an older one, from a newer process's.
+        self.incarnation = incarnation or secrets.token_hex(16)
+        self.incarnation_ms = assignor_clock() if assignor_clock is not None else None
         self._timing = config.timing
         self._assignor_clock = assignor_clock
         self._assignors: dict[str, Assignor] = {
@@ -697,6 +707,7 @@ class MemberStateMachine:
         self._rejoin = None
         if self._rebalance.started_ms is None:
             self._rebalance.start(now_ms, phase.reason)
+        static = self.config.group_instance_id is not None
         request = JoinRequest(
             group_id=self.config.group_id, member_id=self.member_id,
             protocol_type=PROTOCOL_TYPE,
@@ -705,6 +716,8 @@ class MemberStateMachine:
             rebalance_timeout_ms=self.config.rebalance_timeout_ms,
             group_instance_id=self.config.group_instance_id,
             client_id=self.config.client_id, reason=phase.reason,
+            incarnation=self.incarnation if static else None,
+            incarnation_ms=self.incarnation_ms if static else None,
         )
         if phase.first_sent_ms is None:
             phase.first_sent_ms = now_ms

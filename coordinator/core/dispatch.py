@@ -16,7 +16,11 @@ A join is split by what it speaks for, once the checks every live state
 shares have passed (:func:`membership.join_admit`): a new member
 (:attr:`Event.JOIN_NEW`), a member rejoining with its id
 (:attr:`Event.REJOIN`) or a known static instance with an empty member id
-(:attr:`Event.STATIC_REJOIN`). Cells a state can never see (an Empty group has
+(:attr:`Event.STATIC_REJOIN`). A static join whose incarnation (v1.1) is the
+current member's is a replay of that member's own join and runs its
+:attr:`Event.REJOIN` cell; one of a process that started before the current
+member's is refused ``FENCED_INSTANCE_ID`` before any cell
+(:func:`membership.static_join_kind`). Cells a state can never see (an Empty group has
 no member to rejoin; a Dead group refuses every join before that) run
 :func:`_impossible`, which raises: a core exception stops the server rather
 than serve a half-changed state.
@@ -45,7 +49,7 @@ from coordinator.core.commands import (
 )
 from coordinator.core.group import Group, TimerKind
 from coordinator.core.kernel import Kernel
-from coordinator.core.membership import join_admit, require_member_id, take_pending
+from coordinator.core.membership import StaticJoin, join_admit, require_member_id, take_pending
 from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
 from protocol.messages import JoinResponse
@@ -105,7 +109,16 @@ def _join(k: Kernel, g: Group, cmd: Join) -> None:
         if req.group_instance_id is None:
             require_member_id(k, g, cmd)
         elif known is not None:
-            _STATIC_REJOIN[g.state](k, g, cmd, known)
+            kind = membership.static_join_kind(known.record, req)
+            if kind is StaticJoin.TAKEOVER:
+                _STATIC_REJOIN[g.state](k, g, cmd, known)
+            elif kind is StaticJoin.REPLAY:
+                # The current member's own process: a join of its member id.
+                _REJOIN[g.state](k, g, cmd, known)
+            else:
+                # A process older than the current member's (it was replaced): nothing changes.
+                k.reply(cmd.request_id, JoinResponse(ErrorCode.FENCED_INSTANCE_ID,
+                                                     member_id=req.member_id))
         else:
             # A static member unknown so far joins at once (no MEMBER_ID_REQUIRED step).
             _JOIN_NEW[g.state](k, g, cmd, cmd.new_member_id)
@@ -144,8 +157,10 @@ _REMOVE = Rule(operations.remove_one_member,
 _REFUSE_DELETE = Rule(admin.refuse_delete, "`NON_EMPTY_GROUP`")
 _REFUSE_RESET = Rule(operations.refuse_reset, "`NON_EMPTY_GROUP`, naming the state")
 _ADMIT_JOIN = ("checks (instance owner, `group_max_size`, protocols); a dynamic member "
-               "with an empty id: `MEMBER_ID_REQUIRED`, pending (KIP-394); else one of "
-               "the join cells below")
+               "with an empty id: `MEMBER_ID_REQUIRED`, pending (KIP-394); a known "
+               "instance with an empty id: the current member's incarnation (v1.1) is "
+               "its replay, the member-id cell; an older process's: "
+               "`FENCED_INSTANCE_ID`, nothing changes; else one of the join cells below")
 
 #: group state -> event -> what runs and what comes of it.
 TABLE: Mapping[GroupState, Mapping[Event, Rule]] = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from enum import Enum
 
 from coordinator.core.commands import Heartbeat, Join, Leave, ReleaseHeartbeat, Sync
 from coordinator.core.group import Group, Member
@@ -30,6 +31,7 @@ from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
 from protocol.messages import (
     HeartbeatResponse,
+    JoinRequest,
     JoinResponse,
     LeaveMemberResult,
     LeaveResponse,
@@ -181,7 +183,8 @@ def _add_member(k: Kernel, g: Group, cmd: Join, member_id: str) -> Member:
     member = Member.of(g.group_id, MemberRecord(
         member_id, req.group_instance_id, req.client_id or "", cmd.client_host,
         req.session_timeout_ms, req.rebalance_timeout_ms, req.protocols,
-        owner=cmd.principal if req.group_instance_id is not None else None))
+        owner=cmd.principal if req.group_instance_id is not None else None,
+        incarnation=req.incarnation, incarnation_ms=req.incarnation_ms))
     g.add_member(member, req.protocol_type)
     k.park_join(g, member, cmd.request_id)
     k.arm_session(g, member)
@@ -256,12 +259,42 @@ def rejoin_stable(k: Kernel, g: Group, cmd: Join, member: Member) -> None:
 # -- KIP-345: a known instance id comes back with an empty member id
 
 
+class StaticJoin(Enum):
+    """What a join with an empty member id and a known instance id is, by the
+    incarnations (v1.1; docs/coordinator-semantics.md, "Incarnations")."""
+
+    #: the current member's own process again (a join it re-sent, or one delayed on
+    #: the network): a join of the current member id; nothing is fenced.
+    REPLAY = "replay"
+    #: a process that started before the current member's: it was replaced, and is
+    #: refused ``FENCED_INSTANCE_ID``; nothing changes.
+    SUPERSEDED = "superseded"
+    #: another process (or no incarnation on either side): Kafka's rule, the old
+    #: member id fenced and a new one given.
+    TAKEOVER = "takeover"
+
+
+def static_join_kind(current: MemberRecord, req: JoinRequest) -> StaticJoin:
+    """Compare a static join's incarnation with the current member's."""
+    if req.incarnation is None or current.incarnation is None:
+        return StaticJoin.TAKEOVER
+    if req.incarnation == current.incarnation:
+        return StaticJoin.REPLAY
+    if (req.incarnation_ms is not None and current.incarnation_ms is not None
+            and req.incarnation_ms < current.incarnation_ms):
+        return StaticJoin.SUPERSEDED
+    return StaticJoin.TAKEOVER
+
+
 def _static_takeover(k: Kernel, g: Group, cmd: Join, old: Member) -> tuple[Member, bool]:
     """Fence the old member id and give the instance a new one; whether its
     subscription changed."""
     req = cmd.request
     changed = subscription_changed(req.protocol_type, old.record.protocols, req.protocols)
     member = replace_static_member(k, g, old, cmd.new_member_id)
+    # The instance is the new process's now (a v1 client's join: no incarnation).
+    member.record = replace(member.record, incarnation=req.incarnation,
+                            incarnation_ms=req.incarnation_ms)
     if member.record.owner is None:
         # An instance from before authentication was on: the first token claims it.
         member.record = replace(member.record, owner=cmd.principal)

@@ -37,7 +37,8 @@ class MemberRecord:
       :data:`SHOWN_MEMBER_FIELDS`, in this order;
     - storage writes a member as the array of its fields in this order, a
       trailing field marked ``tail`` left out while it is ``None`` (``owner``,
-      added after the first release: eight-field rows have none), and checks
+      ``incarnation``, ``incarnation_ms``, added after the first release:
+      eight-field rows have none), and checks
       each field it reads against its type here
       (:func:`coordinator.storage.sqlite.encode_members`, ``decode_members``);
     - the rebalance journal lists each member by :data:`JOURNAL_MEMBER_FIELDS`
@@ -59,6 +60,12 @@ class MemberRecord:
     #: the name of the token that created this static instance (``None``: dynamic
     #: member, or authentication off): no other token may take it over or remove it.
     owner: str | None = field(default=None, metadata=_TAIL)
+    #: a static member's process (v1.1, ``JoinRequest.incarnation``): the id it
+    #: drew once and the wall-clock ms it started at (``None``: a dynamic member, a
+    #: v1 client, or a row written before; see docs/coordinator-semantics.md,
+    #: "Incarnations").
+    incarnation: str | None = field(default=None, metadata=_TAIL)
+    incarnation_ms: int | None = field(default=None, metadata=_TAIL)
 
 
 #: the member fields the admin API shows (``GET /v1/groups/{id}``), in record order.

@@ -49,7 +49,11 @@ Version 4 adds to ``checkpoints``:
 The ``groups.members`` blob holds each member as an array; a ninth field, the
 owner of a static instance (:attr:`MemberRecord.owner`), is written when set and
 read when present (eight-field members, as written before, have no owner), so
-no migration was needed for it.
+no migration was needed for it. The same holds for the tenth and eleventh,
+a static member's ``incarnation`` and ``incarnation_ms`` (v1.1): written while
+set, ``owner`` then written as nil if unset. A coordinator from before them
+refuses such a row (its error names the row and the field count), so a
+downgrade past them needs the static members gone first.
 """
 
 from __future__ import annotations

@@ -163,8 +163,9 @@ def encode_members(members: Sequence[MemberRecord]) -> bytes:
     (``[member_id, group_instance_id, client_id, client_host,
     session_timeout_ms, rebalance_timeout_ms, protocols, assignment]``) rather
     than a map: a 1,000-member group is written at every generation, and
-    arrays encode in half the time and space of maps. A static instance bound
-    to a token has a ninth field, ``owner``.
+    arrays encode in half the time and space of maps. Then the trailing fields
+    while any of them is set (a static instance bound to a token: ``owner``;
+    one whose process sent an incarnation: ``incarnation``, ``incarnation_ms``).
     """
     return encode([_member_row(m) for m in members])
 

@@ -115,11 +115,13 @@ class Harness:
     def join(self, member_id: str = "", *, group: str = G, instance: str | None = None,
              protocols: tuple[tuple[str, bytes], ...] = PROTOS, session: int = 10_000,
              rebalance: int = 30_000, ptype: str = "resources",
-             new_id: str | None = None, principal: str | None = None
+             new_id: str | None = None, principal: str | None = None,
+             incarnation: str | None = None, incarnation_ms: int | None = None
              ) -> tuple[int, list[Effect]]:
         rid = self.rid()
         req = JoinRequest(group, member_id, ptype, protocols, session, rebalance,
-                          group_instance_id=instance, client_id="cli")
+                          group_instance_id=instance, client_id="cli",
+                          incarnation=incarnation, incarnation_ms=incarnation_ms)
         return rid, self.run(Join(rid, req, "10.0.0.1", new_id or self.new_id(), principal))
 
     def join_dynamic(self, *, group: str = G, **kw: Any) -> tuple[str, int, list[Effect]]:

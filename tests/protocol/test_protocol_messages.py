@@ -39,6 +39,10 @@ JOIN: dict[str, Any] = {
 
 ROUND_TRIPS: list[Any] = [
     JoinRequest("g", "m", "resources", (("range", b"x"),), 6000, 6000, "i-1", "c", "why"),
+    JoinRequest("g", "", "resources", (("range", b"x"),), 6000, 6000, "i-1", "c", None,
+                "5f1d0c", 1_700_000_000_000),
+    JoinRequest("g", "", "resources", (("range", b"x"),), 6000, 6000, "i-1", None, None,
+                "5f1d0c"),
     JoinResponse(None, 3, "resources", "range", "m1", "m2",
                  (JoinMember("m1", None, b"a"), JoinMember("m2", "i", b"")), True),
     JoinResponse(ErrorCode.MEMBER_ID_REQUIRED, member_id="m-1"),
@@ -83,6 +87,16 @@ def test_apis_map_every_call_to_its_types() -> None:
         ({"protocols": [["r"]]}, "protocols[0]", "list of 2"),
         ({"protocols": [[f"p{i}", b""] for i in range(33)]}, "protocols", "at most 32"),
         ({"group_instance_id": 7}, "group_instance_id", "expected a string, got int"),
+        ({"group_instance_id": "i", "incarnation": 7}, "incarnation",
+         "expected a string, got int"),
+        ({"group_instance_id": "i", "incarnation": ""}, "incarnation", "must not be empty"),
+        ({"incarnation": "p"}, "incarnation", "only a static member"),
+        ({"group_instance_id": "i", "incarnation_ms": 5}, "incarnation_ms",
+         "only with incarnation"),
+        ({"group_instance_id": "i", "incarnation": "p", "incarnation_ms": -1},
+         "incarnation_ms", "must be >= 0"),
+        ({"group_instance_id": "i", "incarnation": "p", "incarnation_ms": "5"},
+         "incarnation_ms", "expected an integer, got str"),
     ],
 )
 def test_bad_join_names_the_field(change: dict[str, Any], field: str, problem: str) -> None:
@@ -98,6 +112,13 @@ def test_missing_field_is_named() -> None:
     del body["protocol_type"]
     with pytest.raises(ValidationError, match="protocol_type: missing field"):
         JoinRequest.from_wire(body)
+
+
+def test_a_join_without_an_incarnation_has_the_v1_wire() -> None:
+    # The v1.1 fields are written only when set: a v1 join's document is unchanged.
+    wire = JoinRequest("g", "", "resources", (("range", b"x"),), 6000, 6000, "i").to_wire()
+    assert "incarnation" not in wire and "incarnation_ms" not in wire
+    assert JoinRequest.from_wire(wire).incarnation is None
 
 
 def test_unknown_extra_fields_are_ignored() -> None:

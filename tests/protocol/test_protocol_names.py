@@ -61,6 +61,7 @@ CASES: list[tuple[Any, dict[str, Any], str]] = [
     (JoinRequest, _join(member_id=INJECTED), "member_id"),
     (JoinRequest, _join(group_instance_id=INJECTED), "group_instance_id"),
     (JoinRequest, _join(client_id=INJECTED), "client_id"),
+    (JoinRequest, _join(incarnation=INJECTED), "incarnation"),
     (JoinRequest, _join(protocol_type=INJECTED), "protocol_type"),
     (JoinRequest, _join(protocols=[["range", b"m"], [INJECTED, b"m"]]), "protocols[1][0]"),
     (SyncRequest, {**SyncRequest("g", "m", 1, (SyncAssignment(INJECTED, b""),)).to_wire()},

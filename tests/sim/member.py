@@ -84,7 +84,8 @@ class SimMember:
         self.clock = clock
         self.link = link
         self.rng = rng
-        self.machine = MemberStateMachine(config, rng=rng.random, assignor_clock=world.wall_ms)
+        self.machine = MemberStateMachine(config, rng=rng.random, assignor_clock=world.wall_ms,
+                                          incarnation=self.tag)
         self.state = UP
         self.commit_interval_ms = commit_interval_ms
         self.listener_ms = listener_ms

@@ -144,8 +144,9 @@ class Network:
         if conn.member.state == "dead":
             # A killed process's request still on its way is dropped with it
             # (a simplification: on a real network the bytes already sent may
-            # still arrive; a restarted static member would then be fenced by
-            # its dead predecessor's join, which is Kafka's behaviour too).
+            # still arrive; Kafka would then fence a restarted static member by
+            # its dead predecessor's join, where ours refuses the older
+            # incarnation, as it does a closed process's late join: seed 108585).
             conn.arrive_at = None
             return
         if conn.arrive_at is None:

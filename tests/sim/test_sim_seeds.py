@@ -167,6 +167,12 @@ REGRESSION_SEEDS = {
     700838430: "a static member that closes in the middle of a hand-over it started leaves, "
                "so the follow-up rebalance gives what it revoked to its new owner",
     700838624: "the same, the revoker closing while another member was a zombie",
+    102063: "a static join the same process re-sent after a reset, its first copy late, "
+            "is a replay of its incarnation: not fenced (finding 8)",
+    108585: "a static join of an older process, late, after the next process joined, is "
+            "refused by its older incarnation: the live member not fenced (finding 8)",
+    110964: "a static join re-sent after a reset, its first copy late, is a replay of "
+            "the same incarnation: not fenced (finding 8)",
 }
 
 

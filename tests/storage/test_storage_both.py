@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,19 @@ async def test_group_records_round_trip_and_fill_generations(opener: Opener) -> 
     await storage.write([empty])
     assert (await storage.load()).groups == (empty,)
     assert [g["generation_id"] for g in await storage.generations("g1")] == [3]
+
+
+async def test_a_static_members_incarnation_round_trips(opener: Opener) -> None:
+    # v1.1 (simulator finding 8): kept with the member across a restart, with or
+    # without an owner; a member without one loads as before.
+    storage = await opener()
+    stable = group("g1", "Stable", 2, member("m1", b"a"),
+                   replace(member("m2", b"b", instance="i2"), incarnation="9f0c",
+                           incarnation_ms=1_700_000_000_123),
+                   replace(member("m3", b"", instance="i3"), owner="alice",
+                           incarnation="77aa"))
+    await storage.write([stable])
+    assert (await storage.load()).groups == (stable,)
 
 
 async def test_checkpoints_written_and_deleted_with_commit_times(opener: Opener) -> None:

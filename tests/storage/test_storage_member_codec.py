@@ -33,9 +33,39 @@ GOLDEN = bytes.fromhex(
     "92a572616e6765c40178c400")
 
 
+#: v1.1 (simulator finding 8): a static member's incarnation and its start time
+#: are trailing fields, written while set; a member without an owner but with an
+#: incarnation writes ``owner`` as null. Bytes pinned when the fields were added.
+MEMBERS_WITH_INCARNATION = (
+    MemberRecord("s-3", "inst3", "c3", "h", 6_000, 300_000, (("range", b"x"),), None,
+                 "bob", "9f0c2a", 1_700_000_000_123),
+    MemberRecord("s-4", "inst4", "c4", "h", 6_000, 300_000, (("range", b"x"),), b"",
+                 None, "77aa", None),
+)
+
+GOLDEN_WITH_INCARNATION = bytes.fromhex(
+    "929ba3732d33a5696e737433a26333a168cd1770ce000493e09192a572616e6765c40178c0a3626f"
+    "62a6396630633261cf0000018bcfe5687b9aa3732d34a5696e737434a26334a168cd1770ce000493"
+    "e09192a572616e6765c40178c400c0a437376161")
+
+
 def test_members_encode_to_the_bytes_written_before() -> None:
     assert encode_members(MEMBERS) == GOLDEN
     assert decode_members(GOLDEN) == MEMBERS
+
+
+def test_members_with_an_incarnation_encode_to_their_pinned_bytes() -> None:
+    assert encode_members(MEMBERS_WITH_INCARNATION) == GOLDEN_WITH_INCARNATION
+    assert decode_members(GOLDEN_WITH_INCARNATION) == MEMBERS_WITH_INCARNATION
+    rows = decode(GOLDEN_WITH_INCARNATION)
+    assert [len(row) for row in rows] == [11, 10]
+
+
+def test_rows_written_before_the_incarnation_load_without_one() -> None:
+    # Eight-field rows (before owner) and nine-field rows (owner, before the
+    # incarnation) both load, with no incarnation.
+    for member in decode_members(GOLDEN):
+        assert (member.incarnation, member.incarnation_ms) == (None, None)
 
 
 def test_a_row_without_the_owner_field_loads_with_none() -> None:
@@ -46,10 +76,10 @@ def test_a_row_without_the_owner_field_loads_with_none() -> None:
 
 
 def test_a_row_is_the_record_fields_in_order() -> None:
-    (row,) = decode(encode_members(MEMBERS[1:2]))
+    (row,) = decode(encode_members(MEMBERS_WITH_INCARNATION[:1]))
     names = [f.name for f in fields(MemberRecord)]
     assert len(row) == len(names)
-    record = MEMBERS[1]
+    record = MEMBERS_WITH_INCARNATION[0]
     for name, value in zip(names, row, strict=True):
         expected = getattr(record, name)
         if name == "protocols":
@@ -62,9 +92,12 @@ def test_a_row_is_the_record_fields_in_order() -> None:
     (1, 7, "member 0 ('m-1'): group_instance_id: expected str or null, got 7"),
     (7, "a", "member 0 ('m-1'): assignment: expected bytes or null, got 'a'"),
     (6, [], "member 0 ('m-1'): protocols: expected a non-empty array, got []"),
+    (9, 5, "member 0 ('m-1'): incarnation: expected str or null, got 5"),
+    (10, "1", "member 0 ('m-1'): incarnation_ms: expected int or null, got '1'"),
 ])
 def test_each_field_is_checked_against_its_type(at: int, value: object, message: str) -> None:
     row = decode(encode_members(MEMBERS[:1]))
+    row[0].extend([None] * (at + 1 - len(row[0])))
     row[0][at] = value
     with pytest.raises(BadValue) as caught:
         decode_members(encode(row))
@@ -72,7 +105,7 @@ def test_each_field_is_checked_against_its_type(at: int, value: object, message:
 
 
 def test_a_row_of_the_wrong_length_names_both_lengths() -> None:
-    with pytest.raises(BadValue, match="expected an array of 8 or 9 fields"):
+    with pytest.raises(BadValue, match="expected an array of 8 to 11 fields"):
         decode_members(encode([["m", None, "c"]]))
 
 
