@@ -986,9 +986,17 @@ class MemberStateMachine:
             self._fail_rebalance(now_ms, _with_api(api, reason), retriable=True)
         schedule = self._schedule
         if api == "heartbeat" and self.state is MemberState.STABLE:
-            # Timing rule 4: the retry still renews the lease if it can.
-            schedule.due_ms = self._timing.retry_at(now_ms, schedule.backoff_ms(),
-                                                    self._lease_end_now())
+            # A failed heartbeat is retried no later than a healthy member's
+            # next one (the backoff capped at the interval), as Kafka's
+            # defaults have it (retry.backoff.max.ms 1 s, heartbeat.interval.ms
+            # 3 s) and as the side channel probes while rejoining: with short
+            # sessions the capped backoff (1 s) is several sessions, and a
+            # member that owns nothing (so no on_lost moves it to JOINING)
+            # came back that late after the coordinator did, and cost the group
+            # a rebalance after it had converged (simulator seeds 113568,
+            # 126479). Timing rule 4: the retry still renews the lease if it can.
+            backoff = min(schedule.backoff_ms(), self._timing.heartbeat_interval_ms)
+            schedule.due_ms = self._timing.retry_at(now_ms, backoff, self._lease_end_now())
             return
         schedule.due_ms = now_ms + schedule.backoff_ms()
         # Waiting out a backoff for want of a coordinator: an answer on the

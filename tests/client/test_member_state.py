@@ -3,6 +3,7 @@ action, eager and cooperative flows, the safety rule on a fake clock."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -412,6 +413,37 @@ def test_a_protocol_answer_restarts_the_backoff_from_its_base() -> None:
     wait = m.next_action(now)
     assert isinstance(wait, Wait) and wait.until_ms is not None
     assert wait.until_ms - now <= 120  # retry_backoff_ms with its jitter
+
+
+def test_failed_heartbeats_are_retried_at_least_once_an_interval() -> None:
+    """Simulator seeds 113568 and 126479: a stable member owning nothing (so
+    no on_lost moves it to JOINING when its lease runs out) heartbeated into
+    a coordinator that was down; the failures grew its backoff to the cap
+    (1 s, three sessions there), so it came back a second after the
+    coordinator did and cost the group a rebalance after it had converged.
+    A failed heartbeat is retried no later than a healthy one would be sent."""
+    m = make(session_timeout_ms=300, rebalance_timeout_ms=300, heartbeat_interval_ms=60,
+             retry_backoff_ms=100, retry_backoff_max_ms=1_000)
+    join_as_follower(m, 0)  # owns nothing
+    assert m.owned == frozenset()
+    now, sends = 0, []
+    while now < 3_000:
+        action = m.next_action(now)
+        if isinstance(action, Wait):
+            assert action.until_ms is not None
+            now = max(now + 1, action.until_ms)
+            continue
+        assert isinstance(action, Call) and action.api == "heartbeat", action
+        sends.append(now)
+        now += 2
+        m.call_failed(now, CoordinatorUnavailableError("heartbeat: connection refused"))
+    assert m.state is MemberState.STABLE  # nothing to lose: it goes on heartbeating
+    gaps = [b - a for a, b in itertools.pairwise(sends)]
+    assert len(sends) > 30 and max(gaps) <= 60 + 2, gaps
+    # The coordinator is back: the next heartbeat's answer tells the member where it stands.
+    expect_call(m, now + 60, "heartbeat")
+    m.receive(now + 62, HeartbeatResponse(ErrorCode.UNKNOWN_MEMBER_ID))
+    expect_call(m, now + 62, "join")
 
 
 def test_transport_fatal_error_stops_the_member() -> None:
