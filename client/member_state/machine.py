@@ -350,10 +350,25 @@ class MemberStateMachine:
             # A catalog shrink can refuse a commit of a resource the member
             # still owns until the rebalance it starts (simulator seed 1554).
             return CommitFailedError(code)
+        # Kafka's consumer acts on a generation error only if the generation is
+        # unchanged since the commit was sent (generationUnchanged()). Here also
+        # only while STABLE: a member that is rebalancing (its join or sync in
+        # flight) learns where it stands from that call, and a commit sent
+        # after its own join is refused as soon as the join phase completes
+        # (simulator seed 121489, docs/client.md "A commit racing a rebalance").
+        rebalancing = self.state in (MemberState.JOINING, MemberState.SYNCING)
         if not stale and self.state is MemberState.STABLE and action is not ErrorAction.RETRY:
             self._apply(now_ms, "commit", code, action)
         if code is ErrorCode.REBALANCE_IN_PROGRESS:
             return RebalanceInProgressError(code)
+        if code is ErrorCode.ILLEGAL_GENERATION and (stale or rebalancing):
+            # About a generation the member has left or is leaving, not a loss
+            # of what it owns: Kafka raises RebalanceInProgressException here
+            # ("commit again once the rebalance completes").
+            return RebalanceInProgressError(
+                code, f"commit refused: {code.value} (generation {request.generation_id}; "
+                      f"the member has rebalanced since, or is rebalancing: commit again "
+                      f"once the rebalance completes)")
         return CommitFailedError(code)
 
     # ------------------------------------------------------------ the driver's loop
