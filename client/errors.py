@@ -13,7 +13,7 @@ Hierarchy::
     ├── CoordinatorUnavailableError      retriable: network, 5xx, timeout
     │   └── NotCoordinatorError          v1.1: that coordinator does not serve the group (yet)
     ├── CommitFailedError                a commit was refused (carries the code)
-    │   └── RebalanceInProgressError     ... because a rebalance is running
+    │   └── RebalanceInProgressError     ... because a rebalance is running (or ran since)
     ├── NotOwnedError                    committing a resource the member does not own
     ├── MemberClosedError                the member is closed
     └── FatalMemberError                 the member stopped for good (carries the code)
@@ -104,9 +104,11 @@ class CommitFailedError(GroupCoordError):
 
 
 class RebalanceInProgressError(CommitFailedError):
-    """A commit arrived while the group rebalances; the member rejoins and the
-    caller may commit again once the rebalance completes (Kafka's
-    RebalanceInProgressException)."""
+    """A commit arrived while the group rebalances (``REBALANCE_IN_PROGRESS``:
+    the member rejoins), or was refused for a generation the member has left
+    or is leaving (``ILLEGAL_GENERATION`` while it rejoins or after: its
+    membership is untouched); the caller may commit again once the rebalance
+    completes (Kafka's RebalanceInProgressException)."""
 
 
 class FatalMemberError(GroupCoordError):

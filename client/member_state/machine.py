@@ -360,10 +360,25 @@ class MemberStateMachine:
             # A catalog shrink can refuse a commit of a resource the member
             # still owns until the rebalance it starts (simulator seed 1554).
             return CommitFailedError(code)
+        # Kafka's consumer acts on a generation error only if the generation is
+        # unchanged since the commit was sent (generationUnchanged()). Here also
+        # only while STABLE: a member that is rebalancing (its join or sync in
+        # flight) learns where it stands from that call, and a commit sent
+        # after its own join is refused as soon as the join phase completes
+        # (simulator seed 121489, docs/client.md "A commit racing a rebalance").
+        rebalancing = self.state in (MemberState.JOINING, MemberState.SYNCING)
         if not stale and self.state is MemberState.STABLE and action is not ErrorAction.RETRY:
             self._apply(now_ms, "commit", code, action)
         if code is ErrorCode.REBALANCE_IN_PROGRESS:
             return RebalanceInProgressError(code)
+        if code is ErrorCode.ILLEGAL_GENERATION and (stale or rebalancing):
+            # About a generation the member has left or is leaving, not a loss
+            # of what it owns: Kafka raises RebalanceInProgressException here
+            # ("commit again once the rebalance completes").
+            return RebalanceInProgressError(
+                code, f"commit refused: {code.value} (generation {request.generation_id}; "
+                      f"the member has rebalanced since, or is rebalancing: commit again "
+                      f"once the rebalance completes)")
         return CommitFailedError(code)
 
     # ------------------------------------------------------------ the driver's loop
@@ -999,9 +1014,17 @@ class MemberStateMachine:
             self._fail_rebalance(now_ms, _with_api(api, reason), retriable=True)
         schedule = self._schedule
         if api == "heartbeat" and self.state is MemberState.STABLE:
-            # Timing rule 4: the retry still renews the lease if it can.
-            schedule.due_ms = self._timing.retry_at(now_ms, schedule.backoff_ms(),
-                                                    self._lease_end_now())
+            # A failed heartbeat is retried no later than a healthy member's
+            # next one (the backoff capped at the interval), as Kafka's
+            # defaults have it (retry.backoff.max.ms 1 s, heartbeat.interval.ms
+            # 3 s) and as the side channel probes while rejoining: with short
+            # sessions the capped backoff (1 s) is several sessions, and a
+            # member that owns nothing (so no on_lost moves it to JOINING)
+            # came back that late after the coordinator did, and cost the group
+            # a rebalance after it had converged (simulator seeds 113568,
+            # 126479). Timing rule 4: the retry still renews the lease if it can.
+            backoff = min(schedule.backoff_ms(), self._timing.heartbeat_interval_ms)
+            schedule.due_ms = self._timing.retry_at(now_ms, backoff, self._lease_end_now())
             return
         schedule.due_ms = now_ms + schedule.backoff_ms()
         # Waiting out a backoff for want of a coordinator: an answer on the

@@ -3,6 +3,7 @@ action, eager and cooperative flows, the safety rule on a fake clock."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -414,6 +415,37 @@ def test_a_protocol_answer_restarts_the_backoff_from_its_base() -> None:
     assert wait.until_ms - now <= 120  # retry_backoff_ms with its jitter
 
 
+def test_failed_heartbeats_are_retried_at_least_once_an_interval() -> None:
+    """Simulator seeds 113568 and 126479: a stable member owning nothing (so
+    no on_lost moves it to JOINING when its lease runs out) heartbeated into
+    a coordinator that was down; the failures grew its backoff to the cap
+    (1 s, three sessions there), so it came back a second after the
+    coordinator did and cost the group a rebalance after it had converged.
+    A failed heartbeat is retried no later than a healthy one would be sent."""
+    m = make(session_timeout_ms=300, rebalance_timeout_ms=300, heartbeat_interval_ms=60,
+             retry_backoff_ms=100, retry_backoff_max_ms=1_000)
+    join_as_follower(m, 0)  # owns nothing
+    assert m.owned == frozenset()
+    now, sends = 0, []
+    while now < 3_000:
+        action = m.next_action(now)
+        if isinstance(action, Wait):
+            assert action.until_ms is not None
+            now = max(now + 1, action.until_ms)
+            continue
+        assert isinstance(action, Call) and action.api == "heartbeat", action
+        sends.append(now)
+        now += 2
+        m.call_failed(now, CoordinatorUnavailableError("heartbeat: connection refused"))
+    assert m.state is MemberState.STABLE  # nothing to lose: it goes on heartbeating
+    gaps = [b - a for a, b in itertools.pairwise(sends)]
+    assert len(sends) > 30 and max(gaps) <= 60 + 2, gaps
+    # The coordinator is back: the next heartbeat's answer tells the member where it stands.
+    expect_call(m, now + 60, "heartbeat")
+    m.receive(now + 62, HeartbeatResponse(ErrorCode.UNKNOWN_MEMBER_ID))
+    expect_call(m, now + 62, "join")
+
+
 def test_transport_fatal_error_stops_the_member() -> None:
     from client.errors import InvalidRequestError
     m = make()
@@ -789,7 +821,9 @@ def test_commit_refused_with_illegal_generation_loses_everything() -> None:
     m = _stable_owner()
     request = m.build_commit({("s", 0): 1})
     error = m.commit_result(10, request, ErrorCode.ILLEGAL_GENERATION)
-    assert isinstance(error, CommitFailedError) and error.code is ErrorCode.ILLEGAL_GENERATION
+    # STABLE, the generation unchanged: the group moved on without the member
+    # (not a rebalance of its own, unlike the test below)
+    assert type(error) is CommitFailedError and error.code is ErrorCode.ILLEGAL_GENERATION
     assert m.wants_interrupt(10)
     m.call_abandoned(10)
     expect_callback(m, 10, CallbackKind.LOST, res(0, 1))
@@ -829,6 +863,36 @@ def test_a_stale_commit_answer_changes_nothing() -> None:
     m.commit_result(12, request, ErrorCode.ILLEGAL_GENERATION)
     expect_call(m, 12, "sync")
     assert m.owned == frozenset(res(0, 1))
+
+
+def test_a_commit_sent_after_the_members_own_join_is_refused_as_a_rebalance() -> None:
+    """Simulator seed 121489 (no fault): a cooperative member revoked for a
+    hand-over, sent its follow-up join, then committed what it keeps at its
+    old generation; the join phase completed first, so the commit was
+    refused ILLEGAL_GENERATION. The refusal is about the generation it is
+    leaving: the membership, what it owns and the join in flight stay as
+    they are, and the caller is told to commit again after the rebalance
+    (Kafka's RebalanceInProgressException), not that its resources are gone."""
+    m = _stable_owner()
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    join = expect_call(m, 10, "join")
+    assert metadata_of(join).owned == {"s": [0, 1]}
+    request = m.build_commit({("s", 0): 7})  # while the join is in flight
+    assert request.generation_id == 1
+    error = m.commit_result(15, request, ErrorCode.ILLEGAL_GENERATION)
+    assert isinstance(error, RebalanceInProgressError), error
+    assert error.code is ErrorCode.ILLEGAL_GENERATION
+    assert "generation 1" in str(error) and "commit again" in str(error)
+    # nothing lost, the join not abandoned: its answer is the next generation
+    assert not m.wants_interrupt(15)
+    assert m.state is MemberState.JOINING and m.owned == frozenset(res(0, 1))
+    m.receive(20, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
+    expect_call(m, 20, "sync")
+    m.receive(25, SyncResponse(None, assignment=assignment(0, 1)))
+    expect_callback(m, 25, CallbackKind.ASSIGNED, set())  # KIP-429: called even when empty
+    expect_call(m, 25, "heartbeat")
+    assert m.owned == frozenset(res(0, 1)) and m.generation_id == 2
+    assert m.build_commit({("s", 0): 8}).generation_id == 2  # the retry goes at the new one
 
 
 def test_close_dynamic_revokes_then_leaves() -> None:

@@ -162,6 +162,11 @@ REGRESSION_SEEDS = {
     1170: "a coordinator's answer restarts the backoff from retry_backoff_ms",
     374: "a join lost on a hung connection is sent again once heartbeats show no rebalance",
     1774: "a sync whose answer was lost is sent again once heartbeats show the group Stable",
+    113568: "a failed heartbeat is retried within an interval (finding 10: an empty-handed "
+            "member's capped backoff outlasted the coordinator's restart)",
+    126479: "the same (finding 10), with a static member and a coordinator crash",
+    121489: "a commit refused ILLEGAL_GENERATION because it raced its member's own "
+            "follow-up join is the fence working, not an error (finding 9)",
     428804749: "a commit the member gave up on, delayed past its next one, is not applied "
                "over it (finding 5: the commit sequence); found by CI's fresh seeds",
     700838430: "a static member that closes in the middle of a hand-over it started leaves, "
