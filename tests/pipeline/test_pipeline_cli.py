@@ -58,6 +58,7 @@ def test_without_the_pipeline_extra_one_line_says_what_to_install(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.spark  # the command line starts Spark: with the other Spark tests (tests/conftest.py)
 def test_spark_log_lines_are_quiet_unless_verbose(tmp_path: Path) -> None:
     db = write_db(tmp_path / "coord.db", EAGER)
     cli = ["-m", "coordinator.cli", "analyze", str(db), "--master", "local[1]",
