@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 from pipeline import aggregates as agg
 from pipeline.aggregates import HOUR_MS, REASONS
@@ -145,22 +144,32 @@ def test_exact_percentiles_match_spark_on_ties_and_odd_counts(spark: Any) -> Non
         assert exact_percentiles(values, starts, counts, p).tolist() == want, p
 
 
-@pytest.mark.parametrize("window_ms", [1, 10_000, 600_000])
-def test_window_counts_match_a_spark_window_function(spark: Any, window_ms: int) -> None:
+def test_window_counts_match_a_spark_window_function(spark: Any) -> None:
+    """Windows of 1 ms, 10 s and 10 min, each on rows of its own (seeded by
+    the window), all in one Spark job: a case column apart, a window column
+    per width."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
-    rnd = random.Random(window_ms)
-    rows, t = [], T0
-    for i in range(400):
-        t += rnd.choice([-3_000, 0, 0, 1, 1_000, 4_000, 9_999, 10_000, 20_000, 599_999])
-        rows.append((i, rnd.randint(0, 5), t))
-    df = spark.createDataFrame(rows, "i long, g long, s long")
-    window = Window.partitionBy("g").orderBy("s").rangeBetween(-(window_ms - 1), 0)
-    want = [r["c"] for r in df.withColumn("c", F.count(F.lit(1)).over(window))
-            .orderBy("i").collect()]
-    got = window_counts(np.array([g for _, g, _ in rows]), np.array([s for _, _, s in rows]),
-                        window_ms)
-    assert got.tolist() == want
-    plain = [sum(1 for _, h, u in rows if h == g and s - window_ms < u <= s)
-             for _, g, s in rows]
-    assert want == plain
+    cases: dict[int, list[tuple[int, int, int]]] = {}
+    for window_ms in (1, 10_000, 600_000):
+        rnd = random.Random(window_ms)
+        rows, t = [], T0
+        for i in range(400):
+            t += rnd.choice([-3_000, 0, 0, 1, 1_000, 4_000, 9_999, 10_000, 20_000, 599_999])
+            rows.append((i, rnd.randint(0, 5), t))
+        cases[window_ms] = rows
+    df = spark.createDataFrame([(w, *r) for w, rows in cases.items() for r in rows],
+                               "w long, i long, g long, s long")
+    for w in cases:
+        window = Window.partitionBy("w", "g").orderBy("s").rangeBetween(-(w - 1), 0)
+        df = df.withColumn(f"c{w}", F.count(F.lit(1)).over(window))
+    spark_rows = df.orderBy("w", "i").collect()
+    for window_ms, rows in cases.items():
+        want = [r[f"c{window_ms}"] for r in spark_rows if r["w"] == window_ms]
+        assert len(want) == len(rows), window_ms
+        got = window_counts(np.array([g for _, g, _ in rows]),
+                            np.array([s for _, _, s in rows]), window_ms)
+        assert got.tolist() == want, window_ms
+        plain = [sum(1 for _, h, u in rows if h == g and s - window_ms < u <= s)
+                 for _, g, s in rows]
+        assert want == plain, window_ms
