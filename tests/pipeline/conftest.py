@@ -18,8 +18,9 @@ from pipeline.spark import java_problem
 
 def _first_session_of_the_run(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Under pytest-xdist, fail unless this worker is the first of the run to
-    start the tests' SparkSession: tests/conftest.py gives every test of this
-    directory to one worker; a second session (a second JVM) means it did not."""
+    start the tests' SparkSession: tests/conftest.py gives every test that
+    asks for this fixture (or ``standalone``, or is marked ``spark``) to one
+    worker; a second session (a second JVM) means it did not."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None:
         return
@@ -31,7 +32,7 @@ def _first_session_of_the_run(tmp_path_factory: pytest.TempPathFactory) -> None:
         fd = -1
     if fd < 0:
         pytest.fail(f"worker {worker} would start a second SparkSession in this run (worker "
-                    f"{claim.read_text()} has one): the pipeline tests were split between "
+                    f"{claim.read_text()} has one): the Spark tests were split between "
                     f"workers (tests/conftest.py, pytest_xdist_make_scheduler)", pytrace=False)
     with os.fdopen(fd, "w") as f:
         f.write(worker)

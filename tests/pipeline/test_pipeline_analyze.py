@@ -154,31 +154,31 @@ def test_empty_journal_gives_an_empty_report(spark: Any, tmp_path: Path) -> None
     assert spark.read.parquet(str(tmp_path / "out" / "rebalances")).count() == 0
 
 
-def test_big_inputs_get_more_facts_calls(spark: Any, tmp_path: Path,
+def test_big_inputs_get_more_facts_calls(spark: Any, result: dict[str, Any], tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A call of the facts function holds its groups' rows in memory: the job
     uses at least one bucket of groups per INPUT_BYTES_PER_TASK of input, two
-    per core otherwise, and the figures do not depend on how many there are."""
+    per core otherwise, and the figures do not depend on how many there are
+    (the module's run, with the least, against one of the same inputs with
+    at least three times as many)."""
     import pipeline.analyze as analyze_mod
     from pipeline.analyze import facts_calls, plan_inputs
-    db = write_db(tmp_path / "coord.db", EAGER + COOP)
-    export(open_sqlite(db), tmp_path / "export")
-    plan = plan_inputs([str(tmp_path / "export")])
+    inputs = [str(result["out"].parent / "export"), str(result["out"].parent / "coord.db")]
+    plan = plan_inputs(inputs)
     least = spark.sparkContext.defaultParallelism * 2
     assert facts_calls(spark, plan) == least
     opts = AnalyzeOptions(storm_window_ms=600_000, storm_threshold=3, progress=False)
-    analyze(spark, [str(tmp_path / "export")], tmp_path / "few", opts)
-    size = sum(f.stat().st_size for f in (tmp_path / "export" / "journal").glob("*.parquet"))
+    size = analyze_mod.input_bytes(plan)
     monkeypatch.setattr(analyze_mod, "INPUT_BYTES_PER_TASK", max(1, size // (least * 3)))
     assert facts_calls(spark, plan) >= least * 3
-    res = analyze(spark, [str(tmp_path / "export")], tmp_path / "many", opts)
+    res = analyze(spark, inputs, tmp_path / "many", opts)
     assert (res.rebalances, res.groups) == (len(EAGER) + len(COOP), 2)
     for table, key in (("rebalances", ("group_id", "journal_id")),
                        ("fleet_hours", ("hour_start_ms",)), ("groups", ("group_id",))):
-        def rows(run: str, table: str = table, key: tuple[str, ...] = key) -> list[Any]:
-            got = [r.asDict() for r in spark.read.parquet(str(tmp_path / run / table)).collect()]
+        def rows(out: Path, table: str = table, key: tuple[str, ...] = key) -> list[Any]:
+            got = [r.asDict() for r in spark.read.parquet(str(out / table)).collect()]
             return sorted(got, key=lambda r: tuple(r[k] for k in key))
-        assert rows("many") == rows("few"), table
+        assert rows(tmp_path / "many") == rows(result["out"]), table
 
 
 def test_storm_counter_counts_starts_in_the_window_whatever_the_journal_order(

@@ -4,9 +4,11 @@ driver on 127.0.0.1 for local masters."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,9 +35,36 @@ sys.exit(main(sys.argv[2:]))
 
 
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return run_all([args], cwd)[0]
+
+
+def run_all(commands: list[list[str]], cwd: Path,
+            timeout: float = 600) -> list[subprocess.CompletedProcess[str]]:
+    """Runs the commands at the same time (their output to files: a pipe that
+    is not read while the other command runs could fill); each is killed
+    past ``timeout``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    with contextlib.ExitStack() as files:
+        outputs = [(files.enter_context(tempfile.TemporaryFile("w+")),
+                    files.enter_context(tempfile.TemporaryFile("w+"))) for _ in commands]
+        procs = [subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, text=True,
+                                  stdout=out, stderr=err)
+                 for args, (out, err) in zip(commands, outputs, strict=True)]
+        try:
+            for proc in procs:
+                proc.wait(timeout=timeout)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        done = []
+        for args, proc, (out, err) in zip(commands, procs, outputs, strict=True):
+            out.seek(0)
+            err.seek(0)
+            done.append(subprocess.CompletedProcess(args, proc.returncode, out.read(),
+                                                    err.read()))
+    return done
 
 
 @pytest.mark.parametrize(("command", "blocked", "named"), [
@@ -58,11 +87,14 @@ def test_without_the_pipeline_extra_one_line_says_what_to_install(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.spark  # the command line starts Spark: with the other Spark tests (tests/conftest.py)
 def test_spark_log_lines_are_quiet_unless_verbose(tmp_path: Path) -> None:
     db = write_db(tmp_path / "coord.db", EAGER)
     cli = ["-m", "coordinator.cli", "analyze", str(db), "--master", "local[1]",
            "--conf", "spark.sql.shuffle.partitions=1"]
-    quiet = run([*cli, "-o", str(tmp_path / "quiet")], tmp_path)
+    # Both at once (two JVMs of local[1]: the wall time of the Spark tests' worker).
+    quiet, loud = run_all([[*cli, "-o", str(tmp_path / "quiet")],
+                           [*cli, "-o", str(tmp_path / "loud"), "--verbose"]], tmp_path)
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     # The JVM's own notice about the vector module is printed by java before
     # any logging exists; everything else is our progress lines.
@@ -70,7 +102,6 @@ def test_spark_log_lines_are_quiet_unless_verbose(tmp_path: Path) -> None:
              if not ln.startswith("WARNING: Using incubator modules")]
     assert lines and all(ln.lstrip().startswith("analyze [") for ln in lines), \
         quiet.stderr[-3000:]
-    loud = run([*cli, "-o", str(tmp_path / "loud"), "--verbose"], tmp_path)
     assert loud.returncode == 0, loud.stderr[-3000:]
     assert any(not ln.lstrip().startswith(("analyze [", "WARNING: Using incubator"))
                for ln in loud.stderr.splitlines()), loud.stderr[-3000:]

@@ -3,14 +3,17 @@ fixture ``standalone``: a master and one worker from the PySpark installation), 
 as a user runs it: the ``groupcoord`` command line with ``--master
 spark://127.0.0.1:PORT``, in a subprocess (one SparkContext per JVM: the
 tests' own local[2] session lives in this one). Its tables must be the ones
-the same inputs give on local[2]."""
+the same inputs give on local[2]; the local run goes on while the cluster's
+does (the wall time of the Spark tests' worker bounds the suite's)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,18 +33,56 @@ CLUSTER_CONF = ("spark.executor.memory=512m", "spark.cores.max=2",
                 "spark.sql.shuffle.partitions=2")  # small inputs: few tasks
 
 
-def groupcoord(*args: str, cwd: Path, env: dict[str, str] | None = None,
-               check: bool = True) -> subprocess.CompletedProcess[str]:
-    """The command line, with this worktree's code and this interpreter (the
-    executors run ``PYSPARK_PYTHON``: here the interpreter that has the
-    pipeline's packages, as on workers that have them installed)."""
+@dataclass
+class Running:
+    """A command line ``start`` started; its output goes to files (a pipe
+    nobody reads while the test goes on could fill and stop it)."""
+    proc: subprocess.Popen[bytes]
+    command: str
+    out: Path
+    err: Path
+
+
+_runs = itertools.count()
+
+
+def start(*args: str, cwd: Path, env: dict[str, str] | None = None) -> Running:
+    """The command line, started, with this worktree's code and this
+    interpreter (the executors run ``PYSPARK_PYTHON``: here the interpreter
+    that has the pipeline's packages, as on workers that have them installed)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable,
                 **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "coordinator.cli", *args], cwd=cwd,
-                          env=full_env, capture_output=True, text=True, timeout=600)
-    if check and proc.returncode != 0:
-        pytest.fail(f"groupcoord {args[0]} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return proc
+    n = next(_runs)
+    out, err = cwd / f"groupcoord-{n}.stdout", cwd / f"groupcoord-{n}.stderr"
+    with out.open("wb") as out_file, err.open("wb") as err_file:
+        proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli", *args], cwd=cwd,
+                                env=full_env, stdout=out_file, stderr=err_file)
+    return Running(proc, args[0], out, err)
+
+
+def finish(run: Running, check: bool = True,
+           timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Waits for a command line ``start`` started (killed past ``timeout``)."""
+    try:
+        run.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop(run)
+        raise
+    out, err = run.out.read_text(), run.err.read_text()
+    if check and run.proc.returncode != 0:
+        pytest.fail(f"groupcoord {run.command} failed ({run.proc.returncode}):\n{err[-4000:]}")
+    return subprocess.CompletedProcess(run.proc.args, run.proc.returncode, out, err)
+
+
+def stop(run: Running) -> None:
+    """Ends a command line ``start`` started (the test failed before ``finish``)."""
+    run.proc.kill()
+    run.proc.wait()
+
+
+def groupcoord(*args: str, cwd: Path, env: dict[str, str] | None = None,
+               check: bool = True) -> subprocess.CompletedProcess[str]:
+    return finish(start(*args, cwd=cwd, env=env), check)
 
 
 def on_cluster(standalone: Standalone) -> list[str]:
@@ -81,11 +122,17 @@ def test_export_and_analyze_on_the_cluster_give_the_local_tables(
     groupcoord("journal", "export", str(a), "-o", str(tmp_path / "export"), cwd=tmp_path)
     inputs = [str(tmp_path / "export"), str(b)]
     args = ("--storm-window", "600", "--storm-threshold", "3")
-    proc = groupcoord("analyze", *inputs, "-o", str(tmp_path / "cluster"), *args,
-                      *on_cluster(standalone), "--no-progress", cwd=tmp_path)
+    # The cluster's run and the local one at the same time (the test's wall time).
+    running = start("analyze", *inputs, "-o", str(tmp_path / "cluster"), *args,
+                    *on_cluster(standalone), "--no-progress", cwd=tmp_path)
+    try:
+        analyze(spark, inputs, tmp_path / "local",
+                AnalyzeOptions(storm_window_ms=600_000, storm_threshold=3, progress=False))
+    except BaseException:
+        stop(running)
+        raise
+    proc = finish(running)
     assert "rebalances of 3 groups analysed" in proc.stdout
-    analyze(spark, inputs, tmp_path / "local",
-            AnalyzeOptions(storm_window_ms=600_000, storm_threshold=3, progress=False))
     for name, keys in TABLES.items():
         local = table(tmp_path / "local" / name, keys)
         assert local, name
@@ -96,9 +143,14 @@ def test_export_and_analyze_on_the_cluster_give_the_local_tables(
 def test_simulate_on_the_cluster_gives_the_local_tables(
         spark: Any, standalone: Standalone, tmp_path: Path) -> None:
     sweep = SWEEPS / "tiny.toml"
-    groupcoord("simulate", str(sweep), "-o", str(tmp_path / "cluster"), "--limit", "6",
-               *on_cluster(standalone), "--no-progress", cwd=tmp_path)
-    simulate_sweep(spark, load_sweep(sweep), tmp_path / "local", progress=False, limit=6)
+    running = start("simulate", str(sweep), "-o", str(tmp_path / "cluster"), "--limit", "6",
+                    *on_cluster(standalone), "--no-progress", cwd=tmp_path)
+    try:
+        simulate_sweep(spark, load_sweep(sweep), tmp_path / "local", progress=False, limit=6)
+    except BaseException:
+        stop(running)
+        raise
+    finish(running)
     keys = tuple(k for k, _ in CELL_KEYS)
     timing = tuple(k for k, _ in CELL_FIGURES if k.endswith("cpu_ms") or k in (
         "cpu_ms_total", "cpu_ms_max", "wall_ms"))  # measured, not simulated

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 from pipeline import aggregates as agg
 from pipeline.aggregates import HOUR_MS, REASONS
@@ -36,11 +35,12 @@ def _figure(rnd: random.Random, unreadable: bool, hi: int) -> int | None:
     return None if unreadable else rnd.randint(0, hi)
 
 
-def random_facts(rnd: random.Random, groups: int = 12) -> pa.Table:
-    """``rebalances/`` rows of whole groups, in journal order per group."""
+def random_facts(rnd: random.Random, groups: int = 12, prefix: str = "") -> pa.Table:
+    """``rebalances/`` rows of whole groups, in journal order per group; the
+    sources' names start with ``prefix``."""
     rows: list[dict[str, Any]] = []
     for g in range(groups):
-        source, group_id = rnd.choice(["a.db", "b.db"]), f"g{g % 7}"
+        source, group_id = prefix + rnd.choice(["a.db", "b.db"]), f"g{g % 7}"
         if any(r["source"] == source and r["group_id"] == group_id for r in rows):
             continue
         t = T0 + rnd.randint(0, 3 * HOUR_MS)
@@ -81,24 +81,35 @@ def _same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
                                     and math.isnan(w[k])), (k, g, w)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_group_hours_and_groups_match_spark_sql(spark: Any, seed: int) -> None:
-    facts = random_facts(random.Random(seed))
+SEEDS = range(6)
+
+
+def test_group_hours_and_groups_match_spark_sql(spark: Any) -> None:
+    """Seeds 0-5, each seed's sources named apart (``s<seed>/``), in one
+    table: one Spark job of each definition for all of them. The kernels
+    match it on the whole table and on each seed's table alone."""
+    per_seed = [random_facts(random.Random(seed), prefix=f"s{seed}/") for seed in SEEDS]
+    facts = pa.concat_tables(per_seed)
     df = spark.createDataFrame(facts)
     threshold = 4
-    want_hours = _rows(agg.group_hours(df, threshold).collect(),
-                       ["source", "group_id", "hour_start_ms"])
-    got_hours = _rows(group_hour_rows(facts, threshold).to_pylist(),
-                      ["source", "group_id", "hour_start_ms"])
+    hour_key = ["source", "group_id", "hour_start_ms"]
+    want_hours = _rows(agg.group_hours(df, threshold).collect(), hour_key)
     assert [f.name for f in GROUP_HOURS_SCHEMA] == list(want_hours[0])
-    _same(got_hours, want_hours)
+    _same(_rows(group_hour_rows(facts, threshold).to_pylist(), hour_key), want_hours)
     generations = spark.createDataFrame([], ddl(GENERATIONS_SCHEMA))
     want_groups = [{k: v for k, v in r.items() if not k.startswith("generations_")}
                    for r in _rows(agg.groups(df, generations, threshold).collect(),
                                   ["source", "group_id"])]
-    got_groups = _rows(group_rows(facts, threshold).to_pylist(), ["source", "group_id"])
     assert [f.name for f in GROUPS_SCHEMA] == list(want_groups[0])
-    _same(got_groups, want_groups)
+    _same(_rows(group_rows(facts, threshold).to_pylist(), ["source", "group_id"]), want_groups)
+    for seed, table in zip(SEEDS, per_seed, strict=True):
+        def of_seed(rows: list[dict[str, Any]], seed: int = seed) -> list[dict[str, Any]]:
+            return [r for r in rows if r["source"].startswith(f"s{seed}/")]
+        assert of_seed(want_hours) and of_seed(want_groups), seed
+        _same(_rows(group_hour_rows(table, threshold).to_pylist(), hour_key),
+              of_seed(want_hours))
+        _same(_rows(group_rows(table, threshold).to_pylist(), ["source", "group_id"]),
+              of_seed(want_groups))
 
 
 def test_the_task_schemas_are_what_spark_writes(spark: Any) -> None:
@@ -124,28 +135,41 @@ def test_exact_percentiles_match_spark_on_ties_and_odd_counts(spark: Any) -> Non
     rows = [(k, v) for k, s in enumerate(segments) for v in s]
     df = spark.createDataFrame(rows, "k long, v long")
     from pyspark.sql import functions as F
-    for p in (0.5, 0.95, 0.99, 0.0, 1.0, 0.3):
-        want = [r["p"] for r in df.groupBy("k").agg(F.percentile("v", p).alias("p"))
-                .orderBy("k").collect()]
+    ps = (0.5, 0.95, 0.99, 0.0, 1.0, 0.3)  # one job: a column per p
+    spark_rows = df.groupBy("k").agg(*(F.percentile("v", p).alias(f"p{i}")
+                                       for i, p in enumerate(ps))).orderBy("k").collect()
+    assert len(spark_rows) == len(segments)
+    for i, p in enumerate(ps):
+        want = [r[f"p{i}"] for r in spark_rows]
         assert exact_percentiles(values, starts, counts, p).tolist() == want, p
 
 
-@pytest.mark.parametrize("window_ms", [1, 10_000, 600_000])
-def test_window_counts_match_a_spark_window_function(spark: Any, window_ms: int) -> None:
+def test_window_counts_match_a_spark_window_function(spark: Any) -> None:
+    """Windows of 1 ms, 10 s and 10 min, each on rows of its own (seeded by
+    the window), all in one Spark job: a case column apart, a window column
+    per width."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
-    rnd = random.Random(window_ms)
-    rows, t = [], T0
-    for i in range(400):
-        t += rnd.choice([-3_000, 0, 0, 1, 1_000, 4_000, 9_999, 10_000, 20_000, 599_999])
-        rows.append((i, rnd.randint(0, 5), t))
-    df = spark.createDataFrame(rows, "i long, g long, s long")
-    window = Window.partitionBy("g").orderBy("s").rangeBetween(-(window_ms - 1), 0)
-    want = [r["c"] for r in df.withColumn("c", F.count(F.lit(1)).over(window))
-            .orderBy("i").collect()]
-    got = window_counts(np.array([g for _, g, _ in rows]), np.array([s for _, _, s in rows]),
-                        window_ms)
-    assert got.tolist() == want
-    plain = [sum(1 for _, h, u in rows if h == g and s - window_ms < u <= s)
-             for _, g, s in rows]
-    assert want == plain
+    cases: dict[int, list[tuple[int, int, int]]] = {}
+    for window_ms in (1, 10_000, 600_000):
+        rnd = random.Random(window_ms)
+        rows, t = [], T0
+        for i in range(400):
+            t += rnd.choice([-3_000, 0, 0, 1, 1_000, 4_000, 9_999, 10_000, 20_000, 599_999])
+            rows.append((i, rnd.randint(0, 5), t))
+        cases[window_ms] = rows
+    df = spark.createDataFrame([(w, *r) for w, rows in cases.items() for r in rows],
+                               "w long, i long, g long, s long")
+    for w in cases:
+        window = Window.partitionBy("w", "g").orderBy("s").rangeBetween(-(w - 1), 0)
+        df = df.withColumn(f"c{w}", F.count(F.lit(1)).over(window))
+    spark_rows = df.orderBy("w", "i").collect()
+    for window_ms, rows in cases.items():
+        want = [r[f"c{window_ms}"] for r in spark_rows if r["w"] == window_ms]
+        assert len(want) == len(rows), window_ms
+        got = window_counts(np.array([g for _, g, _ in rows]),
+                            np.array([s for _, _, s in rows]), window_ms)
+        assert got.tolist() == want, window_ms
+        plain = [sum(1 for _, h, u in rows if h == g and s - window_ms < u <= s)
+                 for _, g, s in rows]
+        assert want == plain, window_ms
