@@ -96,6 +96,10 @@ def main() -> int:
                    help="the C compiler's optimisation level (default 3)")
     args = p.parse_args()
     if args.out.exists():
+        # Empty only a directory that is an earlier build (or empty).
+        if any(args.out.iterdir()) and not (args.out / MANIFEST).is_file():
+            p.error(f"--out {args.out}: exists and is not an earlier build "
+                    f"(no {MANIFEST}); give a new or empty directory")
         shutil.rmtree(args.out)
     started = time.monotonic()
     out = build(args.out, opt_level=args.opt_level)
