@@ -10,6 +10,8 @@ the source files as they are now.
 
 from __future__ import annotations
 
+import copyreg
+import dataclasses
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -18,8 +20,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-__all__ = ["COMPILED", "MANIFEST", "StaleBuildError", "install", "module_file"]
+__all__ = ["COMPILED", "MANIFEST", "StaleBuildError", "install", "make_picklable",
+           "module_file"]
 
 #: The modules compiled: those a seed spends its time in, and what they call
 #: often enough to matter (a profile of seeds 0-99, docs/reliability.md).
@@ -153,3 +157,28 @@ def install(directory: Path, root: Path | None = None) -> list[str]:
         sys.path.append(str(directory))
     sys.meta_path.insert(0, _CompiledFinder(files))
     return names
+
+
+def _by_fields(obj: Any) -> tuple[type, tuple[Any, ...]]:
+    return type(obj), tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
+
+
+def make_picklable(names: Sequence[str]) -> int:
+    """Let the frozen dataclasses of the compiled modules ``names`` (those
+    imported so far) cross process boundaries (``--jobs``): a compiled class
+    unpickles by setting its attributes one by one, which a frozen dataclass
+    refuses (FrozenInstanceError). They are rebuilt through their
+    ``__init__`` from their fields instead. Returns how many classes."""
+    count = 0
+    for name in names:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        for value in list(vars(module).values()):
+            if (isinstance(value, type) and value.__module__ == name
+                    and dataclasses.is_dataclass(value)
+                    and value.__dataclass_params__.frozen  # type: ignore[attr-defined]
+                    and all(f.init for f in dataclasses.fields(value))):
+                copyreg.pickle(value, _by_fields)
+                count += 1
+    return count

@@ -129,6 +129,11 @@ def main() -> int:
               flush=True)
     from sim import report, run_seed
 
+    if args.compiled is not None:
+        from sim_compiled import make_picklable
+
+        make_picklable(names)  # results come back from --jobs workers pickled
+
     if args.seed is not None:
         result = run_seed(args.seed, keep_trace=args.trace, profile=args.profile)
         print(f"seed {args.seed}: config {result.config.describe()}")
