@@ -22,6 +22,7 @@ the compiled build must give the same trace hashes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -71,10 +72,12 @@ def build(out: Path, *, opt_level: str = "3", jobs: int = 2) -> Path:
             paths = [str(s.relative_to(ROOT)) for s in sources]
             extensions = mypycify(paths, opt_level=opt_level,
                                   target_dir=str(Path(temp) / "c"))
-            setup(name="groupcoord-sim-mypyc", ext_modules=extensions,
-                  script_args=["build_ext", "--build-lib", str(out),
-                               "--build-temp", str(Path(temp) / "obj"),
-                               "--parallel", str(jobs)])
+            # setuptools logs to stdout: stdout is kept for the directory.
+            with contextlib.redirect_stdout(sys.stderr):
+                setup(name="groupcoord-sim-mypyc", ext_modules=extensions,
+                      script_args=["build_ext", "--build-lib", str(out),
+                                   "--build-temp", str(Path(temp) / "obj"),
+                                   "--parallel", str(jobs)])
         finally:
             os.chdir(cwd)
             if old_path is None:
