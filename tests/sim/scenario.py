@@ -145,6 +145,7 @@ def draw_config(seed: int, profile: str = "space") -> SimConfig:
     request_timeout = rng.choice([30_000, rng.randint(max(lease // 3, 1), 30_000)])
     members = rng.choice([1, 2, 2, 3, 3, 3, 4, 4, 5, 6])
     upgrade = rng.random() < 0.1
+    assignors: tuple[str, ...]
     if upgrade:
         assignors = UPGRADE_STEPS[0]
     elif rng.random() < 0.5:

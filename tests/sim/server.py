@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from client.transport import CATALOG_API, CatalogResponse
@@ -79,11 +78,16 @@ _COMMANDS: dict[type, Callable[[int, Any], Command]] = {
 }
 
 
-@dataclass(slots=True, eq=False)
 class _Waiter:
-    conn: Conn
-    command: Command
-    in_core: bool = True
+    # A plain class, not a dataclass: mypyc (benchmarks/build_sim_mypyc.py)
+    # evaluates a compiled dataclass's annotations at import, and ``Conn``
+    # exists only for the type checker here (sim.network imports this module).
+    __slots__ = ("command", "conn", "in_core")
+
+    def __init__(self, conn: Conn, command: Command, in_core: bool = True) -> None:
+        self.conn = conn
+        self.command = command
+        self.in_core = in_core
 
 
 class SimCoordinator:
