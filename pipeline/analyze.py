@@ -7,12 +7,14 @@ The job (docs/pipeline.md):
    Arrow -> Spark (pipeline/sources.py), export directories straight from
    Parquet;
 2. per-rebalance facts: ``repartition(source, group_id).mapInArrow`` runs
-   the sequential ownership accounting of whole groups in Python
-   (pipeline/facts.py, numpy); the storm counter is a window function;
-   written by Spark -> ``rebalances/``;
-3. Spark SQL over ``rebalances/`` (pipeline/aggregates.py): ``group_hours/``,
-   ``groups/`` (with the generations, worst first), ``fleet_hours/``, exact
-   percentiles;
+   the sequential ownership accounting of whole groups and the storm
+   counter in Python (pipeline/facts.py, numpy); written by Spark ->
+   ``rebalances/``;
+3. ``group_hours/`` and ``groups/`` (with the generations, worst first):
+   ``rebalances/`` as written, its figure columns repartitioned by group
+   again, through ``mapInArrow`` of pipeline/group_figures.py (exact
+   percentiles in numpy, the definitions of pipeline/aggregates.py);
+   ``fleet_hours/`` in Spark SQL over those tables;
 4. the report's figures, from those tables where they hold them, and
    report.html (pipeline/analyze_report.py).
 """
@@ -192,9 +194,7 @@ def facts_calls(spark: Any, plan: InputPlan) -> int:
 
 
 def facts_task(journal: Any, options: AnalyzeOptions, partitions: int) -> Any:
-    """The ``rebalances/`` rows (``facts.facts_schema()``) of ``journal``,
-    with the ``group_hours/`` and ``groups/`` rows of each chunk of groups
-    (``facts.task_schema()``: :func:`split_task_output` takes them apart).
+    """The ``rebalances/`` rows (``facts.facts_schema()``) of ``journal``.
 
     The ownership accounting is sequential per group and runs in Python:
     ``repartition(partitions, source, group_id)`` puts the rows of whole
@@ -206,15 +206,11 @@ def facts_task(journal: Any, options: AnalyzeOptions, partitions: int) -> Any:
     the Python side orders a partition by its dictionary codes instead.
     The storm counter is counted there too (``facts.window_counts``, the
     same count as a window function over the group ordered by start, which
-    would shuffle and sort the facts a second time), and so are the
-    per-group and per-group-and-hour figures (``group_figures``, the same
-    as ``aggregates.group_hours`` and ``aggregates.groups``): the task holds
-    whole groups, and three Spark aggregations over ``rebalances/`` with
-    exact percentiles cost more than the accounting.
+    would shuffle and sort the facts a second time).
     """
     from pyspark.sql import functions as F
 
-    from pipeline.facts import facts_of_partition, task_schema
+    from pipeline.facts import facts_of_partition, facts_schema
     rows = journal.select(
         "source", "group_id",
         F.col("id").cast("long").alias("id"),
@@ -226,34 +222,47 @@ def facts_task(journal: Any, options: AnalyzeOptions, partitions: int) -> Any:
         F.coalesce(F.size("joined"), F.lit(0)).cast("long").alias("joined_count"),
         F.coalesce(F.size("left"), F.lit(0)).cast("long").alias("left_count"),
         "assignments")
-    return rows.repartition(partitions, "source", "group_id").mapInArrow(
-        facts_of_partition(options.cooperative, options.storm_window_ms,
-                           options.storm_threshold), ddl(task_schema()))
+    facts = rows.repartition(partitions, "source", "group_id").mapInArrow(
+        facts_of_partition(options.cooperative, options.storm_window_ms),
+        ddl(facts_schema()))
+    return facts.select(*_columns(facts_schema()))
 
 
-def split_task_output(task: Any) -> tuple[Any, Any, Any]:
-    """(``rebalances/`` rows, ``group_hours/`` rows, per-group rows without
-    the generations) of :func:`facts_task`'s output."""
+def figures_task(rebalances: Any, threshold: int, partitions: int) -> Any:
+    """The ``group_hours/`` and ``groups/`` rows (without the generations) of
+    ``rebalances/`` as written, in one DataFrame (``group_figures.
+    figures_schema()``: :func:`split_figures` takes them apart).
+
+    ``repartition(partitions, source, group_id)`` of the columns the figures
+    need, then ``mapInArrow`` of pipeline/group_figures.py: sums, reason
+    counts and exact percentiles of whole groups in numpy (three Spark
+    aggregations with exact ``percentile`` cost about as much as the
+    accounting). Not in the facts task itself: its output would then be
+    needed three times, and caching the facts cost more than this second,
+    narrow pass (docs/bench-pipeline.md)."""
+    from pipeline.group_figures import FIGURE_INPUTS, figures_of_partition, figures_schema
+    return rebalances.select(*FIGURE_INPUTS).repartition(partitions, "source", "group_id") \
+        .mapInArrow(figures_of_partition(threshold), ddl(figures_schema()))
+
+
+def split_figures(figures: Any) -> tuple[Any, Any]:
+    """(``group_hours/`` rows, per-group rows without the generations) of
+    :func:`figures_task`'s output."""
     from pyspark.sql import functions as F
 
-    from pipeline.facts import facts_schema
     from pipeline.group_figures import GROUP_HOURS_SCHEMA, GROUPS_SCHEMA
+    hours = figures.where(~F.col("is_group")).select(*_columns(GROUP_HOURS_SCHEMA))
+    per_group = figures.where(F.col("is_group")).select(*_columns(GROUPS_SCHEMA))
+    return hours, per_group
 
-    def columns(schema: Any, struct: str | None = None) -> list[Any]:
-        # A column never null in its table is written as such (as Spark's own
-        # count or coalesce would be): coalesce with a literal says so.
-        out = []
-        for f in schema:
-            c = F.col(f"{struct}.{f.name}" if struct else f.name)
-            out.append(c if f.nullable else F.coalesce(c, F.lit(0)).alias(f.name))
-        return out
 
-    facts = task.where(F.col("group_hours").isNull()).select(*columns(facts_schema()))
-    hours = task.where(F.col("group_hours").isNotNull()) \
-        .select(F.explode("group_hours").alias("r")).select(*columns(GROUP_HOURS_SCHEMA, "r"))
-    per_group = task.where(F.col("groups").isNotNull()) \
-        .select(F.explode("groups").alias("r")).select(*columns(GROUPS_SCHEMA, "r"))
-    return facts, hours, per_group
+def _columns(schema: Any) -> list[Any]:
+    """The columns of ``schema``; a column never null in its table is written
+    as such (as Spark's own count or coalesce would be): coalesce with a
+    literal says so."""
+    from pyspark.sql import functions as F
+    return [F.col(f.name) if f.nullable else F.coalesce(F.col(f.name), F.lit(0)).alias(f.name)
+            for f in schema]
 
 
 def ddl(schema: Any) -> str:
@@ -299,26 +308,25 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
     show = opts.progress
     with progress(spark, "analyze [1/4] reading journals, per-rebalance accounting", show):
         journal = _load_journal(spark, plan)
-        # Written three times (rebalances/, group_hours/, groups/): cached, so
-        # the journal is read and accounted once.
-        task = facts_task(journal, opts, facts_calls(spark, plan)).persist()
-        facts, hour_rows, group_rows = split_task_output(task)
+        calls = facts_calls(spark, plan)
         try:
-            _write(facts, tables["rebalances"])
+            _write(facts_task(journal, opts, calls), tables["rebalances"])
         except Exception as exc:
-            task.unpersist()
             raise _spark_input_error(exc, plan) from exc
     rebalances = spark.read.parquet(str(tables["rebalances"]))
     generations = _load_generations(spark, plan)
     with progress(spark, "analyze [2/4] aggregating per group and hour, per group, "
                   "fleet-wide", show):
+        # Written twice (group_hours/, groups/): cached, a few rows per group.
+        figures = figures_task(rebalances, opts.storm_threshold, calls).persist()
+        hour_rows, group_rows = split_figures(figures)
         _write(hour_rows, tables["group_hours"])
         # Small tables go out as one file, in a useful order (repartition, not
         # coalesce: that would run the aggregation itself in one task).
         _write(agg.with_generations(group_rows, generations).repartition(1)
                .sortWithinPartitions(F.desc("peak_window_rebalances"), F.desc("rebalances"),
                                      "source", "group_id"), tables["groups"])
-        task.unpersist()
+        figures.unpersist()
         hours = spark.read.parquet(str(tables["group_hours"]))
         # Kept for the report, with the FACT_COUNTS that fleet_hours/ leaves out.
         fleet_df = agg.fleet_hours(rebalances, hours).repartition(1) \

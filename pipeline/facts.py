@@ -612,46 +612,11 @@ def partition_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
 # ---------------------------------------------------------------- the Spark UDF
 
 
-def task_schema() -> pa.Schema:
-    """What the facts task returns: ``rebalances/`` rows (:func:`facts_schema`;
-    ``group_hours`` and ``groups`` null) and, after each chunk's facts, one
-    row holding (the other columns null) the chunk's ``group_hours/`` and
-    ``groups/`` rows as lists (pipeline/group_figures.py)."""
-    from pipeline.group_figures import GROUP_HOURS_SCHEMA, GROUPS_SCHEMA
-    return pa.schema([*facts_schema(),
-                      pa.field("group_hours", pa.list_(pa.struct(list(GROUP_HOURS_SCHEMA)))),
-                      pa.field("groups", pa.list_(pa.struct(list(GROUPS_SCHEMA))))])
-
-
-def _as_list(table: pa.Table) -> pa.Array:
-    """``table`` as one list of structs (a one-row array)."""
-    rows = pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns],
-                                      fields=list(table.schema))
-    return pa.ListArray.from_arrays(pa.array([0, len(rows)], pa.int32()), rows)
-
-
-def task_batches(chunk: pa.Table, is_cooperative: Callable[[str | None], bool],
-                 window_ms: int, threshold: int) -> Iterator[pa.RecordBatch]:
-    """The facts task's output (:func:`task_schema`) for one chunk of whole groups."""
-    from pipeline.group_figures import group_hour_rows, group_rows
-    schema = task_schema()
-    facts = facts_for_chunk(chunk, is_cooperative, window_ms)
-    n = facts.num_rows
-    if n == 0:
-        return
-    lists = [pa.nulls(n, schema.field(c).type) for c in ("group_hours", "groups")]
-    yield from pa.table([*facts.columns, *lists], schema=schema).to_batches()
-    figures = [_as_list(group_hour_rows(facts, threshold)), _as_list(group_rows(facts, threshold))]
-    yield pa.RecordBatch.from_arrays(
-        [*(pa.nulls(1, f.type) for f in facts.schema), *figures], schema=schema)
-
-
-def facts_of_partition(cooperative: Sequence[str], window_ms: int, threshold: int
+def facts_of_partition(cooperative: Sequence[str], window_ms: int
                        ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function ``mapInArrow`` runs on the executors: the record batches
     of one partition holding whole groups (:data:`INPUT_COLUMNS`, rows in any
-    order) in, their facts and group figures (:func:`task_schema`) out,
-    chunk by chunk.
+    order) in, their facts (:func:`facts_schema`) out, chunk by chunk.
 
     The partition is not sorted by Spark (``repartition``, not ``groupBy``:
     a group-by sorts every row, assignment bytes included, in the JVM);
@@ -662,7 +627,7 @@ def facts_of_partition(cooperative: Sequence[str], window_ms: int, threshold: in
         from pipeline.ownership import cooperative_names
         is_coop = cooperative_names(names)
         for chunk in partition_chunks(batches):
-            yield from task_batches(chunk, is_coop, window_ms, threshold)
+            yield from facts_for_chunk(chunk, is_coop, window_ms).to_batches()
     return facts_of
 
 
