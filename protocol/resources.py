@@ -49,6 +49,15 @@ def _opt_epoch(f: Fields) -> int | None:
     return f.integer("resources_epoch", lo=0, hi=2**63 - 1)
 
 
+def _opt_flag(f: Fields, key: str) -> bool:
+    raw = f.raw(key)
+    if raw is None:
+        return False
+    if not isinstance(raw, bool):
+        raise ValidationError(f.name(key), "expected a boolean")
+    return raw
+
+
 @dataclass(frozen=True, slots=True)
 class MemberMetadata:
     """What a member tells the leader: its subscription and what it owns (KIP-429)."""
@@ -106,6 +115,12 @@ class ResourceAssignment:
     #: absent from older leaders' assignments. A later leader process that
     #: syncs without assigning (KIP-814) compares it with the current epoch.
     resources_epoch: int | None = None
+    #: the plan this assignment is part of gives some subscribed resource to
+    #: nobody (a cooperative hand-over: its owner revokes it, and it moves in
+    #: the follow-up rebalance). A later leader process that syncs without
+    #: assigning (KIP-814) starts that follow-up itself, since the revoker may
+    #: have been its own earlier process. Absent (false) from older leaders'.
+    followup: bool = False
 
     def encode(self) -> bytes:
         doc: dict[str, Any] = {
@@ -120,6 +135,8 @@ class ResourceAssignment:
             doc["error"] = self.error
         if self.resources_epoch is not None:
             doc["resources_epoch"] = self.resources_epoch
+        if self.followup:
+            doc["followup"] = True
         return encode(doc)
 
     @classmethod
@@ -139,4 +156,5 @@ class ResourceAssignment:
             error=f.opt_string("error", max_len=4096),
             v=f.integer("v", lo=0, hi=2**31 - 1, required=False, default=VERSION),
             resources_epoch=_opt_epoch(f),
+            followup=_opt_flag(f, "followup"),
         )

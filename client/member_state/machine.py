@@ -807,6 +807,13 @@ class MemberStateMachine:
                 failure = "; ".join(result.undecodable.values())
                 self._followup_needed = _leaves_resources_unassigned(
                     catalog.resources, members, assignments)
+                if self._followup_needed:
+                    # So does the plan: a later process of this static leader,
+                    # which syncs without assigning (KIP-814), starts the
+                    # follow-up that this process (maybe the revoker) may not
+                    # live to start (simulator seeds 75664, 76088, 91962).
+                    assignments = {m: replace(a, followup=True)
+                                   for m, a in assignments.items()}
         if failure:
             self.last_error = failure
         self._assigned_epoch = catalog.resources_epoch
@@ -918,6 +925,12 @@ class MemberStateMachine:
             # Deferred imbalance resolution (KIP-415 / incremental cooperative).
             self._request_rejoin(now_ms, "assignor asked for a delayed rebalance",
                                  assignment.delay_ms)
+        if self.is_leader and phase.skip_assignment and assignment.followup:
+            # Assigned by an earlier leader process (KIP-814) whose plan left
+            # resources to nobody: it may have been the revoker itself, and died
+            # before its follow-up join (a new process owns nothing, so it
+            # revokes nothing and would never rejoin).
+            self._followup_needed = True
         if self.is_leader and self._followup_needed and not revoked \
                 and assignment.delay_ms <= 0:
             # KIP-429's follow-up rebalance is started by the members that revoke;

@@ -234,6 +234,61 @@ def test_static_leader_with_skip_assignment_rejoins_for_a_catalog_change_made_me
     expect_call(m, 2, "join")
 
 
+def test_a_leaders_plan_that_leaves_resources_to_nobody_says_so_in_every_assignment() -> None:
+    """The plan of a cooperative hand-over gives what moves to nobody until the
+    follow-up rebalance; every assignment of that plan carries ``followup``,
+    so a later process of this static leader knows the follow-up is due."""
+    m = make(group_instance_id="i-1")
+    expect_call(m, 0, "join")
+    owner = MemberMetadata(sets=("s",), owned={"s": [0, 1, 2, 3]}, generation=1).encode()
+    members = (JoinMember("m1", "i-1", owner),
+               JoinMember("m2", "i-2", MemberMetadata(sets=("s",)).encode()))
+    m.receive(1, JoinResponse(None, 2, "resources", "cooperative-sticky", "m1", "m1", members))
+    expect_call(m, 1, "resources")
+    m.receive(2, CatalogResponse(3, {"s": 4}))
+    sync = expect_call(m, 2, "sync")
+    assert isinstance(sync.request, SyncRequest)
+    got = {a.member_id: codec.decode(a.assignment) for a in sync.request.assignments}
+    assert len(got["m1"]["assigned"]["s"]) == 2 and not got["m2"]["assigned"]  # 2 move
+    assert all(a.get("followup") is True for a in got.values())
+    # a plan that assigns everything is not marked
+    fresh = make(group_instance_id="i-1")
+    expect_call(fresh, 0, "join")
+    members = (JoinMember("m1", "i-1", MemberMetadata(sets=("s",)).encode()),
+               JoinMember("m2", "i-2", MemberMetadata(sets=("s",)).encode()))
+    fresh.receive(1, JoinResponse(None, 1, "resources", "cooperative-sticky", "m1", "m1",
+                                  members))
+    expect_call(fresh, 1, "resources")
+    fresh.receive(2, CatalogResponse(3, {"s": 4}))
+    sync = expect_call(fresh, 2, "sync")
+    assert isinstance(sync.request, SyncRequest)
+    assert not any("followup" in codec.decode(a.assignment) for a in sync.request.assignments)
+
+
+@pytest.mark.parametrize("followup", [True, False])
+def test_a_returning_static_leader_starts_the_follow_up_its_earlier_process_planned(
+        followup: bool) -> None:
+    """Simulator seeds 75664, 76088, 91962: a static cooperative leader planned a
+    hand-over, revoked its own share of it and crashed before its follow-up
+    join; its next process came back (KIP-814, skip_assignment) to its stored
+    assignment, owning nothing, so revoking nothing: nobody rejoined and what
+    it had revoked stayed unowned in a Stable group. The plan's ``followup``
+    mark makes the returning leader start the follow-up rebalance."""
+    m = make(group_instance_id="i-1")
+    expect_call(m, 0, "join")
+    members = (JoinMember("m5", "i-1", MemberMetadata(sets=("s",)).encode()),
+               JoinMember("m3", "i-2", MemberMetadata(sets=("s",)).encode()))
+    m.receive(1, JoinResponse(None, 3, "resources", "cooperative-sticky", "m5", "m5", members,
+                              skip_assignment=True))
+    expect_call(m, 1, "sync")
+    stored: dict[str, object] = {"v": 1, "assigned": {"s": [0, 1]}, "resources_epoch": 4}
+    if followup:
+        stored["followup"] = True
+    m.receive(2, SyncResponse(None, assignment=codec.encode(stored), resources_epoch=4))
+    expect_callback(m, 2, CallbackKind.ASSIGNED, res(0, 1))
+    expect_call(m, 2, "join" if followup else "heartbeat")
+
+
 def test_protocol_choice_follows_kafka() -> None:
     assert make(("cooperative-sticky",)).protocol is RebalanceProtocol.COOPERATIVE
     assert make(("range", "cooperative-sticky")).protocol is RebalanceProtocol.EAGER

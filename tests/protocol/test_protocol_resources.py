@@ -30,3 +30,13 @@ def test_malformed_metadata_names_the_field() -> None:
     assert info.value.field.startswith("metadata.owned.a")
     with pytest.raises(ValidationError, match="metadata"):
         MemberMetadata.decode(b"\xc1")
+
+
+def test_assignment_followup_mark_round_trips_and_is_a_boolean() -> None:
+    marked = ResourceAssignment({"s": [1]}, resources_epoch=3, followup=True)
+    assert ResourceAssignment.decode(marked.encode()).followup
+    assert b"followup" not in ResourceAssignment({"s": [1]}).encode()  # older leaders' shape
+    assert not ResourceAssignment.decode(encode({"v": 1, "assigned": {}})).followup
+    with pytest.raises(ValidationError) as info:
+        ResourceAssignment.decode(encode({"v": 1, "assigned": {}, "followup": 1}))
+    assert info.value.field == "assignment.followup"

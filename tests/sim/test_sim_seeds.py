@@ -178,6 +178,11 @@ REGRESSION_SEEDS = {
             "refused by its older incarnation: the live member not fenced (finding 8)",
     110964: "a static join re-sent after a reset, its first copy late, is a replay of "
             "the same incarnation: not fenced (finding 8)",
+    75664: "a static leader that planned a hand-over and crashed before its sync answer: "
+           "its next process (KIP-814) starts the follow-up the plan marks (finding 11)",
+    76088: "a static leader revoked its share of a hand-over and crashed; its next process "
+           "starts the follow-up the plan marks (finding 11)",
+    91962: "the same (finding 11), the leader's revoked half unowned for 16 s before",
 }
 
 
