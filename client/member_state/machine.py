@@ -421,6 +421,11 @@ class MemberStateMachine:
     def receive(self, now_ms: int, response: object) -> None:
         main = self._take_call()
         call, sent = main.call, main.sent_ms
+        # Any answer of the coordinator's restarts the backoff unless it says
+        # "unavailable" (a catalog read's answer is always a success).
+        self._schedule.answered(
+            response.error if isinstance(response, (JoinResponse, SyncResponse, HeartbeatResponse,
+                                                    LeaveResponse)) else None)
         if self._drop_stale(now_ms, main):
             return
         if call.api == "join" and isinstance(response, JoinResponse):
@@ -517,6 +522,8 @@ class MemberStateMachine:
         call = self._side.take()
         if not isinstance(response, HeartbeatResponse):
             raise RuntimeError(f"response {type(response).__name__} to a background heartbeat")
+        # The coordinator answers: whatever the answer is about, it is there.
+        self._schedule.answered(response.error)
         request = call.request
         assert isinstance(request, HeartbeatRequest)
         sent = self._side.sent_ms
@@ -835,7 +842,6 @@ class MemberStateMachine:
         if resp.error is not None:
             self._apply(now_ms, "join", resp.error)
             return
-        self._schedule.attempts = 0
         # The coordinator restarts our session timer when the join phase
         # completes, which is no earlier than when we sent the join.
         self._lease.known(sent_ms)
@@ -855,7 +861,6 @@ class MemberStateMachine:
         self._schedule.due_ms = now_ms
 
     def _on_catalog(self, now_ms: int, resp: CatalogResponse) -> None:
-        self._schedule.attempts = 0
         if isinstance(self._phase, Syncing):
             self._phase.catalog = resp
         self._schedule.due_ms = now_ms
@@ -864,7 +869,6 @@ class MemberStateMachine:
         if resp.error is not None:
             self._apply(now_ms, "sync", resp.error)
             return
-        self._schedule.attempts = 0
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
         phase = self._phase
         assert isinstance(phase, Syncing)  # a sync in flight outside SYNCING is stale
@@ -968,7 +972,6 @@ class MemberStateMachine:
                 self._lease.known(sent_ms)
             self._apply(now_ms, "heartbeat", resp.error)
             return
-        self._schedule.attempts = 0
         self._lease.settled(sent_ms)
         phase = self._phase
         if isinstance(phase, Syncing) and phase.pending is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from client.member_state.actions import Call
+from client.member_state.actions import ERROR_ACTIONS, Call, ErrorAction
 from protocol.errors import ErrorCode
 
 __all__ = ["MainCall", "Schedule"]
@@ -83,6 +83,14 @@ class Schedule:
         #: the next join/sync/catalog call waits out a backoff after a failure
         #: to reach the coordinator.
         self.retry_pending = False
+
+    def answered(self, code: ErrorCode | None) -> None:
+        """The coordinator answered a call (either channel): the backoff grows
+        only while it is unreachable or unavailable, so an answer other than
+        "unavailable" restarts it from its base -- a join's MEMBER_ID_REQUIRED
+        and a side-channel UNKNOWN_MEMBER_ID too (simulator seed 85751)."""
+        if code is None or ERROR_ACTIONS.get(code, ErrorAction.RETRY) is not ErrorAction.RETRY:
+            self.attempts = 0
 
     def backoff_ms(self) -> int:
         """Exponential backoff with +-20% jitter (Kafka's retry.backoff)."""

@@ -470,6 +470,69 @@ def test_a_protocol_answer_restarts_the_backoff_from_its_base() -> None:
     assert wait.until_ms - now <= 120  # retry_backoff_ms with its jitter
 
 
+def test_a_first_joins_member_id_answer_restarts_the_backoff() -> None:
+    """Simulator seed 85751: a member's calls failed while its coordinator
+    was down (the backoff grew to its cap); it came back, was answered
+    MEMBER_ID_REQUIRED, and its join was then lost to a partition. Without a
+    generation it has no side channel, so it learned of the loss only when
+    the partition healed, and the retry waited the capped backoff (1 s, more
+    than three sessions there) although the coordinator had answered since:
+    the group converged without it, then rebalanced again for it, past the
+    bound. MEMBER_ID_REQUIRED is an answer like any other."""
+    m = make(retry_backoff_ms=100, retry_backoff_max_ms=1_000)
+    now = 0
+    for _ in range(6):
+        expect_call(m, now, "join")
+        m.call_failed(now, CoordinatorUnavailableError("connection refused"))
+        wait = m.next_action(now)
+        assert isinstance(wait, Wait) and wait.until_ms is not None
+        now = wait.until_ms
+    expect_call(m, now, "join")
+    m.receive(now + 5, JoinResponse(ErrorCode.MEMBER_ID_REQUIRED, member_id="m1"))
+    now += 5
+    expect_call(m, now, "join")
+    now += 500  # the partition heals
+    m.call_failed(now, CoordinatorUnavailableError("connection reset"))
+    wait = m.next_action(now)
+    assert isinstance(wait, Wait) and wait.until_ms is not None
+    assert wait.until_ms - now <= 120  # retry_backoff_ms with its jitter
+
+
+def test_a_side_channel_answer_restarts_the_backoff() -> None:
+    """The same on the side channel: a rejoining member whose joins failed
+    is answered UNKNOWN_MEMBER_ID by its background heartbeat (it was
+    removed meanwhile) and joins anew at once; a failure of that join backs
+    off from ``retry_backoff_ms``, not from the exponent the outage left."""
+    m = make(session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+             retry_backoff_ms=100, retry_backoff_max_ms=1_000)
+    join_as_follower(m, 0, 0, 1)
+    expect_call(m, 0, "heartbeat")
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    now = 10
+    for _ in range(6):
+        expect_call(m, now, "join")
+        m.call_failed(now, CoordinatorUnavailableError("connection refused"))
+        wait = m.next_action(now)
+        assert isinstance(wait, Wait) and wait.until_ms is not None
+        now = wait.until_ms
+    join = expect_call(m, now, "join")
+    bg = m.background_heartbeat(now)
+    if isinstance(bg, Wait) and bg.until_ms is not None:
+        now = bg.until_ms
+        bg = m.background_heartbeat(now)
+    assert isinstance(bg, Call) and bg.api == "heartbeat", (bg, join)
+    m.background_received(now + 5, HeartbeatResponse(ErrorCode.UNKNOWN_MEMBER_ID))
+    now += 5
+    m.call_failed(now, CoordinatorUnavailableError("connection reset"))  # the abandoned join
+    expect_callback(m, now, CallbackKind.LOST, {("s", 0), ("s", 1)})
+    expect_call(m, now, "join")  # a new member's join, at once
+    m.call_failed(now + 500, CoordinatorUnavailableError("connection reset"))
+    now += 500
+    wait = m.next_action(now)
+    assert isinstance(wait, Wait) and wait.until_ms is not None
+    assert wait.until_ms - now <= 120  # retry_backoff_ms with its jitter
+
+
 def test_failed_heartbeats_are_retried_at_least_once_an_interval() -> None:
     """Simulator seeds 113568 and 126479: a stable member owning nothing (so
     no on_lost moves it to JOINING when its lease runs out) heartbeated into

@@ -24,6 +24,7 @@ import pytest
 
 from sim import SeedResult, report, run_seed
 from sim.cluster import SimDatabase, Statement
+from sim.world import World
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -150,6 +151,38 @@ def test_a_write_committed_after_a_takeover_is_a_violation(
     assert any("fenced-db" in v for v in result.violations), result.violations
 
 
+#: No fault; its second worker starts after the first has formed a generation
+#: alone (finding 11).
+LATE_WORKER_SEED = 94895
+
+
+def test_a_rebalance_after_every_worker_settled_is_still_a_violation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker's teeth: "settled" waits for every worker of the run (a
+    late worker's first join is not a violation), and a rebalance once they
+    all settled still is one -- here a member asked to rejoin for no reason."""
+    result = run_seed(LATE_WORKER_SEED, keep_trace=True)
+    assert result.ok, report(result)
+    settled = [int(line.split()[0]) for line in result.trace if line.endswith(" SETTLED")]
+    starts = [int(line.split()[0]) for line in result.trace if " start (" in line]
+    assert len(settled) == 1 and len(starts) == 2 and settled[0] > max(starts)
+
+    original = World.run
+
+    def run_with_a_spurious_rejoin(self: World) -> None:
+        def rejoin(_: object) -> None:
+            member = self.slots["w1"].member
+            assert member is not None
+            member.machine.request_rejoin(member.local(), "for no reason")
+            member.run()
+        self.sim.at(settled[0] + 300, rejoin)
+        original(self)
+
+    monkeypatch.setattr(World, "run", run_with_a_spurious_rejoin)
+    result = run_seed(LATE_WORKER_SEED)
+    assert any("after the group settled" in v for v in result.violations), result.violations
+
+
 #: Seeds that found a bug, each failing on the code before its fix
 #: (docs/reliability.md, "What the simulator found").
 REGRESSION_SEEDS = {
@@ -179,10 +212,14 @@ REGRESSION_SEEDS = {
     110964: "a static join re-sent after a reset, its first copy late, is a replay of "
             "the same incarnation: not fenced (finding 8)",
     75664: "a static leader that planned a hand-over and crashed before its sync answer: "
-           "its next process (KIP-814) starts the follow-up the plan marks (finding 11)",
+           "its next process (KIP-814) starts the follow-up the plan marks (finding 13)",
     76088: "a static leader revoked its share of a hand-over and crashed; its next process "
-           "starts the follow-up the plan marks (finding 11)",
-    91962: "the same (finding 11), the leader's revoked half unowned for 16 s before",
+           "starts the follow-up the plan marks (finding 13)",
+    91962: "the same (finding 13), the leader's revoked half unowned for 16 s before",
+    94895: "no fault: the group is settled only once every worker of the run is up "
+           "(a late worker's first join is not a rebalance of a settled group; finding 11)",
+    85751: "a join's MEMBER_ID_REQUIRED restarts the backoff, so a join lost to a "
+           "partition is sent again soon after it heals (finding 12)",
 }
 
 

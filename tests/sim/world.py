@@ -21,8 +21,9 @@ liveness
     join's MEMBER_ID_REQUIRED, and ILLEGAL_GENERATION to a commit that
     arrived after the group formed a newer generation with its member in
     it, aside), no session expires, and once
-    the group settled (every member stable in the group's generation, every
-    resource owned exactly once, no rejoin pending) no rebalance starts;
+    the group settled (every worker of the run up, every member stable in
+    the group's generation, every resource owned exactly once, no rejoin
+    pending) no rebalance starts;
   * after the faults end, every resource of the catalog is owned exactly
     once within :attr:`SimConfig.convergence_bound_ms`, and stays so.
 
@@ -503,6 +504,13 @@ class World:
         view = core.describe_group(GROUP)
         if view is None or view.state != "Stable":
             return False
+        # Every worker of the run is up: members start at different times, and
+        # a group of the early ones is not settled while a later one is still
+        # to join (its join rebalances the group; simulator seed 94895).
+        for slot in self.slots.values():
+            if slot.want_up and (slot.member is None or slot.member not in self.live
+                                 or slot.member.state != UP):
+                return False
         for m in self.live:
             machine = m.machine
             if (machine.state is not MemberState.STABLE
