@@ -178,6 +178,8 @@ REGRESSION_SEEDS = {
             "refused by its older incarnation: the live member not fenced (finding 8)",
     110964: "a static join re-sent after a reset, its first copy late, is a replay of "
             "the same incarnation: not fenced (finding 8)",
+    61599: "a join the member gave up on, delayed past its next join, is not applied as "
+           "its rejoin (finding 11, seed 61599: the join sequence)",
 }
 
 
