@@ -88,6 +88,11 @@ class JoinRequest:
     #: which that process started. Only with ``group_instance_id``; absent: v1.
     incarnation: str | None = None
     incarnation_ms: int | None = None
+    #: v1.1 (simulator finding 14, seed 61599): the member's own count of its
+    #: joins, increasing. A join of a known member arriving after a later join
+    #: of that member was applied (delayed on the network after the member gave
+    #: up on it) is not applied. Absent: no such check (v1 clients).
+    sequence: int | None = None
 
     API = "join"
 
@@ -117,6 +122,8 @@ class JoinRequest:
                                   "has an incarnation")
         if incarnation_ms is not None and incarnation is None:
             raise ValidationError("incarnation_ms", "only with incarnation")
+        sequence = f.integer("sequence", lo=0, hi=2**63 - 1, required=False) \
+            if f.raw("sequence") is not None else None
         return cls(
             group_id=f.string("group_id"),
             member_id=f.string("member_id", allow_empty=True),
@@ -129,6 +136,7 @@ class JoinRequest:
             reason=f.reason(),
             incarnation=incarnation,
             incarnation_ms=incarnation_ms,
+            sequence=sequence,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -148,6 +156,8 @@ class JoinRequest:
             wire["incarnation"] = self.incarnation
         if self.incarnation_ms is not None:
             wire["incarnation_ms"] = self.incarnation_ms
+        if self.sequence is not None:
+            wire["sequence"] = self.sequence
         return wire
 
 

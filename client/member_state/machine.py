@@ -201,6 +201,8 @@ class MemberStateMachine:
         self._closing = False
         #: the ``sequence`` of the last commit built (CommitRequest.sequence).
         self._commit_sequence = -1
+        #: the ``sequence`` of the last join built (JoinRequest.sequence).
+        self._join_sequence = -1
         self._leave_on_close = (config.leave_on_close if config.leave_on_close is not None
                                 else config.group_instance_id is None)
         self.failure: FatalMemberError | None = None
@@ -343,6 +345,14 @@ class MemberStateMachine:
                 checkpoints.items(), key=lambda kv: kv[0])),
             sequence=self._commit_sequence,
         )
+
+    def _next_join_sequence(self) -> int:
+        """Increasing over the member's whole life, one per join sent (a join
+        sent again included): a join the member gave up on that reaches the
+        coordinator after a later one is not applied (docs/client.md, "A call
+        the coordinator is done with"; simulator finding 14)."""
+        self._join_sequence += 1
+        return self._join_sequence
 
     def commit_result(self, now_ms: int, request: CommitRequest,
                       code: ErrorCode | None) -> CommitFailedError | None:
@@ -740,6 +750,7 @@ class MemberStateMachine:
             client_id=self.config.client_id, reason=phase.reason,
             incarnation=self.incarnation if static else None,
             incarnation_ms=self.incarnation_ms if static else None,
+            sequence=self._next_join_sequence(),
         )
         if phase.first_sent_ms is None:
             phase.first_sent_ms = now_ms

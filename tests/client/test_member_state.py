@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -692,7 +693,8 @@ def test_a_join_lost_while_heartbeats_show_no_rebalance_is_sent_again() -> None:
     assert resent_at < 10 + 1_000  # well before the call's 10 s timeout
     m.call_abandoned(resent_at)
     again = expect_call(m, resent_at, "join")
-    assert again.request == join.request  # the same join: same member, claims, generation
+    # The same join (same member, claims, generation) under the next sequence.
+    assert again.request == replace(join.request, sequence=join.request.sequence + 1)
     assert "sent again" in (m.last_error or "")
     # The second join is watched afresh: one answer does not abandon it.
     now, _bg = _side_channel(m, resent_at)
@@ -712,7 +714,8 @@ def test_a_join_whose_answer_is_lost_after_the_generation_formed_is_sent_again()
     resent_at = _answers_until_resent(m, 10, HeartbeatResponse(ErrorCode.ILLEGAL_GENERATION))
     assert m.state is MemberState.JOINING and m.owned == frozenset(res(0, 1))
     m.call_abandoned(resent_at)
-    assert expect_call(m, resent_at, "join").request == join.request
+    again = expect_call(m, resent_at, "join").request
+    assert again == replace(join.request, sequence=join.request.sequence + 1)
 
 
 def test_a_sync_whose_answer_is_lost_is_sent_again() -> None:
@@ -1141,3 +1144,21 @@ def test_a_stale_sync_answer_of_an_expired_member_is_never_delivered() -> None:
     assert join.request.member_id == ""
     assert m.owned == frozenset()
     assert not any(isinstance(e, RebalanceCompleted) for e in m.drain_events())
+
+
+def test_every_join_sent_carries_a_higher_sequence() -> None:
+    """Simulator seed 61599 (docs/reliability.md, finding 14): a join the
+    member gave up on (its connection reset) reached the coordinator after
+    the member had joined again and synced; counted as the member's rejoin, it
+    let the next generation give away what the member still owned. Each join
+    carries a sequence above every earlier one of the member's life (a join
+    sent again included), for the coordinator to refuse the older."""
+    m = _stable_owner()
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    first = expect_call(m, 10, "join").request
+    resent_at = _answers_until_resent(m, 10, HeartbeatResponse(ErrorCode.ILLEGAL_GENERATION))
+    m.call_abandoned(resent_at)
+    second = expect_call(m, resent_at, "join").request
+    assert isinstance(first, JoinRequest) and isinstance(second, JoinRequest)
+    assert first.sequence is not None and second.sequence is not None
+    assert second.sequence > first.sequence

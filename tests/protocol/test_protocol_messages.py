@@ -97,6 +97,8 @@ def test_apis_map_every_call_to_its_types() -> None:
          "incarnation_ms", "must be >= 0"),
         ({"group_instance_id": "i", "incarnation": "p", "incarnation_ms": "5"},
          "incarnation_ms", "expected an integer, got str"),
+        ({"sequence": -1}, "sequence", "must be >= 0"),
+        ({"sequence": "3"}, "sequence", "expected an integer, got str"),
     ],
 )
 def test_bad_join_names_the_field(change: dict[str, Any], field: str, problem: str) -> None:
@@ -118,7 +120,14 @@ def test_a_join_without_an_incarnation_has_the_v1_wire() -> None:
     # The v1.1 fields are written only when set: a v1 join's document is unchanged.
     wire = JoinRequest("g", "", "resources", (("range", b"x"),), 6000, 6000, "i").to_wire()
     assert "incarnation" not in wire and "incarnation_ms" not in wire
+    assert "sequence" not in wire
     assert JoinRequest.from_wire(wire).incarnation is None
+    assert JoinRequest.from_wire(wire).sequence is None
+
+
+def test_a_join_sequence_goes_over_the_wire() -> None:
+    sent = JoinRequest("g", "m", "resources", (("range", b"x"),), 6000, 6000, sequence=4)
+    assert JoinRequest.from_wire(sent.to_wire()) == sent
 
 
 def test_unknown_extra_fields_are_ignored() -> None:

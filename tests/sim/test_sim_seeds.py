@@ -220,6 +220,8 @@ REGRESSION_SEEDS = {
            "(a late worker's first join is not a rebalance of a settled group; finding 11)",
     85751: "a join's MEMBER_ID_REQUIRED restarts the backoff, so a join lost to a "
            "partition is sent again soon after it heals (finding 12)",
+    61599: "a join the member gave up on, delayed past its next join, is not applied as "
+           "its rejoin (finding 14, seed 61599: the join sequence)",
 }
 
 

@@ -1,0 +1,56 @@
+"""A member's join delayed past its next one is not applied (simulator finding
+11, seed 61599): ``JoinRequest.sequence``, docs/coordinator-semantics.md."""
+
+from __future__ import annotations
+
+from coretest_kit import PROTOS, G, Harness, reply
+
+from coordinator.core.commands import Join
+from coordinator.core.effects import Effect
+from protocol.errors import ErrorCode
+from protocol.messages import JoinRequest, JoinResponse
+
+
+def _join(h: Harness, member_id: str, sequence: int | None) -> tuple[int, list[Effect]]:
+    rid = h.rid()
+    req = JoinRequest(G, member_id, "resources", PROTOS, 10_000, 30_000,
+                      client_id="cli", sequence=sequence)
+    return rid, h.run(Join(rid, req, "10.0.0.1", h.new_id(), None))
+
+
+def test_a_join_older_than_one_applied_does_not_count_as_a_rejoin() -> None:
+    h = Harness()
+    h.put_resource("orders", 4)
+    (leader, follower), generation = h.stable_group(2)
+    # The follower's join 0 is delayed on the network; it gives up on it, joins
+    # again (1) and gets the current generation back, with its assignment.
+    rid, out = _join(h, follower, sequence=1)
+    answer = reply(out, rid)
+    assert isinstance(answer, JoinResponse) and answer.error is None
+    assert answer.generation_id == generation and h.state() == "Stable"
+    # The leader starts a rebalance (a catalog change, say).
+    h.join(leader)
+    assert h.state() == "PreparingRebalance"
+    # Join 0 lands now. Applied, it would stand for the follower's rejoin (its
+    # word that it owns nothing) while it still owns its assignment under a
+    # live lease, and the next generation would form and give that away.
+    rid, out = _join(h, follower, sequence=0)
+    answer = reply(out, rid)
+    assert isinstance(answer, JoinResponse)
+    assert answer.error is ErrorCode.REBALANCE_IN_PROGRESS
+    assert h.state() == "PreparingRebalance"
+    # The follower's own rejoin (after its heartbeat saw the rebalance) counts.
+    rid, out = _join(h, follower, sequence=2)
+    assert h.state() == "CompletingRebalance"
+    answer = reply(out, rid)
+    assert isinstance(answer, JoinResponse) and answer.generation_id == generation + 1
+
+
+def test_joins_without_a_sequence_are_applied_as_before() -> None:
+    h = Harness()
+    h.put_resource("orders", 4)
+    (leader, follower), _ = h.stable_group(2)
+    _join(h, follower, sequence=5)
+    h.join(leader)
+    _join(h, follower, sequence=None)   # a v1 client
+    assert h.state() == "CompletingRebalance"
