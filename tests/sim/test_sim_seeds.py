@@ -220,6 +220,7 @@ REGRESSION_SEEDS = {
            "(a late worker's first join is not a rebalance of a settled group; finding 11)",
     85751: "a join's MEMBER_ID_REQUIRED restarts the backoff, so a join lost to a "
            "partition is sent again soon after it heals (finding 12)",
+    217816: "a lost heartbeat verifying a late sync answer is retried soon (finding 14)",
 }
 
 
