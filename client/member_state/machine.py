@@ -785,7 +785,14 @@ class MemberStateMachine:
         if phase.pending is not None:
             request = HeartbeatRequest(self.config.group_id, self.member_id, self.generation_id,
                                        self.config.group_instance_id, 0)
-            return self._send(now_ms, Call("heartbeat", request, self.config.request_timeout_ms))
+            # Not held, so awaited the reply allowance as every heartbeat is
+            # (the timing rule), then retried: an answer read a lease after its
+            # send could not be trusted anyway, and one lost on a hung
+            # connection must not keep the member out of the group for
+            # request_timeout_ms (simulator seed 217816: 30 s, with the
+            # group converged without it meanwhile).
+            timeout = self._timing.heartbeat_timeout_ms(now_ms, 0, None)
+            return self._send(now_ms, Call("heartbeat", request, timeout))
         needs_assignment = self.is_leader and not phase.skip_assignment
         if needs_assignment and phase.request is None:
             if phase.catalog is None:

@@ -1162,3 +1162,31 @@ def test_every_join_sent_carries_a_higher_sequence() -> None:
     assert isinstance(first, JoinRequest) and isinstance(second, JoinRequest)
     assert first.sequence is not None and second.sequence is not None
     assert second.sequence > first.sequence
+
+
+def test_the_heartbeat_verifying_a_late_sync_answer_is_awaited_the_reply_allowance() -> None:
+    # Simulator seed 217816: the verifying heartbeat was lost on a hung
+    # connection and awaited request_timeout_ms (30 s) while the coordinator
+    # expired the member and the group converged without it; its rejoin 30 s
+    # later cost the converged group a rebalance.
+    m = make(request_timeout_ms=30_000)
+    expect_call(m, 0, "join")
+    m.receive(0, JoinResponse(None, 1, "resources", "cooperative-sticky", "leader", "m1"))
+    expect_call(m, 0, "sync")
+    now = 5_000
+    m.receive(now, SyncResponse(None, assignment=assignment(0, 1)))  # read too late
+    check = expect_call(m, now, "heartbeat")
+    reply = (SESSION - 2 * HB) // 2  # the timing rule's reply allowance
+    assert check.timeout_ms == reply
+    now += check.timeout_ms
+    m.call_failed(now, CoordinatorUnavailableError("heartbeat: no answer within its timeout"))
+    action = m.next_action(now)
+    if isinstance(action, Wait):  # the retry backoff
+        assert action.until_ms is not None and action.until_ms - now <= HB
+        now = action.until_ms
+        action = m.next_action(now)
+    assert isinstance(action, Call) and action.api == "heartbeat"
+    assert isinstance(action.request, HeartbeatRequest) and action.request.generation_id == 1
+    m.receive(now + 5, HeartbeatResponse(ErrorCode.UNKNOWN_MEMBER_ID))
+    join = expect_call(m, now + 5, "join")  # back in the group a second after the answer
+    assert isinstance(join.request, JoinRequest) and join.request.member_id == ""

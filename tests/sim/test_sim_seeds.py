@@ -222,6 +222,7 @@ REGRESSION_SEEDS = {
            "partition is sent again soon after it heals (finding 12)",
     61599: "a join the member gave up on, delayed past its next join, is not applied as "
            "its rejoin (finding 14, seed 61599: the join sequence)",
+    217816: "a lost heartbeat verifying a late sync answer is retried soon (finding 15)",
 }
 
 
