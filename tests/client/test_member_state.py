@@ -403,6 +403,19 @@ def test_retriable_codes_retry_the_same_step_after_backoff(code: ErrorCode) -> N
     assert m.owned == frozenset(res(0, 1))  # nothing lost yet
 
 
+def fail_joins(m: MemberStateMachine, now: int, times: int,
+               error: str = "connection refused") -> int:
+    """Fail ``times`` joins in a row, each retried when the backoff says (the
+    backoff grows toward its cap); returns when the next join is due."""
+    for _ in range(times):
+        expect_call(m, now, "join")
+        m.call_failed(now, CoordinatorUnavailableError(error))
+        wait = m.next_action(now)
+        assert isinstance(wait, Wait) and wait.until_ms is not None
+        now = wait.until_ms
+    return now
+
+
 def test_join_retries_with_exponential_backoff_and_jitter() -> None:
     draws = iter([0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5])
     m = MemberStateMachine(MemberConfig("g", ["s"], session_timeout_ms=SESSION,
@@ -457,13 +470,7 @@ def test_a_protocol_answer_restarts_the_backoff_from_its_base() -> None:
     the faults. The backoff grows only while the coordinator is unreachable
     or unavailable; an answer restarts it from ``retry_backoff_ms``."""
     m = make(retry_backoff_ms=100, retry_backoff_max_ms=1_000)
-    now = 0
-    for _ in range(5):
-        expect_call(m, now, "join")
-        m.call_failed(now, CoordinatorUnavailableError("connection reset"))
-        wait = m.next_action(now)
-        assert isinstance(wait, Wait) and wait.until_ms is not None
-        now = wait.until_ms
+    now = fail_joins(m, 0, 5, "connection reset")
     expect_call(m, now, "join")
     m.receive(now, JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id="m1"))
     wait = m.next_action(now)
@@ -481,13 +488,7 @@ def test_a_first_joins_member_id_answer_restarts_the_backoff() -> None:
     the group converged without it, then rebalanced again for it, past the
     bound. MEMBER_ID_REQUIRED is an answer like any other."""
     m = make(retry_backoff_ms=100, retry_backoff_max_ms=1_000)
-    now = 0
-    for _ in range(6):
-        expect_call(m, now, "join")
-        m.call_failed(now, CoordinatorUnavailableError("connection refused"))
-        wait = m.next_action(now)
-        assert isinstance(wait, Wait) and wait.until_ms is not None
-        now = wait.until_ms
+    now = fail_joins(m, 0, 6)
     expect_call(m, now, "join")
     m.receive(now + 5, JoinResponse(ErrorCode.MEMBER_ID_REQUIRED, member_id="m1"))
     now += 5
@@ -509,13 +510,7 @@ def test_a_side_channel_answer_restarts_the_backoff() -> None:
     join_as_follower(m, 0, 0, 1)
     expect_call(m, 0, "heartbeat")
     m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
-    now = 10
-    for _ in range(6):
-        expect_call(m, now, "join")
-        m.call_failed(now, CoordinatorUnavailableError("connection refused"))
-        wait = m.next_action(now)
-        assert isinstance(wait, Wait) and wait.until_ms is not None
-        now = wait.until_ms
+    now = fail_joins(m, 10, 6)
     join = expect_call(m, now, "join")
     bg = m.background_heartbeat(now)
     if isinstance(bg, Wait) and bg.until_ms is not None:
