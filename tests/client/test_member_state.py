@@ -102,6 +102,21 @@ def join_as_follower(m: MemberStateMachine, now: int, *indexes: int,
     assert m.state is MemberState.STABLE
 
 
+def plan_as_leader(m: MemberStateMachine, now: int, generation: int,
+                   members: tuple[JoinMember, ...], catalog: dict[str, int],
+                   epoch: int = 3) -> SyncRequest:
+    """``m`` (member id m1) joins, is made the leader of ``generation`` with
+    ``members``, reads the catalog and sends its plan: the sync request."""
+    expect_call(m, now, "join")
+    m.receive(now + 1, JoinResponse(None, generation, "resources", "cooperative-sticky",
+                                    "m1", "m1", members))
+    expect_call(m, now + 1, "resources")
+    m.receive(now + 2, CatalogResponse(epoch, catalog))
+    sync = expect_call(m, now + 2, "sync")
+    assert isinstance(sync.request, SyncRequest)
+    return sync.request
+
+
 def metadata_of(call: Call) -> MemberMetadata:
     assert isinstance(call.request, JoinRequest)
     return MemberMetadata.decode(call.request.protocols[0][1])
@@ -239,31 +254,18 @@ def test_a_leaders_plan_that_leaves_resources_to_nobody_says_so_in_every_assignm
     """The plan of a cooperative hand-over gives what moves to nobody until the
     follow-up rebalance; every assignment of that plan carries ``followup``,
     so a later process of this static leader knows the follow-up is due."""
-    m = make(group_instance_id="i-1")
-    expect_call(m, 0, "join")
     owner = MemberMetadata(sets=("s",), owned={"s": [0, 1, 2, 3]}, generation=1).encode()
     members = (JoinMember("m1", "i-1", owner),
                JoinMember("m2", "i-2", MemberMetadata(sets=("s",)).encode()))
-    m.receive(1, JoinResponse(None, 2, "resources", "cooperative-sticky", "m1", "m1", members))
-    expect_call(m, 1, "resources")
-    m.receive(2, CatalogResponse(3, {"s": 4}))
-    sync = expect_call(m, 2, "sync")
-    assert isinstance(sync.request, SyncRequest)
-    got = {a.member_id: codec.decode(a.assignment) for a in sync.request.assignments}
+    plan = plan_as_leader(make(group_instance_id="i-1"), 0, 2, members, {"s": 4})
+    got = {a.member_id: codec.decode(a.assignment) for a in plan.assignments}
     assert len(got["m1"]["assigned"]["s"]) == 2 and not got["m2"]["assigned"]  # 2 move
     assert all(a.get("followup") is True for a in got.values())
     # a plan that assigns everything is not marked
-    fresh = make(group_instance_id="i-1")
-    expect_call(fresh, 0, "join")
     members = (JoinMember("m1", "i-1", MemberMetadata(sets=("s",)).encode()),
                JoinMember("m2", "i-2", MemberMetadata(sets=("s",)).encode()))
-    fresh.receive(1, JoinResponse(None, 1, "resources", "cooperative-sticky", "m1", "m1",
-                                  members))
-    expect_call(fresh, 1, "resources")
-    fresh.receive(2, CatalogResponse(3, {"s": 4}))
-    sync = expect_call(fresh, 2, "sync")
-    assert isinstance(sync.request, SyncRequest)
-    assert not any("followup" in codec.decode(a.assignment) for a in sync.request.assignments)
+    plan = plan_as_leader(make(group_instance_id="i-1"), 0, 1, members, {"s": 4})
+    assert not any("followup" in codec.decode(a.assignment) for a in plan.assignments)
 
 
 @pytest.mark.parametrize("followup", [True, False])
