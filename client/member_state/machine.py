@@ -467,7 +467,7 @@ class MemberStateMachine:
             # The session timeout will remove us; do not hang on close.
             self._finish_close()
             return
-        self._retry_later(now_ms, api, str(error))
+        self._retry_later(now_ms, api, str(error), sent_ms=main.sent_ms)
 
     def call_abandoned(self, now_ms: int) -> None:
         """The driver cancelled a call: a parked heartbeat when there is other
@@ -1040,10 +1040,19 @@ class MemberStateMachine:
         else:
             self._retry_later(now_ms, api, code.value)
 
-    def _retry_later(self, now_ms: int, api: str, reason: str) -> None:
+    def _retry_later(self, now_ms: int, api: str, reason: str,
+                     sent_ms: int | None = None) -> None:
         # The same step again after a backoff: a join is rebuilt, a sync is
         # re-sent as is (the coordinator answers a repeated sync with the
         # stored assignment, PROTOCOL.md "Durability"), a heartbeat is retried.
+        # The backoff spaces attempts: it counts from the failed call's start
+        # (``sent_ms``, as gRPC's connection backoff does), so a call that
+        # timed out after waiting longer than the backoff goes again at once.
+        # A join lost on the network is only known lost at its timeout (the
+        # rebalance timeout + 5 s); waiting out a backoff of up to
+        # retry_backoff_max_ms after that kept a member that owns nothing out
+        # of its group past the convergence bound at short sessions
+        # (simulator seed 415932).
         if api in ("join", "sync", CATALOG_API):
             self._fail_rebalance(now_ms, _with_api(api, reason), retriable=True)
         schedule = self._schedule
@@ -1060,7 +1069,8 @@ class MemberStateMachine:
             backoff = min(schedule.backoff_ms(), self._timing.heartbeat_interval_ms)
             schedule.due_ms = self._timing.retry_at(now_ms, backoff, self._lease_end_now())
             return
-        schedule.due_ms = now_ms + schedule.backoff_ms()
+        start = now_ms if sent_ms is None else min(sent_ms, now_ms)
+        schedule.due_ms = max(now_ms, start + schedule.backoff_ms())
         # Waiting out a backoff for want of a coordinator: an answer on the
         # side channel ends it (background_received).
         schedule.retry_pending = True

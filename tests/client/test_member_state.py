@@ -418,6 +418,16 @@ def fail_joins(m: MemberStateMachine, now: int, times: int,
     return now
 
 
+def join_due(m: MemberStateMachine, now: int) -> int:
+    """When the next join goes: ``now`` if it goes at once."""
+    action = m.next_action(now)
+    if isinstance(action, Call):
+        assert action.api == "join", action
+        return now
+    assert isinstance(action, Wait) and action.until_ms is not None, action
+    return action.until_ms
+
+
 def test_join_retries_with_exponential_backoff_and_jitter() -> None:
     draws = iter([0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5])
     m = MemberStateMachine(MemberConfig("g", ["s"], session_timeout_ms=SESSION,
@@ -497,9 +507,28 @@ def test_a_first_joins_member_id_answer_restarts_the_backoff() -> None:
     expect_call(m, now, "join")
     now += 500  # the partition heals
     m.call_failed(now, CoordinatorUnavailableError("connection reset"))
-    wait = m.next_action(now)
+    # retry_backoff_ms with its jitter from the join's start: already over.
+    assert join_due(m, now) == now
+
+
+def test_a_call_that_timed_out_has_waited_out_its_backoff() -> None:
+    """Simulator seed 415932: a member without a generation (no side channel)
+    had its join lost on a hung connection after a run of failures; it knew
+    only at the join's timeout (rebalance timeout + 5 s), then still waited
+    the backoff (about 1 s, its cap, more than two sessions there) and joined
+    past the convergence bound. The backoff spaces attempts, counted from the
+    failed call's start: a call that failed at once still backs off."""
+    m = make(retry_backoff_ms=100, retry_backoff_max_ms=1_000)
+    now = fail_joins(m, 0, 6)
+    join = expect_call(m, now, "join")
+    assert join.timeout_ms is not None and join.timeout_ms > 1_000
+    now += join.timeout_ms
+    m.call_failed(now, CoordinatorUnavailableError("join: no answer within the call's timeout"))
+    expect_call(m, now, "join")  # at once
+    m.call_failed(now + 3, CoordinatorUnavailableError("connection refused"))
+    wait = m.next_action(now + 3)
     assert isinstance(wait, Wait) and wait.until_ms is not None
-    assert wait.until_ms - now <= 120  # retry_backoff_ms with its jitter
+    assert wait.until_ms - now >= 800  # the capped backoff, from the failed call's start
 
 
 def test_a_side_channel_answer_restarts_the_backoff() -> None:
@@ -526,9 +555,8 @@ def test_a_side_channel_answer_restarts_the_backoff() -> None:
     expect_call(m, now, "join")  # a new member's join, at once
     m.call_failed(now + 500, CoordinatorUnavailableError("connection reset"))
     now += 500
-    wait = m.next_action(now)
-    assert isinstance(wait, Wait) and wait.until_ms is not None
-    assert wait.until_ms - now <= 120  # retry_backoff_ms with its jitter
+    # retry_backoff_ms with its jitter from the join's start: already over.
+    assert join_due(m, now) == now
 
 
 def test_failed_heartbeats_are_retried_at_least_once_an_interval() -> None:

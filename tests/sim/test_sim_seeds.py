@@ -223,6 +223,8 @@ REGRESSION_SEEDS = {
     61599: "a join the member gave up on, delayed past its next join, is not applied as "
            "its rejoin (finding 14, seed 61599: the join sequence)",
     217816: "a lost heartbeat verifying a late sync answer is retried soon (finding 15)",
+    415932: "a join that timed out is sent again at once: the backoff counts from the "
+            "call's start (finding 16)",
 }
 
 
