@@ -187,3 +187,64 @@ def test_an_index_listed_twice_by_one_member_is_owned_once() -> None:
     assert got == reference(rows, 1_000)
     assert [(r["owned_after"], r["assignment_error"]) for r in got] == \
         [(2, False), (2, False), (2, False)]
+
+
+def _shipped(table: Any, drop_blob_of: str | None = None) -> Any:
+    """``table`` as facts_task ships it to the Python workers: journal rows
+    without their bytes, keyed by two 64-bit hashes, and one blob row per
+    (group, distinct bytes). The hashes here come from blake2b: the Python
+    side only matches keys, whatever made them."""
+    import hashlib
+
+    import pyarrow as pa
+
+    def halves(blob: bytes | None) -> tuple[int, int]:
+        digest = hashlib.blake2b(b"\x00" if blob is None else b"\x01" + blob,
+                                 digest_size=16).digest()
+        return (int.from_bytes(digest[:8], "little", signed=True),
+                int.from_bytes(digest[8:], "little", signed=True))
+
+    h1, h2 = facts_mod.BLOB_KEY_COLUMNS
+    schema = facts_mod.input_schema().append(pa.field(h1, pa.int64())) \
+        .append(pa.field(h2, pa.int64())).append(pa.field(facts_mod.BLOB_ROW, pa.bool_()))
+    journal, blobs = [], {}
+    for row in table.to_pylist():
+        k1, k2 = halves(row["assignments"])
+        journal.append({**row, "assignments": None, h1: k1, h2: k2, facts_mod.BLOB_ROW: False})
+        if row["group_id"] != drop_blob_of:
+            blobs[(row["source"], row["group_id"], k1, k2)] = {
+                "source": row["source"], "group_id": row["group_id"],
+                "assignments": row["assignments"], h1: k1, h2: k2, facts_mod.BLOB_ROW: True}
+    return pa.Table.from_pylist(journal + list(blobs.values()), schema=schema)
+
+
+def test_bytes_shipped_apart_give_the_same_facts() -> None:
+    """Spark sends each group's distinct assignment bytes once, in blob rows,
+    and the journal rows with two hashes of them (pipeline/analyze.py
+    facts_task): the facts are those of the rows with their bytes, in any
+    order and over any batches. Two groups of the same assignments share
+    nothing but the bytes; null and unreadable bytes stay what they were."""
+    import dataclasses
+
+    import pyarrow as pa
+    rnd = random.Random(23)
+    rows: list[JournalRow] = []
+    for g in range(6):
+        journal = _random_journal(rnd) if g < 5 else _random_journal(random.Random(23))
+        rows += journal_rows([dataclasses.replace(x, group_id=f"g{g}") for x in journal])
+    rows = [dataclasses.replace(r, journal_id=i) for i, r in enumerate(rows, start=1)]
+    rows.append(dataclasses.replace(rows[0], journal_id=len(rows) + 1, assignments=None))
+    shipped = _shipped(input_table(rows))
+    assert shipped.num_rows < 2 * len(rows)  # blobs repeat within a group
+    order = list(range(shipped.num_rows))
+    rnd.shuffle(order)
+    batches = shipped.take(pa.array(order)).to_batches(max_chunksize=5)
+    got = pa.Table.from_batches(list(facts_mod.facts_of_partition([], 2_000)(iter(batches))))
+    assert sorted(_no_window(got.to_pylist()), key=_key) == reference(rows, 2_000)
+
+
+def test_a_journal_row_without_its_blob_row_is_an_error() -> None:
+    rows = journal_rows(EAGER)
+    shipped = _shipped(input_table(rows), drop_blob_of=rows[0].group_id)
+    with pytest.raises(ValueError, match="have no blob row"):
+        list(facts_mod.partition_chunks(shipped.to_batches()))
