@@ -207,41 +207,22 @@ def facts_task(journal: Any, options: AnalyzeOptions, partitions: int) -> Any:
     The storm counter is counted there too (``facts.window_counts``, the
     same count as a window function over the group ordered by start, which
     would shuffle and sort the facts a second time).
-
-    The assignment bytes (about 200 bytes a row in the benchmark's journals,
-    most of the shuffle) do not travel with every row: a row carries two
-    ``xxhash64`` of them under different seeds (``facts.BLOB_KEY_COLUMNS``),
-    and each group's distinct blobs travel once, as rows of their own
-    (``distinct`` keeps the bytes in its key: a hash aggregate, no sort),
-    to the same partition as the group's rows. Two different blobs of one
-    group with the same 128-bit key would be taken for one; xxhash64 is no
-    cryptographic hash, which matters only for bytes crafted to collide.
     """
     from pyspark.sql import functions as F
 
-    from pipeline.facts import BLOB_KEY_COLUMNS, BLOB_ROW, facts_of_partition, facts_schema
-    h1, h2 = BLOB_KEY_COLUMNS
-    keys = [F.xxhash64("assignments").alias(h1),
-            # A seed of its own: xxhash64(1, bytes) hashes the bytes seeded by
-            # the hash of 1 (a null adds nothing, as in the first column).
-            F.xxhash64(F.lit(1), "assignments").alias(h2)]
-    numbers = {"id": F.col("id").cast("long"),
-               "generation_id": F.col("generation_id").cast("long"),
-               "protocol_type": F.col("protocol_type"),
-               "protocol_name": F.col("protocol_name"), "reason": F.col("reason"),
-               "started_ms": F.col("started_ms").cast("long"),
-               "ended_ms": F.col("ended_ms").cast("long"),
-               "member_count": F.col("member_count").cast("long"),
-               "joined_count": F.coalesce(F.size("joined"), F.lit(0)).cast("long"),
-               "left_count": F.coalesce(F.size("left"), F.lit(0)).cast("long")}
+    from pipeline.facts import facts_of_partition, facts_schema
     rows = journal.select(
-        "source", "group_id", *(c.alias(name) for name, c in numbers.items()),
-        F.lit(None).cast("binary").alias("assignments"), *keys, F.lit(False).alias(BLOB_ROW))
-    blobs = journal.select(
         "source", "group_id",
-        *(F.lit(None).cast(rows.schema[name].dataType).alias(name) for name in numbers),
-        "assignments", *keys, F.lit(True).alias(BLOB_ROW)).distinct()
-    facts = rows.unionByName(blobs).repartition(partitions, "source", "group_id").mapInArrow(
+        F.col("id").cast("long").alias("id"),
+        F.col("generation_id").cast("long").alias("generation_id"),
+        "protocol_type", "protocol_name", "reason",
+        F.col("started_ms").cast("long").alias("started_ms"),
+        F.col("ended_ms").cast("long").alias("ended_ms"),
+        F.col("member_count").cast("long").alias("member_count"),
+        F.coalesce(F.size("joined"), F.lit(0)).cast("long").alias("joined_count"),
+        F.coalesce(F.size("left"), F.lit(0)).cast("long").alias("left_count"),
+        "assignments")
+    facts = rows.repartition(partitions, "source", "group_id").mapInArrow(
         facts_of_partition(options.cooperative, options.storm_window_ms),
         ddl(facts_schema()))
     return facts.select(*_columns(facts_schema()))

@@ -22,10 +22,7 @@ Only distinct assignments are decoded (a group goes back to the same
 assignment often, and different assignments share most members' bytes):
 :func:`partition_chunks` numbers a partition's distinct assignment blobs
 with Arrow's dictionary encoding, and each member's assignment bytes are
-decoded once per chunk. Under Spark the bytes do not even travel with every
-row: a journal row carries two hashes of them (:data:`BLOB_KEY_COLUMNS`) and
-each group's distinct blobs come once, in rows of their own
-(:func:`partition_chunks`). Matrices are
+decoded once per chunk. Matrices are
 processed in blocks of at most :data:`BLOCK_CELLS` cells, carrying the state
 of the open history from one block to the next, so a group with thousands of
 resources and rows needs no more memory than a small one.
@@ -53,15 +50,6 @@ INPUT_COLUMNS: tuple[str, ...] = (
     "source", "group_id", "id", "generation_id", "protocol_type", "protocol_name",
     "reason", "started_ms", "ended_ms", "member_count", "joined_count", "left_count",
     "assignments")
-
-#: A journal row's assignment bytes on the way to the facts task, when they
-#: travel apart (pipeline/analyze.py ``facts_task``): two 64-bit hashes of the
-#: bytes under different seeds (Spark's ``xxhash64``), a 128-bit key. The
-#: bytes come once per (group, distinct value), in a *blob row*: one with
-#: :data:`BLOB_ROW` true, holding ``source``, ``group_id``, the keys and
-#: ``assignments`` (its other columns null).
-BLOB_KEY_COLUMNS: tuple[str, str] = ("assignments_h1", "assignments_h2")
-BLOB_ROW = "blob_row"
 
 _LONG = {"journal_id", "generation_id", "started_ms", "ended_ms", "duration_ms",
          "member_count", "joined", "left", "owned_before", "owned_after", "revoked",
@@ -568,32 +556,6 @@ def _shared_dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
     return remap[offset + indices], merged.dictionary
 
 
-def _blob_keys(table: pa.Table) -> pa.Array:
-    """The two hash columns of ``table`` as one 16-byte key per row."""
-    keys = np.empty((table.num_rows, 2), dtype=np.int64)
-    for k, name in enumerate(BLOB_KEY_COLUMNS):
-        keys[:, k] = _np(table[name])
-    return pa.Array.from_buffers(pa.binary(16), table.num_rows, [None, pa.py_buffer(keys)])
-
-
-def _resolve_blobs(table: pa.Table) -> tuple[pa.Table, tuple[np.ndarray, pa.Array]]:
-    """A partition as Spark sends it when the bytes travel apart
-    (:data:`BLOB_KEY_COLUMNS`): its journal rows, and for each of them the
-    index of its assignment bytes among the partition's blob rows (the
-    blobs: one per group and distinct value, so a blob may repeat across
-    groups, never within one). A journal row whose key has no blob row
-    means the job's plan is broken: an error, never a guess."""
-    is_blob = _flag(table[BLOB_ROW])
-    blob_rows = table.filter(pa.array(is_blob))
-    journal = table.filter(pa.array(~is_blob))
-    found = pc.index_in(_blob_keys(journal), value_set=_blob_keys(blob_rows))
-    if found.null_count:
-        raise ValueError(f"{found.null_count} of {journal.num_rows} journal rows have no "
-                         "blob row with their assignment bytes in their partition")
-    return (journal.drop_columns([*BLOB_KEY_COLUMNS, BLOB_ROW]),
-            (_np(found, np.int32), blob_rows["assignments"].combine_chunks()))
-
-
 def partition_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
                      ) -> Iterator[pa.Table]:
     """Tables of whole groups (about ``rows`` rows each; a bigger group is a
@@ -611,21 +573,15 @@ def partition_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
     strings through their codes, the assignments as indices into the
     partition's distinct blobs (a ``DictionaryArray``: facts_for_chunk then
     decodes each distinct blob of a group once, without hashing the bytes
-    again). Batches with :data:`BLOB_KEY_COLUMNS` hold journal rows without
-    their bytes and blob rows with them (:func:`_resolve_blobs`).
+    again).
     """
     full = [b for b in batches if b.num_rows]
     table = pa.Table.from_batches(full) if full else input_schema().empty_table()
-    if BLOB_KEY_COLUMNS[0] in table.column_names:
-        table, blobs = _resolve_blobs(table)
-    else:
-        blobs = _shared_dictionary(table["assignments"])
     n = table.num_rows
     if n == 0:
         return
     codes: dict[str, tuple[np.ndarray, pa.Array]] = {
-        c: _shared_dictionary(table[c]) for c in _STRINGS}
-    codes["assignments"] = blobs
+        c: _shared_dictionary(table[c]) for c in (*_STRINGS, "assignments")}
     numbers = {c: table[c].combine_chunks() for c in INPUT_COLUMNS
                if c not in codes}
     del table, full  # the blobs live on in the dictionary of distinct ones only
