@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import os
 import re
+import shutil
 import statistics
 import struct
 import subprocess
@@ -129,6 +130,12 @@ def main() -> int:
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--wrk-cpu", type=int, default=1)
     args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        # Found on a new machine: the first wrk run failed after the groups formed,
+        # with "taskset: failed to execute wrk" inside a traceback.
+        print("server_heartbeat: wrk is not on PATH (Debian: apt-get install wrk)",
+              file=sys.stderr)
+        return 2
 
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}  wrk -t{args.threads} -c{args.connections} "
           f"-d{args.duration}s x {args.repeat}, alternating with the echo endpoints; "
