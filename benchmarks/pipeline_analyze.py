@@ -2,13 +2,14 @@
 on local[1] and local[2], against a floor job (docs/bench-pipeline.md).
 
 Runs the real command line (a fresh JVM per run, as a user would) on an input
-made by benchmarks/gen_journal.py and prints the wall times, the speed-up
-from the second core, and analyze/floor per master. The floor is plain Spark
-SQL over the same journal, in a fresh JVM with the same session settings:
-per group-and-hour sums, the storm window (a window function), exact
-duration percentiles per group-hour and per fleet hour, every table written
-through the DataFrame writer; what analyze costs beyond it is the per-group
-ownership accounting in Python.
+made by benchmarks/gen_journal.py and prints the wall times, the cores each
+run keeps busy, the speed-up from the second core (with the bound that
+local[1]'s own core use sets), and analyze/floor per master. The floor is
+plain Spark SQL over the same journal, in a fresh JVM with the same session
+settings: per group-and-hour sums, the storm window (a window function),
+exact duration percentiles per group-hour and per fleet hour, every table
+written through the DataFrame writer; what analyze costs beyond it is the
+per-group ownership accounting in Python.
 
     .venv/bin/python benchmarks/gen_journal.py --rows 10000000 --groups 10000 --out /tmp/j10m
     .venv/bin/python benchmarks/pipeline_analyze.py /tmp/j10m
@@ -35,8 +36,7 @@ def run(cmd: list[str], label: str) -> tuple[float, float]:
     # CPU seconds of the JVM, the driver and the Python workers: on a shared
     # machine (load average below) wall time alone says little.
     print(f"  {label}: {wall:.1f} s wall, {cpu:.1f} s CPU ({cpu / wall:.2f} cores busy), "
-          f"peak memory "
-          f"{peak / 2**30:.2f} GiB (all processes), load average "
+          f"peak memory {peak / 2**30:.2f} GiB (all processes), load average "
           f"{os.getloadavg()[0]:.1f}   ({proc.stdout.strip()})", flush=True)
     for line in proc.stderr.splitlines():
         if "done in" in line:
