@@ -100,10 +100,34 @@ def with_generations(per_group: Any, generations: Any) -> Any:
     return per_group.join(gens, ["source", "group_id"], "left")
 
 
+def is_initial() -> Any:
+    """Whether a row of ``rebalances/`` is an initial join, not a rebalance."""
+    from pyspark.sql import functions as F
+    return F.coalesce(F.col("reason") == "initial", F.lit(False))
+
+
+def rebalance_durations(duration: Any) -> list[Any]:
+    """Exact percentiles, the longest and the count of ``duration`` (the
+    duration of a rebalance proper, null for an initial join), named as in
+    REBALANCE_DURATIONS: the report's durations per bucket of time."""
+    from pyspark.sql import functions as F
+    pct = F.percentile(duration, list(PERCENTILES))
+    return [*(pct[i].alias(f"rebalance_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)),
+            F.max(duration).alias("rebalance_max_ms"), F.count(duration).alias("rebalance_count")]
+
+
+#: The columns of :func:`rebalance_durations`.
+REBALANCE_DURATIONS: tuple[str, ...] = (
+    *(f"rebalance_p{round(p * 100)}_ms" for p in PERCENTILES), "rebalance_max_ms",
+    "rebalance_count")
+
+
 def fleet_hours(rebalances: Any, hours: Any) -> Any:
     """One row per UTC hour over all groups: ``group_hours`` summed (nulls
     as Spark's ``sum``), the groups that rebalanced and those in a storm,
-    exact percentiles over all of the hour's rebalances, and FACT_COUNTS."""
+    exact percentiles over all of the hour's rebalances, and, for the report
+    only (not in ``fleet_hours/``), FACT_COUNTS and REBALANCE_DURATIONS: the
+    same pass over ``rebalances/`` gives the report's hourly durations."""
     from pyspark.sql import functions as F
     sums = hours.groupBy("hour_start_ms").agg(
         *(F.sum(c).cast("long").alias(c) for c in FLEET_SUMS),
@@ -115,7 +139,8 @@ def fleet_hours(rebalances: Any, hours: Any) -> Any:
         F.sum(F.col("assignment_error").cast("long")).alias("assignment_errors"),
         F.sum(F.when(F.col("revoked").isNull(), 1).otherwise(0)).cast("long")
         .alias("unreadable"),
-        F.sum(F.col("cooperative").cast("long")).alias("cooperative_rebalances"))
+        F.sum(F.col("cooperative").cast("long")).alias("cooperative_rebalances"),
+        *rebalance_durations(F.when(~is_initial(), F.col("duration_ms"))))
     return sums.join(per_hour, "hour_start_ms")
 
 

@@ -328,7 +328,8 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
                                      "source", "group_id"), tables["groups"])
         figures.unpersist()
         hours = spark.read.parquet(str(tables["group_hours"]))
-        # Kept for the report, with the FACT_COUNTS that fleet_hours/ leaves out.
+        # Kept for the report, with the FACT_COUNTS and REBALANCE_DURATIONS that
+        # fleet_hours/ leaves out.
         fleet_df = agg.fleet_hours(rebalances, hours).repartition(1) \
             .sortWithinPartitions("hour_start_ms").cache()
         _write(fleet_df.select(*agg.fleet_columns()), tables["fleet_hours"])

@@ -23,11 +23,14 @@ from pipeline.aggregates import (
     HOUR_MS,
     PERCENTILES,
     REASONS,
+    REBALANCE_DURATIONS,
     _sums,
     attribution,
     bucket_width,
     generations,
     histogram,
+    is_initial,
+    rebalance_durations,
 )
 from pipeline.report import (
     amount,
@@ -82,8 +85,7 @@ def duration_figures(rebalances: Any) -> dict[str, Any]:
     themselves, beside two ``count_distinct`` that expanded every row three
     times, it cost several times more (docs/bench-pipeline.md)."""
     from pyspark.sql import functions as F
-    initial = F.coalesce(F.col("reason") == "initial", F.lit(False))
-    cells = rebalances.groupBy("duration_ms", initial.alias("initial")).count()
+    cells = rebalances.groupBy("duration_ms", is_initial().alias("initial")).count()
     figures = []
     for prefix, keep in (("duration", F.lit(True)), ("rebalance", ~F.col("initial")),
                          ("initial", F.col("initial"))):
@@ -133,42 +135,37 @@ def series(rebalances: Any, hours: Any, fleet: list[dict[str, Any]], width_ms: i
     expanded every row). The durations are exact percentiles per bucket over
     ``rebalances/``, hash-partitioned by bucket first so that each task
     aggregates a few buckets (Spark's ``percentile`` keeps a hash map per key
-    and falls back to sorting its input past 128 keys in a task)."""
+    and falls back to sorting its input past 128 keys in a task); hourly
+    ones come with ``fleet`` (``aggregates.fleet_hours``) and need no pass."""
     from pyspark.sql import functions as F
     if width_ms == HOUR_MS:
-        sums = [{"bucket_ms": int(h["hour_start_ms"]),
-                 **{c: h[c] for c in (*FLEET_SUMS, "groups", "storming_groups")}}
-                for h in fleet]
+        return [{"bucket_ms": int(h["hour_start_ms"]),
+                 **{c: h[c] for c in (*FLEET_SUMS, "groups", "storming_groups",
+                                      *REBALANCE_DURATIONS)}}
+                for h in sorted(fleet, key=lambda h: int(h["hour_start_ms"]))]
+    if width_ms % HOUR_MS == 0:
+        per_group = hours.groupBy(_bucket("hour_start_ms", width_ms), "source", "group_id") \
+            .agg(*(F.sum(c).alias(c) for c in FLEET_SUMS),
+                 F.sum("storm_rebalances").alias("storm_rebalances"))
     else:
-        if width_ms % HOUR_MS == 0:
-            per_group = hours.groupBy(_bucket("hour_start_ms", width_ms), "source", "group_id") \
-                .agg(*(F.sum(c).alias(c) for c in FLEET_SUMS),
-                     F.sum("storm_rebalances").alias("storm_rebalances"))
-        else:
-            per_group = rebalances.groupBy(_bucket("started_ms", width_ms), "source",
-                                           "group_id").agg(*_sums(threshold))
-        sums = [r.asDict() for r in per_group.groupBy("bucket_ms").agg(
-            *(F.sum(c).cast("long").alias(c) for c in FLEET_SUMS),
-            F.count(F.lit(1)).alias("groups"),
-            F.sum(F.when(F.col("storm_rebalances") > 0, 1).otherwise(0)).cast("long")
-            .alias("storming_groups")).collect()]
-    initial = F.coalesce(F.col("reason") == "initial", F.lit(False))
+        per_group = rebalances.groupBy(_bucket("started_ms", width_ms), "source",
+                                       "group_id").agg(*_sums(threshold))
+    sums = [r.asDict() for r in per_group.groupBy("bucket_ms").agg(
+        *(F.sum(c).cast("long").alias(c) for c in FLEET_SUMS),
+        F.count(F.lit(1)).alias("groups"),
+        F.sum(F.when(F.col("storm_rebalances") > 0, 1).otherwise(0)).cast("long")
+        .alias("storming_groups")).collect()]
     buckets = span_ms // width_ms + 1
-    pct = F.percentile(F.col("duration_ms"), list(PERCENTILES))
-    durations = {int(r["bucket_ms"]): r.asDict() for r in rebalances.where(~initial)
+    durations = {int(r["bucket_ms"]): r.asDict() for r in rebalances.where(~is_initial())
                  .select(_bucket("started_ms", width_ms), "duration_ms")
                  .repartition(max(parallelism, -(-buckets // 32)), "bucket_ms")
-                 .groupBy("bucket_ms").agg(
-                     *(pct[i].alias(f"rebalance_p{round(p * 100)}_ms")
-                       for i, p in enumerate(PERCENTILES)),
-                     F.max("duration_ms").alias("rebalance_max_ms"),
-                     F.count("duration_ms").alias("rebalance_count")).collect()}
-    none = {f"rebalance_p{round(p * 100)}_ms": None for p in PERCENTILES} | {
-        "rebalance_max_ms": None, "rebalance_count": 0}
+                 .groupBy("bucket_ms").agg(*rebalance_durations(F.col("duration_ms")))
+                 .collect()}
+    none = dict.fromkeys(REBALANCE_DURATIONS) | {"rebalance_count": 0}
     out = []
     for row in sorted(sums, key=lambda r: int(r["bucket_ms"])):
         d = durations.get(int(row["bucket_ms"]), none)
-        out.append(row | {k: d[k] for k in none})
+        out.append(row | {k: d[k] for k in REBALANCE_DURATIONS})
     return out
 
 
