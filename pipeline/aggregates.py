@@ -21,7 +21,15 @@ REASONS: tuple[str, ...] = (
 
 SUMMED = ("joined", "left", "revoked", "moved", "unavailable_ms", "unowned_at_end")
 PERCENTILES = (0.5, 0.95, 0.99)
-DURATIONS = ("duration_p50_ms", "duration_p95_ms", "duration_p99_ms", "duration_max_ms")
+
+
+def duration_names(prefix: str) -> tuple[str, ...]:
+    """The columns of :func:`durations` with ``prefix``: ``<prefix>_p50_ms``
+    ... ``<prefix>_max_ms``."""
+    return (*(f"{prefix}_p{round(p * 100)}_ms" for p in PERCENTILES), f"{prefix}_max_ms")
+
+
+DURATIONS = duration_names("duration")
 
 #: The group_hours columns fleet_hours sums, in fleet_hours' order.
 FLEET_SUMS: tuple[str, ...] = ("rebalances", *SUMMED, "follow_up_rebalances",
@@ -37,12 +45,21 @@ def hour_start() -> Any:
     return (F.col("started_ms") - F.pmod("started_ms", F.lit(HOUR_MS))).alias("hour_start_ms")
 
 
+def durations(duration: Any, prefix: str, frequency: Any = None) -> list[Any]:
+    """Exact percentiles (PERCENTILES) and the largest of the column
+    ``duration`` (nulls left out), named as in :func:`duration_names`;
+    ``frequency``: how often each row's value occurred (1 without)."""
+    from pyspark.sql import functions as F
+    pct = F.percentile(duration, list(PERCENTILES), 1 if frequency is None else frequency)
+    names = duration_names(prefix)
+    return [*(pct[i].alias(names[i]) for i in range(len(PERCENTILES))),
+            F.max(duration).alias(names[-1])]
+
+
 def _durations() -> list[Any]:
     """Exact duration percentiles and the longest, named as in DURATIONS."""
     from pyspark.sql import functions as F
-    pct = F.percentile(F.col("duration_ms"), list(PERCENTILES))
-    return [*(pct[i].alias(f"duration_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)),
-            F.max("duration_ms").alias("duration_max_ms")]
+    return durations(F.col("duration_ms"), "duration")
 
 
 def _sums(threshold: int, storms: bool = True) -> list[Any]:
@@ -111,15 +128,11 @@ def rebalance_durations(duration: Any) -> list[Any]:
     duration of a rebalance proper, null for an initial join), named as in
     REBALANCE_DURATIONS: the report's durations per bucket of time."""
     from pyspark.sql import functions as F
-    pct = F.percentile(duration, list(PERCENTILES))
-    return [*(pct[i].alias(f"rebalance_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)),
-            F.max(duration).alias("rebalance_max_ms"), F.count(duration).alias("rebalance_count")]
+    return [*durations(duration, "rebalance"), F.count(duration).alias("rebalance_count")]
 
 
 #: The columns of :func:`rebalance_durations`.
-REBALANCE_DURATIONS: tuple[str, ...] = (
-    *(f"rebalance_p{round(p * 100)}_ms" for p in PERCENTILES), "rebalance_max_ms",
-    "rebalance_count")
+REBALANCE_DURATIONS: tuple[str, ...] = (*duration_names("rebalance"), "rebalance_count")
 
 
 def fleet_hours(rebalances: Any, hours: Any) -> Any:

@@ -21,12 +21,12 @@ from pipeline.aggregates import (
     FACT_COUNTS,
     FLEET_SUMS,
     HOUR_MS,
-    PERCENTILES,
     REASONS,
     REBALANCE_DURATIONS,
     _sums,
     attribution,
     bucket_width,
+    durations,
     generations,
     histogram,
     is_initial,
@@ -90,10 +90,7 @@ def duration_figures(rebalances: Any) -> dict[str, Any]:
     for prefix, keep in (("duration", F.lit(True)), ("rebalance", ~F.col("initial")),
                          ("initial", F.col("initial"))):
         d = F.when(keep, F.col("duration_ms"))
-        pct = F.percentile(d, list(PERCENTILES), F.col("count"))
-        figures += [*(pct[i].alias(f"{prefix}_p{round(p * 100)}_ms")
-                      for i, p in enumerate(PERCENTILES)),
-                    F.max(d).alias(f"{prefix}_max_ms")]
+        figures += durations(d, prefix, F.col("count"))
         if prefix != "duration":
             figures.append(F.sum(F.when(d.isNotNull(), F.col("count")))
                            .alias(f"{prefix}_count"))
