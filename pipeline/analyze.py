@@ -6,21 +6,23 @@ The job (docs/pipeline.md):
    on the driver (SQLite through ``sqlite3``, PostgreSQL through asyncpg) ->
    Arrow -> Spark (pipeline/sources.py), export directories straight from
    Parquet;
-2. per-rebalance facts: ``repartition(source, group_id).mapInArrow`` runs
-   the sequential ownership accounting of whole groups and the storm
-   counter in Python (pipeline/facts.py, numpy); written by Spark ->
-   ``rebalances/``;
-3. ``group_hours/`` and ``groups/`` (with the generations, worst first):
-   ``rebalances/`` as written, its figure columns repartitioned by group
-   again, through ``mapInArrow`` of pipeline/group_figures.py (exact
-   percentiles in numpy, the definitions of pipeline/aggregates.py);
-   ``fleet_hours/`` in Spark SQL over those tables;
+2. one pass over the journal rows, ``repartition(source, group_id)``, ends in
+   a Spark Python data source writer (pipeline/task_tables.py): each task
+   runs the sequential ownership accounting of whole groups and the storm
+   counter (pipeline/facts.py, numpy) and their per-group and
+   per-group-and-hour figures (pipeline/group_figures.py: exact percentiles
+   in numpy, the definitions of pipeline/aggregates.py) and writes them as
+   Parquet; the driver publishes ``rebalances/``, ``group_hours/`` and the
+   per-group rows once every task has committed (Spark's commit protocol);
+3. ``groups/``: the per-group rows with the generations joined on, worst
+   first; ``fleet_hours/`` in Spark SQL over the tables as written;
 4. the report's figures, from those tables where they hold them, and
    report.html (pipeline/analyze_report.py).
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,25 +195,15 @@ def facts_calls(spark: Any, plan: InputPlan) -> int:
     return max(least, -(-input_bytes(plan) // INPUT_BYTES_PER_TASK))
 
 
-def facts_task(journal: Any, options: AnalyzeOptions, partitions: int) -> Any:
-    """The ``rebalances/`` rows (``facts.facts_schema()``) of ``journal``.
-
-    The ownership accounting is sequential per group and runs in Python:
-    ``repartition(partitions, source, group_id)`` puts the rows of whole
-    groups in each partition and ``mapInArrow`` hands a partition's record
-    batches to pipeline/facts.py, which orders them by group and journal id
-    and turns them into facts with numpy. Not ``groupBy(...).applyInArrow``:
-    Spark sorts every row of a group-by's input, assignment bytes included,
-    which cost more than the accounting itself (docs/bench-pipeline.md);
-    the Python side orders a partition by its dictionary codes instead.
-    The storm counter is counted there too (``facts.window_counts``, the
-    same count as a window function over the group ordered by start, which
-    would shuffle and sort the facts a second time).
-    """
+def facts_rows(journal: Any, partitions: int) -> Any:
+    """The journal columns the facts job reads (``facts.INPUT_COLUMNS``),
+    ``repartition(partitions, source, group_id)``: each partition holds whole
+    groups, in no order. Not ``groupBy(...)``: Spark sorts every row of a
+    group-by's input, assignment bytes included, which cost more than the
+    accounting itself (docs/bench-pipeline.md); the Python side orders a
+    partition by its dictionary codes instead (``facts.partition_chunks``)."""
     from pyspark.sql import functions as F
-
-    from pipeline.facts import facts_of_partition, facts_schema
-    rows = journal.select(
+    return journal.select(
         "source", "group_id",
         F.col("id").cast("long").alias("id"),
         F.col("generation_id").cast("long").alias("generation_id"),
@@ -221,45 +213,13 @@ def facts_task(journal: Any, options: AnalyzeOptions, partitions: int) -> Any:
         F.col("member_count").cast("long").alias("member_count"),
         F.coalesce(F.size("joined"), F.lit(0)).cast("long").alias("joined_count"),
         F.coalesce(F.size("left"), F.lit(0)).cast("long").alias("left_count"),
-        "assignments")
-    facts = rows.repartition(partitions, "source", "group_id").mapInArrow(
-        facts_of_partition(options.cooperative, options.storm_window_ms),
-        ddl(facts_schema()))
-    return facts.select(*_columns(facts_schema()))
-
-
-def figures_task(rebalances: Any, threshold: int, partitions: int) -> Any:
-    """The ``group_hours/`` and ``groups/`` rows (without the generations) of
-    ``rebalances/`` as written, in one DataFrame (``group_figures.
-    figures_schema()``: :func:`split_figures` takes them apart).
-
-    ``repartition(partitions, source, group_id)`` of the columns the figures
-    need, then ``mapInArrow`` of pipeline/group_figures.py: sums, reason
-    counts and exact percentiles of whole groups in numpy (three Spark
-    aggregations with exact ``percentile`` cost about as much as the
-    accounting). Not in the facts task itself: its output would then be
-    needed three times, and caching the facts cost more than this second,
-    narrow pass (docs/bench-pipeline.md)."""
-    from pipeline.group_figures import FIGURE_INPUTS, figures_of_partition, figures_schema
-    return rebalances.select(*FIGURE_INPUTS).repartition(partitions, "source", "group_id") \
-        .mapInArrow(figures_of_partition(threshold), ddl(figures_schema()))
-
-
-def split_figures(figures: Any) -> tuple[Any, Any]:
-    """(``group_hours/`` rows, per-group rows without the generations) of
-    :func:`figures_task`'s output."""
-    from pyspark.sql import functions as F
-
-    from pipeline.group_figures import GROUP_HOURS_SCHEMA, GROUPS_SCHEMA
-    hours = figures.where(~F.col("is_group")).select(*_columns(GROUP_HOURS_SCHEMA))
-    per_group = figures.where(F.col("is_group")).select(*_columns(GROUPS_SCHEMA))
-    return hours, per_group
+        "assignments").repartition(partitions, "source", "group_id")
 
 
 def _columns(schema: Any) -> list[Any]:
     """The columns of ``schema``; a column never null in its table is written
-    as such (as Spark's own count or coalesce would be): coalesce with a
-    literal says so."""
+    as such (as Spark's own count or coalesce would be; Spark reads every
+    Parquet column back as nullable): coalesce with a literal says so."""
     from pyspark.sql import functions as F
     return [F.col(f.name) if f.nullable else F.coalesce(F.col(f.name), F.lit(0)).alias(f.name)
             for f in schema]
@@ -298,7 +258,9 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
 
     from pipeline import aggregates as agg
     from pipeline.analyze_report import report_figures, write_report
+    from pipeline.group_figures import GROUPS_SCHEMA
     from pipeline.spark import progress
+    from pipeline.task_tables import GROUP_FIGURES, write_tables
     opts = options or AnalyzeOptions()
     plan = inputs if isinstance(inputs, InputPlan) else plan_inputs(inputs)
     out_dir = Path(out)
@@ -306,27 +268,27 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
     tables = {name: out_dir / name for name in ("rebalances", "group_hours", "groups",
                                                 "fleet_hours")}
     show = opts.progress
-    with progress(spark, "analyze [1/4] reading journals, per-rebalance accounting", show):
+    with progress(spark, "analyze [1/4] reading journals, per-rebalance accounting, "
+                  "per group and hour", show):
         journal = _load_journal(spark, plan)
-        calls = facts_calls(spark, plan)
         try:
-            _write(facts_task(journal, opts, calls), tables["rebalances"])
+            write_tables(spark, facts_rows(journal, facts_calls(spark, plan)), out_dir,
+                         opts.cooperative, opts.storm_window_ms, opts.storm_threshold)
         except Exception as exc:
             raise _spark_input_error(exc, plan) from exc
     rebalances = spark.read.parquet(str(tables["rebalances"]))
     generations = _load_generations(spark, plan)
-    with progress(spark, "analyze [2/4] aggregating per group and hour, per group, "
-                  "fleet-wide", show):
-        # Written twice (group_hours/, groups/): cached, a few rows per group.
-        figures = figures_task(rebalances, opts.storm_threshold, calls).persist()
-        hour_rows, group_rows = split_figures(figures)
-        _write(hour_rows, tables["group_hours"])
-        # Small tables go out as one file, in a useful order (repartition, not
-        # coalesce: that would run the aggregation itself in one task).
-        _write(agg.with_generations(group_rows, generations).repartition(1)
-               .sortWithinPartitions(F.desc("peak_window_rebalances"), F.desc("rebalances"),
-                                     "source", "group_id"), tables["groups"])
-        figures.unpersist()
+    with progress(spark, "analyze [2/4] per group (with the generations), fleet-wide", show):
+        # A small table goes out as one file, in a useful order.
+        figures = out_dir / GROUP_FIGURES
+        try:
+            per_group = spark.read.parquet(str(figures)).select(*_columns(GROUPS_SCHEMA))
+            _write(agg.with_generations(per_group, generations)
+                   .repartition(1).sortWithinPartitions(
+                       F.desc("peak_window_rebalances"), F.desc("rebalances"), "source",
+                       "group_id"), tables["groups"])
+        finally:
+            shutil.rmtree(figures, ignore_errors=True)
         hours = spark.read.parquet(str(tables["group_hours"]))
         # Kept for the report, with the FACT_COUNTS and REBALANCE_DURATIONS that
         # fleet_hours/ leaves out.

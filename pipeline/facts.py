@@ -609,28 +609,6 @@ def partition_chunks(batches: Iterable[pa.RecordBatch], rows: int = 262_144
         start = end
 
 
-# ---------------------------------------------------------------- the Spark UDF
-
-
-def facts_of_partition(cooperative: Sequence[str], window_ms: int
-                       ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function ``mapInArrow`` runs on the executors: the record batches
-    of one partition holding whole groups (:data:`INPUT_COLUMNS`, rows in any
-    order) in, their facts (:func:`facts_schema`) out, chunk by chunk.
-
-    The partition is not sorted by Spark (``repartition``, not ``groupBy``:
-    a group-by sorts every row, assignment bytes included, in the JVM);
-    :func:`partition_chunks` orders it here."""
-    names = tuple(cooperative)
-
-    def facts_of(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pipeline.ownership import cooperative_names
-        is_coop = cooperative_names(names)
-        for chunk in partition_chunks(batches):
-            yield from facts_for_chunk(chunk, is_coop, window_ms).to_batches()
-    return facts_of
-
-
 # ---------------------------------------------------------------- for tests and tools
 
 

@@ -1,10 +1,11 @@
 """``group_hours/`` and ``groups/`` rows of whole groups, in numpy.
 
-The facts task (pipeline/facts.py) holds whole groups, so their per-group
-and per-group-and-hour figures need no further Spark pass over
-``rebalances/``: three Spark aggregations with exact ``percentile`` (a
-sort-based aggregate once a task sees more than a few keys) cost about as
-much as the ownership accounting itself (docs/bench-pipeline.md). The
+The facts job's tasks (pipeline/task_tables.py) hold the facts of whole
+groups, so their per-group and per-group-and-hour figures come from the
+same rows, with no further Spark pass over ``rebalances/``: three Spark
+aggregations with exact ``percentile`` (a sort-based aggregate once a task
+sees more than a few keys) cost about as much as the ownership accounting
+itself (docs/bench-pipeline.md). The
 definitions are those of pipeline/aggregates.py (``group_hours``,
 ``groups`` without the generations, which Spark joins on); the tests check
 these kernels against those Spark SQL queries on the same rows
@@ -196,74 +197,3 @@ def group_rows(facts: pa.Table, threshold: int) -> pa.Table:
         per_group(_np(ups, np.iinfo(np.int64).min), np.maximum),
         mask=per_group(_valid(ups).astype(np.int64), np.add) == 0)
     return pa.table([cols[f.name] for f in GROUPS_SCHEMA], schema=GROUPS_SCHEMA)
-
-
-# ---------------------------------------------------------------- the Spark task
-
-#: The ``rebalances/`` columns the kernels read.
-FIGURE_INPUTS: tuple[str, ...] = (
-    "source", "group_id", "journal_id", "protocol_name", "cooperative", "reason",
-    "started_ms", "ended_ms", "duration_ms", "member_count", *SUMMED, "is_follow_up",
-    "follow_ups", "window_count")
-
-#: Columns of ``groups/`` rows that ``group_hours/`` rows do not have.
-_GROUP_ONLY = [f for f in GROUPS_SCHEMA if f.name not in GROUP_HOURS_SCHEMA.names]
-
-
-def figures_schema() -> pa.Schema:
-    """What the figures task returns: ``group_hours/`` rows and ``groups/``
-    rows in one table, ``is_group`` telling them apart (the columns the
-    other kind lacks are null). :func:`figures_of_partition` makes it."""
-    return pa.schema([pa.field("is_group", pa.bool_()),
-                      *(f.with_nullable(True) for f in GROUP_HOURS_SCHEMA),
-                      *(f.with_nullable(True) for f in _GROUP_ONLY)])
-
-
-def _as_figures(rows: pa.Table, is_group: bool) -> pa.RecordBatch:
-    schema = figures_schema()
-    n = rows.num_rows
-    cols = [pa.array(np.full(n, is_group)),
-            *(rows[f.name].combine_chunks() if f.name in rows.column_names
-              else pa.nulls(n, f.type) for f in list(schema)[1:])]
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
-
-
-def group_chunks(table: pa.Table, rows: int = 262_144) -> list[pa.Table]:
-    """``table`` (rows of whole groups, in any order) as tables of whole
-    groups of about ``rows`` rows each (a bigger group is a chunk of its own)."""
-    n = table.num_rows
-    if n == 0:
-        return []
-    codes = [np.asarray(pc.dictionary_encode(table[c].combine_chunks(), null_encoding="encode")
-                        .indices.to_numpy(zero_copy_only=False), np.int64)
-             for c in ("source", "group_id")]
-    group = codes[0] * (int(codes[1].max()) + 1) + codes[1]
-    order = np.argsort(group, kind="stable")
-    g = group[order]
-    bounds = np.append(np.flatnonzero(g[1:] != g[:-1]) + 1, n)
-    out = []
-    start = 0
-    while start < n:
-        at = min(int(np.searchsorted(bounds, start + rows)), len(bounds) - 1)
-        end = int(bounds[at])
-        out.append(table.take(pa.array(order[start:end])))
-        start = end
-    return out
-
-
-def figures_of_partition(threshold: int) -> Any:
-    """The function ``mapInArrow`` runs on the executors: the record batches
-    (:data:`FIGURE_INPUTS` of ``rebalances/``) of one partition holding
-    whole groups in, their ``group_hours/`` and ``groups/`` rows
-    (:func:`figures_schema`) out, chunk by chunk of groups."""
-
-    def figures_of(batches: Any) -> Any:
-        full = [b for b in batches if b.num_rows]
-        if not full:
-            return
-        table = pa.Table.from_batches(full)
-        del full
-        for chunk in group_chunks(table):
-            yield _as_figures(group_hour_rows(chunk, threshold), False)
-            yield _as_figures(group_rows(chunk, threshold), True)
-    return figures_of

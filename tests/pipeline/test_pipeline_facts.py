@@ -134,20 +134,6 @@ def test_an_empty_partition_gives_no_chunk() -> None:
     assert list(facts_mod.partition_chunks(iter([]))) == []
 
 
-def test_the_spark_function_takes_groups_in_any_order() -> None:
-    """facts_of_partition is what mapInArrow calls: the rows of some whole
-    groups in any order and over several batches in, their facts out."""
-    import pyarrow as pa
-    rows = journal_rows(EAGER + COOP)
-    shuffled = rows[::-1]
-    batches = input_table(shuffled).to_batches(max_chunksize=3)
-    out = list(facts_mod.facts_of_partition([], 10_000)(iter(batches)))
-    assert all(b.schema == facts_mod.facts_schema() for b in out)
-    got = sorted(_no_window(pa.Table.from_batches(out).to_pylist()), key=_key)
-    assert got == reference(rows, 10_000)
-    assert list(facts_mod.facts_of_partition([], 10_000)(iter([]))) == []
-
-
 def test_shared_dictionary_unifies_chunks_that_do_not_share_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """partition_chunks relies on one dictionary for all chunks of a column;

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 from pipeline import aggregates as agg
 from pipeline.aggregates import HOUR_MS, REASONS
@@ -174,30 +173,3 @@ def test_window_counts_match_a_spark_window_function(spark: Any) -> None:
         plain = [sum(1 for _, h, u in rows if h == g and s - window_ms < u <= s)
                  for _, g, s in rows]
         assert want == plain, window_ms
-
-
-@pytest.mark.parametrize("chunk_rows", [1, 25, 262_144])
-def test_the_figures_task_is_the_kernels_over_whole_groups(
-        monkeypatch: pytest.MonkeyPatch, chunk_rows: int) -> None:
-    """figures_of_partition is what mapInArrow calls on ``rebalances/`` as
-    written: the rows of some whole groups in any order and over several
-    batches in, the kernels' rows of those groups out, whatever the chunk
-    size (a chunk holds whole groups, or one group bigger than the size)."""
-    from pipeline import group_figures
-    chunks = group_figures.group_chunks
-    monkeypatch.setattr(group_figures, "group_chunks",
-                        lambda table: chunks(table, rows=chunk_rows))
-    facts = random_facts(random.Random(11), groups=30)
-    shuffled = facts.take(pa.array(np.random.default_rng(5).permutation(facts.num_rows)))
-    batches = shuffled.select(list(group_figures.FIGURE_INPUTS)).to_batches(max_chunksize=7)
-    out = pa.Table.from_batches(list(group_figures.figures_of_partition(4)(iter(batches))),
-                                schema=group_figures.figures_schema())
-    is_group = out["is_group"].to_pylist()
-    hours = out.filter(pa.array([not g for g in is_group])) \
-        .select([f.name for f in GROUP_HOURS_SCHEMA]).to_pylist()
-    per_group = out.filter(pa.array(is_group)).select([f.name for f in GROUPS_SCHEMA]).to_pylist()
-    hour_key = ["source", "group_id", "hour_start_ms"]
-    _same(_rows(hours, hour_key), _rows(group_hour_rows(facts, 4).to_pylist(), hour_key))
-    _same(_rows(per_group, ["source", "group_id"]),
-          _rows(group_rows(facts, 4).to_pylist(), ["source", "group_id"]))
-    assert list(group_figures.figures_of_partition(4)(iter([]))) == []
