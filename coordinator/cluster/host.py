@@ -537,11 +537,21 @@ class PartitionHost:
         return [p.runtime for p in self.partitions.values()
                 if p.runtime is not None and not p.leaving and p.runtime.ready]
 
-    def _owner_url(self, number: int) -> str:
+    def _other_owner(self, number: int) -> LeaseRow | None:
+        """The partition's lease as last read, if another coordinator holds it.
+
+        Both the protocol URL (find_coordinator, ``NOT_COORDINATOR``) and the admin
+        URL (forwarded admin calls) of the owner come from this one row: whether the
+        owner is live (seen within ``live_window_ms``) does not matter, its lease
+        does (an owner whose round runs late still holds it)."""
         row = self.lease_rows.get(number)
         if row is None or not row.held or row.owner_id == self.coordinator_id:
-            return ""
-        return row.owner_url or ""
+            return None
+        return row
+
+    def _owner_url(self, number: int) -> str:
+        row = self._other_owner(number)
+        return (row.owner_url or "") if row is not None else ""
 
     def find_coordinator(self, group_id: str) -> FindCoordinatorResponse:
         number = self.partition_of(group_id)
@@ -554,12 +564,7 @@ class PartitionHost:
         return FindCoordinatorResponse(None, url, number)
 
     def admin_url_of_owner(self, group_id: str) -> str | None:
-        """The admin URL of the coordinator owning ``group_id``'s partition, if another
-        live one does (where admin calls about the group are forwarded)."""
-        row = self.lease_rows.get(self.partition_of(group_id))
-        if row is None or not row.held or row.owner_id == self.coordinator_id:
-            return None
-        for c in self.coordinators:
-            if c.id == row.owner_id and c.admin_url:
-                return c.admin_url
-        return None
+        """The admin URL of the coordinator holding ``group_id``'s partition's lease,
+        if another one does (where admin calls about the group are forwarded)."""
+        row = self._other_owner(self.partition_of(group_id))
+        return row.owner_admin_url if row is not None else None

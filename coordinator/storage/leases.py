@@ -166,6 +166,9 @@ class LeaseRow:
     #: milliseconds until the lease expires (<= 0: expired or free).
     expires_in_ms: int
     acquired_at: datetime | None
+    #: the owner's admin listener, from its row of ``coordinators`` whether or not
+    #: it is live (``None``: no owner, or it did not say, or it deregistered).
+    owner_admin_url: str | None = None
 
     @property
     def held(self) -> bool:
@@ -206,11 +209,12 @@ RETURNING partition
 """
 
 _LEASES = """
-SELECT partition, owner_id, owner_url, epoch,
-       CASE WHEN expires_at = '-infinity' THEN -1
-            ELSE floor(extract(epoch FROM expires_at - now()) * 1000)::bigint END,
-       acquired_at
-FROM partition_leases ORDER BY partition
+SELECT l.partition, l.owner_id, l.owner_url, l.epoch,
+       CASE WHEN l.expires_at = '-infinity' THEN -1
+            ELSE floor(extract(epoch FROM l.expires_at - now()) * 1000)::bigint END,
+       l.acquired_at, NULLIF(c.admin_url, '')
+FROM partition_leases AS l LEFT JOIN coordinators AS c ON c.id = l.owner_id
+ORDER BY l.partition
 """
 
 _REGISTER = """
@@ -323,8 +327,10 @@ class Leases:
     # ------------------------------------------------------------ leases
 
     async def leases(self) -> list[LeaseRow]:
-        """Every partition's lease, by partition."""
-        return [LeaseRow(r[0], r[1], r[2], int(r[3]), int(r[4]), r[5])
+        """Every partition's lease, by partition, with its owner's admin URL (read in
+        the same statement, not filtered by liveness: an owner whose heartbeat is
+        late still holds its leases, and admin calls about them go to it)."""
+        return [LeaseRow(r[0], r[1], r[2], int(r[3]), int(r[4]), r[5], r[6])
                 for r in await self._run("leases", _LEASES)]
 
     async def owners(self) -> dict[int, str]:

@@ -123,6 +123,25 @@ async def test_release_hands_off_at_once(pair: tuple[Coordinator, Coordinator]) 
     assert not await a.leases.release(5, 1)  # released already: nothing to do
 
 
+async def test_a_lease_row_names_its_owners_admin_url_live_or_not(
+        pair: tuple[Coordinator, Coordinator]) -> None:
+    a, b = pair
+    a.leases.admin_url = "http://a.example:9081"
+    await a.leases.register()
+    await b.leases.register()                        # b says no admin URL
+    assert await a.leases.acquire(2, LONG_MS) == 1
+    assert await b.leases.acquire(3, LONG_MS) == 1
+    await asyncio.sleep(SHORT_MS * 1.5 / 1000)
+    assert await b.leases.live_coordinators(within_ms=SHORT_MS) == []  # a is late
+    rows = await b.leases.leases()
+    assert (rows[2].owner_id, rows[2].held, rows[2].owner_admin_url) == (
+        "a", True, "http://a.example:9081")          # named while its lease is held
+    assert rows[3].owner_admin_url is None
+    assert rows[4].owner_admin_url is None           # nobody's
+    assert await a.leases.release(2, 1)
+    assert (await b.leases.leases())[2].owner_admin_url is None
+
+
 async def test_a_deposed_owners_fenced_write_fails_and_writes_nothing(
         pair: tuple[Coordinator, Coordinator]) -> None:
     a, b = pair
