@@ -148,8 +148,9 @@ def _loopback_master(master: str) -> bool:
 
 
 #: What the executors of ``analyze`` import: Arrow, numpy, pandas (PySpark's
-#: Arrow UDFs), msgpack and groupcoord's own packages (the shipped zip).
-ANALYZE_MODULES = ("pyarrow", "numpy", "pandas", "msgpack", "pipeline.facts")
+#: Arrow UDFs), msgpack and groupcoord's own packages (the shipped zip): the
+#: facts job's writer, which imports the rest of what its tasks run.
+ANALYZE_MODULES = ("pyarrow", "numpy", "pandas", "msgpack", "pipeline.task_tables")
 #: What the executors of ``simulate`` import.
 SIMULATE_MODULES = ("msgpack", "pipeline.simcell", "client.assignors")
 
