@@ -81,24 +81,30 @@ def partition_tables(batches: Iterable[pa.RecordBatch], cooperative: Sequence[st
 class TaskFiles(WriterCommitMessage):
     """A task attempt's commit message, which Spark carries to the driver: the
     staged file of each table it wrote (a table the partition had no rows
-    for is left out) and its rows."""
+    for is left out)."""
 
     files: dict[str, str] = field(default_factory=dict)
-    rows: dict[str, int] = field(default_factory=dict)
+
+
+def writer_options(out: Path, cooperative: Sequence[str], window_ms: int,
+                   threshold: int) -> dict[str, str]:
+    """The options of one job's writer (:class:`TablesWriter`), a fresh job id
+    among them."""
+    return {"path": str(out.absolute()), "job": uuid.uuid4().hex,
+            "cooperative": json.dumps(list(cooperative)), "window_ms": str(window_ms),
+            "threshold": str(threshold)}
 
 
 class TablesWriter(DataSourceArrowWriter):
-    """The writer of one job: options ``path`` (``<out>``, absolute),
-    ``job`` (a fresh id), ``cooperative`` (JSON list of protocol names),
-    ``window_ms``, ``threshold``."""
+    """The writer of one job (:func:`writer_options`). Its commit always
+    replaces the tables: the job writes them whole."""
 
-    def __init__(self, options: dict[str, str], overwrite: bool) -> None:
+    def __init__(self, options: dict[str, str]) -> None:
         self.out = Path(options["path"])
         self.staging = self.out / f"_staging-{options['job']}"
-        self.cooperative: list[str] = json.loads(options.get("cooperative", "[]"))
+        self.cooperative: list[str] = json.loads(options["cooperative"])
         self.window_ms = int(options["window_ms"])
         self.threshold = int(options["threshold"])
-        self.overwrite = overwrite
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskFiles:
         from pyspark import TaskContext
@@ -119,9 +125,7 @@ class TablesWriter(DataSourceArrowWriter):
                         path.parent.mkdir(parents=True, exist_ok=True)
                         writers[table] = pq.ParquetWriter(str(path), schemas[table])
                         message.files[table] = str(path)
-                        message.rows[table] = 0
                     writers[table].write_table(rows)
-                    message.rows[table] += rows.num_rows
         finally:
             for w in writers.values():
                 w.close()
@@ -170,7 +174,7 @@ class TablesSource(DataSource):
         return FORMAT
 
     def writer(self, schema: Any, overwrite: bool) -> TablesWriter:
-        return TablesWriter(dict(self.options), overwrite)
+        return TablesWriter(dict(self.options))
 
 
 def write_tables(spark: Any, journal_rows: Any, out: Path, cooperative: Sequence[str],
@@ -179,5 +183,4 @@ def write_tables(spark: Any, journal_rows: Any, out: Path, cooperative: Sequence
     by group) -> the tables of :func:`table_schemas` in ``out``."""
     spark.dataSource.register(TablesSource)
     journal_rows.write.format(FORMAT).mode("overwrite").options(
-        path=str(out.absolute()), job=uuid.uuid4().hex, cooperative=json.dumps(list(cooperative)),
-        window_ms=str(window_ms), threshold=str(threshold)).save()
+        **writer_options(out, cooperative, window_ms, threshold)).save()

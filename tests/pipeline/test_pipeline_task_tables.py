@@ -64,9 +64,8 @@ def test_a_task_gives_the_kernels_tables_of_its_groups(
     assert list(tt.partition_tables(iter([]), (), WINDOW_MS, THRESHOLD)) == []
 
 
-def _writer(out: Path, job: str = "j1") -> tt.TablesWriter:
-    return tt.TablesWriter({"path": str(out), "job": job, "cooperative": "[]",
-                            "window_ms": str(WINDOW_MS), "threshold": str(THRESHOLD)}, True)
+def _writer(out: Path) -> tt.TablesWriter:
+    return tt.TablesWriter(tt.writer_options(out, (), WINDOW_MS, THRESHOLD))
 
 
 def _read(out: Path, table: str) -> pa.Table:
@@ -91,7 +90,6 @@ def test_commit_publishes_only_the_committed_attempts(tmp_path: Path) -> None:
         names = sorted(p.name for p in (tmp_path / table).iterdir())
         assert names == sorted(["_SUCCESS", Path(second.files[table]).name]), table
     assert _read(tmp_path, "rebalances").num_rows == journal.num_rows
-    assert second.rows["rebalances"] == journal.num_rows
     assert not writer.staging.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(tt.table_schemas())
 
@@ -101,10 +99,10 @@ def test_commit_replaces_old_tables_and_writes_empty_ones(tmp_path: Path) -> Non
     task had rows for is one empty file with its schema (as Spark's writer
     leaves), so that the next phase can read it."""
     journal = _journal()
-    old = _writer(tmp_path, "old")
+    old = _writer(tmp_path)
     old.commit([old.write(iter(journal.to_batches()))])
     old_files = {p.name for p in (tmp_path / "rebalances").glob("*.parquet")}
-    new = _writer(tmp_path, "new")
+    new = _writer(tmp_path)
     new.commit([new.write(iter([])), None])
     for table, schema in tt.table_schemas().items():
         t = _read(tmp_path, table)
@@ -115,9 +113,9 @@ def test_commit_replaces_old_tables_and_writes_empty_ones(tmp_path: Path) -> Non
 
 def test_abort_leaves_the_old_tables(tmp_path: Path) -> None:
     journal = _journal()
-    old = _writer(tmp_path, "old")
+    old = _writer(tmp_path)
     old.commit([old.write(iter(journal.to_batches()))])
-    failed = _writer(tmp_path, "failed")
+    failed = _writer(tmp_path)
     message = failed.write(iter(journal.to_batches()[:1]))
     failed.abort([message, None])
     assert not failed.staging.exists()
@@ -158,12 +156,11 @@ def test_a_failed_job_publishes_nothing(spark: Any, tmp_path: Path) -> None:
             return "groupcoord_failing_tables"
 
         def writer(self, schema: Any, overwrite: bool) -> tt.TablesWriter:
-            return FailingWriter(dict(self.options), overwrite)
+            return FailingWriter(dict(self.options))
 
     spark.dataSource.register(FailingSource)
     with pytest.raises(Exception, match="the task fails after writing its files"):
         rows.write.format("groupcoord_failing_tables").mode("overwrite").options(
-            path=str(tmp_path), job="failing", cooperative="[]", window_ms=str(WINDOW_MS),
-            threshold=str(THRESHOLD)).save()
+            **tt.writer_options(tmp_path, (), WINDOW_MS, THRESHOLD)).save()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(tt.table_schemas())
     assert files() == before  # the earlier run's files, not the failed job's
