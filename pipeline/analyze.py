@@ -276,25 +276,28 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
                          opts.cooperative, opts.storm_window_ms, opts.storm_threshold)
         except Exception as exc:
             raise _spark_input_error(exc, plan) from exc
-    rebalances = spark.read.parquet(str(tables["rebalances"]))
-    generations = _load_generations(spark, plan)
-    with progress(spark, "analyze [2/4] per group (with the generations), fleet-wide", show):
-        # A small table goes out as one file, in a useful order.
-        figures = out_dir / GROUP_FIGURES
-        try:
+    # The per-group figures of phase 1 are read by phase 2 only: removed
+    # after it, and if anything fails before.
+    figures = out_dir / GROUP_FIGURES
+    try:
+        rebalances = spark.read.parquet(str(tables["rebalances"]))
+        generations = _load_generations(spark, plan)
+        with progress(spark, "analyze [2/4] per group (with the generations), fleet-wide",
+                      show):
+            # A small table goes out as one file, in a useful order.
             per_group = spark.read.parquet(str(figures)).select(*_columns(GROUPS_SCHEMA))
             _write(agg.with_generations(per_group, generations)
                    .repartition(1).sortWithinPartitions(
                        F.desc("peak_window_rebalances"), F.desc("rebalances"), "source",
                        "group_id"), tables["groups"])
-        finally:
-            shutil.rmtree(figures, ignore_errors=True)
-        hours = spark.read.parquet(str(tables["group_hours"]))
-        # Kept for the report, with the FACT_COUNTS and REBALANCE_DURATIONS that
-        # fleet_hours/ leaves out.
-        fleet_df = agg.fleet_hours(rebalances, hours).repartition(1) \
-            .sortWithinPartitions("hour_start_ms").cache()
-        _write(fleet_df.select(*agg.fleet_columns()), tables["fleet_hours"])
+            hours = spark.read.parquet(str(tables["group_hours"]))
+            # Kept for the report, with the FACT_COUNTS and REBALANCE_DURATIONS that
+            # fleet_hours/ leaves out.
+            fleet_df = agg.fleet_hours(rebalances, hours).repartition(1) \
+                .sortWithinPartitions("hour_start_ms").cache()
+            _write(fleet_df.select(*agg.fleet_columns()), tables["fleet_hours"])
+    finally:
+        shutil.rmtree(figures, ignore_errors=True)
     with progress(spark, "analyze [3/4] collecting figures for the report", show):
         fleet = [r.asDict() for r in fleet_df.collect()]
         fleet_df.unpersist()

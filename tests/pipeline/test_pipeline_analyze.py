@@ -146,6 +146,29 @@ def test_report_is_one_self_contained_page(result: dict[str, Any]) -> None:
     assert "src=\"http" not in page  # nothing fetched from elsewhere
 
 
+def test_out_holds_the_tables_and_the_report_only(result: dict[str, Any]) -> None:
+    """No staging directory and no per-group figures of phase 1 are left behind."""
+    assert sorted(p.name for p in result["out"].iterdir()) == \
+        ["fleet_hours", "group_hours", "groups", "rebalances", "report.html"]
+
+
+def test_a_failure_after_the_facts_job_leaves_no_figures_behind(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Phase 1 wrote its tables and the per-group figures; reading the
+    generations then fails: the error reaches the caller and the figures,
+    which only phase 2 reads, are removed."""
+    import pipeline.analyze as analyze_module
+
+    def unreadable(spark: Any, plan: Any) -> Any:
+        raise RuntimeError("the generations could not be read")
+
+    db = write_db(tmp_path / "coord.db", EAGER)
+    monkeypatch.setattr(analyze_module, "_load_generations", unreadable)
+    with pytest.raises(RuntimeError, match="generations could not be read"):
+        analyze(spark, [str(db)], tmp_path / "out", AnalyzeOptions(progress=False))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["group_hours", "rebalances"]
+
+
 def test_empty_journal_gives_an_empty_report(spark: Any, tmp_path: Path) -> None:
     db = write_db(tmp_path / "empty.db", [])
     res = analyze(spark, [str(db)], tmp_path / "out", AnalyzeOptions(progress=False))
