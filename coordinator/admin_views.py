@@ -24,7 +24,7 @@ from coordinator.runtime.service import Service
 from protocol.limits import MAX_PARTITIONS
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import ResourceAssignment
-from protocol.validate import Scalar, ValidationError, check_int, check_scalar, check_string
+from protocol.validate import Scalar, ValidationError, check_int, check_string, check_value
 
 #: most rebalances one history call answers.
 MAX_HISTORY = 1000
@@ -155,7 +155,7 @@ def _json_scalar(value: object, field: str, encoding: object = None) -> Scalar:
             raise ValidationError(field, "not valid base64") from None
     if isinstance(value, dict | list):
         raise ValidationError(field, "expected a scalar (number, string, true/false, null)")
-    return check_scalar(value, field)
+    return check_value(value, field)
 
 
 def parse_reset(group_id: str, doc: dict[str, Any], request_id: int) -> ResetCheckpoints:

@@ -27,8 +27,8 @@ from protocol.validate import (
     ValidationError,
     check_int,
     check_pair,
-    check_scalar,
     check_string,
+    check_value,
 )
 
 __all__ = [
@@ -473,7 +473,7 @@ def _checkpoint(value: object, field: str) -> Checkpoint:
     triple = check_pair(value, field, 3)
     return (check_string(triple[0], f"{field}[0]") or "",
             check_int(triple[1], f"{field}[1]", lo=0, hi=MAX_RESOURCE_INDEX),
-            check_scalar(triple[2], f"{field}[2]"))
+            check_value(triple[2], f"{field}[2]"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ Unknown extra fields are ignored (PROTOCOL.md: forward compatibility).
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from collections.abc import Mapping
 from typing import Any
@@ -75,7 +76,14 @@ class Fields:
             return None
         if not isinstance(value, str):
             raise ValidationError(self.name(key), f"expected a string, got {_type_name(value)}")
-        return value[:MAX_REASON_LENGTH]
+        value = value[:MAX_REASON_LENGTH]
+        # Kept in the rebalance journal: text every store can hold (PostgreSQL's
+        # text has no NUL).
+        problem = text_problem(value) or ("must not contain NUL (U+0000)" if "\x00" in value
+                                          else None)
+        if problem is not None:
+            raise ValidationError(self.name(key), problem)
+        return value
 
     def integer(self, key: str, *, lo: int, hi: int, required: bool = True,
                 default: int = 0) -> int:
@@ -171,10 +179,57 @@ def check_int(value: object, field: str, *, lo: int, hi: int) -> int:
     return value
 
 
-def check_scalar(value: object, field: str) -> Scalar:
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return value
-    raise ValidationError(field, f"expected a scalar or bytes, got {_type_name(value)}")
+#: The integers a checkpoint value may be: msgpack's range (int64 and uint64), which
+#: every store holds (values are stored msgpack-encoded).
+MIN_VALUE_INT = -(2**63)
+MAX_VALUE_INT = 2**64 - 1
+
+
+def value_problem(value: object) -> str | None:
+    """What keeps ``value`` from being a checkpoint value (``None``: nothing).
+
+    The one definition of what a call may store, shared by both encodings (a
+    msgpack and a JSON commit), the admin reset (its results too) and the storage
+    codec: nil, a bool, an integer in ``MIN_VALUE_INT..MAX_VALUE_INT``, a finite
+    float (NaN and the infinities have no JSON spelling), a string that is
+    Unicode text (no lone surrogate: it has no UTF-8 encoding), or bytes.
+    """
+    kind = type(value)
+    if value is None or kind is bool or kind is bytes:
+        return None
+    if kind is int:
+        if MIN_VALUE_INT <= value <= MAX_VALUE_INT:  # type: ignore[operator]
+            return None
+        return (f"integer {value} is outside the storable range "
+                f"{MIN_VALUE_INT}..{MAX_VALUE_INT}")
+    if kind is str:
+        return text_problem(value)  # type: ignore[arg-type]
+    if kind is float:
+        return None if math.isfinite(value) else (  # type: ignore[arg-type]
+            f"{value} is not a finite number (NaN and infinities cannot be stored)")
+    return f"expected a scalar or bytes, got {_type_name(value)}"
+
+
+def text_problem(text: str) -> str | None:
+    """A string that has no UTF-8 encoding (a lone surrogate, as JSON's ``\\ud800``
+    escape makes) cannot be stored, logged or sent back: what is wrong, or ``None``."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"not valid Unicode text: a lone surrogate U+{ord(text[exc.start]):04X} "
+                f"at position {exc.start}")
+    return None
+
+
+def check_value(value: object, field: str) -> Scalar:
+    """A checkpoint value (:func:`value_problem`), or :class:`ValidationError` naming
+    ``field``."""
+    problem = value_problem(value)
+    if problem is not None:
+        raise ValidationError(field, problem)
+    return value  # type: ignore[return-value]
 
 
 def check_pair(value: object, field: str, size: int) -> list[Any]:

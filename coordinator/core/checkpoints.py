@@ -30,6 +30,7 @@ from protocol.errors import ErrorCode
 from protocol.limits import MAX_FETCH_CHECKPOINTS
 from protocol.messages import CommitRequest, CommitResponse, FetchResponse
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
+from protocol.validate import value_problem as storable_problem
 from protocol.validate import value_size
 
 _EMPTY = CheckpointStore()
@@ -158,12 +159,16 @@ def commit_gate_completing(g: Group, req: CommitRequest, simple: bool) -> ErrorC
 
 def value_problem(k: Kernel, checkpoints: Sequence[Checkpoint],
                   field: str = "checkpoints") -> str | None:
-    """A value over ``max_checkpoint_value_bytes`` (Kafka's offset.metadata.max.bytes)."""
+    """A value the store cannot hold (:func:`protocol.validate.value_problem`: the
+    edge refuses those already; an operator's reset computes new ones), or one over
+    ``max_checkpoint_value_bytes`` (Kafka's offset.metadata.max.bytes)."""
     limit = k.config.max_checkpoint_value_bytes
-    if limit <= 0:
-        return None
     for i, (_set, _index, value) in enumerate(checkpoints):
-        if (type(value) is str or type(value) is bytes) and (size := value_size(value)) > limit:
+        problem = storable_problem(value)
+        if problem is not None:
+            return f"{field}[{i}][2]: {problem}"
+        if limit > 0 and (type(value) is str or type(value) is bytes) \
+                and (size := value_size(value)) > limit:
             return (f"{field}[{i}][2]: a value of {size} bytes is over "
                     f"--max-checkpoint-value-bytes ({limit})")
     return None

@@ -31,6 +31,7 @@ from coordinator.core.rebalance import after_removal, remove_member
 from coordinator.core.records import CheckpointMeta, CheckpointsWritten
 from protocol.errors import ErrorCode
 from protocol.validate import Scalar
+from protocol.validate import value_problem as storable_problem
 
 
 def remove_member_dead(k: Kernel, g: Group, cmd: RemoveMember) -> None:
@@ -90,6 +91,15 @@ def reset_empty(k: Kernel, g: Group, cmd: ResetCheckpoints) -> None:
                                          message=f"shift_by: {problem}"))
                 return
             after = {r: values[r] + cmd.shift_by for r in targets}  # type: ignore[operator]
+            for (s, i), value in after.items():
+                # The result must be a value the store holds, like any commit's.
+                problem = storable_problem(value)
+                if problem is not None:
+                    k.reply(rid, AdminResult(
+                        ErrorCode.INVALID_REQUEST, k.resources_epoch,
+                        message=f"shift_by: ({s!r}, {i}) at {values[(s, i)]!r} shifted by "
+                                f"{cmd.shift_by}: {problem}; nothing was changed"))
+                    return
     changes: tuple[Checkpoint, ...] = tuple((s, i, after[(s, i)]) for s, i in targets)
     # A reset writes what a commit would: the same value, catalog and cap checks.
     problem = value_problem(k, changes, "resources")
