@@ -193,6 +193,11 @@ class Metrics:
         self.storage_failures = Counter("groupcoord_storage_failures",
                                         "Failed storage transactions (the server stops serving)",
                                         registry=r)
+        # cause: "core" (a command raised in the group state machine) or "storage"
+        # (the store would not take one of the group's records).
+        self.group_reloads = Counter("groupcoord_reloaded_groups",
+                                     "Groups evicted and reloaded from storage after a failure "
+                                     "confined to them, by cause", ["cause"], registry=r)
         # reason: "max_groups" or "max_parked_requests" (a fixed, small set).
         self.requests_refused = Counter("groupcoord_requests_refused",
                                         "Requests refused by a server limit, by limit",

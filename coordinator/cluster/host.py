@@ -50,7 +50,7 @@ from coordinator.runtime.clock import Clock
 from coordinator.runtime.runtime import Core, Runtime
 from coordinator.storage.leases import CoordinatorRow, LeaseRow, Leases, LocalLease, balance
 from coordinator.storage.postgres import FencedError, PostgresStorage, partition_of
-from coordinator.storage.sqlite import StorageError
+from coordinator.storage.sqlite import RecordError, StorageError
 from protocol.errors import ErrorCode
 from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer
 
@@ -101,8 +101,10 @@ class SharedWriter:
     together in the next one, fenced by each partition's epoch (group commit
     across partitions: one round trip and one WAL flush for many). A fenced
     partition's records are taken out and the rest retried at once (the
-    transaction was rolled back: nothing of it is in the database); any other
-    failure fails every write of the transaction.
+    transaction was rolled back: nothing of it is in the database); a record the
+    database will not take (:class:`RecordError`) has each partition's writes
+    retried alone, so only that partition's write fails; any other failure fails
+    every write of the transaction.
     """
 
     def __init__(self, store: PostgresStorage, timeout_s: float | None = None) -> None:
@@ -149,6 +151,16 @@ class SharedWriter:
                         _fail(w, exc)
                 batch = [w for w in batch if w.partition != exc.partition]
                 continue
+            except RecordError as exc:
+                if len(batch) == 1:
+                    _fail(batch[0], exc)
+                    return
+                # One partition's record the database would not take: nothing was
+                # written. Each partition's writes go alone, so only the one holding
+                # that record fails (its runtime isolates the group), never the rest.
+                for w in batch:
+                    await self._commit([w])
+                return
             except Exception as exc:
                 for w in batch:
                     _fail(w, exc)
@@ -196,6 +208,10 @@ class PartitionStore:
     async def load(self) -> Snapshot:
         snapshot: Snapshot = await self._host.read(
             lambda store: store.load_partition(self._partition.number))
+        return snapshot
+
+    async def load_group(self, group_id: str) -> Snapshot:
+        snapshot: Snapshot = await self._host.read(lambda store: store.load_group(group_id))
         return snapshot
 
     async def write(self, records: Sequence[Record]) -> float:

@@ -43,7 +43,7 @@ log = logging.getLogger("groupcoord.cluster")
 
 
 class ClusterCore:
-    """The read-only views of :class:`coordinator.runtime.runtime.Core` over every
+    """The read-only views (:class:`coordinator.runtime.runtime.CoreView`) over every
     partition served here (and, for the group list, the database's other groups)."""
 
     def __init__(self, host: PartitionHost) -> None:
@@ -99,13 +99,6 @@ class ClusterCore:
 
     def parked_request_count(self) -> int:
         return sum(core.parked_request_count() for core in self._cores())
-
-    # Not used through the service (each partition's runtime has its own core).
-    def handle(self, now_ms: int, command: Command) -> list[Any]:
-        raise TypeError("commands go to a partition's runtime (ClusterService.call)")
-
-    def restore(self, snapshot: Any, now_ms: int) -> list[Any]:
-        raise TypeError("each partition's runtime restores its own core")
 
 
 class _Journal:

@@ -175,3 +175,16 @@ class AdoptCatalog:
 Command = (Join | Sync | Heartbeat | Leave | Commit | Fetch | DeleteGroup | PutResource
            | DeleteResource | RemoveMember | ResetCheckpoints | TimerFired | Cancelled
            | ReleaseHeartbeat | AdoptCatalog)
+
+
+def command_group(command: Command) -> str | None:
+    """The group a command's answer speaks for (``None``: none, e.g. a catalog change;
+    a timer's or a cancellation's group is known only to the core)."""
+    match command:
+        case Join(request=r) | Heartbeat(request=r) | Sync(request=r) | Leave(request=r) \
+                | Commit(request=r) | Fetch(request=r):
+            return r.group_id
+        case DeleteGroup(group_id=group_id) | RemoveMember(group_id=group_id) \
+                | ResetCheckpoints(group_id=group_id):
+            return group_id
+    return None

@@ -36,6 +36,7 @@ from coordinator.core.commands import (
     ResetCheckpoints,
     Sync,
     TimerFired,
+    command_group,
 )
 from coordinator.core.config import CoreConfig
 from coordinator.core.effects import Effect
@@ -98,13 +99,60 @@ class GroupCoordinator:
         return self._k.config
 
     def handle(self, now_ms: int, command: Command) -> list[Effect]:
-        """Apply one command; returns the effects in the order the runtime must execute them."""
-        handler = _HANDLERS.get(type(command))
+        """Apply one command; returns the effects in the order the runtime must execute them.
+
+        A handler that raises may have changed part of the state it was changing:
+        its effects are dropped and :class:`CoreFailure` names the group whose
+        state that was (``None``: state of no one group, e.g. the catalog), for
+        the runtime to evict and reload that group alone (:meth:`evict_group`,
+        :meth:`restore_group`).
+        """
+        kind = type(command)
+        handler = _HANDLERS.get(kind)
         if handler is None:
             raise TypeError(f"not a command: {command!r}")
         k = self._k
         k.begin(now_ms)
-        handler(k, command)
+        # A timer's and a cancellation's group are known before the handler runs
+        # (it forgets them); every other command names its group.
+        owner: str | None = None
+        if kind is TimerFired:
+            target = k.timers.get(command.key)  # type: ignore[union-attr]
+            owner = None if target is None else target.group_id
+        elif kind is Cancelled:
+            parked = k.parked.get(command.request_id)  # type: ignore[union-attr]
+            owner = None if parked is None else parked.group_id
+        try:
+            handler(k, command)
+        except Exception as exc:
+            k.take()
+            group_id = owner if kind is TimerFired or kind is Cancelled \
+                else command_group(command)
+            raise CoreFailure(group_id, command, exc) from exc
+        return k.take()
+
+    def evict_group(self, group_id: str, now_ms: int) -> list[Effect]:
+        """Forget one group entirely (after a :class:`CoreFailure`, or a write of it
+        that failed: memory may be ahead of what is durable for it); returns the
+        timers to cancel. Its parked calls are forgotten unanswered: the runtime
+        answers them. Other groups are untouched."""
+        k = self._k
+        k.begin(now_ms)
+        k.evict(group_id)
+        return k.take()
+
+    def restore_group(self, snapshot: Snapshot, now_ms: int) -> list[Effect]:
+        """Bring back evicted groups from their durable state (``snapshot`` holds their
+        rows only, as ``Storage.load_group`` reads them), as :meth:`restore` does at
+        start; the catalog stays as it is. Returns the timers to arm."""
+        k = self._k
+        present = [r.group_id for r in snapshot.groups if r.group_id in k.groups]
+        present += [gid for gid in snapshot.checkpoints if gid in k.groups]
+        if present:
+            raise RuntimeError(f"restore_group: group {present[0]!r} is still held "
+                               f"(evict it first)")
+        k.begin(now_ms)
+        _restore_groups(k, snapshot, now_ms)
         return k.take()
 
     def restore(self, snapshot: Snapshot, now_ms: int) -> list[Effect]:
@@ -125,39 +173,7 @@ class GroupCoordinator:
             raise RuntimeError("restore() needs a fresh GroupCoordinator")
         k.begin(now_ms)
         k.set_catalog(dict(snapshot.catalog), snapshot.resources_epoch)
-        k.checkpoints = {gid: CheckpointStore(values, snapshot.checkpoint_meta.get(gid))
-                         for gid, values in snapshot.checkpoints.items() if values}
-        for gid in k.checkpoints:
-            # Health: a group's last commit is known from storage, else "now".
-            k.health_of(gid).committed(snapshot.last_commit_ms.get(gid, now_ms))
-        for record in snapshot.groups:
-            if record.state == GroupState.DEAD.value:
-                continue
-            group = Group.from_record(record)
-            _restore_owner(group, snapshot)
-            k.add_group(group)
-            if not group.members:
-                # Empty: it became Empty when this record was written.
-                k.arm_retention(group.group_id, record.state_timestamp_ms or now_ms)
-                continue
-            for member in group.members.values():
-                k.arm_session(group, member)
-            if record.state == GroupState.STABLE.value:
-                group.state = GroupState.STABLE
-            else:
-                # The assignment never arrived (or the state is not one that is
-                # persisted): restart the rebalance so members rejoin (seed 004,
-                # "Handling Coordinator Failures", case 2).
-                group.state = GroupState.COMPLETING_REBALANCE
-                prepare_rebalance(k, group, "restart")
-        # Checkpoints of a group without a record (simple commits) come back
-        # as an Empty group, as Kafka loads offsets-only groups.
-        for group_id in k.checkpoints:
-            if group_id not in k.groups:
-                group = Group(group_id, now_ms)
-                _restore_owner(group, snapshot)
-                k.add_group(group)
-                k.arm_retention(group_id, snapshot.last_commit_ms.get(group_id, now_ms))
+        _restore_groups(k, snapshot, now_ms)
         return k.take()
 
     # ------------------------------------------------------------ read-only views
@@ -213,6 +229,57 @@ class GroupCoordinator:
     def parked_request_count(self) -> int:
         """Parked joins, syncs and heartbeats (a gauge for the runtime)."""
         return len(self._k.parked)
+
+
+class CoreFailure(Exception):
+    """A handler raised: the state of ``group_id`` (``None``: of no one group) may be
+    half-changed, and nothing the command emitted was kept."""
+
+    def __init__(self, group_id: str | None, command: Command, cause: Exception) -> None:
+        whose = f"group {group_id!r}" if group_id is not None else "no single group"
+        super().__init__(f"the core failed on {type(command).__name__} ({whose}): {cause!r}")
+        self.group_id = group_id
+        self.command = command
+        self.cause = cause
+
+
+def _restore_groups(k: Kernel, snapshot: Snapshot, now_ms: int) -> None:
+    """The groups of ``snapshot`` (every group at start, or the ones reloaded), as
+    :meth:`GroupCoordinator.restore` describes."""
+    loaded = {gid: CheckpointStore(values, snapshot.checkpoint_meta.get(gid))
+              for gid, values in snapshot.checkpoints.items() if values}
+    k.checkpoints.update(loaded)
+    for gid in loaded:
+        # Health: a group's last commit is known from storage, else "now".
+        k.health_of(gid).committed(snapshot.last_commit_ms.get(gid, now_ms))
+    for record in snapshot.groups:
+        if record.state == GroupState.DEAD.value:
+            continue
+        group = Group.from_record(record)
+        _restore_owner(group, snapshot)
+        k.add_group(group)
+        if not group.members:
+            # Empty: it became Empty when this record was written.
+            k.arm_retention(group.group_id, record.state_timestamp_ms or now_ms)
+            continue
+        for member in group.members.values():
+            k.arm_session(group, member)
+        if record.state == GroupState.STABLE.value:
+            group.state = GroupState.STABLE
+        else:
+            # The assignment never arrived (or the state is not one that is
+            # persisted): restart the rebalance so members rejoin (seed 004,
+            # "Handling Coordinator Failures", case 2).
+            group.state = GroupState.COMPLETING_REBALANCE
+            prepare_rebalance(k, group, "restart")
+    # Checkpoints of a group without a record (simple commits) come back
+    # as an Empty group, as Kafka loads offsets-only groups.
+    for group_id in loaded:
+        if group_id not in k.groups:
+            group = Group(group_id, now_ms)
+            _restore_owner(group, snapshot)
+            k.add_group(group)
+            k.arm_retention(group_id, snapshot.last_commit_ms.get(group_id, now_ms))
 
 
 def _restore_owner(group: Group, snapshot: Snapshot) -> None:

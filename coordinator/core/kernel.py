@@ -236,6 +236,28 @@ class Kernel:
                 del self.owned_groups[owner]
         self.checkpoints.pop(group.group_id, None)
 
+    def evict(self, group_id: str) -> None:
+        """Forget everything held of one group, whatever it holds: a handler that
+        raised may have changed part of it (coordinator.py, ``handle``). Its
+        record, checkpoints, health and retention go; its timers are disarmed;
+        its parked calls are forgotten unanswered (the runtime answers them).
+        Nothing is persisted: what is durable is what the group is reloaded from."""
+        self.groups.pop(group_id, None)
+        self.checkpoints.pop(group_id, None)
+        self.health.pop(group_id, None)
+        self.retention.pop(group_id, None)
+        for key in [key for key, target in self.timers.items() if target.group_id == group_id]:
+            self.disarm(key)
+        for request_id in [rid for rid, p in self.parked.items() if p.group_id == group_id]:
+            del self.parked[request_id]
+            self.heartbeats.pop(request_id, None)
+        # Counted again from the groups left: the count may be what was half-changed.
+        owned: dict[str, int] = {}
+        for group in self.groups.values():
+            if group.owner is not None:
+                owned[group.owner] = owned.get(group.owner, 0) + 1
+        self.owned_groups = owned
+
     def forget_if_vacant(self, group: Group) -> None:
         """Drop an Empty group that never formed a generation and holds nothing.
 

@@ -33,18 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coordinator.core.commands import (
-    Command,
-    Commit,
-    DeleteGroup,
-    Fetch,
-    Heartbeat,
-    Join,
-    Leave,
-    RemoveMember,
-    ResetCheckpoints,
-    Sync,
-)
+from coordinator.core.commands import Command, command_group
 from coordinator.core.effects import Reply
 from coordinator.core.records import (
     CatalogChanged,
@@ -57,18 +46,6 @@ from coordinator.core.records import (
 )
 
 __all__ = ["Batch", "Commits", "command_group", "record_group"]
-
-
-def command_group(command: Command) -> str | None:
-    """The group a command's answer speaks for (``None``: none, e.g. a catalog change)."""
-    match command:
-        case Join(request=r) | Heartbeat(request=r) | Sync(request=r) | Leave(request=r) \
-                | Commit(request=r) | Fetch(request=r):
-            return r.group_id
-        case DeleteGroup(group_id=group_id) | RemoveMember(group_id=group_id) \
-                | ResetCheckpoints(group_id=group_id):
-            return group_id
-    return None
 
 
 def record_group(record: Record) -> str | None:
@@ -149,6 +126,20 @@ class Commits:
             assert batch is not None and (group_write is batch or global_write is batch)
             return batch
         return None
+
+    def holds(self, group_id: str) -> bool:
+        """Whether a write of ``group_id`` is uncommitted (open or in flight)."""
+        return group_id in self._group_writes
+
+    def drop_group(self, group_id: str) -> None:
+        """Take the group's records out of the open batch (a failed write of it left
+        memory ahead of disk: what it wrote since must not be written). Its replies
+        waiting there are the caller's to answer."""
+        batch = self.open
+        batch.records = [r for r in batch.records if record_group(r) != group_id]
+        if self._group_writes.get(group_id) is batch:
+            del self._group_writes[group_id]
+        self.idle = self._global_write is None and not self._group_writes
 
     def start_commit(self) -> Batch:
         """Open a new batch; the one that was open is now in flight (and returned).

@@ -35,19 +35,32 @@ DESIGN.md practices 4 and 5, after Kafka's group coordinator runtime:
   timer fires before the recorded deadline it re-schedules itself for it. So
   the core sees ``TimerFired(key)`` once, at or after the latest deadline
   armed for the key, exactly as if every re-arm had replaced the loop timer.
-- A storage failure leaves memory ahead of disk. Rather than serve from a
-  state that a restart would not reproduce, the runtime fails every waiting
-  reply with ``COORDINATOR_NOT_AVAILABLE``, stops serving (``/readyz`` 503)
-  and sets :attr:`Runtime.failed`, on which ``groupcoord serve`` exits so a
-  supervisor restarts it from what is on disk. A database file deleted or
-  replaced under the server is such a failure: the storage checks the file
-  after every commit (before the replies go out), and the runtime asks it
-  every ``storage_check_interval_ms`` while no write is in flight, so an idle
-  server notices too (``/readyz`` 503 within that interval). An exception in
-  the core is handled the same way (its request answered
-  ``UNKNOWN_SERVER_ERROR`` first): the core may have changed part of its state
-  before it raised. A partition's runtime among several coordinators
-  (``partition`` set) does the same, and its host drops the partition.
+- A failure confined to one group stays in that group, as Kafka reverts one
+  group's state when its write fails: an exception in the core while it handles
+  a command of one group (``CoreFailure`` names the group; the core may have
+  changed part of that group's state before it raised), or a record of one
+  group the store will not take (``RecordError``: the others of the batch are
+  written, apart if the database did not say whose record it was). That call is
+  answered ``UNKNOWN_SERVER_ERROR`` (and the calls whose writes went with the
+  refused records); the group is evicted from the core, its parked calls and
+  every call for it until it is back are answered
+  ``COORDINATOR_LOAD_IN_PROGRESS``, and once none of its writes is uncommitted
+  it is reloaded from what is durable (``Store.load_group``). One ERROR line
+  names the group; ``groupcoord_reloaded_groups_total`` counts it. Every other
+  group keeps serving.
+- Any other storage failure (the database gone, full, fenced) leaves memory
+  ahead of disk for every group. Rather than serve from a state that a restart
+  would not reproduce, the runtime fails every waiting reply with
+  ``COORDINATOR_NOT_AVAILABLE``, stops serving (``/readyz`` 503) and sets
+  :attr:`Runtime.failed`, on which ``groupcoord serve`` exits so a supervisor
+  restarts it from what is on disk. A database file deleted or replaced under
+  the server is such a failure: the storage checks the file after every commit
+  (before the replies go out), and the runtime asks it every
+  ``storage_check_interval_ms`` while no write is in flight, so an idle server
+  notices too (``/readyz`` 503 within that interval). An exception in the core
+  over state of no one group (the catalog) is handled the same way. A
+  partition's runtime among several coordinators (``partition`` set) does the
+  same, and its host drops the partition.
 """
 
 from __future__ import annotations
@@ -56,6 +69,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -76,7 +90,9 @@ from coordinator.core.commands import (
     ResetCheckpoints,
     Sync,
     TimerFired,
+    command_group,
 )
+from coordinator.core.coordinator import CoreFailure
 from coordinator.core.effects import (
     AdminResult,
     CancelTimer,
@@ -99,7 +115,8 @@ from coordinator.core.records import (
 from coordinator.core.views import GroupSummary, GroupView
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import Clock, TimerHandle
-from coordinator.runtime.commits import Commits, command_group
+from coordinator.runtime.commits import Batch, Commits, record_group
+from coordinator.storage.sqlite import RecordError
 from protocol.errors import ErrorCode
 from protocol.messages import (
     CommitResponse,
@@ -126,12 +143,9 @@ _LIMIT_FLAGS = {"max_groups": "--max-groups", "max_groups_per_token": "--max-gro
                 "max_parked_requests": "--max-parked-requests"}
 
 
-class Core(Protocol):
-    """What the runtime needs of ``coordinator.core.GroupCoordinator``."""
-
-    def handle(self, now_ms: int, command: Command) -> list[Effect]: ...
-
-    def restore(self, snapshot: Snapshot, now_ms: int) -> list[Effect]: ...
+class CoreView(Protocol):
+    """The read-only views of the groups held in memory (the admin API, the console,
+    metrics): one core's, or every partition's of a coordinator among several."""
 
     def state_counts(self) -> Mapping[str, int]: ...
 
@@ -155,10 +169,25 @@ class Core(Protocol):
     def parked_request_count(self) -> int: ...
 
 
+class Core(CoreView, Protocol):
+    """What the runtime needs of ``coordinator.core.GroupCoordinator``."""
+
+    def handle(self, now_ms: int, command: Command) -> list[Effect]: ...
+
+    def restore(self, snapshot: Snapshot, now_ms: int) -> list[Effect]: ...
+
+    def evict_group(self, group_id: str, now_ms: int) -> list[Effect]: ...
+
+    def restore_group(self, snapshot: Snapshot, now_ms: int) -> list[Effect]: ...
+
+
 class Store(Protocol):
     """What the runtime needs of :class:`coordinator.storage.sqlite.Storage`."""
 
     async def load(self) -> Snapshot: ...
+
+    async def load_group(self, group_id: str) -> Snapshot:
+        """One group's durable state (its rows only), checked as :meth:`load` checks it."""
 
     async def write(self, records: Sequence[Record]) -> float: ...
 
@@ -260,6 +289,9 @@ class Runtime:
         #: per limit: when a refusal was last logged, and refusals since then.
         self._refusal_logged_ms: dict[str, int] = {}
         self._refusals_unlogged: dict[str, int] = {}
+        #: groups evicted after a failure confined to them, until reloaded from
+        #: storage: their reload task, ``None`` while a write of theirs is uncommitted.
+        self._reloading: dict[str, asyncio.Task[None] | None] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -351,6 +383,10 @@ class Runtime:
             code = (ErrorCode.COORDINATOR_NOT_AVAILABLE if self._stopping or self.failed.is_set()
                     else ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
             return error_answer(command, code)
+        if self._reloading and command_group(command) in self._reloading:
+            # Being reloaded after a failure of its own: as Kafka answers while it
+            # loads a group, the caller retries.
+            return error_answer(command, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
         if self.max_parked_requests and isinstance(command, (Join, Sync, Heartbeat)) \
                 and self.core.parked_request_count() >= self.max_parked_requests:
             if isinstance(command, Heartbeat):
@@ -406,17 +442,28 @@ class Runtime:
         try:
             effects = self.core.handle(self.clock.now_ms(), command)
         except Exception as exc:
-            # A bug in the core. It may have changed part of its state before it
-            # raised, and serving from a half-changed state is what a storage failure
-            # is also kept from: answer this request UNKNOWN_SERVER_ERROR, then stop
-            # serving the same way (a restart reloads what is durable; with several
-            # coordinators the partition is dropped and reloaded by its next owner).
-            log.exception("core failed on %s", type(command).__name__)
+            # A bug in the core. It may have changed part of the state it was
+            # changing before it raised, and serving from a half-changed state is
+            # what a storage failure is also kept from. This request is answered
+            # UNKNOWN_SERVER_ERROR. The core names whose state that was: one group's
+            # is evicted and reloaded from what is durable while every other group
+            # keeps serving (Kafka reverts one group when its write fails); state of
+            # no one group (the catalog) stops serving as a storage failure does.
             request_id = getattr(command, "request_id", None)
             if isinstance(request_id, int) and request_id in self._waiters:
                 self._resolve(request_id, error_answer(self._waiters[request_id].command,
                                                        ErrorCode.UNKNOWN_SERVER_ERROR))
-            self._stop_serving(f"the core failed on {type(command).__name__}: {exc!r}")
+            group_id = exc.group_id if isinstance(exc, CoreFailure) else None
+            if group_id is None:
+                log.error("core failed", exc_info=exc)
+                self._stop_serving(f"the core failed on {type(command).__name__}: {exc!r}")
+                return
+            # The traceback is for whoever debugs the core; the operator's line is
+            # the one below.
+            log.debug("core failed on %s", type(command).__name__, exc_info=exc)
+            cause = exc.cause if isinstance(exc, CoreFailure) else exc
+            self._isolate(group_id, "core",
+                          f"the core failed on {type(command).__name__}: {cause!r}")
             return
         self._execute(effects)
 
@@ -547,20 +594,149 @@ class Runtime:
         try:
             while commits.open.records:
                 batch = commits.start_commit()
-                try:
-                    seconds = await self.storage.write(batch.records)
-                except Exception as exc:
-                    self._storage_failed(exc)
-                    return
+                written = await self._write(batch)
+                if written is None:
+                    return  # storage failed: stopped serving
+                seconds, refused = written
                 commits.committed(batch)
                 if self.metrics is not None:
                     self.metrics.observe_commit(seconds, len(batch.records))
                 for reply in batch.replies:
-                    self._resolve(reply.request_id, reply.response)
+                    if refused and self._request_group(reply.request_id) in refused:
+                        # Its group's writes were not made durable.
+                        self._resolve(reply.request_id, error_answer(
+                            self._waiters[reply.request_id].command,
+                            ErrorCode.UNKNOWN_SERVER_ERROR))
+                    else:
+                        self._resolve(reply.request_id, reply.response)
+                for group_id, problem in refused.items():
+                    self._isolate(group_id, "storage", f"the store refused its records: {problem}")
+                self._reload_committed()
         finally:
             self._flusher = None
             # Cancelled mid-write (the loop shutting down): nothing is in flight.
             commits.inflight = None
+
+    async def _write(self, batch: Batch) -> tuple[float, dict[str, str]] | None:
+        """Make ``batch`` durable; returns the seconds it took and the groups whose
+        records the store refused (:class:`RecordError`), with why. Those records
+        are left out and everything else is written. ``None``: the storage failed
+        (the database gone, full, fenced): serving has stopped.
+
+        A store that names the group of the record it refused has that group's
+        records left out and the rest written again; one that does not (the
+        database refused a value) has each group's records written apart, so the
+        refused ones fail alone. The catalog's records refused stop serving."""
+        records = batch.records
+        refused: dict[str, str] = {}
+        while True:
+            try:
+                return await self.storage.write(records), refused
+            except RecordError as exc:
+                if exc.group_id is None or exc.group_id in refused:
+                    break
+                refused[exc.group_id] = exc.problem
+                records = [r for r in records if record_group(r) not in refused]
+                if not records:
+                    return 0.0, refused
+            except Exception as exc:
+                self._storage_failed(exc)
+                return None
+        units: dict[str | None, list[Record]] = {}
+        for record in records:
+            units.setdefault(record_group(record), []).append(record)
+        seconds = 0.0
+        for group_id, unit in units.items():
+            try:
+                seconds += await self.storage.write(unit)
+            except RecordError as exc:
+                if group_id is None:
+                    self._storage_failed(exc)
+                    return None
+                refused[group_id] = exc.problem
+            except Exception as exc:
+                self._storage_failed(exc)
+                return None
+        return seconds, refused
+
+    def _request_group(self, request_id: int) -> str | None:
+        waiter = self._waiters.get(request_id)
+        return None if waiter is None else command_group(waiter.command)
+
+    # ------------------------------------------------------------ one group's failure
+
+    def _isolate(self, group_id: str, cause: str, why: str) -> None:
+        """A failure confined to one group: memory may be ahead of what is durable
+        for it, or half-changed. Evict it from the core, answer its parked calls
+        ``COORDINATOR_LOAD_IN_PROGRESS``, and reload it from storage once no write
+        of it is uncommitted; until then its calls get the same answer. Every
+        other group keeps serving."""
+        if not self.ready:
+            return
+        first = group_id not in self._reloading
+        if first:
+            self._reloading[group_id] = None
+            log.error("group %r: %s; it is reloaded from storage (its calls are answered "
+                      "COORDINATOR_LOAD_IN_PROGRESS meanwhile; other groups are not "
+                      "affected)", group_id, why)
+            if self.metrics is not None:
+                self.metrics.group_reloads.labels(cause).inc()
+        self._execute(self.core.evict_group(group_id, self.clock.now_ms()))
+        # Its parked calls are no longer in the core.
+        for request_id, waiter in list(self._waiters.items()):
+            if waiter.in_core and command_group(waiter.command) == group_id:
+                self._resolve(request_id, error_answer(
+                    waiter.command, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
+        if cause == "storage":
+            # What it wrote since the refused batch was built on what is not durable.
+            self._drop_open_writes(group_id)
+        self._reload_committed()
+
+    def _drop_open_writes(self, group_id: str) -> None:
+        opened = self._commits.open
+        self._commits.drop_group(group_id)
+        kept = []
+        for reply in opened.replies:
+            if self._request_group(reply.request_id) == group_id:
+                self._resolve(reply.request_id, error_answer(
+                    self._waiters[reply.request_id].command, ErrorCode.UNKNOWN_SERVER_ERROR))
+            else:
+                kept.append(reply)
+        opened.replies = kept
+
+    def _reload_committed(self) -> None:
+        """Start the reload of every evicted group none of whose writes is uncommitted
+        (what is durable is then all it wrote)."""
+        if not self._reloading:
+            return
+        for group_id, task in self._reloading.items():
+            if task is None and not self._commits.holds(group_id):
+                self._reloading[group_id] = self._running_loop().create_task(
+                    self._reload(group_id))
+
+    async def _reload(self, group_id: str) -> None:
+        started = time.perf_counter()
+        try:
+            snapshot = await self.storage.load_group(group_id)
+        except Exception as exc:
+            self._storage_failed(exc)
+            return
+        if not self.ready or group_id not in self._reloading:
+            return
+        del self._reloading[group_id]
+        try:
+            effects = self.core.restore_group(snapshot, self.clock.now_ms())
+        except Exception as exc:
+            self._stop_serving(f"group {group_id!r}: reloading it from storage failed: {exc!r}")
+            return
+        self._execute(effects)
+        record = next((r for r in snapshot.groups if r.group_id == group_id), None)
+        log.warning("group %r: reloaded from storage in %.0f ms (%s)", group_id,
+                    (time.perf_counter() - started) * 1000,
+                    "nothing durable: it starts anew" if record is None and group_id
+                    not in snapshot.checkpoints else
+                    f"generation {record.generation_id}, {len(record.members)} member(s)"
+                    if record is not None else "checkpoints only")
 
     def _arm_storage_check(self) -> None:
         if self.storage_check_interval_ms and self.ready:
@@ -617,6 +793,10 @@ class Runtime:
         self._cancel_timers()
         self._cancel_storage_check()
         self._commits.clear()
+        for task in self._reloading.values():
+            if task is not None:
+                task.cancel()
+        self._reloading.clear()
         self._fail_waiters(ErrorCode.COORDINATOR_NOT_AVAILABLE)
 
     def _fail_waiters(self, code: ErrorCode) -> None:

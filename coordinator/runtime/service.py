@@ -19,7 +19,7 @@ from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer
 
 if TYPE_CHECKING:
     from coordinator.runtime.clock import Clock
-    from coordinator.runtime.runtime import Answer, Core, Runtime
+    from coordinator.runtime.runtime import Answer, CoreView, Runtime
 
 
 class JournalReader(Protocol):
@@ -39,7 +39,7 @@ class Service(Protocol):
     def clock(self) -> Clock: ...
 
     @property
-    def core(self) -> Core:
+    def core(self) -> CoreView:
         """Read-only views of the groups this server holds in memory."""
 
     @property
@@ -58,7 +58,7 @@ class Service(Protocol):
     def find_coordinator(self, group_id: str) -> FindCoordinatorResponse: ...
 
     async def refresh_groups(self) -> None:
-        """Read what :meth:`Core.list_groups` needs of groups held elsewhere."""
+        """Read what :meth:`CoreView.list_groups` needs of groups held elsewhere."""
 
     def owner_admin_url(self, group_id: str) -> str | None:
         """The admin URL of the coordinator serving ``group_id`` when it is another

@@ -71,6 +71,7 @@ from coordinator.storage.sqlite import (
     RESOURCES_EPOCH_KEY,
     BadValue,
     CorruptDatabaseError,
+    RecordError,
     StorageError,
     decode_catalog_row,
     decode_checkpoint_meta,
@@ -82,7 +83,9 @@ from coordinator.storage.sqlite import (
     decode_owner_row,
     decode_problem,
     encode_members,
+    encode_value,
     member_triples,
+    record_statements,
 )
 from protocol.codec import DecodeError, decode, encode
 from protocol.validate import Scalar
@@ -173,6 +176,15 @@ async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S,
             ValueError) as exc:
         raise StorageError(f"cannot connect to PostgreSQL at {pgurl.redact(url)}: "
                            f"{describe_error(exc, url)}") from None
+
+
+def record_errors() -> tuple[type[BaseException], ...]:
+    """What a statement raises for a value PostgreSQL (or the driver's encoder) will
+    not take, as opposed to the database or the link failing."""
+    exceptions = _driver().exceptions
+    # The driver's own "invalid input for query argument" is a ValueError.
+    return (exceptions.DataError, exceptions.IntegrityConstraintViolationError,
+            ValueError, OverflowError)
 
 
 def database_errors() -> tuple[type[BaseException], ...]:
@@ -297,7 +309,7 @@ def statements(record: Record, partitions: int) -> list[Statement]:
                     out.append((_DELETE_CHECKPOINT, (record.group_id, resource_set, idx)))
                 else:
                     out.append((_UPSERT_CHECKPOINT,
-                                (record.group_id, resource_set, idx, p, encode(value),
+                                (record.group_id, resource_set, idx, p, encode_value(value),
                                  record.committed_ms or None, record.member_id,
                                  record.generation_id)))
             if record.committed_ms > 0:
@@ -541,16 +553,23 @@ class PostgresStorage:
             raise ValueError(f"partition {partition} is outside 0..{self.partitions - 1}")
         return await self._load(partition)
 
-    async def _load(self, partition: int | None) -> Snapshot:
-        """Every row checked as decoded; the first bad one raises, naming table and row."""
+    async def load_group(self, group_id: str) -> Snapshot:
+        """One group's durable state, with the catalog (a partition's runtime reloads
+        a group from it when memory may be ahead of the database for that group)."""
+        return await self._load(partition_of(group_id, self.partitions), group_id)
+
+    async def _load(self, partition: int | None, group_id: str | None = None) -> Snapshot:
+        """Every row checked as decoded; the first bad one raises, naming table and row.
+        With ``group_id``, that group's rows only (of its ``partition``)."""
+        one = group_id
         groups = []
-        for row in await self._rows("groups", _GROUP_COLUMNS, "group_id", partition):
+        for row in await self._rows("groups", _GROUP_COLUMNS, "group_id", partition, one):
             key = f"group_id={row[0]!r} generation_id={row[2]!r}"
             groups.append(self._decoded("groups", key, decode_group_row, row))
         checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
         checkpoint_meta: dict[str, dict[tuple[str, int], CheckpointMeta]] = {}
         for row in await self._rows("checkpoints", _CHECKPOINT_COLUMNS,
-                                    "group_id, resource_set, idx", partition):
+                                    "group_id, resource_set, idx", partition, one):
             key = f"group_id={row[0]!r} resource_set={row[1]!r} idx={row[2]!r}"
             group_id, resource_set, idx, value = self._decoded(
                 "checkpoints", key, decode_checkpoint_row, row)
@@ -568,14 +587,14 @@ class PostgresStorage:
                 epoch = self._decoded("meta", f"key={row[0]!r}", decode_epoch_row, row)
         last_commit: dict[str, int] = {}
         for row in await self._rows("last_commits", ("group_id", "committed_ms"), "group_id",
-                                    partition):
+                                    partition, one):
             group_id, committed_ms = self._decoded("last_commits", f"group_id={row[0]!r}",
                                                    decode_last_commit_row, row)
             if group_id in checkpoints:
                 last_commit[group_id] = committed_ms
         owners: dict[str, str] = {}
         for row in await self._rows("group_owners", ("group_id", "owner"), "group_id",
-                                    partition):
+                                    partition, one):
             group_id, owner = self._decoded("group_owners", f"group_id={row[0]!r}",
                                             decode_owner_row, row)
             owners[group_id] = owner
@@ -584,8 +603,10 @@ class PostgresStorage:
                         checkpoint_meta=checkpoint_meta)
 
     async def _rows(self, table: str, columns: Sequence[str], order: str,
-                    partition: int | None) -> list[tuple[Any, ...]]:
-        """Rows of one table (of one partition); group rows' ``partition`` is checked."""
+                    partition: int | None, group_id: str | None = None
+                    ) -> list[tuple[Any, ...]]:
+        """Rows of one table (of one partition, of one group); group rows' ``partition``
+        is checked."""
         grouped = "group_id" in columns
         select = ", ".join(columns) + (", partition" if grouped else "")
         sql = f"SELECT {select} FROM {table}"
@@ -593,6 +614,9 @@ class PostgresStorage:
         if partition is not None and grouped:
             sql += " WHERE partition = $1"
             args = (partition,)
+            if group_id is not None:
+                sql += " AND group_id = $2"
+                args = (partition, group_id)
         try:
             rows = await (await self._connection()).fetch(f"{sql} ORDER BY {order}", *args)
         except database_errors() as exc:
@@ -649,7 +673,8 @@ class PostgresStorage:
         a new one) and :class:`StorageError` raised, the outcome as for a broken
         connection.
         """
-        batch = [stmt for record in records for stmt in statements(record, self.partitions)]
+        batch = record_statements(self.path, records,
+                                  lambda record: statements(record, self.partitions))
         if fence is not None:
             self._check_fence_covers(records, fence)
         started = time.perf_counter()
@@ -664,6 +689,11 @@ class PostgresStorage:
                 conn.terminate()
             raise StorageError(f"write to {self.path} took over {timeout}s: given up, "
                                f"connection dropped") from None
+        except record_errors() as exc:
+            # PostgreSQL refused a value (classes 22 and 23: out of range, not in the
+            # encoding, a constraint), or the driver could not encode one: one
+            # record's doing, not the database's; rolled back.
+            raise RecordError(self.path, None, describe_error(exc, self._url)) from None
         except database_errors() as exc:
             raise StorageError(f"write to {self.path} failed: "
                                f"{describe_error(exc, self._url)}") from None

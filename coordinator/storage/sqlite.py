@@ -69,7 +69,7 @@ from coordinator.core.states import GroupState
 from coordinator.storage.schema import MIGRATIONS, SCHEMA_VERSION
 from protocol.codec import DecodeError, decode, encode
 from protocol.limits import MAX_PARTITIONS
-from protocol.validate import Scalar
+from protocol.validate import Scalar, value_problem
 
 RESOURCES_EPOCH_KEY = "resources_epoch"
 
@@ -96,6 +96,57 @@ class CorruptDatabaseError(StorageError):
         self.problem = problem
         where = f"table {table}" + (f", row {key}" if key else "")
         super().__init__(f"database {path}: {where}: {problem}")
+
+
+_S = TypeVar("_S")
+#: What SQLite raises for a value it will not take (as opposed to the file or
+#: the disk failing): checked by :meth:`Storage.write`.
+_SQLITE_RECORD_ERRORS = (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError,
+                         OverflowError, UnicodeEncodeError)
+
+
+class RecordError(StorageError):
+    """A record of the batch cannot be stored as it is (a value outside what the
+    store holds), as opposed to the database failing: nothing of the batch was
+    written, and writing the other records alone can succeed. ``group_id`` is the
+    record's group when known (``None``: the database refused one of the batch's
+    records without saying which, or the record is the catalog's)."""
+
+    def __init__(self, path: str, group_id: str | None, problem: str) -> None:
+        self.path = path
+        self.group_id = group_id
+        self.problem = problem
+        whose = f"a record of group {group_id!r}" if group_id is not None else "a record"
+        super().__init__(f"write to {path} refused {whose}: {problem}")
+
+
+#: What encoding a record's values may raise (``BadValue`` and ``UnicodeEncodeError``
+#: are ``ValueError``\ s; msgpack raises ``OverflowError`` for an integer past 64 bits).
+RECORD_ENCODING_ERRORS = (ValueError, TypeError, OverflowError)
+
+
+def record_statements(path: str, records: Sequence[Record],
+                      statements_of: Callable[[Record], list[_S]]) -> list[_S]:
+    """Every record's statements, in order; a record whose values cannot be encoded
+    raises :class:`RecordError` naming its group before anything is sent."""
+    out: list[_S] = []
+    for record in records:
+        try:
+            out += statements_of(record)
+        except RECORD_ENCODING_ERRORS as exc:
+            group_id = None if isinstance(record, CatalogChanged) else record.group_id
+            raise RecordError(path, group_id,
+                              f"{type(record).__name__}: {_cause(exc)}") from exc
+    return out
+
+
+def encode_value(value: Scalar) -> bytes:
+    """A checkpoint value as stored (msgpack), refusing what no call may store
+    (:func:`protocol.validate.value_problem`, the one definition)."""
+    problem = value_problem(value)
+    if problem is not None:
+        raise BadValue(f"checkpoint value: {problem}")
+    return encode(value)
 
 
 def _cause(exc: BaseException) -> str:
@@ -323,7 +374,7 @@ def _statements(record: Record) -> list[tuple[str, tuple[Any, ...]]]:
                                 (record.group_id, resource_set, idx)))
                 else:
                     out.append((_UPSERT_CHECKPOINT,
-                                (record.group_id, resource_set, idx, encode(value),
+                                (record.group_id, resource_set, idx, encode_value(value),
                                  record.committed_ms or None, record.member_id,
                                  record.generation_id)))
             if record.committed_ms > 0:
@@ -657,14 +708,23 @@ class Storage:
         the file, the table, the row's key and the problem, and nothing is
         returned: a server must not start on part of its state.
         """
+        return await self._load(None)
+
+    async def load_group(self, group_id: str) -> Snapshot:
+        """One group's durable state (its record, checkpoints, commit time and
+        owner, with the catalog), checked as :meth:`load` checks it: what the
+        runtime reloads a group from when memory may be ahead of disk for it."""
+        return await self._load(group_id)
+
+    async def _load(self, only: str | None) -> Snapshot:
         groups = []
-        for row in await self._rows("groups", _GROUP_COLUMNS, "group_id"):
+        for row in await self._rows("groups", _GROUP_COLUMNS, "group_id", only):
             groups.append(self._decoded(
                 "groups", f"group_id={row[0]!r} generation_id={row[2]!r}", decode_group_row, row))
         checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
         checkpoint_meta: dict[str, dict[tuple[str, int], CheckpointMeta]] = {}
         for row in await self._rows("checkpoints", _CHECKPOINT_COLUMNS,
-                                    "group_id, resource_set, idx"):
+                                    "group_id, resource_set, idx", only):
             key = f"group_id={row[0]!r} resource_set={row[1]!r} idx={row[2]!r}"
             group_id, resource_set, idx, value = self._decoded(
                 "checkpoints", key, decode_checkpoint_row, row)
@@ -681,7 +741,8 @@ class Storage:
             if row[0] == RESOURCES_EPOCH_KEY:
                 epoch = self._decoded("meta", f"key={row[0]!r}", decode_epoch_row, row)
         last_commit: dict[str, int] = {}
-        for row in await self._rows("last_commits", ("group_id", "committed_ms"), "group_id"):
+        for row in await self._rows("last_commits", ("group_id", "committed_ms"), "group_id",
+                                    only):
             group_id, committed_ms = self._decoded("last_commits", f"group_id={row[0]!r}",
                                                    decode_last_commit_row, row)
             # A group whose checkpoints were all deleted keeps its row; it has
@@ -689,7 +750,8 @@ class Storage:
             if group_id in checkpoints:
                 last_commit[group_id] = committed_ms
         owners: dict[str, str] = {}
-        for row in await self._rows("group_owners", ("group_id", "owner"), "group_id"):
+        for row in await self._rows("group_owners", ("group_id", "owner"), "group_id",
+                                    only):
             group_id, owner = self._decoded("group_owners", f"group_id={row[0]!r}",
                                             decode_owner_row, row)
             owners[group_id] = owner
@@ -697,11 +759,14 @@ class Storage:
                         resources_epoch=epoch, last_commit_ms=last_commit, owners=owners,
                         checkpoint_meta=checkpoint_meta)
 
-    async def _rows(self, table: str, columns: Sequence[str], order: str) -> list[Any]:
-        """Rows of one table; an SQLite error (a damaged page, a missing column) names it."""
-        sql = f"SELECT {', '.join(columns)} FROM {table} ORDER BY {order}"
+    async def _rows(self, table: str, columns: Sequence[str], order: str,
+                    group_id: str | None = None) -> list[Any]:
+        """Rows of one table (of one group's, with ``group_id``); an SQLite error (a
+        damaged page, a missing column) names it."""
+        where, args = (" WHERE group_id = ?", (group_id,)) if group_id is not None else ("", ())
+        sql = f"SELECT {', '.join(columns)} FROM {table}{where} ORDER BY {order}"
         try:
-            async with self._db.execute(sql) as cur:
+            async with self._db.execute(sql, args) as cur:
                 return list(await cur.fetchall())
         except sqlite3.Error as exc:
             raise CorruptDatabaseError(self.path, table, "", f"cannot read it: {exc}") from exc
@@ -720,7 +785,7 @@ class Storage:
         On any failure the transaction is rolled back and :class:`StorageError`
         raised: none of the batch is on disk.
         """
-        statements = [stmt for record in records for stmt in _statements(record)]
+        statements = record_statements(self.path, records, _statements)
         started = time.perf_counter()
         try:
             await self._db.execute("BEGIN IMMEDIATE")
@@ -734,6 +799,10 @@ class Storage:
             except BaseException as exc:
                 await _rollback(self._db, self.path, exc)
                 raise
+        except _SQLITE_RECORD_ERRORS as exc:
+            # SQLite refused a value (an integer past 64 bits, text that is not
+            # Unicode, a constraint): one record's doing, not the database's.
+            raise RecordError(self.path, None, _cause(exc)) from exc
         except Exception as exc:
             raise StorageError(f"write to {self.path} failed: {_cause(exc)}") from exc
         # Committed, but into the file the next start will open? Checked before

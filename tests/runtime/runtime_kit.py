@@ -60,6 +60,9 @@ class HeldStorage:
     async def load(self) -> Snapshot:
         return await self.inner.load()
 
+    async def load_group(self, group_id: str) -> Snapshot:
+        return await self.inner.load_group(group_id)
+
     def check(self) -> None:
         self.inner.check()
 

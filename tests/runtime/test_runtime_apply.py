@@ -177,9 +177,11 @@ class FailingCore(SpyCore):
 
 async def test_a_core_bug_answers_unknown_server_error_and_stops_serving(
         tmp_path: Path) -> None:
-    """Issue 14: the core may have changed part of its state before it raised, so the
-    runtime stops serving it, as after a storage failure (``groupcoord serve`` exits
-    and is restarted from what is durable); nothing half-changed is answered from."""
+    """The core may have changed part of its state before it raised. When it does not
+    say which group's (a plain exception, not ``CoreFailure``), the runtime stops
+    serving, as after a storage failure (``groupcoord serve`` exits and is restarted
+    from what is durable); nothing half-changed is answered from. A failure the core
+    confines to one group reloads that group alone (test_runtime_group_failure.py)."""
     storage = await Storage.open(tmp_path / "g.db")
     try:
         runtime = Runtime(FailingCore(GroupCoordinator(CONFIG)), storage, FakeClock())

@@ -36,8 +36,8 @@ def post(url: str, body: bytes, content_type: str = JSON) -> tuple[int, Any]:
 
 def commit_json(server: ServerProcess, group: str, value_json: str) -> tuple[int, Any]:
     """A simple commit (generation -1) whose value is the given JSON text, verbatim."""
-    body = ('{"group_id": "%s", "member_id": "tool", "generation_id": -1, '
-            '"checkpoints": [["shards", 0, %s]]}' % (group, value_json))
+    body = (f'{{"group_id": "{group}", "member_id": "tool", "generation_id": -1, '
+            f'"checkpoints": [["shards", 0, {value_json}]]}}')
     return post(f"{server.url}/v1/commit", body.encode("ascii"))
 
 
@@ -109,7 +109,7 @@ def test_an_admin_reset_to_a_value_the_store_cannot_hold_is_refused(
                           "checkpoints": [["shards", 0, 2**64 - 1]]})
     status, doc = post(f"{server.url}/v1/commit", body, MSGPACK)
     assert status == 200 and doc["error"] is None, doc
-    raw = ('{"dry_run": false, %s}' % way).encode("ascii")
+    raw = f'{{"dry_run": false, {way}}}'.encode("ascii")
     status, answer = post(f"{server.admin_url}/v1/groups/team/checkpoints/reset", raw)
     assert status == 400, answer
     assert problem in answer["message"], answer
