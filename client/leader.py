@@ -81,7 +81,7 @@ def accepts_now(assignor: Assignor) -> bool:
 
 
 class AssignmentFailed(Exception):
-    """The assignor broke a rule of PROTOCOL.md or raised; the rebalance fails."""
+    """The assignor broke a rule of docs/protocol.md or raised; the rebalance fails."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Settings of ``groupcoord serve`` (PROTOCOL.md, "Running the server").
+"""Settings of ``groupcoord serve`` (docs/protocol.md, "Running the server").
 
 Every setting comes from, in order of precedence: a command-line flag, a
 ``GROUPCOORD_*`` environment variable, a key of the TOML file named by

@@ -1,4 +1,4 @@
-"""The wire contract shared by the coordinator and the client (PROTOCOL.md).
+"""The wire contract shared by the coordinator and the client (docs/protocol.md).
 
 ``errors``: the protocol's error codes; ``limits``: the bounds every message is
 validated against; ``codec``: msgpack encoding; ``messages``: one frozen

@@ -1,4 +1,4 @@
-"""Requests and responses of every protocol call (PROTOCOL.md, "Calls").
+"""Requests and responses of every protocol call (docs/protocol.md, "Calls").
 
 Each message is a frozen dataclass with ``from_wire(obj)`` (validates a decoded
 msgpack map, raising :class:`ValidationError` naming the field) and

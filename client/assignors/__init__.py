@@ -1,4 +1,4 @@
-"""The assignors of the embedded "resources" protocol (PROTOCOL.md).
+"""The assignors of the embedded "resources" protocol (docs/protocol.md).
 
 Each assignor is a pure function with a name: ``get_assignor(name).assign(
 resources, subscriptions)``. One module per assignor; see docs/assignors.md.

@@ -52,7 +52,7 @@ def handle_commit(k: Kernel, cmd: Commit, gates: Mapping[GroupState, Gate]) -> N
     g = k.groups.get(req.group_id)
     if g is None:
         if not simple:
-            # PROTOCOL.md: a protocol call for a group that does not exist
+            # docs/protocol.md: a protocol call for a group that does not exist
             # answers UNKNOWN_MEMBER_ID (Kafka says ILLEGAL_GENERATION here).
             k.reply(rid, CommitResponse(ErrorCode.UNKNOWN_MEMBER_ID))
             return
@@ -264,7 +264,8 @@ def handle_fetch(k: Kernel, cmd: Fetch) -> None:
             ErrorCode.INVALID_REQUEST,
             message=f"after: group {req.group_id!r} holds {len(store)} checkpoints, more than "
                     f"one answer carries ({MAX_FETCH_CHECKPOINTS}); read them in pages: send "
-                    "after: [] and then each answer's next (PROTOCOL v1.1 paging)"))
+                    "after: [] and then each answer's next (docs/protocol.md, "
+                    "'Additions of this release')"))
     else:
         page, _ = store.page(None, MAX_FETCH_CHECKPOINTS)
         k.reply(cmd.request_id, FetchResponse(None, tuple(page)))

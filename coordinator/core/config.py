@@ -1,4 +1,4 @@
-"""Settings the group state machine obeys (the ``serve`` flags of PROTOCOL.md)."""
+"""Settings the group state machine obeys (the ``serve`` flags of docs/protocol.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The membership calls: join, sync, heartbeat, leave (PROTOCOL.md, "Calls").
+"""The membership calls: join, sync, heartbeat, leave (docs/protocol.md, "Calls").
 
 The handlers here are the cells of the state table
 (:mod:`coordinator.core.dispatch`, which picks one by the group's state and
@@ -437,7 +437,7 @@ def sync_completing(k: Kernel, g: Group, cmd: Sync) -> None:
 
 def sync_stable(k: Kernel, g: Group, cmd: Sync) -> None:
     """The stored assignment (also what a member re-sending its sync after a
-    coordinator restart gets, PROTOCOL.md "Durability")."""
+    coordinator restart gets, docs/protocol.md, "Durability")."""
     member = _sync_member(k, g, cmd)
     if member is None:
         return
@@ -572,7 +572,7 @@ def leave(k: Kernel, g: Group, cmd: Leave) -> None:
                 remove_member(k, g, g.members[entry.member_id], ErrorCode.UNKNOWN_MEMBER_ID)
                 removed_member = True
         results.append(LeaveMemberResult(entry.member_id, entry.group_instance_id, error))
-    # One rebalance for the whole batch (PROTOCOL.md, leave).
+    # One rebalance for the whole batch (docs/protocol.md, "POST /v1/leave").
     if removed_member:
         after_removal(k, g, "leave")
     elif removed_pending:

@@ -8,7 +8,7 @@ two can be firewalled apart. ``GET /v1/resources`` (the catalog a leader
 reads) is on both; a protocol call sent here gets a JSON 404 saying where the
 protocol listener is.
 
-Admin calls speak JSON (PROTOCOL.md, "Admin"). A request with a
+Admin calls speak JSON (docs/protocol.md, "Admin (JSON)"). A request with a
 ``Content-Encoding`` (other than ``identity``) is refused 415 before its body
 is read, and the listener never decompresses (aiohttp's ``auto_decompress``
 is off). With authentication on (``--auth-tokens``), the middleware of

@@ -1,4 +1,4 @@
-"""One protocol call, without an HTTP framework (PROTOCOL.md, "Transport", "Calls").
+"""One protocol call, without an HTTP framework (docs/protocol.md, "Transport", "Calls").
 
 The protocol listener (:mod:`coordinator.http.fast`) answers every call with
 this, and nothing else answers them. Given the call's name, its raw body, its
@@ -58,7 +58,8 @@ from protocol.validate import ValidationError
 log = logging.getLogger("groupcoord.http")
 
 MSGPACK_TYPES = frozenset({codec.CONTENT_TYPE, "application/x-msgpack"})
-#: PROTOCOL.md v1.1: a call in JSON is answered in JSON (protocol/json_wire.py).
+#: docs/protocol.md, "JSON on the protocol calls": a call in JSON is answered in
+#: JSON (protocol/json_wire.py).
 JSON_TYPES = frozenset({json_wire.CONTENT_TYPE})
 ACCEPTED_TYPES = MSGPACK_TYPES | JSON_TYPES
 SERVER_FAILED = "the server failed on this request; see its log"
@@ -136,7 +137,7 @@ def check_metadata(msg: object, limit: int) -> None:
 
 
 def catalog_answer(runtime: Service) -> Result:
-    """``GET /v1/resources`` (PROTOCOL.md, Admin), JSON: what a leader reads before it
+    """``GET /v1/resources`` (docs/protocol.md, "Admin (JSON)"), JSON: what a leader reads before it
     assigns. Both listeners serve it (a worker may reach only the protocol one)."""
     if not runtime.ready:
         code = (ErrorCode.COORDINATOR_NOT_AVAILABLE if runtime.failed.is_set()

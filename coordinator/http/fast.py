@@ -221,7 +221,8 @@ class _Pending:
         self.api = api
         self.body = body
         self.content_type = content_type
-        #: _CALL: answer in JSON (the call came in JSON, PROTOCOL.md v1.1).
+        #: _CALL: answer in JSON (the call came in JSON; docs/protocol.md, "JSON on
+        #: the protocol calls").
         self.json = json
         self.token = token
         self.keep_alive = keep_alive

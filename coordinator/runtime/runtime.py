@@ -1,6 +1,6 @@
 """The runtime: one serial apply step, group commit, reply after commit.
 
-DESIGN.md practices 4 and 5, after Kafka's group coordinator runtime:
+docs/architecture.md practices 4 and 5, after Kafka's group coordinator runtime:
 
 - Every request and every timer firing becomes a command applied with
   ``core.handle(now_ms, command)`` synchronously on the event loop, one at a
@@ -355,7 +355,8 @@ class Runtime:
                 and self.core.parked_request_count() >= self.max_parked_requests:
             if isinstance(command, Heartbeat):
                 # At the limit a long-poll heartbeat is answered at once, as if
-                # wait_ms were 0: it still renews the session (PROTOCOL.md, heartbeat).
+                # wait_ms were 0: it still renews the session (docs/protocol.md,
+                # "POST /v1/heartbeat").
                 if command.request.wait_ms > 0:
                     command = Heartbeat(command.request_id, replace(command.request, wait_ms=0))
             else:

@@ -87,7 +87,8 @@ from coordinator.storage.sqlite import (
 from protocol.codec import DecodeError, decode, encode
 from protocol.validate import Scalar
 
-#: ``--partitions`` when the database is created and none is given (PROTOCOL.md v1.1).
+#: ``--partitions`` when the database is created and none is given (docs/protocol.md,
+#: "Several coordinators sharing groups").
 DEFAULT_PARTITIONS = 64
 #: Partitions a database may have: each is a lease row renewed by its owner.
 MAX_GROUP_PARTITIONS = 4096

@@ -18,7 +18,7 @@ Tables (version 1):
     the resource catalog: set name -> partitions; ``meta`` holds
     ``resources_epoch``.
 ``rebalance_journal``
-    one row per completed rebalance (PROTOCOL.md, "Durability").
+    one row per completed rebalance (docs/protocol.md, "Durability").
     ``members``, ``joined`` and ``left`` are JSON arrays (members as
     ``[member_id, group_instance_id, client_id]``); ``assignments`` is a
     msgpack map ``member_id -> assignment bytes``; times are Unix ms.

@@ -6,7 +6,8 @@ converges, no acknowledged checkpoint lost, no zombie commit acknowledged.
 
 For the coordinator faults (kill -9, SIGSTOP past the lease, rolling SIGTERM)
 the group must also not rebalance: a takeover resumes it at its generation
-(PROTOCOL.md v1.1, "Takeover"), so its generation is the same after the fault
+(docs/protocol.md, "Several coordinators sharing groups"), so its generation is the
+same after the fault
 as before, no rebalance journal row was written in between, and no member
 called ``on_lost``.
 """
