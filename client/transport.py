@@ -523,7 +523,8 @@ class CoordinatorRouter:
         """The member's last ``api`` call got no answer within its timeout (a
         paused process, a black hole): look for the coordinator again. Even if it
         answered other calls since that one was sent: those may have been answered
-        just before it stopped (chaos finding 6), and a coordinator still serving
+        just before it stopped (a busy member commits between heartbeats), and a
+        coordinator still serving
         is found again at the cost of one ``find_coordinator``."""
         url = self._cancelled.pop(api, None)
         if url is not None:

@@ -350,7 +350,8 @@ class MemberStateMachine:
         """Increasing over the member's whole life, one per join sent (a join
         sent again included): a join the member gave up on that reaches the
         coordinator after a later one is not applied (docs/client.md, "A call
-        the coordinator is done with"; simulator finding 14)."""
+        the coordinator is done with"; docs/coordinator-semantics.md, "The join
+        sequence")."""
         self._join_sequence += 1
         return self._join_sequence
 

@@ -89,7 +89,7 @@ def handle_commit(k: Kernel, cmd: Commit, gates: Mapping[GroupState, Gate]) -> N
             # are older than what is stored, so it is not applied. It is answered
             # without an error: nothing it asked for is lost, a later commit of the
             # same member superseded it (as Kafka's idempotent producer treats a
-            # duplicate sequence). Simulator finding 5.
+            # duplicate sequence). docs/coordinator-semantics.md, "The commit sequence".
             k.reply(rid, CommitResponse(None))
             return
         if req.checkpoints:

@@ -134,7 +134,8 @@ def join_admit(k: Kernel, g: Group, cmd: Join) -> tuple[bool, Member | None]:
         # member's rejoin -- for an eager member, as its word that it owns
         # nothing -- and a rebalance could give away what the member still
         # holds under a live lease. Not applied; the answer (which only a
-        # closed connection would read) asks for a rejoin. Simulator finding 14.
+        # closed connection would read) asks for a rejoin (docs/coordinator-semantics.md,
+        # "The join sequence").
         k.reply(rid, JoinResponse(ErrorCode.REBALANCE_IN_PROGRESS, member_id=req.member_id))
         return False, known
     if not _accept_joining(k, g, known):

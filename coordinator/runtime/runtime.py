@@ -14,8 +14,8 @@ docs/architecture.md practices 4 and 5, after Kafka's group coordinator runtime:
   answers carry ``resources_epoch``; any record not tied to one group counts
   as catalog), and every write emitted earlier by the same command. A reply
   that depends on no uncommitted write goes out at once, so a slow commit of
-  group A's records no longer holds group B's heartbeats (docs/reliability.md,
-  finding 5). The batches and the rule are :class:`~coordinator.runtime.commits.Commits`,
+  group A's records does not hold group B's heartbeats (docs/architecture.md,
+  practice 5). The batches and the rule are :class:`~coordinator.runtime.commits.Commits`,
   pure bookkeeping the simulator (tests/sim/server.py) drives too.
 - Limits: ``max_parked_requests`` (``--max-parked-requests``) bounds the
   joins, syncs and long-poll heartbeats parked in the core. At the limit a

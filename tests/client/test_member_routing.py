@@ -461,7 +461,7 @@ def test_not_coordinator_reaching_the_machine_is_retried_not_a_loss() -> None:
 
 
 def test_a_call_timed_out_gives_its_coordinator_up_even_after_other_answers() -> None:
-    """Chaos finding 6: a member's held heartbeat was sent just before its coordinator
+    """A paused coordinator: a member's held heartbeat was sent just before its coordinator
     was paused, and a commit sent later was answered just before the pause. When the
     heartbeat times out the coordinator must still be given up: keeping it because
     it "answered something since" sent the next heartbeat to the paused process and

@@ -33,7 +33,7 @@ GOLDEN = bytes.fromhex(
     "92a572616e6765c40178c400")
 
 
-#: v1.1 (simulator finding 8): a static member's incarnation and its start time
+#: v1.1 (incarnations): a static member's incarnation and its start time
 #: are trailing fields, written while set; a member without an owner but with an
 #: incarnation writes ``owner`` as null. Bytes pinned when the fields were added.
 MEMBERS_WITH_INCARNATION = (
