@@ -1,4 +1,4 @@
-"""Bearer-token authentication and group-prefix authorization (issue 6, "Security").
+"""Bearer-token authentication and group-prefix authorization (docs/reliability.md, "Security").
 
 Tokens file
 -----------
@@ -120,7 +120,7 @@ MIN_TOKEN_LENGTH = 32
 #: longest ``Authorization`` value read; longer is refused before hashing.
 MAX_TOKEN_LENGTH = 4096
 #: paths answered without credentials unless the server is told otherwise
-#: (issue 6: "/metrics, /healthz and /readyz can be left open").
+#: (scrapers and probes carry no token: /metrics, /healthz and /readyz stay open).
 DEFAULT_OPEN_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
 
 _HASH_PREFIX = "sha256:"

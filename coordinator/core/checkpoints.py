@@ -5,8 +5,9 @@ Checkpoints live in memory (``Kernel.checkpoints``: group ->
 snapshot, and every accepted commit is persisted as one
 :class:`CheckpointsWritten` record before its reply.
 
-A commit is accepted or refused whole, before anything changes (issue 11,
-item 9): a value over ``max_checkpoint_value_bytes`` or, in a group of
+A commit is accepted or refused whole, before anything changes
+(docs/coordinator-semantics.md, "Checkpoint limits"): a value over
+``max_checkpoint_value_bytes`` or, in a group of
 ``protocol_type`` ``"resources"``, a set that is not in the catalog or an index
 beyond its partitions is ``INVALID_REQUEST`` (HTTP 400, the message names the
 field); a commit that would take its group over ``max_checkpoints_per_group``

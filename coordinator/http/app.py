@@ -1,7 +1,7 @@
 """The admin listener: admin JSON, ``/metrics``, ``/healthz``, ``/readyz`` (aiohttp).
 
 ``groupcoord serve`` has two listeners, each with one parser and one set of
-limits (issue 11; :mod:`coordinator.http.listeners`): the protocol calls are
+limits (:mod:`coordinator.http.listeners`): the protocol calls are
 answered by the lean protocol listener (:mod:`coordinator.http.fast`), and
 everything an operator uses by this aiohttp app on ``--admin-port``, so the
 two can be firewalled apart. ``GET /v1/resources`` (the catalog a leader

@@ -18,7 +18,7 @@ core, so it changes no state):
    token is not granted, ``UNKNOWN_MEMBER_ID`` for a member id not minted for
    the token (:func:`coordinator.auth.member_bound`);
 4. :meth:`Runtime.call`, and the answer encoded; an answer the core gave
-   ``INVALID_REQUEST`` (a commit or fetch refused on what it says, issue 11)
+   ``INVALID_REQUEST`` (a commit or fetch refused on what it says)
    is sent as that 400 with its message.
 
 Every call is counted in ``groupcoord_requests`` by outcome; a bug is logged
@@ -122,7 +122,7 @@ def check_metadata(msg: object, limit: int) -> None:
 
     The body limit alone would let one member park a megabyte of metadata in
     the group, which every join answer to the leader and every stored
-    generation then repeats (issue 6 limits).
+    generation then repeats.
     """
     if isinstance(msg, JoinRequest):
         for i, (_name, metadata) in enumerate(msg.protocols):

@@ -1,4 +1,4 @@
-"""An OpenAPI 3.1 description of every route (``GET /v1/openapi.json``, issue 13).
+"""An OpenAPI 3.1 description of every route (``GET /v1/openapi.json``).
 
 Both listeners are described: the protocol calls on the protocol listener
 (``--port``, msgpack or JSON bodies, docs/protocol.md "Calls" and "JSON on the

@@ -1,4 +1,4 @@
-"""The coordinator's durable state in PostgreSQL, through asyncpg (issue 12, foundation).
+"""The coordinator's durable state in PostgreSQL, through asyncpg.
 
 The same storage seam as :class:`coordinator.storage.sqlite.Storage`
 (``open``, ``load``, ``write`` in one transaction returning its seconds,

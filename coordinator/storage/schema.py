@@ -125,14 +125,14 @@ MIGRATIONS: tuple[str, ...] = (
         committed_ms INTEGER NOT NULL
     );
     """,
-    # 3: who created each group, for --max-groups-per-token (issue 11).
+    # 3: who created each group, for --max-groups-per-token.
     """
     CREATE TABLE group_owners (
         group_id TEXT PRIMARY KEY,
         owner TEXT NOT NULL
     );
     """,
-    # 4: who wrote each checkpoint and when, for the admin API (issue 13). Rows of
+    # 4: who wrote each checkpoint and when, for the admin API. Rows of
     # earlier versions keep NULLs: "not known".
     """
     ALTER TABLE checkpoints ADD COLUMN committed_ms INTEGER;
