@@ -1,4 +1,4 @@
-"""``GroupMember.fetch`` reads a group bigger than one fetch answer (issue 11, item 9).
+"""``GroupMember.fetch`` reads a group bigger than one fetch answer.
 
 The coordinator answers at most ``MAX_FETCH_CHECKPOINTS`` checkpoints per fetch
 (docs/protocol.md, "Additions of this release"); the client follows ``next`` for a

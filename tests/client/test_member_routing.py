@@ -1,4 +1,4 @@
-"""Several coordinators, the member's side (issue 12 item 3), in virtual time.
+"""Several coordinators, the member's side, in virtual time.
 
 The real member (driver, machine, :class:`~client.transport.CoordinatorRouter`)
 and the real coordinator runtime and core; between them a fake cluster of
@@ -195,7 +195,7 @@ def test_a_member_given_one_url_follows_not_coordinator_away_from_it() -> None:
     moves, the URL answers NOT_COORDINATOR naming the owner, and the member
     follows it, keeping its resources. (Before v1.1 the member retried the
     same URL until its deadline and lost them.) Over real HTTP for ~4 s of
-    real time until issue 14; the HTTP stand-ins still serve the list cases
+    real time before the virtual-time loop; the HTTP stand-ins still serve the list cases
     in test_member_routing_http.py."""
 
     async def main() -> None:

@@ -1,4 +1,4 @@
-"""Several coordinators, the member's side (issue 12 item 3), over real HTTP.
+"""Several coordinators, the member's side, over real HTTP.
 
 A real coordinator (the runtime, core and both HTTP listeners in this
 process) and, in front of it, small real aiohttp servers standing for the

@@ -1,5 +1,5 @@
 """Three ``groupcoord serve`` processes on a real PostgreSQL, members in worker
-processes, under the coordinator faults of issue 12's test list, each a
+processes, under the coordinator faults of docs/reliability.md's list, each a
 scripted schedule of the chaos harness (tests/chaos/harness.py, several
 coordinators) with its ledger checks: never two owners of a resource, the group
 converges, no acknowledged checkpoint lost, no zombie commit acknowledged.

@@ -177,7 +177,7 @@ class FailingCore(SpyCore):
 
 async def test_a_core_bug_answers_unknown_server_error_and_stops_serving(
         tmp_path: Path) -> None:
-    """Issue 14: the core may have changed part of its state before it raised, so the
+    """The core may have changed part of its state before it raised, so the
     runtime stops serving it, as after a storage failure (``groupcoord serve`` exits
     and is restarted from what is durable); nothing half-changed is answered from."""
     storage = await Storage.open(tmp_path / "g.db")

@@ -1,6 +1,6 @@
 """One seed's world: the coordinator, the members, the faults, the invariants.
 
-The invariants (issue 14), checked as the run goes:
+The invariants, checked as the run goes:
 
 safety
   * *exclusive*: no resource is in two members' ``assignment``

@@ -1,4 +1,4 @@
-"""A member spelled once (issue 14): the storage row, the journal triple and the
+"""A member spelled once: the storage row, the journal triple and the
 admin JSON all derive from ``MemberRecord``'s fields, and the bytes stay what
 they were before (the golden values below were written by the code that spelled
 each member's fields by hand, commit f447fa4)."""
