@@ -167,7 +167,8 @@ class RebalanceRun:
         self.metadata = metadata
         self.server = server
         self.partitions = partitions
-        #: formation only: a first join is answered MEMBER_ID_REQUIRED (docs/protocol.md).
+        #: formation only: a first join is answered MEMBER_ID_REQUIRED
+        #: (docs/protocol.md, "POST /v1/join").
         self.mint_ids = mint_ids
         self.synced = 0
         #: when the first and the last successful join answers were read.

@@ -2,7 +2,7 @@
 
 Everything the member says to the coordinator goes through
 ``await transport.call(api, request) -> response``: ``api`` is a protocol
-call of docs/protocol.md ("join", "sync", "heartbeat", "leave", "commit",
+call of docs/protocol.md, "Calls" ("join", "sync", "heartbeat", "leave", "commit",
 "fetch") with its request/response dataclasses from ``protocol.messages``,
 or ``"resources"`` (the admin catalog, ``GET /v1/resources``) with
 :class:`CatalogRequest` / :class:`CatalogResponse`.

@@ -322,7 +322,8 @@ class MemberStateMachine:
 
     def build_commit(self, checkpoints: Mapping[Resource, Scalar]) -> CommitRequest:
         """The commit request for ``checkpoints``; only owned resources may be
-        committed (the coordinator would fence a zombie anyway, docs/protocol.md).
+        committed (the coordinator would fence a zombie anyway, docs/protocol.md,
+        "POST /v1/commit and POST /v1/fetch").
         Allowed while closing: ``on_revoked`` commits final positions then."""
         if self.failure is not None:
             raise self.failure
@@ -852,7 +853,7 @@ class MemberStateMachine:
 
     def _on_join(self, now_ms: int, sent_ms: int, resp: JoinResponse) -> None:
         if resp.error is ErrorCode.MEMBER_ID_REQUIRED:
-            # docs/protocol.md: a dynamic member's first join gets its id this way;
+            # docs/protocol.md, "POST /v1/join": a dynamic member's first join gets its id this way;
             # owned is empty at this point, join again at once.
             if resp.member_id:
                 self.member_id = resp.member_id
@@ -1004,7 +1005,7 @@ class MemberStateMachine:
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
         if (self.is_leader and self._assigned_epoch is not None
                 and resp.resources_epoch > self._assigned_epoch):
-            # docs/protocol.md: the coordinator does not rebalance on catalog
+            # docs/protocol.md, "Admin (JSON)": the coordinator does not rebalance on catalog
             # changes; the leader rejoins so the new catalog is assigned.
             self._request_rejoin(now_ms, "resource catalog changed")
 

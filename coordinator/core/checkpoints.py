@@ -53,7 +53,7 @@ def handle_commit(k: Kernel, cmd: Commit, gates: Mapping[GroupState, Gate]) -> N
     g = k.groups.get(req.group_id)
     if g is None:
         if not simple:
-            # docs/protocol.md: a protocol call for a group that does not exist
+            # docs/protocol.md, "Error codes": a protocol call for a group that does not exist
             # answers UNKNOWN_MEMBER_ID (Kafka says ILLEGAL_GENERATION here).
             k.reply(rid, CommitResponse(ErrorCode.UNKNOWN_MEMBER_ID))
             return

@@ -144,7 +144,8 @@ def complete_sync(k: Kernel, g: Group, assignments: tuple[SyncAssignment, ...]) 
         if member_id in g.members:
             given[member_id] = entry.assignment
     for member in g.members.values():
-        # docs/protocol.md: a member missing from the leader's list gets an empty assignment.
+        # docs/protocol.md, "POST /v1/sync": a member missing from the leader's list
+        # gets an empty assignment.
         member.set_assignment(given.get(member.member_id, b""))
     k.transition(g, STABLE, "assignment_received")
     k.persist(g.to_record())

@@ -4,7 +4,8 @@ A real coordinator (the runtime, core and both HTTP listeners in this
 process) and, in front of it, small real aiohttp servers standing for the
 coordinators of a cluster: each answers ``find_coordinator`` with the owner
 the test names, answers ``NOT_COORDINATOR`` (only ``error`` and ``url``, as
-docs/protocol.md says) or ``COORDINATOR_LOAD_IN_PROGRESS`` when it is not
+docs/protocol.md, "Several coordinators sharing groups",
+says) or ``COORDINATOR_LOAD_IN_PROGRESS`` when it is not
 the owner, and forwards the calls it owns to the real coordinator, byte for
 byte. Stopping one refuses its connections (a killed coordinator). Real
 time, sessions of 3 s: the smoke tests of the HTTP transport and router
