@@ -1,4 +1,4 @@
-"""Helpers of the multi-coordinator benchmarks (issue 12): a throw-away PostgreSQL,
+"""Helpers of the multi-coordinator benchmarks: a throw-away PostgreSQL,
 ``groupcoord serve --db postgresql://...`` processes, routing, CPU accounting.
 
 Everything listens on 127.0.0.1 on free ports; every process started here is

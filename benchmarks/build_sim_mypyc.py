@@ -16,7 +16,7 @@ module: the runner refuses a build older than its sources.
 Needs mypy (with mypyc), setuptools, a C compiler and the Python headers. It
 is not part of the test suite or CI, which run the simulator interpreted;
 the compiled build must give the same trace hashes
-(``benchmarks/simulate_hashes.py``; docs/reliability.md, "Figures").
+(``benchmarks/simulate_hashes.py``; docs/bench-reliability.md, "Figures").
 """
 
 from __future__ import annotations

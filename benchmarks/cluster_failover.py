@@ -1,5 +1,5 @@
 """Failover costs no rebalance: kill -9 the owner of a busy group's partition, again and
-again (issue 12's "Failover" target).
+again (the "Failover" target of docs/benchmarks.md).
 
 Three ``groupcoord serve`` coordinators share a throw-away PostgreSQL
 (tests/pg_harness.py). One group of ``--members`` members (100) with a

@@ -1,4 +1,4 @@
-"""Scale-out: heartbeats over 2 coordinator processes on PostgreSQL against 1 (issue 12).
+"""Scale-out: heartbeats over 2 coordinator processes on PostgreSQL against 1.
 
 In one run, three set-ups are started side by side, each holding the same
 10,000 members in 1,000 groups (10 members a group, formed by the join flow of
@@ -47,7 +47,7 @@ do (``k / server CPU``: no heartbeat touches the database).
 Where PostgreSQL shares the cores the run saturates (one small machine), a
 database stall can outlast the default 5 s lease and every run of the
 two-core set-up is left out: ``--lease-ms 15000`` (docs/benchmarks.md,
-issue 12).
+"Several coordinators on PostgreSQL").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Rolling restart of a group of worker processes: eager vs cooperative vs
-cooperative with static membership (issue 3; figures in docs/bench-client.md).
+cooperative with static membership (figures in docs/bench-client.md).
 
     .venv/bin/python benchmarks/rolling_restart.py [--workers 10] [--resources 200]
         [--modes eager cooperative static] [--warmup-ms 0]

@@ -5,13 +5,13 @@ For each member count, starts the server pinned to one CPU, forms groups of
 heartbeats from wrk (pinned to another CPU, another process) with
 ``wrk_heartbeat.lua``, cycling through every member. The same wrk run against
 ``server_echo.py`` on the same CPU gives two floors: a bare aiohttp msgpack
-endpoint (what issue 2 compares with) and a bare httptools one (the least any
+endpoint (what the target compares with) and a bare httptools one (the least any
 Python HTTP server on this loop costs); the ratios show what the coordinator
 costs on top of HTTP + msgpack.
 
     .venv/bin/python benchmarks/server_heartbeat.py --members 1000 10000
 
-Target (issue 2): >= 8,000 heartbeats/s at p99 < 20 ms on one core. wrk is a
+Target (docs/benchmarks.md): >= 8,000 heartbeats/s at p99 < 20 ms on one core. wrk is a
 closed-loop generator (no coordinated-omission correction): latency is
 measured at the throughput the server sustains with ``--connections`` open.
 Runs against groupcoord and the echo endpoints alternate (``--repeat``), so

@@ -11,7 +11,7 @@ with every member holding its sync answer with ``error: null`` and the
 assignment the leader computed for it, within ``--round-timeout`` seconds;
 otherwise the script exits 1 naming the member and the error.
 
-Measured span (issue 2, "from the last join"): from the moment the last join
+Measured span ("from the last join"): from the moment the last join
 request was handed to the kernel (its ``write`` returned) to the moment the
 last sync answer was read. Printed with it: the server's CPU time in that
 span (``/proc/PID/stat``), the time its event-loop thread ran and waited in a
@@ -41,7 +41,7 @@ Two load generators (``--client``):
     .venv/bin/python benchmarks/server_join.py --members 1000 --rounds 5
     .venv/bin/python benchmarks/server_join.py --members 1000 --rounds 5 --client aiohttp
 
-Target (issue 2): < 500 ms.
+Target (docs/benchmarks.md): < 500 ms.
 """
 
 from __future__ import annotations
@@ -167,7 +167,8 @@ class RebalanceRun:
         self.metadata = metadata
         self.server = server
         self.partitions = partitions
-        #: formation only: a first join is answered MEMBER_ID_REQUIRED (PROTOCOL.md).
+        #: formation only: a first join is answered MEMBER_ID_REQUIRED
+        #: (docs/protocol.md, "POST /v1/join").
         self.mint_ids = mint_ids
         self.synced = 0
         #: when the first and the last successful join answers were read.

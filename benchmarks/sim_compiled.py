@@ -26,7 +26,7 @@ __all__ = ["COMPILED", "MANIFEST", "StaleBuildError", "install", "make_picklable
            "module_file"]
 
 #: The modules compiled: those a seed spends its time in, and what they call
-#: often enough to matter (a profile of seeds 0-99, docs/reliability.md).
+#: often enough to matter (a profile of seeds 0-99, docs/bench-reliability.md).
 COMPILED: tuple[str, ...] = (
     "coordinator.core.admin",
     "coordinator.core.checkpoint_store",

@@ -5,7 +5,7 @@
 
 The simulator's determinism across a change: run it before and after and
 ``diff`` the two files (a change that only makes the simulator faster must
-leave every line as it was; docs/reliability.md, "Simulation"). The same
+leave every line as it was; docs/bench-reliability.md, "Simulation"). The same
 holds between the interpreted simulator and the one compiled by
 ``benchmarks/build_sim_mypyc.py`` (``--compiled DIR``).
 """

@@ -1,4 +1,4 @@
-"""Store cost: PostgreSQL against SQLite in the same run (issue 12's "Store cost" target).
+"""Store cost: PostgreSQL against SQLite in the same run (the "Store cost" target).
 
 Measured for each store, each write awaited before the next (as the runtime
 does when nothing else is queued; group commit would share commits):

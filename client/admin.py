@@ -1,4 +1,4 @@
-"""A small synchronous client of the coordinator's admin API (PROTOCOL.md, "Admin").
+"""A small synchronous client of the coordinator's admin API (docs/protocol.md, "Admin (JSON)").
 
 It is what ``groupcoord groups|checkpoints|rebalances|resources`` stand on, and
 a script can use it directly::
@@ -58,7 +58,8 @@ class AdminClient:
     """Calls of the admin API at ``url`` (scheme, host and port; no path).
 
     ``url`` may be a list: the admin API of several coordinators sharing a
-    database answers the same at each (PROTOCOL.md v1.1), so a call goes to
+    database answers the same at each (docs/protocol.md, "Several coordinators
+    sharing groups"), so a call goes to
     the first that accepts a connection, and to that one first from then on
     (``url``). Only a connection that could not be made moves on to the
     next: a call that reached a server (an answer, a time-out) is never

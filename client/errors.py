@@ -1,6 +1,6 @@
 """The exceptions a worker can see from the client library.
 
-Exceptions are translated at the boundary only (DESIGN.md practice 7, the
+Exceptions are translated at the boundary only (docs/architecture.md practice 7, the
 httpx model): the transport turns network and HTTP failures into
 :class:`CoordinatorUnavailableError` / :class:`InvalidRequestError`, the
 member turns protocol error codes into the classes below. Inside the member
@@ -80,8 +80,8 @@ class NotCoordinatorError(CoordinatorUnavailableError):
 
 
 class NotOwnedError(GroupCoordError):
-    """A commit named resources the member does not own (PROTOCOL.md, commit:
-    only the owner's progress counts)."""
+    """A commit named resources the member does not own (docs/protocol.md,
+    "POST /v1/commit and POST /v1/fetch": only the owner's progress counts)."""
 
     def __init__(self, resources: list[tuple[str, int]]) -> None:
         shown = ", ".join(f"{s}[{i}]" for s, i in resources[:10])

@@ -81,7 +81,8 @@ def accepts_now(assignor: Assignor) -> bool:
 
 
 class AssignmentFailed(Exception):
-    """The assignor broke a rule of PROTOCOL.md or raised; the rebalance fails."""
+    """The assignor broke a rule of the "resources" protocol (docs/protocol.md, "The
+    embedded "resources" protocol") or raised; the rebalance fails."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,8 @@ comes back only when the coordinator stops holding it (the long-poll,
 ``wait_ms``). A heartbeat held for a whole interval therefore renews the
 lease an interval late: with a hold of one interval, the answer renewing a
 lease started at ``t`` arrives at ``t + 2 x interval`` (plus two round
-trips), which is the whole session when the interval is half of it (the
-churn of issue 11: session 6000 ms, interval 3000 ms).
+trips), which is the whole session when the interval is half of it (a
+member re-joining every session: session 6000 ms, interval 3000 ms).
 
 :class:`LeaseTiming` keeps the member able to prove itself before its
 deadline, whatever configuration it accepted:

@@ -1,6 +1,6 @@
 """``GroupMember``: the asyncio driver of the member state machine.
 
-One driver task per member (DESIGN.md practice 7): it asks the sans-IO
+One driver task per member (docs/architecture.md practice 7): it asks the sans-IO
 :class:`~client.member_state.MemberStateMachine` for the next action, performs
 it through the one-method transport, and reports the outcome. There is no
 lock: the machine is only touched from the event loop, and no lock is ever
@@ -105,7 +105,8 @@ class GroupMember:
     ``close()``.
 
     ``coordinator``: the coordinator's URL, or a list of bootstrap URLs of
-    several coordinators sharing the groups (PROTOCOL.md v1.1): the member
+    several coordinators sharing the groups (docs/protocol.md, "Several
+    coordinators sharing groups"): the member
     finds its group's coordinator and follows it when it changes
     (:class:`~client.transport.CoordinatorRouter`; docs/client.md, "Several
     coordinators"). Or a :class:`~client.transport.Transport` (tests)."""
@@ -349,7 +350,7 @@ class GroupMember:
 
     async def commit(self, checkpoints: Mapping[Resource, Scalar]) -> None:
         """Store ``checkpoints`` (resource -> value) for owned resources; fenced
-        by generation on the coordinator (PROTOCOL.md, commit).
+        by generation on the coordinator (docs/protocol.md, "POST /v1/commit and POST /v1/fetch").
 
         Concurrent commits of one member are sent one at a time, in the order
         they were called, so the coordinator applies them in that order (as
@@ -386,7 +387,8 @@ class GroupMember:
         """The group's checkpoints (all, or those of ``resources``).
 
         The coordinator answers at most ``MAX_FETCH_CHECKPOINTS`` per call
-        (PROTOCOL v1.1 paging): all of them are read page by page (``after`` /
+        (docs/protocol.md, "Additions of this release"): all of them are read
+        page by page (``after`` /
         ``next``), and a long list of resources is asked for in slices.
         """
         self._raise_failure()

@@ -1,8 +1,8 @@
-"""The member's one-method transport (DESIGN.md practice 7, the httpx model).
+"""The member's one-method transport (docs/architecture.md practice 7, the httpx model).
 
 Everything the member says to the coordinator goes through
 ``await transport.call(api, request) -> response``: ``api`` is a protocol
-call of PROTOCOL.md ("join", "sync", "heartbeat", "leave", "commit",
+call of docs/protocol.md, "Calls" ("join", "sync", "heartbeat", "leave", "commit",
 "fetch") with its request/response dataclasses from ``protocol.messages``,
 or ``"resources"`` (the admin catalog, ``GET /v1/resources``) with
 :class:`CatalogRequest` / :class:`CatalogResponse`.
@@ -24,7 +24,7 @@ and nowhere else:
   :class:`~client.errors.NotCoordinatorError` (retriable; nothing changed).
 
 :class:`CoordinatorRouter` is the transport of a member given several
-coordinators (PROTOCOL.md v1.1, "Several coordinators sharing groups"): it
+coordinators (docs/protocol.md, "Several coordinators sharing groups"): it
 finds the group's coordinator with ``find_coordinator``, sends every call
 there through per-URL :class:`AiohttpTransport` views of one HTTP session,
 follows ``NOT_COORDINATOR``, and looks for the coordinator again when the
@@ -177,7 +177,7 @@ class Transport(Protocol):
 
 
 class AiohttpTransport:
-    """The transport over HTTP/1.1 with aiohttp (PROTOCOL.md, "Transport").
+    """The transport over HTTP/1.1 with aiohttp (docs/protocol.md, "Transport").
 
     The session is created on first use, in the running loop; ``aclose()``
     releases it. Cancelling a call closes its connection, which the
@@ -405,7 +405,7 @@ class CoordinatorChoice:
 
 class CoordinatorRouter:
     """The transport of one group's member when coordinators may change
-    (PROTOCOL.md v1.1, "Several coordinators sharing groups"; Kafka's
+    (docs/protocol.md, "Several coordinators sharing groups"; Kafka's
     consumer: coordinator unknown -> FindCoordinator -> retry there).
 
     ``bootstrap``: the URLs the member was given; ``connect(url)``: the
@@ -523,7 +523,8 @@ class CoordinatorRouter:
         """The member's last ``api`` call got no answer within its timeout (a
         paused process, a black hole): look for the coordinator again. Even if it
         answered other calls since that one was sent: those may have been answered
-        just before it stopped (chaos finding 6), and a coordinator still serving
+        just before it stopped (a busy member commits between heartbeats), and a
+        coordinator still serving
         is found again at the cost of one ``find_coordinator``."""
         url = self._cancelled.pop(api, None)
         if url is not None:

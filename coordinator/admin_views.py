@@ -1,6 +1,6 @@
 """What the admin API shows of groups, spelled once for the JSON routes and the console.
 
-:mod:`coordinator.http.app` answers these as JSON (PROTOCOL.md, "Admin" and
+:mod:`coordinator.http.app` answers these as JSON (docs/protocol.md, "Admin (JSON)" and
 "Admin additions"); :mod:`coordinator.console` renders the same documents as
 HTML. Each function reads the runtime (or the journal) and returns plain
 JSON-ready values; neither knows about requests. Bad input raises
@@ -51,7 +51,8 @@ def group_rows(runtime: Service, entry: auth.TokenEntry | None,
 
 
 def assignment_json(protocol_type: str | None, data: bytes) -> Any:
-    """``{set: [indexes]}`` for the "resources" protocol, else base64 (PROTOCOL.md, Admin)."""
+    """``{set: [indexes]}`` for the "resources" protocol, else base64
+    (docs/protocol.md, "Admin (JSON)")."""
     if protocol_type == RESOURCES:
         try:
             return {k: list(v) for k, v in ResourceAssignment.decode(data).assigned.items()}
@@ -159,7 +160,7 @@ def _json_scalar(value: object, field: str, encoding: object = None) -> Scalar:
 
 
 def parse_reset(group_id: str, doc: dict[str, Any], request_id: int) -> ResetCheckpoints:
-    """The body of ``POST .../checkpoints/reset`` (PROTOCOL.md, "Admin additions")."""
+    """The body of ``POST .../checkpoints/reset`` (docs/protocol.md, "Admin additions")."""
     dry_run = doc.get("dry_run", True)
     if not isinstance(dry_run, bool):
         raise ValidationError("dry_run", "expected true or false")
@@ -203,7 +204,7 @@ def parse_reset(group_id: str, doc: dict[str, Any], request_id: int) -> ResetChe
 
 
 async def reset_checkpoints(runtime: Service, group_id: str, doc: dict[str, Any]) -> Answer:
-    """Submit a reset (``doc`` as PROTOCOL.md's body); the core's :class:`AdminResult`.
+    """Submit a reset (``doc`` as docs/protocol.md's body); the core's :class:`AdminResult`.
 
     Bad input raises :class:`ValidationError` before anything is submitted.
     """

@@ -1,4 +1,4 @@
-"""Bearer-token authentication and group-prefix authorization (issue 6, "Security").
+"""Bearer-token authentication and group-prefix authorization (docs/reliability.md, "Security").
 
 Tokens file
 -----------
@@ -120,7 +120,7 @@ MIN_TOKEN_LENGTH = 32
 #: longest ``Authorization`` value read; longer is refused before hashing.
 MAX_TOKEN_LENGTH = 4096
 #: paths answered without credentials unless the server is told otherwise
-#: (issue 6: "/metrics, /healthz and /readyz can be left open").
+#: (scrapers and probes carry no token: /metrics, /healthz and /readyz stay open).
 DEFAULT_OPEN_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
 
 _HASH_PREFIX = "sha256:"
@@ -337,7 +337,7 @@ def member_bound(entry: TokenEntry | None, group_id: str, member_id: str) -> boo
 
 
 def _is_protocol_call(path: str) -> bool:
-    # PROTOCOL.md "Transport": every protocol call is POST /v1/<api>.
+    # docs/protocol.md, "Transport": every protocol call is POST /v1/<api>.
     return path.startswith("/v1/") and path[len("/v1/"):] in APIS
 
 
@@ -350,7 +350,7 @@ def _is_catalog(path: str) -> bool:
 
 
 def _catalog_read(method: str, path: str) -> bool:
-    # Every leader reads the catalog before it assigns (PROTOCOL.md, Admin:
+    # Every leader reads the catalog before it assigns (docs/protocol.md, "Admin (JSON)":
     # "the leader rejoins when the epoch moves"), so reading it needs a valid
     # token but not the admin flag; changing it does.
     return method in ("GET", "HEAD") and path == "/v1/resources"
@@ -358,7 +358,7 @@ def _catalog_read(method: str, path: str) -> bool:
 
 def _error(path: str, status: int, code: ErrorCode, message: str,
            headers: dict[str, str] | None = None) -> web.Response:
-    """An error body in the call's encoding (PROTOCOL.md, "Transport")."""
+    """An error body in the call's encoding (docs/protocol.md, "Transport")."""
     doc = {"error": code.value, "message": message}
     if _is_protocol_call(path):
         return web.Response(status=status, body=codec.encode(doc),

@@ -1,4 +1,4 @@
-"""Settings of ``groupcoord serve`` (PROTOCOL.md, "Running the server").
+"""Settings of ``groupcoord serve`` (docs/protocol.md, "Running the server").
 
 Every setting comes from, in order of precedence: a command-line flag, a
 ``GROUPCOORD_*`` environment variable, a key of the TOML file named by
@@ -47,9 +47,9 @@ class ServerConfig:
     #: 0: unlimited.
     group_max_size: int = 0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    #: groups the coordinator holds at once (issue 6 limits); 0: unlimited.
+    #: groups the coordinator holds at once (docs/operations.md, "Limits"); 0: unlimited.
     max_groups: int = 100_000
-    #: groups held at once that one token created (issue 11); 0: unlimited.
+    #: groups held at once that one token created; 0: unlimited.
     max_groups_per_token: int = 10_000
     #: bytes of one protocol's metadata in a join, or one member's assignment in a sync.
     max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES
@@ -57,7 +57,7 @@ class ServerConfig:
     max_parked_requests: int = 100_000
     #: KIP-211: an Empty group and its checkpoints go this long after it emptied; 0: never.
     group_retention_ms: int = 604_800_000
-    #: checkpoint caps (issue 11; docs/operations.md, "Limits"); 0: unlimited.
+    #: checkpoint caps (docs/operations.md, "Limits"); 0: unlimited.
     max_checkpoints_per_group: int = DEFAULT_MAX_CHECKPOINTS_PER_GROUP
     max_checkpoint_bytes_per_group: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP
     max_checkpoint_value_bytes: int = DEFAULT_MAX_CHECKPOINT_VALUE_BYTES

@@ -1,6 +1,6 @@
 """A group's rebalance history for operators (``GET /v1/groups/{id}/rebalances``).
 
-The rebalance journal (PROTOCOL.md, "Durability") keeps one row per completed
+The rebalance journal (docs/protocol.md, "Durability") keeps one row per completed
 rebalance with the whole assignment. An operator asks of it: why did the group
 rebalance, how long did it take, who came and went, and what moved. This
 module answers from the rows alone (pure functions; the HTTP handler reads the

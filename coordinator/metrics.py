@@ -1,4 +1,5 @@
-"""Prometheus metrics of one coordinator (``GET /metrics``; PROTOCOL.md: ``groupcoord_*``).
+"""Prometheus metrics of one coordinator (``GET /metrics``; names ``groupcoord_*``, as
+docs/protocol.md, "Running the server", says).
 
 Each server instance owns its :class:`CollectorRegistry`, so tests can run many
 servers in one process. No metric has a per-member label, and per-group series

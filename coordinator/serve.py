@@ -1,4 +1,4 @@
-"""``groupcoord serve``: run the coordinator (PROTOCOL.md, "Running the server").
+"""``groupcoord serve``: run the coordinator (docs/protocol.md, "Running the server").
 
 Start-up order: open (and migrate) the database, listen on the protocol and
 admin listeners (:mod:`coordinator.http.listeners`) — ``/healthz`` answers and

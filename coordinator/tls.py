@@ -1,6 +1,6 @@
 """TLS for the server: ``--tls-cert`` / ``--tls-key`` to an :class:`ssl.SSLContext`.
 
-PROTOCOL.md, "Transport": HTTP/1.1 over TCP, TLS optional. The context is
+docs/protocol.md, "Transport": HTTP/1.1 over TCP, TLS optional. The context is
 handed to aiohttp's ``web.TCPSite(runner, host, port, ssl_context=...)``.
 """
 

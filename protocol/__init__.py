@@ -1,4 +1,5 @@
-"""The wire contract shared by the coordinator and the client (PROTOCOL.md).
+"""The wire contract shared by the coordinator and the client (docs/protocol.md: v1,
+"v1.1 additions" and "Additions of this release"; v1.2 is not implemented yet).
 
 ``errors``: the protocol's error codes; ``limits``: the bounds every message is
 validated against; ``codec``: msgpack encoding; ``messages``: one frozen

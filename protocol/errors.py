@@ -1,4 +1,4 @@
-"""Protocol error codes (PROTOCOL.md, "Error codes"); meanings are Kafka's."""
+"""Protocol error codes (docs/protocol.md, "Error codes"); meanings are Kafka's."""
 
 from __future__ import annotations
 

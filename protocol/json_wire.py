@@ -1,4 +1,4 @@
-"""JSON bodies for the protocol calls (PROTOCOL.md v1.1, "JSON on the protocol calls").
+"""JSON bodies for the protocol calls (docs/protocol.md, "JSON on the protocol calls").
 
 A call sent with ``Content-Type: application/json`` is answered in JSON, so
 ``curl`` and any language without a msgpack library can be a member. The

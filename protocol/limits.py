@@ -1,4 +1,4 @@
-"""Bounds every message is validated against (PROTOCOL.md, "Transport")."""
+"""Bounds every message is validated against (docs/protocol.md, "Transport")."""
 
 from __future__ import annotations
 

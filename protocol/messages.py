@@ -1,4 +1,4 @@
-"""Requests and responses of every protocol call (PROTOCOL.md, "Calls").
+"""Requests and responses of every protocol call (docs/protocol.md, "Calls").
 
 Each message is a frozen dataclass with ``from_wire(obj)`` (validates a decoded
 msgpack map, raising :class:`ValidationError` naming the field) and
@@ -83,12 +83,13 @@ class JoinRequest:
     group_instance_id: str | None = None
     client_id: str | None = None
     reason: str | None = None
-    #: v1.1 (simulator finding 8): the sending process's incarnation, an opaque id
+    #: v1.1 (docs/coordinator-semantics.md, "Incarnations"): the sending process's
+    #: incarnation, an opaque id
     #: it draws once and sends on every join of its life, and the wall-clock ms at
     #: which that process started. Only with ``group_instance_id``; absent: v1.
     incarnation: str | None = None
     incarnation_ms: int | None = None
-    #: v1.1 (simulator finding 14, seed 61599): the member's own count of its
+    #: v1.1 (docs/coordinator-semantics.md, "The join sequence"): the member's own count of its
     #: joins, increasing. A join of a known member arriving after a later join
     #: of that member was applied (delayed on the network after the member gave
     #: up on it) is not applied. Absent: no such check (v1 clients).

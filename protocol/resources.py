@@ -1,4 +1,4 @@
-"""The embedded ``"resources"`` protocol (PROTOCOL.md, last section).
+"""The embedded ``"resources"`` protocol (docs/protocol.md, "The embedded "resources" protocol").
 
 Member metadata and assignments are msgpack maps inside the opaque byte
 fields of join and sync. The client encodes and decodes them; the coordinator
@@ -141,7 +141,8 @@ class ResourceAssignment:
 
     @classmethod
     def decode(cls, data: bytes) -> ResourceAssignment:
-        """Decode; an empty byte string is the empty assignment (PROTOCOL.md, sync)."""
+        """Decode; an empty byte string is the empty assignment (docs/protocol.md,
+        "POST /v1/sync")."""
         if not data:
             return cls()
         try:

@@ -2,7 +2,8 @@
 
 Every failure raises :class:`ValidationError` naming the field by its path
 (``protocols[2][0]``), which the server sends back as a 400's ``message``.
-Unknown extra fields are ignored (PROTOCOL.md: forward compatibility).
+Unknown extra fields are ignored (docs/protocol.md, "Transport": forward
+compatibility).
 """
 
 from __future__ import annotations

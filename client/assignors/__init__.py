@@ -1,4 +1,5 @@
-"""The assignors of the embedded "resources" protocol (PROTOCOL.md).
+"""The assignors of the embedded "resources" protocol (docs/protocol.md, "The embedded
+"resources" protocol").
 
 Each assignor is a pure function with a name: ``get_assignor(name).assign(
 resources, subscriptions)``. One module per assignor; see docs/assignors.md.

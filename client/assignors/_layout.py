@@ -1,7 +1,7 @@
 """Input normalisation shared by every assignor.
 
-An assignor must not crash on odd input (PROTOCOL.md, "The embedded
-resources protocol"; issue 4): a subscription that names a set the catalog
+An assignor must not crash on odd input (docs/protocol.md, "The embedded
+"resources" protocol"): a subscription that names a set the catalog
 does not have is ignored for that set, a set with no partitions has nothing to
 hand out, owned indexes beyond the set's current size are dropped.
 

@@ -1,5 +1,6 @@
 """``incremental-cooperative``: Kafka Connect's assignor (KIP-415), deferred
-imbalance resolution (seeds/003), on top of the cooperative-sticky plan.
+imbalance resolution (as "Apache Kafka Rebalance Protocol, or the magic behind
+your streams applications" explains it), on top of the cooperative-sticky plan.
 
 * A member that disappears leaves its resources *unassigned* (they are not
   handed out) for up to ``scheduled_rebalance_max_delay_ms``; every

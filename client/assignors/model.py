@@ -1,5 +1,5 @@
-"""The value types of the embedded "resources" protocol (PROTOCOL.md, "The
-embedded resources protocol"): what a member sends (``Subscription``), what the
+"""The value types of the embedded "resources" protocol (docs/protocol.md, "The
+embedded "resources" protocol"): what a member sends (``Subscription``), what the
 leader hands back (``Assignment``), and the shape every assignor has.
 
 These are plain frozen dataclasses; turning them into msgpack bytes is

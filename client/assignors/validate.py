@@ -1,5 +1,5 @@
 """Checks a leader runs on an assignor's output before it sends it
-(PROTOCOL.md, "The embedded resources protocol"), whichever assignor made it.
+(docs/protocol.md, "The embedded "resources" protocol"), whichever assignor made it.
 
 ``validate_assignment`` raises ``AssignmentError`` naming the broken rule,
 the member and the resource. It does not require every resource to be

@@ -1,4 +1,4 @@
-"""The group member as a sans-IO state machine (DESIGN.md practice 7).
+"""The group member as a sans-IO state machine (docs/architecture.md practice 7).
 
 The driver (``client/member.py``, and the simulator's ``tests/sim/member.py``)
 asks :meth:`MemberStateMachine.next_action` what to do at time ``now_ms``,

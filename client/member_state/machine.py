@@ -1,4 +1,4 @@
-"""The group member as a sans-IO state machine (DESIGN.md practice 7).
+"""The group member as a sans-IO state machine (docs/architecture.md practice 7).
 
 No sockets, no asyncio, no clock: the driver (``client/member.py``) asks
 :meth:`MemberStateMachine.next_action` what to do at time ``now_ms``, does
@@ -322,7 +322,8 @@ class MemberStateMachine:
 
     def build_commit(self, checkpoints: Mapping[Resource, Scalar]) -> CommitRequest:
         """The commit request for ``checkpoints``; only owned resources may be
-        committed (the coordinator would fence a zombie anyway, PROTOCOL.md).
+        committed (the coordinator would fence a zombie anyway, docs/protocol.md,
+        "POST /v1/commit and POST /v1/fetch").
         Allowed while closing: ``on_revoked`` commits final positions then."""
         if self.failure is not None:
             raise self.failure
@@ -350,7 +351,8 @@ class MemberStateMachine:
         """Increasing over the member's whole life, one per join sent (a join
         sent again included): a join the member gave up on that reaches the
         coordinator after a later one is not applied (docs/client.md, "A call
-        the coordinator is done with"; simulator finding 14)."""
+        the coordinator is done with"; docs/coordinator-semantics.md, "The join
+        sequence")."""
         self._join_sequence += 1
         return self._join_sequence
 
@@ -851,7 +853,7 @@ class MemberStateMachine:
 
     def _on_join(self, now_ms: int, sent_ms: int, resp: JoinResponse) -> None:
         if resp.error is ErrorCode.MEMBER_ID_REQUIRED:
-            # PROTOCOL.md: a dynamic member's first join gets its id this way;
+            # docs/protocol.md, "POST /v1/join": a dynamic member's first join gets its id this way;
             # owned is empty at this point, join again at once.
             if resp.member_id:
                 self.member_id = resp.member_id
@@ -1003,7 +1005,7 @@ class MemberStateMachine:
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
         if (self.is_leader and self._assigned_epoch is not None
                 and resp.resources_epoch > self._assigned_epoch):
-            # PROTOCOL.md: the coordinator does not rebalance on catalog
+            # docs/protocol.md, "Admin (JSON)": the coordinator does not rebalance on catalog
             # changes; the leader rejoins so the new catalog is assigned.
             self._request_rejoin(now_ms, "resource catalog changed")
 
@@ -1044,7 +1046,7 @@ class MemberStateMachine:
                      sent_ms: int | None = None) -> None:
         # The same step again after a backoff: a join is rebuilt, a sync is
         # re-sent as is (the coordinator answers a repeated sync with the
-        # stored assignment, PROTOCOL.md "Durability"), a heartbeat is retried.
+        # stored assignment, docs/protocol.md, "Durability"), a heartbeat is retried.
         # The backoff spaces attempts: it counts from the failed call's start
         # (``sent_ms``, as gRPC's connection backoff does), so a call that
         # timed out after waiting longer than the backoff goes again at once.

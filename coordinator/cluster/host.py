@@ -1,6 +1,6 @@
 """One coordinator among several on PostgreSQL: partition leases, one runtime each.
 
-PROTOCOL.md, "Several coordinators sharing groups"; docs/operations.md,
+docs/protocol.md, "Several coordinators sharing groups"; docs/operations.md,
 "Running several coordinators". As Kafka's group coordinator runs one shard
 per ``__consumer_offsets`` partition, a coordinator here runs one
 :class:`~coordinator.runtime.runtime.Runtime` (with its own core, timers and
@@ -534,7 +534,8 @@ class PartitionHost:
         """The runtime serving ``group_id`` here, or the answer that sends the caller on.
 
         The lease is checked by the monotonic clock on every call: an owner stops
-        answering as soon as its lease may have run out (PROTOCOL.md v1.1).
+        answering as soon as its lease may have run out (docs/protocol.md,
+        "Several coordinators sharing groups").
         """
         number = self.partition_of(group_id)
         partition = self.partitions.get(number)

@@ -1,4 +1,4 @@
-"""The group state machine: pure, no I/O, no clock (DESIGN.md).
+"""The group state machine: pure, no I/O, no clock (docs/architecture.md).
 
 ``GroupCoordinator(config).handle(now_ms, command) -> list[Effect]`` is the
 whole interface for changes; ``restore(snapshot, now_ms)`` rebuilds it from

@@ -1,4 +1,4 @@
-"""Admin commands: delete a group, and the resource catalog (PROTOCOL.md, "Admin").
+"""Admin commands: delete a group, and the resource catalog (docs/protocol.md, "Admin (JSON)").
 
 The catalog is one for the whole coordinator; every change bumps
 ``resources_epoch``, which heartbeat and sync responses carry. The coordinator

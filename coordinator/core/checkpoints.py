@@ -5,8 +5,9 @@ Checkpoints live in memory (``Kernel.checkpoints``: group ->
 snapshot, and every accepted commit is persisted as one
 :class:`CheckpointsWritten` record before its reply.
 
-A commit is accepted or refused whole, before anything changes (issue 11,
-item 9): a value over ``max_checkpoint_value_bytes`` or, in a group of
+A commit is accepted or refused whole, before anything changes
+(docs/coordinator-semantics.md, "Checkpoint limits"): a value over
+``max_checkpoint_value_bytes`` or, in a group of
 ``protocol_type`` ``"resources"``, a set that is not in the catalog or an index
 beyond its partitions is ``INVALID_REQUEST`` (HTTP 400, the message names the
 field); a commit that would take its group over ``max_checkpoints_per_group``
@@ -53,7 +54,7 @@ def handle_commit(k: Kernel, cmd: Commit, gates: Mapping[GroupState, Gate]) -> N
     g = k.groups.get(req.group_id)
     if g is None:
         if not simple:
-            # PROTOCOL.md: a protocol call for a group that does not exist
+            # docs/protocol.md, "Error codes": a protocol call for a group that does not exist
             # answers UNKNOWN_MEMBER_ID (Kafka says ILLEGAL_GENERATION here).
             k.reply(rid, CommitResponse(ErrorCode.UNKNOWN_MEMBER_ID))
             return
@@ -90,7 +91,7 @@ def handle_commit(k: Kernel, cmd: Commit, gates: Mapping[GroupState, Gate]) -> N
             # are older than what is stored, so it is not applied. It is answered
             # without an error: nothing it asked for is lost, a later commit of the
             # same member superseded it (as Kafka's idempotent producer treats a
-            # duplicate sequence). Simulator finding 5.
+            # duplicate sequence). docs/coordinator-semantics.md, "The commit sequence".
             k.reply(rid, CommitResponse(None))
             return
         if req.checkpoints:
@@ -269,7 +270,8 @@ def handle_fetch(k: Kernel, cmd: Fetch) -> None:
             ErrorCode.INVALID_REQUEST,
             message=f"after: group {req.group_id!r} holds {len(store)} checkpoints, more than "
                     f"one answer carries ({MAX_FETCH_CHECKPOINTS}); read them in pages: send "
-                    "after: [] and then each answer's next (PROTOCOL v1.1 paging)"))
+                    "after: [] and then each answer's next (docs/protocol.md, "
+                    "'Additions of this release')"))
     else:
         page, _ = store.page(None, MAX_FETCH_CHECKPOINTS)
         k.reply(cmd.request_id, FetchResponse(None, tuple(page)))

@@ -1,4 +1,5 @@
-"""Settings the group state machine obeys (the ``serve`` flags of PROTOCOL.md)."""
+"""Settings the group state machine obeys (the ``serve`` flags of docs/protocol.md,
+"Running the server")."""
 
 from __future__ import annotations
 

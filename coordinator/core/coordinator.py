@@ -1,4 +1,4 @@
-"""``GroupCoordinator``: the pure group state machine (DESIGN.md, "The shape").
+"""``GroupCoordinator``: the pure group state machine (docs/architecture.md, "The shape").
 
 ``handle(now_ms, command) -> list[Effect]`` applies one command atomically;
 ``restore(snapshot, now_ms)`` rebuilds the state from storage; the other
@@ -156,7 +156,7 @@ class GroupCoordinator:
         return k.take()
 
     def restore(self, snapshot: Snapshot, now_ms: int) -> list[Effect]:
-        """Rebuild from storage (PROTOCOL.md, "Durability"); returns the timers to arm.
+        """Rebuild from storage (docs/protocol.md, "Durability"); returns the timers to arm.
 
         Stable groups resume as they were with every session re-armed from
         ``now_ms``; a group persisted mid-rebalance (CompletingRebalance)

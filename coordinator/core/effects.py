@@ -3,7 +3,7 @@
 ``GroupCoordinator.handle`` returns a list of effects in order. The runtime
 writes every :class:`Persist` of the call in one storage transaction, and sends
 every :class:`Reply` only after the writes it depends on are committed
-(DESIGN.md practice 5: reply after commit): those of its group and of the
+(docs/architecture.md practice 5: reply after commit): those of its group and of the
 catalog, whenever emitted, and those its own command emitted before it.
 Timers are keyed by strings: arming a key again replaces its deadline;
 cancelling an unknown key is a no-op.

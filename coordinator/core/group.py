@@ -88,7 +88,7 @@ class Member:
     commit_sequence: int = -1
     #: the ``sequence`` of this member's last applied join (-1: none yet); a
     #: join carrying one not above it arrived late and is not applied
-    #: (simulator finding 14).
+    #: (docs/coordinator-semantics.md, "The join sequence").
     join_sequence: int = -1
 
     @classmethod

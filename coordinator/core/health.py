@@ -1,4 +1,4 @@
-"""Per-group health, in the spirit of Burrow's consumer status (issue 13).
+"""Per-group health, in the spirit of Burrow's consumer status (docs/operations.md, "Group health").
 
 The coordinator sees every rebalance and every commit of a group, so it can
 say what an operator asks first: is this group well? One word per group:

@@ -1,4 +1,4 @@
-"""The membership calls: join, sync, heartbeat, leave (PROTOCOL.md, "Calls").
+"""The membership calls: join, sync, heartbeat, leave (docs/protocol.md, "Calls").
 
 The handlers here are the cells of the state table
 (:mod:`coordinator.core.dispatch`, which picks one by the group's state and
@@ -134,7 +134,8 @@ def join_admit(k: Kernel, g: Group, cmd: Join) -> tuple[bool, Member | None]:
         # member's rejoin -- for an eager member, as its word that it owns
         # nothing -- and a rebalance could give away what the member still
         # holds under a live lease. Not applied; the answer (which only a
-        # closed connection would read) asks for a rejoin. Simulator finding 14.
+        # closed connection would read) asks for a rejoin (docs/coordinator-semantics.md,
+        # "The join sequence").
         k.reply(rid, JoinResponse(ErrorCode.REBALANCE_IN_PROGRESS, member_id=req.member_id))
         return False, known
     if not _accept_joining(k, g, known):
@@ -437,7 +438,7 @@ def sync_completing(k: Kernel, g: Group, cmd: Sync) -> None:
 
 def sync_stable(k: Kernel, g: Group, cmd: Sync) -> None:
     """The stored assignment (also what a member re-sending its sync after a
-    coordinator restart gets, PROTOCOL.md "Durability")."""
+    coordinator restart gets, docs/protocol.md, "Durability")."""
     member = _sync_member(k, g, cmd)
     if member is None:
         return
@@ -572,7 +573,7 @@ def leave(k: Kernel, g: Group, cmd: Leave) -> None:
                 remove_member(k, g, g.members[entry.member_id], ErrorCode.UNKNOWN_MEMBER_ID)
                 removed_member = True
         results.append(LeaveMemberResult(entry.member_id, entry.group_instance_id, error))
-    # One rebalance for the whole batch (PROTOCOL.md, leave).
+    # One rebalance for the whole batch (docs/protocol.md, "POST /v1/leave").
     if removed_member:
         after_removal(k, g, "leave")
     elif removed_pending:

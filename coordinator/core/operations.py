@@ -1,7 +1,7 @@
 """Operators' actions on one group: remove a member, reset checkpoints.
 
 Kafka's ``kafka-consumer-groups --remove-members`` and ``--reset-offsets``,
-for generic resources (PROTOCOL.md, "Admin additions"). Both run in the
+for generic resources (docs/protocol.md, "Admin additions"). Both run in the
 serial apply like every other command, so the state they check (the member
 is there, the group is Empty) is the state they change.
 

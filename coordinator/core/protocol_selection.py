@@ -1,4 +1,4 @@
-"""Choosing the group's protocol (PROTOCOL.md, "POST /v1/join"; Kafka's ``selectProtocol``).
+"""Choosing the group's protocol (docs/protocol.md, "POST /v1/join"; Kafka's ``selectProtocol``).
 
 The candidates are the protocols every member supports. Each member votes for
 its most preferred candidate (the first of its list that is a candidate) and

@@ -36,7 +36,8 @@ def prepare_rebalance(k: Kernel, g: Group, reason: str) -> None:
         for member in g.members.values():
             k.answer_sync(member, k.sync_error(ErrorCode.REBALANCE_IN_PROGRESS))
     elif g.state is STABLE:
-        # Long-polling heartbeats learn of the rebalance at once (PROTOCOL.md, heartbeat).
+        # Long-polling heartbeats learn of the rebalance at once (docs/protocol.md,
+        # "POST /v1/heartbeat").
         for member in g.members.values():
             if member.heartbeats:
                 k.answer_heartbeats(member, ErrorCode.REBALANCE_IN_PROGRESS)
@@ -143,7 +144,8 @@ def complete_sync(k: Kernel, g: Group, assignments: tuple[SyncAssignment, ...]) 
         if member_id in g.members:
             given[member_id] = entry.assignment
     for member in g.members.values():
-        # PROTOCOL.md: a member missing from the leader's list gets an empty assignment.
+        # docs/protocol.md, "POST /v1/sync": a member missing from the leader's list
+        # gets an empty assignment.
         member.set_assignment(given.get(member.member_id, b""))
     k.transition(g, STABLE, "assignment_received")
     k.persist(g.to_record())

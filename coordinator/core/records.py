@@ -157,7 +157,7 @@ class CatalogChanged:
 
 @dataclass(frozen=True, slots=True)
 class JournalEntry:
-    """One completed rebalance (PROTOCOL.md, "Durability"), for later analysis.
+    """One completed rebalance (docs/protocol.md, "Durability"), for later analysis.
 
     Appended when the generation's assignment arrives. ``reason`` is why the
     rebalance started: one of ``REBALANCE_REASONS``.

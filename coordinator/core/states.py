@@ -1,4 +1,4 @@
-"""Group states and their allowed transitions (PROTOCOL.md, "Group states").
+"""Group states and their allowed transitions (docs/protocol.md, "Group states").
 
 The names and the transition table are Kafka's (``GroupState.scala``). Each
 state class below is documentation plus the states it may be entered from;

@@ -1,7 +1,7 @@
 """Timer firings and cancelled requests.
 
-Every firing is checked against the core's own state before it acts (DESIGN.md:
-stale firings are dropped): the key must still be registered, the group and
+Every firing is checked against the core's own state before it acts (docs/architecture.md,
+practice 3: stale firings are dropped): the key must still be registered, the group and
 member must still exist, and the recorded deadline must have passed. A firing
 that arrives before the recorded deadline (the runtime's clock and ``now_ms``
 disagreeing by a hair, or a re-arm racing the firing) re-arms the timer for the

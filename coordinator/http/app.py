@@ -1,14 +1,14 @@
 """The admin listener: admin JSON, ``/metrics``, ``/healthz``, ``/readyz`` (aiohttp).
 
 ``groupcoord serve`` has two listeners, each with one parser and one set of
-limits (issue 11; :mod:`coordinator.http.listeners`): the protocol calls are
+limits (:mod:`coordinator.http.listeners`): the protocol calls are
 answered by the lean protocol listener (:mod:`coordinator.http.fast`), and
 everything an operator uses by this aiohttp app on ``--admin-port``, so the
 two can be firewalled apart. ``GET /v1/resources`` (the catalog a leader
 reads) is on both; a protocol call sent here gets a JSON 404 saying where the
 protocol listener is.
 
-Admin calls speak JSON (PROTOCOL.md, "Admin"). A request with a
+Admin calls speak JSON (docs/protocol.md, "Admin (JSON)"). A request with a
 ``Content-Encoding`` (other than ``identity``) is refused 415 before its body
 is read, and the listener never decompresses (aiohttp's ``auto_decompress``
 is off). With authentication on (``--auth-tokens``), the middleware of

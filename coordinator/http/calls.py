@@ -1,4 +1,4 @@
-"""One protocol call, without an HTTP framework (PROTOCOL.md, "Transport", "Calls").
+"""One protocol call, without an HTTP framework (docs/protocol.md, "Transport", "Calls").
 
 The protocol listener (:mod:`coordinator.http.fast`) answers every call with
 this, and nothing else answers them. Given the call's name, its raw body, its
@@ -18,7 +18,7 @@ core, so it changes no state):
    token is not granted, ``UNKNOWN_MEMBER_ID`` for a member id not minted for
    the token (:func:`coordinator.auth.member_bound`);
 4. :meth:`Runtime.call`, and the answer encoded; an answer the core gave
-   ``INVALID_REQUEST`` (a commit or fetch refused on what it says, issue 11)
+   ``INVALID_REQUEST`` (a commit or fetch refused on what it says)
    is sent as that 400 with its message.
 
 Every call is counted in ``groupcoord_requests`` by outcome; a bug is logged
@@ -58,7 +58,8 @@ from protocol.validate import ValidationError
 log = logging.getLogger("groupcoord.http")
 
 MSGPACK_TYPES = frozenset({codec.CONTENT_TYPE, "application/x-msgpack"})
-#: PROTOCOL.md v1.1: a call in JSON is answered in JSON (protocol/json_wire.py).
+#: docs/protocol.md, "JSON on the protocol calls": a call in JSON is answered in
+#: JSON (protocol/json_wire.py).
 JSON_TYPES = frozenset({json_wire.CONTENT_TYPE})
 ACCEPTED_TYPES = MSGPACK_TYPES | JSON_TYPES
 SERVER_FAILED = "the server failed on this request; see its log"
@@ -121,7 +122,7 @@ def check_metadata(msg: object, limit: int) -> None:
 
     The body limit alone would let one member park a megabyte of metadata in
     the group, which every join answer to the leader and every stored
-    generation then repeats (issue 6 limits).
+    generation then repeats.
     """
     if isinstance(msg, JoinRequest):
         for i, (_name, metadata) in enumerate(msg.protocols):
@@ -136,7 +137,7 @@ def check_metadata(msg: object, limit: int) -> None:
 
 
 def catalog_answer(runtime: Service) -> Result:
-    """``GET /v1/resources`` (PROTOCOL.md, Admin), JSON: what a leader reads before it
+    """``GET /v1/resources`` (docs/protocol.md, "Admin (JSON)"), JSON: what a leader reads before it
     assigns. Both listeners serve it (a worker may reach only the protocol one)."""
     if not runtime.ready:
         code = (ErrorCode.COORDINATOR_NOT_AVAILABLE if runtime.failed.is_set()

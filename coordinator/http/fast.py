@@ -8,7 +8,7 @@ that answers ``POST /v1/{join,sync,heartbeat,leave,commit,fetch}`` through
 :class:`coordinator.http.calls.Calls`, and ``GET /v1/resources`` (the catalog
 a leader reads before it assigns; JSON, as on the admin listener).
 
-One parser, one set of limits, per byte stream (issue 11): nothing read here
+One parser, one set of limits, per byte stream (docs/operations.md, "Listeners"): nothing read here
 is handed to another parser. Any other method or path is answered here, 404
 (unknown path) or 405 (a protocol path with another method, ``Allow`` names
 the right one), msgpack ``{error: INVALID_REQUEST, message}`` saying that
@@ -221,7 +221,8 @@ class _Pending:
         self.api = api
         self.body = body
         self.content_type = content_type
-        #: _CALL: answer in JSON (the call came in JSON, PROTOCOL.md v1.1).
+        #: _CALL: answer in JSON (the call came in JSON; docs/protocol.md, "JSON on
+        #: the protocol calls").
         self.json = json
         self.token = token
         self.keep_alive = keep_alive

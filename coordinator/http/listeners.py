@@ -1,7 +1,7 @@
 """The two listeners of one server: protocol (workers) and admin (operators).
 
 Each byte stream is parsed by exactly one parser with one set of limits
-(issue 11): the protocol listener (``--host``/``--port``, default 9080) is
+(docs/operations.md, "Listeners"): the protocol listener (``--host``/``--port``, default 9080) is
 the lean llhttp path of :mod:`coordinator.http.fast` and serves only the
 protocol calls (and the catalog read a leader needs); the admin listener
 (``--admin-host``/``--admin-port``, default 9081) is aiohttp with the app of

@@ -1,7 +1,7 @@
-"""An OpenAPI 3.1 description of every route (``GET /v1/openapi.json``, issue 13).
+"""An OpenAPI 3.1 description of every route (``GET /v1/openapi.json``).
 
 Both listeners are described: the protocol calls on the protocol listener
-(``--port``, msgpack or JSON bodies, PROTOCOL.md "Calls" and v1.1 "JSON on the
+(``--port``, msgpack or JSON bodies, docs/protocol.md, "Calls" and "JSON on the
 protocol calls"), everything else on the admin listener (``--admin-port``).
 Limits come from :mod:`protocol.limits` and error codes from
 :class:`protocol.errors.ErrorCode`, so the description cannot drift from what

@@ -1,4 +1,4 @@
-"""Clocks: where the runtime gets ``now_ms`` and arms timers (DESIGN.md practice 3).
+"""Clocks: where the runtime gets ``now_ms`` and arms timers (docs/architecture.md practice 3).
 
 The core never reads a clock; the runtime passes ``now_ms`` into every
 ``handle`` call and maps ``ScheduleTimer`` deadlines (in the same milliseconds)

@@ -15,8 +15,8 @@ so the simulator checks the rule the server runs rather than a copy of it.
   answers carry ``resources_epoch``; any record not tied to one group counts
   as catalog), and every write emitted earlier by the same command. A reply
   that depends on no uncommitted write goes out at once, so a slow commit of
-  group A's records does not hold group B's heartbeats (docs/reliability.md,
-  finding 5).
+  group A's records does not hold group B's heartbeats (docs/architecture.md,
+  practice 5).
 - Because batches commit one at a time and in order, "every write it depends
   on" is "the latest uncommitted batch holding such a write", so the rule
   needs only, per group, the uncommitted batch holding the group's latest

@@ -1,6 +1,6 @@
 """The runtime: one serial apply step, group commit, reply after commit.
 
-DESIGN.md practices 4 and 5, after Kafka's group coordinator runtime:
+docs/architecture.md practices 4 and 5, after Kafka's group coordinator runtime:
 
 - Every request and every timer firing becomes a command applied with
   ``core.handle(now_ms, command)`` synchronously on the event loop, one at a
@@ -14,8 +14,8 @@ DESIGN.md practices 4 and 5, after Kafka's group coordinator runtime:
   answers carry ``resources_epoch``; any record not tied to one group counts
   as catalog), and every write emitted earlier by the same command. A reply
   that depends on no uncommitted write goes out at once, so a slow commit of
-  group A's records no longer holds group B's heartbeats (docs/reliability.md,
-  finding 5). The batches and the rule are :class:`~coordinator.runtime.commits.Commits`,
+  group A's records does not hold group B's heartbeats (docs/architecture.md,
+  practice 5). The batches and the rule are :class:`~coordinator.runtime.commits.Commits`,
   pure bookkeeping the simulator (tests/sim/server.py) drives too.
 - Limits: ``max_parked_requests`` (``--max-parked-requests``) bounds the
   joins, syncs and long-poll heartbeats parked in the core. At the limit a
@@ -391,7 +391,8 @@ class Runtime:
                 and self.core.parked_request_count() >= self.max_parked_requests:
             if isinstance(command, Heartbeat):
                 # At the limit a long-poll heartbeat is answered at once, as if
-                # wait_ms were 0: it still renews the session (PROTOCOL.md, heartbeat).
+                # wait_ms were 0: it still renews the session (docs/protocol.md,
+                # "POST /v1/heartbeat").
                 if command.request.wait_ms > 0:
                     command = Heartbeat(command.request_id, replace(command.request, wait_ms=0))
             else:

@@ -1,4 +1,4 @@
-"""Partition leases with fencing epochs, and the coordinators that hold them (issue 12).
+"""Partition leases with fencing epochs, and the coordinators that hold them.
 
 Three pieces:
 

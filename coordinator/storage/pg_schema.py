@@ -19,7 +19,8 @@ parse and re-encode each value on insert (and reorder keys), and every reader
 What PostgreSQL adds:
 
 ``partition`` (every group-owned row)
-    ``crc32(utf-8 group_id) % P`` (PROTOCOL.md v1.1), so a coordinator loads
+    ``crc32(utf-8 group_id) % P`` (docs/protocol.md, "Several coordinators sharing
+    groups"), so a coordinator loads
     the groups of one partition at a time; indexed. ``P`` is
     ``meta.partitions``, fixed when the database is created.
 ``partition_leases``

@@ -1,7 +1,7 @@
 """libpq-style PostgreSQL URLs: telling one from a file path, and showing one safely.
 
 The password of ``--db postgresql://user:secret@host:5432/db`` must never reach
-a log line, an error message, a ``repr`` or ``/metrics`` (issue 12). Every
+a log line, an error message, a ``repr`` or ``/metrics``. Every
 message that names the database goes through :func:`redact`, and any text that
 comes back from the driver goes through :func:`scrub` as well, in case it
 quotes what it was given.

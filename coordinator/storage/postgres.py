@@ -1,4 +1,4 @@
-"""The coordinator's durable state in PostgreSQL, through asyncpg (issue 12, foundation).
+"""The coordinator's durable state in PostgreSQL, through asyncpg.
 
 The same storage seam as :class:`coordinator.storage.sqlite.Storage`
 (``open``, ``load``, ``write`` in one transaction returning its seconds,
@@ -90,7 +90,8 @@ from coordinator.storage.sqlite import (
 from protocol.codec import DecodeError, decode, encode
 from protocol.validate import Scalar
 
-#: ``--partitions`` when the database is created and none is given (PROTOCOL.md v1.1).
+#: ``--partitions`` when the database is created and none is given (docs/protocol.md,
+#: "Several coordinators sharing groups").
 DEFAULT_PARTITIONS = 64
 #: Partitions a database may have: each is a lease row renewed by its owner.
 MAX_GROUP_PARTITIONS = 4096

@@ -18,7 +18,7 @@ Tables (version 1):
     the resource catalog: set name -> partitions; ``meta`` holds
     ``resources_epoch``.
 ``rebalance_journal``
-    one row per completed rebalance (PROTOCOL.md, "Durability").
+    one row per completed rebalance (docs/protocol.md, "Durability").
     ``members``, ``joined`` and ``left`` are JSON arrays (members as
     ``[member_id, group_instance_id, client_id]``); ``assignments`` is a
     msgpack map ``member_id -> assignment bytes``; times are Unix ms.
@@ -125,14 +125,14 @@ MIGRATIONS: tuple[str, ...] = (
         committed_ms INTEGER NOT NULL
     );
     """,
-    # 3: who created each group, for --max-groups-per-token (issue 11).
+    # 3: who created each group, for --max-groups-per-token.
     """
     CREATE TABLE group_owners (
         group_id TEXT PRIMARY KEY,
         owner TEXT NOT NULL
     );
     """,
-    # 4: who wrote each checkpoint and when, for the admin API (issue 13). Rows of
+    # 4: who wrote each checkpoint and when, for the admin API. Rows of
     # earlier versions keep NULLs: "not known".
     """
     ALTER TABLE checkpoints ADD COLUMN committed_ms INTEGER;

@@ -1,6 +1,6 @@
 """The coordinator's durable state in one SQLite file, through aiosqlite.
 
-Durability (PROTOCOL.md, "Durability"; DESIGN.md practice 5): the database runs
+Durability (docs/protocol.md, "Durability"; docs/architecture.md practice 5): the database runs
 in WAL mode with ``synchronous=FULL``, so a transaction's WAL frames are
 fsynced before ``COMMIT`` returns. The runtime releases a reply only after the
 write it depends on returned from :meth:`Storage.write`, hence:
@@ -479,7 +479,8 @@ def decode_checkpoint_row(row: Any) -> tuple[str, str, int, Scalar]:
     except DecodeError as exc:
         raise BadValue(f"column value {decode_problem(exc)}") from exc
     if value is None or isinstance(value, (list, dict)):
-        # A stored checkpoint is a non-null scalar (None deletes, PROTOCOL.md /v1/commit).
+        # A stored checkpoint is a non-null scalar (None deletes: docs/protocol.md,
+        # "POST /v1/commit and POST /v1/fetch").
         raise BadValue(f"column value: expected a msgpack scalar, got {_short(value)}")
     return group_id, resource_set, idx, value
 

@@ -1,4 +1,4 @@
-"""The admin additions of PROTOCOL.md v1.1 through aiohttp's test client, with the
+"""The admin additions (docs/protocol.md, "Admin additions") through aiohttp's test client, with the
 real runtime, core and SQLite: checkpoints, reset, rebalance history, member
 removal, the state filter. Bad input is a 400 naming the field and changes nothing."""
 

@@ -1,4 +1,5 @@
-"""The fixed interface of client.assignors (PROTOCOL.md, issue 4)."""
+"""The fixed interface of client.assignors (docs/protocol.md, "The embedded "resources"
+protocol")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""KIP-54's three worked examples (seeds/001), for sticky and, over its two
+"""KIP-54's three worked examples (from the KIP-54 page, "Sticky Partition Assignment
+Strategy"), for sticky and, over its two
 rounds, cooperative-sticky."""
 
 from __future__ import annotations

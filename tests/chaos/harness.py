@@ -401,7 +401,7 @@ class Coordinator:
         c = self.config
         # An instance whose start was cancelled half-way (end_faults cancels a pending
         # restart) may still run: it would hold the database, and a second server on
-        # the same file is refused (issue 11, item 14). Never leave one behind.
+        # the same file is refused. Never leave one behind.
         await self.kill()
         ports = ["--port", str(self.port if keep_ports else 0),
                  "--admin-port", str(self.admin_port if keep_ports else 0)]

@@ -23,7 +23,7 @@ Worker events (``w`` worker slot, ``inc`` incarnation of that slot):
   value is written before each commit is sent, so a commit in flight when the
   process died counts as ``unknown``.
 
-Invariants (issue 6, "Safety under faults"):
+Invariants (docs/reliability.md, "Safety under faults"):
 
 1. *Exclusive ownership*: no two incarnations own one resource at the same
    moment. An incarnation's ownership of a resource runs from its ``assigned``

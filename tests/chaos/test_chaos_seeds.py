@@ -5,7 +5,7 @@ SIGKILL + restart on the same database, latency and partitions, joins and
 leaves) and then checks the four invariants of ledger.py. It is the smoke
 test of the real processes, the HTTP drivers, the fault proxy and SQLite's
 durability across a SIGKILL; the protocol's logic under faults is explored by
-the simulator's seeds (tests/sim, thousands per CI run, issue 14), so one
+the simulator's seeds (tests/sim, thousands per CI run), so one
 seed here is enough (seed 7: every fault kind of this harness but catalog
 changes, two coordinator kills). The longer runner is
 ``benchmarks/chaos.py --seeds N``.

@@ -3,7 +3,7 @@
 ``coordinator``: the real coordinator core and runtime in this event loop,
 with an in-memory store and no HTTP; members talk to it through
 :class:`InProcessTransport` (the member's one-method transport swapped, as
-DESIGN.md practice 7 intends). Wall-clock time, small session timeouts.
+docs/architecture.md practice 7 intends). Wall-clock time, small session timeouts.
 
 :class:`Ledger` records every listener callback with a timestamp and checks
 the ownership invariant: at no instant do two members hold one resource.

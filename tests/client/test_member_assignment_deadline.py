@@ -1,4 +1,4 @@
-"""``member.assignment`` after the safety deadline (issue 11 item 2).
+"""``member.assignment`` after the safety deadline.
 
 A worker paused past its session (SIGSTOP) and continued reads
 ``member.assignment`` before its event loop ran ``on_lost``: it must not see

@@ -1,4 +1,4 @@
-"""One member's commits reach the coordinator in call order (docs/reliability.md, finding 4),
+"""One member's commits reach the coordinator in call order (docs/client.md, ``commit``),
 and ``GroupMember.safety_deadline_ms()`` says until when the member may work.
 
 Against the real core and runtime in this process; the transport holds the

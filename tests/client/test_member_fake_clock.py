@@ -1,4 +1,4 @@
-"""The driver's waits go through its clock (client/clock.py, issue 14).
+"""The driver's waits go through its clock (client/clock.py).
 
 A member given a clock with timers (``FakeClock``: time stands still until
 the test advances it) does everything on that clock: its heartbeats, a

@@ -1,7 +1,8 @@
-"""``GroupMember.fetch`` reads a group bigger than one fetch answer (issue 11, item 9).
+"""``GroupMember.fetch`` reads a group bigger than one fetch answer.
 
 The coordinator answers at most ``MAX_FETCH_CHECKPOINTS`` checkpoints per fetch
-(PROTOCOL v1.1 paging); the client follows ``next`` for a whole-group fetch and
+(docs/protocol.md, "Additions of this release"); the client follows ``next`` for a
+whole-group fetch and
 asks for a long list of resources in slices. Against the real server.
 """
 

@@ -1,4 +1,4 @@
-"""A join and a crash in a group of members, in virtual time (issue 14).
+"""A join and a crash in a group of members, in virtual time.
 
 4 members share 64 resources, a 5th joins, then one is killed. The real
 member (driver, machine) and the real runtime and core on one virtual clock,

@@ -4,7 +4,7 @@ The seeded chaos runs (tests/chaos, benchmarks/chaos.py) and the simulator
 (tests/sim) find problems by chance; these pin down the interleavings that
 matter most for exclusive ownership, each deterministically. The real
 member (driver, machine) and the real runtime and core in virtual time
-(issue 14: these ran against the real server for ~5 s of real time each);
+(these once ran against the real server for ~5 s of real time each);
 the lost calls never reach the coordinator, so the HTTP layer has no part
 in them.
 """

@@ -1,5 +1,5 @@
-"""A join or sync lost on a connection that hangs (docs/reliability.md,
-simulator finding 4), with the real driver, machine, runtime and core in
+"""A join or sync lost on a connection that hangs (docs/client.md, "A call the
+coordinator is done with"), with the real driver, machine, runtime and core in
 virtual time (``virtual_time.VirtualTimeLoop``).
 
 The lost call is never answered and its connection neither closes nor

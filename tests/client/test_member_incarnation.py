@@ -1,7 +1,7 @@
 """A static member's incarnation (v1.1; docs/client.md, "Incarnation"): one id
 per process, drawn once and sent with the process's start time on every join,
 so the coordinator can tell a late join of this process from a newer one's
-(simulator finding 8)."""
+(docs/coordinator-semantics.md, "Incarnations")."""
 
 from __future__ import annotations
 

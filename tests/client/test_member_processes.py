@@ -1,6 +1,6 @@
 """Members in separate processes against the real ``groupcoord serve``.
 
-The smoke test of the drivers (issue 14): real processes, real HTTP, the
+The smoke test of the drivers: real processes, real HTTP, the
 asyncio ``GroupMember`` and a ``BlockingGroupMember`` newcomer, a member
 killed with SIGKILL. The logic (what each assignor revokes and keeps, for
 both protocols) is checked on the same scenario in virtual time by

@@ -240,7 +240,7 @@ def test_a_lost_sync_loses_everything_at_its_bound_and_is_sent_again() -> None:
         m.background_received(now + 5, HeartbeatResponse(None))
         if m.wants_interrupt(now + 5):
             # The heartbeats show the coordinator is done with the sync
-            # (simulator finding 4): it is sent again, and lost again.
+            # (the call was lost on a hung connection): it is sent again, and lost again.
             m.call_abandoned(now + 5)
             assert expect_call(m, now + 5, "sync").request == sync.request
             resent += 1

@@ -1,4 +1,4 @@
-"""Several coordinators, the member's side (issue 12 item 3), in virtual time.
+"""Several coordinators, the member's side, in virtual time.
 
 The real member (driver, machine, :class:`~client.transport.CoordinatorRouter`)
 and the real coordinator runtime and core; between them a fake cluster of
@@ -195,7 +195,7 @@ def test_a_member_given_one_url_follows_not_coordinator_away_from_it() -> None:
     moves, the URL answers NOT_COORDINATOR naming the owner, and the member
     follows it, keeping its resources. (Before v1.1 the member retried the
     same URL until its deadline and lost them.) Over real HTTP for ~4 s of
-    real time until issue 14; the HTTP stand-ins still serve the list cases
+    real time before the virtual-time loop; the HTTP stand-ins still serve the list cases
     in test_member_routing_http.py."""
 
     async def main() -> None:
@@ -461,7 +461,7 @@ def test_not_coordinator_reaching_the_machine_is_retried_not_a_loss() -> None:
 
 
 def test_a_call_timed_out_gives_its_coordinator_up_even_after_other_answers() -> None:
-    """Chaos finding 6: a member's held heartbeat was sent just before its coordinator
+    """A paused coordinator: a member's held heartbeat was sent just before its coordinator
     was paused, and a commit sent later was answered just before the pause. When the
     heartbeat times out the coordinator must still be given up: keeping it because
     it "answered something since" sent the next heartbeat to the paused process and

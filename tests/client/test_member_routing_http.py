@@ -1,10 +1,11 @@
-"""Several coordinators, the member's side (issue 12 item 3), over real HTTP.
+"""Several coordinators, the member's side, over real HTTP.
 
 A real coordinator (the runtime, core and both HTTP listeners in this
 process) and, in front of it, small real aiohttp servers standing for the
 coordinators of a cluster: each answers ``find_coordinator`` with the owner
 the test names, answers ``NOT_COORDINATOR`` (only ``error`` and ``url``, as
-PROTOCOL.md v1.1 says) or ``COORDINATOR_LOAD_IN_PROGRESS`` when it is not
+docs/protocol.md, "Several coordinators sharing groups",
+says) or ``COORDINATOR_LOAD_IN_PROGRESS`` when it is not
 the owner, and forwards the calls it owns to the real coordinator, byte for
 byte. Stopping one refuses its connections (a killed coordinator). Real
 time, sessions of 3 s: the smoke tests of the HTTP transport and router

@@ -696,7 +696,7 @@ def _answers_until_resent(m: MemberStateMachine, start: int, answer: HeartbeatRe
 
 
 def test_a_join_lost_while_heartbeats_show_no_rebalance_is_sent_again() -> None:
-    """Simulator seed 374 (docs/reliability.md, simulator finding 4): an eager
+    """Simulator seed 374 (a call lost on a hung connection): an eager
     member's join is lost on a connection that hangs; its side-channel
     heartbeats are answered without error (the coordinator never saw the
     join, so no rebalance began), so the coordinator keeps it as a member
@@ -1172,7 +1172,7 @@ def test_a_stale_sync_answer_of_an_expired_member_is_never_delivered() -> None:
 
 
 def test_every_join_sent_carries_a_higher_sequence() -> None:
-    """Simulator seed 61599 (docs/reliability.md, finding 14): a join the
+    """Simulator seed 61599 (the join sequence): a join the
     member gave up on (its connection reset) reached the coordinator after
     the member had joined again and synced; counted as the member's rejoin, it
     let the next generation give away what the member still owned. Each join

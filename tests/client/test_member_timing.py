@@ -1,4 +1,4 @@
-"""The timing rule (client/lease.py, docs/client.md "Timing rule"), issue 11 item 1.
+"""The timing rule (client/lease.py, docs/client.md "Timing rule").
 
 For every configuration the client accepts, a healthy member on a healthy
 network never loses its membership; every other configuration is refused at
@@ -9,7 +9,7 @@ runtime and core, in virtual time (``virtual_time.VirtualTimeLoop``): a group
 of two, quiet for several sessions, then a third member joins and later
 leaves, and one heartbeat is lost on the way; no member may ever see
 ``on_lost``, and the generation must not move while nothing changes (the
-churn of issue 11: ``Stable -> PreparingRebalance`` every session). The
+churn without the rule: ``Stable -> PreparingRebalance`` every session). The
 reported case exactly as reported (two members, 12 resources, the churn read
 from the coordinator's log) is test_member_timing_server.py.
 """

@@ -1,4 +1,4 @@
-"""Issue 11 item 1, as reported, in virtual time (issue 14).
+"""The timing rule's reported case (a member re-joining every session), in virtual time.
 
 Two members with ``session_timeout_ms=6000`` (the server's default minimum)
 and the default heartbeat interval share 12 resources for more than two

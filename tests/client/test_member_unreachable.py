@@ -1,4 +1,4 @@
-"""A member that cannot reach its coordinator (issue 11 item 3).
+"""A member that cannot reach its coordinator.
 
 It retries with backoff for as long as it runs, but its log backs off too
 (one line at once, then after 1 s, 2 s, 4 s, ... of failures, each naming

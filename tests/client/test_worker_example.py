@@ -1,4 +1,4 @@
-"""``examples/worker.py`` as a process (issue 11 item 3).
+"""``examples/worker.py`` as a process.
 
 Pointed at a URL where nothing listens, it never gets an assignment; SIGTERM
 or SIGINT must still stop it within a couple of seconds with status 0, and

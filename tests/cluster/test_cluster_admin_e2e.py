@@ -1,5 +1,6 @@
 """Two ``groupcoord serve --db postgresql://`` processes: routing, the admin API and
-/metrics at every coordinator, bad start-up input (PROTOCOL.md v1.1)."""
+/metrics at every coordinator, bad start-up input (docs/protocol.md, "Several
+coordinators sharing groups")."""
 
 from __future__ import annotations
 

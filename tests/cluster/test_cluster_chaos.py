@@ -1,12 +1,13 @@
 """Three ``groupcoord serve`` processes on a real PostgreSQL, members in worker
-processes, under the coordinator faults of issue 12's test list, each a
+processes, under the coordinator faults of docs/reliability.md's list, each a
 scripted schedule of the chaos harness (tests/chaos/harness.py, several
 coordinators) with its ledger checks: never two owners of a resource, the group
 converges, no acknowledged checkpoint lost, no zombie commit acknowledged.
 
 For the coordinator faults (kill -9, SIGSTOP past the lease, rolling SIGTERM)
 the group must also not rebalance: a takeover resumes it at its generation
-(PROTOCOL.md v1.1, "Takeover"), so its generation is the same after the fault
+(docs/protocol.md, "Several coordinators sharing groups"), so its generation is the
+same after the fault
 as before, no rebalance journal row was written in between, and no member
 called ``on_lost``.
 """

@@ -1,4 +1,4 @@
-"""Checkpoints are bounded (issue 11, item 9).
+"""Checkpoints are bounded.
 
 - ``resources`` groups: a set outside the catalog or an index beyond its
   partitions is ``INVALID_REQUEST`` naming the field; deletes always pass.

@@ -1,5 +1,5 @@
-"""A member's commit delayed past its next one is not applied over it (simulator
-finding 5): ``CommitRequest.sequence``, docs/coordinator-semantics.md."""
+"""A member's commit delayed past its next one is not applied over it
+(``CommitRequest.sequence``; docs/coordinator-semantics.md, "The commit sequence")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Each counter of the core has one owner (issue 14): only the owning module
+"""Each counter of the core has one owner: only the owning module
 writes it, through its methods, so a counter cannot drift from what it counts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The state table (coordinator/core/dispatch.py, issue 14): complete, each cell
+"""The state table (coordinator/core/dispatch.py): complete, each cell
 reachable as documented, and the docs show it as it is."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Incarnations (v1.1; simulator finding 8): a static join with an empty member
+"""Incarnations (v1.1): a static join with an empty member
 id is told apart from a newer process's by the process's incarnation.
 
 Kafka's rule (KIP-345) replaces the member id of a known instance on every

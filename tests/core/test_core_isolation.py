@@ -1,4 +1,4 @@
-"""Tenants sharing a coordinator (issue 11, items 10 and 11a).
+"""Tenants sharing a coordinator.
 
 Item 10: a static instance belongs to the token (``principal``) that created
 it; another token can neither take it over (join with an empty member id and

@@ -1,5 +1,5 @@
 """v1.1 ``find_coordinator`` on a one-process server: its own URL, partition 0, for
-any group, in msgpack and in JSON (PROTOCOL.md, "Several coordinators")."""
+any group, in msgpack and in JSON (docs/protocol.md, "Several coordinators sharing groups")."""
 
 from __future__ import annotations
 

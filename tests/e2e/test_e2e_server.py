@@ -1,6 +1,6 @@
 """End to end: the real ``groupcoord serve`` process, a real SQLite file, ``kill -9``.
 
-PROTOCOL.md, "Durability": after a restart a stable group resumes with no
+docs/protocol.md, "Durability": after a restart a stable group resumes with no
 rebalance, every acknowledged checkpoint is still there, and an in-flight
 rebalance restarts cleanly. "Running the server": ``--port 0`` prints the
 address; SIGTERM exits 0.

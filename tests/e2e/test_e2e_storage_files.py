@@ -1,4 +1,4 @@
-"""The database file under a real ``groupcoord serve`` (issue 11, items 13-15).
+"""The database file under a real ``groupcoord serve``.
 
 - 13: the file (or its WAL) deleted while the server runs: the next commit is
   not acknowledged, ``/readyz`` stops answering ready, the server exits 1;

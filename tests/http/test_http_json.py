@@ -1,4 +1,5 @@
-"""Protocol calls in JSON (PROTOCOL.md v1.1): a call sent as application/json is
+"""Protocol calls in JSON (docs/protocol.md, "JSON on the protocol calls"): a call
+sent as application/json is
 answered in JSON, bytes as base64 (checkpoint values as {"base64": ...});
 refusals speak JSON too; msgpack calls are unchanged."""
 

@@ -342,7 +342,7 @@ async def test_pipelined_requests_are_answered_in_order(lean: Lean) -> None:
 
 
 async def test_admin_routes_are_served_on_the_admin_listener_only(lean: Lean) -> None:
-    """Issue 11: one parser per byte stream. The protocol listener answers anything
+    """One parser per byte stream. The protocol listener answers anything
     but a protocol call (or the catalog read) itself, 404/405 naming the admin
     listener, and the connection goes on; the admin listener serves the rest."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
@@ -649,7 +649,7 @@ async def test_a_call_stepped_by_hand_finishes_or_is_cancelled_like_a_task() -> 
     assert seen == ["cancelled", "cancelled"]
 
 
-# ---------------------------------------------------------------- issue 11: one strict parser
+# ---------------------------------------------------------------- one strict parser
 
 
 def _bearer_entry(name: str, token: str) -> TokenEntry:
@@ -658,7 +658,7 @@ def _bearer_entry(name: str, token: str) -> TokenEntry:
 
 async def test_a_content_encoded_call_is_415_and_never_decompressed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 11 item 4: a gzip body, no token: 415 before authentication, before the
+    """A gzip body, no token: 415 before authentication, before the
     body is read, and no decompressor is ever reached (on either listener)."""
     decompressed: list[str] = []
     real_decompressobj, real_decompress = zlib.decompressobj, zlib.decompress
@@ -711,7 +711,7 @@ async def test_a_content_encoded_call_is_415_and_never_decompressed(
 
 async def test_pipelined_upgrade_requests_do_not_recurse(
         lean: Lean, caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 11 item 5: 1,500 pipelined Upgrade requests in one send (~90 KB) are
+    """1,500 pipelined Upgrade requests in one send (~90 KB) are
     parsed in a loop and all answered, with nothing logged."""
     upgrade = (b"GET /v1/resources HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
                b"Upgrade: h2c\r\n\r\n")
@@ -728,7 +728,7 @@ async def test_pipelined_upgrade_requests_do_not_recurse(
 
 async def test_malformed_input_is_never_logged_above_debug(
         lean: Lean, caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 11 item 6: malformed requests, oversize heads and broken bodies, on both
+    """Malformed requests, oversize heads and broken bodies, on both
     listeners, are answered (400/404/413/415/431) and counted, never logged above
     DEBUG: the log does not grow with what a client sends."""
     caplog.set_level(logging.DEBUG)
@@ -779,7 +779,7 @@ async def test_malformed_input_is_never_logged_above_debug(
                                    b"Content-Encoding", b"Transfer-Encoding", b"Host",
                                    b"Expect"])
 async def test_a_single_value_field_given_twice_is_400(lean: Lean, field: bytes) -> None:
-    """Issue 11 item 7: no "first or last one wins": a second copy is a 400."""
+    """No "first or last one wins": a second copy is a 400."""
     values = {b"Content-Type": (b"application/msgpack", b"application/json"),
               b"Content-Length": (b"%d" % len(HEARTBEAT_UNKNOWN),) * 2,
               b"Content-Encoding": (b"identity", b"identity"),
@@ -802,7 +802,7 @@ async def test_a_single_value_field_given_twice_is_400(lean: Lean, field: bytes)
 
 
 async def test_trailer_fields_never_become_headers(lean: Lean) -> None:
-    """Issue 11 item 7: a trailer Content-Type (or any trailer) is not a header field."""
+    """A trailer Content-Type (or any trailer) is not a header field."""
     reader, writer = await lean.open()
     for trailer in (b"Content-Type: application/json\r\n",
                     b"Content-Encoding: gzip\r\nContent-Type: text/plain\r\n",
@@ -824,7 +824,7 @@ async def test_trailer_fields_never_become_headers(lean: Lean) -> None:
 
 
 async def test_valid_pipelined_heads_are_never_431(lean: Lean) -> None:
-    """Issue 11 item 8: only the bytes of a request's own head count against the
+    """Only the bytes of a request's own head count against the
     limit. 702 small pipelined heartbeats, sent in reads that start and end inside
     heads, are all answered 200."""
     beats = b"".join(request("/v1/heartbeat", HEARTBEAT_UNKNOWN,

@@ -95,7 +95,7 @@ async def test_join_sync_heartbeat_commit_fetch(api: Api) -> None:
     stale = await api.call("heartbeat", {"group_id": "g", "member_id": member,
                                          "generation_id": generation + 5})
     assert stale["error"] == "ILLEGAL_GENERATION"
-    # A "resources" group commits only resources of the catalog (issue 11, item 9).
+    # A "resources" group commits only resources of the catalog.
     async with api.client.put("/v1/resources/orders", json={"partitions": 4}) as resp:
         assert resp.status == 200
     done = await api.call("commit", {"group_id": "g", "member_id": member,

@@ -1,4 +1,4 @@
-"""Ids and names refuse control and format characters (issue 11, item 12: log injection).
+"""Ids and names refuse control and format characters (log injection).
 
 Every id and name field of every request goes through one check
 (``protocol.validate.check_name``); a refusal is a ``ValidationError`` whose

@@ -43,7 +43,7 @@ async def parked_limit(tmp_path: Path) -> AsyncIterator[Harness]:
 
 
 async def test_one_member_parks_at_most_one_heartbeat(parked_limit: Harness) -> None:
-    """Issue 11, item 11b: one member's long-polls used to fill the limit alone."""
+    """One member's long-polls used to fill the limit alone."""
     h = parked_limit
     member, generation = await h.stable_member("A")
     polls = [h.heartbeat(member, generation, group="A", wait_ms=5_000) for _ in range(3)]
@@ -60,7 +60,7 @@ async def test_one_member_parks_at_most_one_heartbeat(parked_limit: Harness) -> 
 
 async def test_at_the_parked_limit_a_join_takes_the_place_of_a_long_poll(
         parked_limit: Harness) -> None:
-    """Issue 11, item 11b: long-polls filling --max-parked-requests no longer make
+    """Long-polls filling --max-parked-requests no longer make
     every other group's joins fail; a heartbeat at the limit is answered at once."""
     h = parked_limit
     a, gen_a = await h.stable_member("A")

@@ -3,7 +3,7 @@
 Those two are counted in plain Python on the hot path (coordinator/metrics.py,
 ``_RequestStats``); what a scraper reads must be exactly what prometheus-client's
 ``Counter`` and ``Histogram`` of the same names gave: same families, samples,
-bucket boundaries and values, and no ``_created`` series (issue 13: noise).
+bucket boundaries and values, and no ``_created`` series (noise).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reply after commit, per group (docs/reliability.md, finding 5).
+"""Reply after commit, per group (docs/architecture.md, practice 5).
 
 What a user relies on: an answer is never released before every write its
 group's state depends on is committed (its group's records and checkpoints,

@@ -1,4 +1,4 @@
-"""The runtime with a database file deleted under it (issue 11, item 13).
+"""The runtime with a database file deleted under it.
 
 A commit after the file is gone must not be acknowledged; an idle server
 must notice within ``storage_check_interval_ms`` (``/readyz`` reads

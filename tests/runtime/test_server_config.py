@@ -39,7 +39,7 @@ def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
 
 
 def test_the_admin_listener_settings(tmp_path: Path) -> None:
-    """Issue 11: --admin-port (9081) and --admin-host (the --host value by default),
+    """--admin-port (9081) and --admin-host (the --host value by default),
     from a flag, GROUPCOORD_* or the file, like every setting."""
     config = resolve(no_flags(), {})
     assert (config.admin_host, config.admin_port) == ("", 9081)

@@ -154,7 +154,7 @@ def test_server_refuses_a_bad_tokens_file_or_certificate(start_server: StartServ
 
 async def test_a_static_instance_belongs_to_the_token_that_created_it(
         start_server: StartServer, tmp_path: Path) -> None:
-    """Issue 11, item 10: app-b shares app-a's grant but cannot take over or remove
+    """App-b shares app-a's grant but cannot take over or remove
     app-a's static instance, before or after a restart; app-a still can."""
     db = tmp_path / "static.db"
     tokens = _tokens_file(tmp_path)

@@ -1,4 +1,4 @@
-"""Fuzzing every HTTP endpoint of the coordinator (issue 6, "Bad input").
+"""Fuzzing every HTTP endpoint of the coordinator (docs/reliability.md, "Bad input").
 
 The real server (core, runtime, SQLite storage, both listeners) runs
 in-process (tests/listeners_kit.py): protocol calls go to the protocol
@@ -245,7 +245,7 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     # watching the logs, so what they show is this test's.
     gc.collect()
     errors = ErrorLog()
-    # Issue 11: no request may make the server (or aiohttp under it) log an error.
+    # No request may make the server (or aiohttp under it) log an error.
     for name in ("groupcoord", "aiohttp", "asyncio"):
         logging.getLogger(name).addHandler(errors)
     h = Harness(tmp_path)

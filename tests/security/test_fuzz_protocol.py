@@ -1,6 +1,6 @@
 """Fuzzing the wire layer: only DecodeError / ValidationError ever escape.
 
-PROTOCOL.md, "Transport": a request that cannot be understood is a 400 naming
+docs/protocol.md, "Transport": a request that cannot be understood is a 400 naming
 the problem. The HTTP layer relies on ``codec.decode`` raising only
 :class:`DecodeError` and every ``from_wire`` raising only
 :class:`ValidationError`; anything else (a KeyError, a TypeError, a

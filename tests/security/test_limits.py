@@ -167,7 +167,7 @@ async def test_max_groups_refuses_a_join_that_would_create_a_group(limited: Clie
 
 async def test_long_polls_of_one_member_never_starve_other_groups_joins(
         limited: Client) -> None:
-    """Issue 11, item 11b: one member's long-polls used to fill --max-parked-requests
+    """One member's long-polls used to fill --max-parked-requests
     and every other group's joins were refused."""
     member = await _new_id(limited)
     status, joined = await _call(limited, "join", _join(member))
@@ -197,7 +197,7 @@ async def test_long_polls_of_one_member_never_starve_other_groups_joins(
         await asyncio.gather(*polls, return_exceptions=True)
 
 
-# ---------------------------------------------------------------- checkpoints (issue 11, item 9)
+# ---------------------------------------------------------------- checkpoints
 
 
 @pytest.fixture

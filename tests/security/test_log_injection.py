@@ -1,4 +1,4 @@
-"""Log injection through ids (issue 11, item 12), against the real server.
+"""Log injection through ids, against the real server.
 
 A group id or client id holding a newline used to write a forged ``CRITICAL``
 line into the server's log; CR, ANSI escapes and bidi controls passed too.

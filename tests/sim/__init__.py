@@ -1,4 +1,4 @@
-"""The deterministic simulator of whole groups (issue 14; docs/reliability.md).
+"""The deterministic simulator of whole groups (docs/reliability.md).
 
 ``run_seed(seed)`` runs the real coordinator core and real member machines
 in one thread on one simulated clock, with the network, disk, clocks and

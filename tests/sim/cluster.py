@@ -1,6 +1,6 @@
 """Several coordinators under simulation: a shared database with partition
 leases and epochs, the lease loop of each coordinator, routing by partition,
-and the members' router (issue 14; issue 12's system, docs/operations.md,
+and the members' router (several coordinators: docs/operations.md,
 "Running several coordinators").
 
 :class:`SimDatabase`

@@ -82,7 +82,7 @@ class SimConfig:
 
     @property
     def convergence_bound_ms(self) -> int:
-        """Faults over -> every resource owned exactly once (issue 14): two
+        """Faults over -> every resource owned exactly once: two
         session timeouts plus the rebalance timeout, plus the initial delay of
         a group that emptied and an incremental-cooperative assignor's delay."""
         extra = self.incremental_delay_ms if "incremental-cooperative" in self.assignors else 0

@@ -1,4 +1,4 @@
-"""The simulator's seeds in CI (issue 14; docs/reliability.md, "Simulation").
+"""The simulator's seeds in CI (docs/reliability.md, "Deterministic simulation of whole groups").
 
 * a fixed block of 2,000 seeds (the same every run) and one of 300 seeds with
   several coordinators (profile ``cluster``), as four quarters that
@@ -152,7 +152,7 @@ def test_a_write_committed_after_a_takeover_is_a_violation(
 
 
 #: No fault; its second worker starts after the first has formed a generation
-#: alone (finding 11).
+#: alone (a late worker's first join is not a rebalance of a settled group).
 LATE_WORKER_SEED = 94895
 
 
@@ -184,7 +184,7 @@ def test_a_rebalance_after_every_worker_settled_is_still_a_violation(
 
 
 #: Seeds that found a bug, each failing on the code before its fix
-#: (docs/reliability.md, "What the simulator found").
+#: (docs/bench-reliability.md, "What the simulator found").
 REGRESSION_SEEDS = {
     28: "callbacks queued about resources no longer owned emit nothing (the member crashed)",
     1554: "a returning static leader (KIP-814) rejoins for a catalog change made meanwhile; "
@@ -195,36 +195,36 @@ REGRESSION_SEEDS = {
     1170: "a coordinator's answer restarts the backoff from retry_backoff_ms",
     374: "a join lost on a hung connection is sent again once heartbeats show no rebalance",
     1774: "a sync whose answer was lost is sent again once heartbeats show the group Stable",
-    113568: "a failed heartbeat is retried within an interval (finding 10: an empty-handed "
+    113568: "a failed heartbeat is retried within an interval (an empty-handed "
             "member's capped backoff outlasted the coordinator's restart)",
-    126479: "the same (finding 10), with a static member and a coordinator crash",
+    126479: "the same, with a static member and a coordinator crash",
     121489: "a commit refused ILLEGAL_GENERATION because it raced its member's own "
-            "follow-up join is the fence working, not an error (finding 9)",
+            "follow-up join is the fence working, not an error",
     428804749: "a commit the member gave up on, delayed past its next one, is not applied "
-               "over it (finding 5: the commit sequence); found by CI's fresh seeds",
+               "over it (the commit sequence); found by CI's fresh seeds",
     700838430: "a static member that closes in the middle of a hand-over it started leaves, "
                "so the follow-up rebalance gives what it revoked to its new owner",
     700838624: "the same, the revoker closing while another member was a zombie",
     102063: "a static join the same process re-sent after a reset, its first copy late, "
-            "is a replay of its incarnation: not fenced (finding 8)",
+            "is a replay of its incarnation: not fenced",
     108585: "a static join of an older process, late, after the next process joined, is "
-            "refused by its older incarnation: the live member not fenced (finding 8)",
+            "refused by its older incarnation: the live member not fenced",
     110964: "a static join re-sent after a reset, its first copy late, is a replay of "
-            "the same incarnation: not fenced (finding 8)",
+            "the same incarnation: not fenced",
     75664: "a static leader that planned a hand-over and crashed before its sync answer: "
-           "its next process (KIP-814) starts the follow-up the plan marks (finding 13)",
+           "its next process (KIP-814) starts the follow-up the plan marks",
     76088: "a static leader revoked its share of a hand-over and crashed; its next process "
-           "starts the follow-up the plan marks (finding 13)",
-    91962: "the same (finding 13), the leader's revoked half unowned for 16 s before",
+           "starts the follow-up the plan marks",
+    91962: "the same, the leader's revoked half unowned for 16 s before",
     94895: "no fault: the group is settled only once every worker of the run is up "
-           "(a late worker's first join is not a rebalance of a settled group; finding 11)",
+           "(a late worker's first join is not a rebalance of a settled group)",
     85751: "a join's MEMBER_ID_REQUIRED restarts the backoff, so a join lost to a "
-           "partition is sent again soon after it heals (finding 12)",
+           "partition is sent again soon after it heals",
     61599: "a join the member gave up on, delayed past its next join, is not applied as "
-           "its rejoin (finding 14, seed 61599: the join sequence)",
-    217816: "a lost heartbeat verifying a late sync answer is retried soon (finding 15)",
+           "its rejoin (the join sequence)",
+    217816: "a lost heartbeat verifying a late sync answer is retried soon",
     415932: "a join that timed out is sent again at once: the backoff counts from the "
-            "call's start (finding 16)",
+            "call's start",
 }
 
 

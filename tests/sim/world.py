@@ -1,6 +1,6 @@
 """One seed's world: the coordinator, the members, the faults, the invariants.
 
-The invariants (issue 14), checked as the run goes:
+The invariants, checked as the run goes:
 
 safety
   * *exclusive*: no resource is in two members' ``assignment``
@@ -697,7 +697,8 @@ class World:
                 # One process's commit that it gave up on (timeout, reset)
                 # arrived after its next one: the older value overwrites the
                 # newer, even an acknowledged one. No wire field orders one
-                # member's commits (docs/reliability.md, "Findings"): counted.
+                # member's commits (docs/bench-reliability.md, "What the simulator
+                # found"): counted.
                 self.reordered += 1
                 self.sim.log(f"REORDERED commit {key} value {value} after {before[0]}")
                 if self.acked.get(key, 0) > value:

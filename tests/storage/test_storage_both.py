@@ -83,7 +83,7 @@ async def test_group_records_round_trip_and_fill_generations(opener: Opener) -> 
 
 
 async def test_a_static_members_incarnation_round_trips(opener: Opener) -> None:
-    # v1.1 (simulator finding 8): kept with the member across a restart, with or
+    # v1.1 (incarnations): kept with the member across a restart, with or
     # without an owner; a member without one loads as before.
     storage = await opener()
     stable = group("g1", "Stable", 2, member("m1", b"a"),

@@ -1,6 +1,6 @@
 """The database file under the storage: one holder, writable, still there, real causes.
 
-Issue 11, items 13-15: a file deleted or replaced while open must fail the
+A file deleted or replaced while open must fail the
 next write (before anything is acknowledged) and :meth:`Storage.check`; a
 second :class:`Storage` on the same file is refused naming the holder; a
 full database reports SQLite's cause, never the failed rollback behind it.

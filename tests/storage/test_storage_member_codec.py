@@ -1,4 +1,4 @@
-"""A member spelled once (issue 14): the storage row, the journal triple and the
+"""A member spelled once: the storage row, the journal triple and the
 admin JSON all derive from ``MemberRecord``'s fields, and the bytes stay what
 they were before (the golden values below were written by the code that spelled
 each member's fields by hand, commit f447fa4)."""
@@ -33,7 +33,7 @@ GOLDEN = bytes.fromhex(
     "92a572616e6765c40178c400")
 
 
-#: v1.1 (simulator finding 8): a static member's incarnation and its start time
+#: v1.1 (incarnations): a static member's incarnation and its start time
 #: are trailing fields, written while set; a member without an owner but with an
 #: incarnation writes ``owner`` as null. Bytes pinned when the fields were added.
 MEMBERS_WITH_INCARNATION = (

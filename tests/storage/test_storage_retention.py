@@ -139,7 +139,7 @@ async def test_a_restarted_server_deletes_an_expired_group_from_disk(tmp_path: P
 
 async def test_group_owners_and_static_instance_owners_round_trip_like_fold(
         tmp_path: Path) -> None:
-    """Issue 11: who created a group (--max-groups-per-token) and which token owns a
+    """Who created a group (--max-groups-per-token) and which token owns a
     static instance are on disk, and go with the group."""
     static = MemberRecord("s", "i1", "c", "h", 10_000, 30_000, (("range", b""),), b"a",
                           owner="alice")
