@@ -100,6 +100,9 @@ class ClusterCore:
     def parked_request_count(self) -> int:
         return sum(core.parked_request_count() for core in self._cores())
 
+    def parked_by(self, principal: str) -> int:
+        return sum(core.parked_by(principal) for core in self._cores())
+
     # Not used through the service (each partition's runtime has its own core).
     def handle(self, now_ms: int, command: Command) -> list[Any]:
         raise TypeError("commands go to a partition's runtime (ClusterService.call)")

@@ -214,6 +214,10 @@ class GroupCoordinator:
         """Parked joins, syncs and heartbeats (a gauge for the runtime)."""
         return len(self._k.parked)
 
+    def parked_by(self, principal: str) -> int:
+        """Parked joins and syncs of one token (``--max-parked-per-token``)."""
+        return self._k.parked_by.get(principal, 0)
+
 
 def _restore_owner(group: Group, snapshot: Snapshot) -> None:
     """The group's creator as persisted (``GroupOwner``), already on disk."""
