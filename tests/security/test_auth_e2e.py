@@ -18,7 +18,7 @@ import pytest
 from server_harness import StartServer
 from tls_certs import make_tls_files
 
-from client.errors import GroupAuthorizationFailedError
+from client.errors import GroupAuthorizationFailedError, InvalidRequestError
 from client.member import GroupMember
 from client.tls import client_ssl_context
 from coordinator.auth import hash_token
@@ -254,4 +254,21 @@ async def test_one_token_cannot_take_every_parked_slot(start_server: StartServer
         finally:
             for j in a_joins:
                 j.cancel()
+    assert server.terminate() == 0
+
+
+async def test_a_member_asking_a_longer_rebalance_timeout_is_told_the_limit(
+        start_server: StartServer, tmp_path: Path) -> None:
+    """--max-rebalance-timeout-ms bounds how long a join can stay parked; a member
+    asking more fails at its first join with the limit in the error."""
+    server = start_server(auth_tokens=_tokens_file(tmp_path), max_rebalance_timeout_ms=2_000)
+    member = GroupMember(server.url, "orders-slow", ["orders"], token=APP_A,
+                         session_timeout_ms=1_000, heartbeat_interval_ms=200,
+                         rebalance_timeout_ms=2_001, request_timeout_ms=3_000)
+    with pytest.raises(InvalidRequestError, match=r"rebalance_timeout_ms: 2001 is over the "
+                       r"server's --max-rebalance-timeout-ms \(2000\); allowed: 0 to 2000"):
+        async with member:
+            pass
+    async with _member(server.url, "orders-slow", APP_A):  # rebalance_timeout_ms=2_000
+        pass
     assert server.terminate() == 0
