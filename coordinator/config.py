@@ -43,6 +43,9 @@ class ServerConfig:
     db: str = "./groupcoord.db"
     min_session_timeout_ms: int = 6_000
     max_session_timeout_ms: int = 1_800_000
+    #: largest rebalance timeout a join may ask for (larger: 400); it bounds how long
+    #: a parked join or sync is held.
+    max_rebalance_timeout_ms: int = 300_000
     initial_rebalance_delay_ms: int = 3_000
     #: 0: unlimited.
     group_max_size: int = 0
@@ -55,6 +58,8 @@ class ServerConfig:
     max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES
     #: joins, syncs and waiting heartbeats parked at once; 0: unlimited.
     max_parked_requests: int = 100_000
+    #: joins and syncs parked at once for one token (authentication on); 0: unlimited.
+    max_parked_per_token: int = 10_000
     #: KIP-211: an Empty group and its checkpoints go this long after it emptied; 0: never.
     group_retention_ms: int = 604_800_000
     #: checkpoint caps (docs/operations.md, "Limits"); 0: unlimited.
@@ -90,6 +95,7 @@ class ServerConfig:
         return CoreConfig(
             min_session_timeout_ms=self.min_session_timeout_ms,
             max_session_timeout_ms=self.max_session_timeout_ms,
+            max_rebalance_timeout_ms=self.max_rebalance_timeout_ms,
             initial_rebalance_delay_ms=self.initial_rebalance_delay_ms,
             group_max_size=self.group_max_size,
             max_groups=self.max_groups,
@@ -176,6 +182,9 @@ SETTINGS: tuple[Setting, ...] = (
             _int_range(0, MAX_TIMEOUT_MS)),
     Setting("max_session_timeout_ms", int, "largest session timeout a member may ask for",
             _int_range(0, MAX_TIMEOUT_MS)),
+    Setting("max_rebalance_timeout_ms", int, "largest rebalance timeout a member may ask "
+            "for (a join asking more is answered 400 INVALID_REQUEST naming this limit); it "
+            "bounds how long a parked join or sync is held", _int_range(0, MAX_TIMEOUT_MS)),
     Setting("initial_rebalance_delay_ms", int,
             "how long an empty group waits for more joiners before its first generation",
             _int_range(0, MAX_TIMEOUT_MS)),
@@ -192,6 +201,11 @@ SETTINGS: tuple[Setting, ...] = (
             "assignment of one member in a sync (larger: 400)", _int_range(1, 2**31 - 1)),
     Setting("max_parked_requests", int, "most joins, syncs and waiting heartbeats parked at "
             "once; 0 is unlimited", _int_range(0, 2**31 - 1)),
+    Setting("max_parked_per_token", int, "most joins and syncs parked at once for one token "
+            "(authentication on), so one token cannot take the whole of "
+            "--max-parked-requests; more are answered COORDINATOR_NOT_AVAILABLE; must be at "
+            "least the members of the largest group one token runs; 0 is unlimited",
+            _int_range(0, 2**31 - 1)),
     Setting("group_retention_ms", int, "how long an Empty group and its checkpoints are kept "
             "after it became Empty (after the last commit, for a group that never had "
             "members); 0 keeps them forever (Kafka's offsets.retention.minutes)",

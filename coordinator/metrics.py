@@ -199,7 +199,8 @@ class Metrics:
         self.group_reloads = Counter("groupcoord_reloaded_groups",
                                      "Groups evicted and reloaded from storage after a failure "
                                      "confined to them, by cause", ["cause"], registry=r)
-        # reason: "max_groups" or "max_parked_requests" (a fixed, small set).
+        # reason: "max_groups", "max_groups_per_token", "max_parked_requests" or
+        # "max_parked_per_token" (a fixed, small set).
         self.requests_refused = Counter("groupcoord_requests_refused",
                                         "Requests refused by a server limit, by limit",
                                         ["reason"], registry=r)

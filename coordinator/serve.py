@@ -100,7 +100,8 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
                          lambda group_id: core.health(group_id, clock.now_ms()).status,
                          config.group_metrics)
     runtime = Runtime(core, storage, clock, metrics,
-                      max_parked_requests=config.max_parked_requests)
+                      max_parked_requests=config.max_parked_requests,
+                      max_parked_per_token=config.max_parked_per_token)
     listeners = Listeners(runtime, metrics, max_body_bytes=config.max_body_bytes,
                           max_metadata_bytes=config.max_metadata_bytes, tokens=tokens)
     stop = asyncio.Event()

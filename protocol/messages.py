@@ -181,6 +181,9 @@ class JoinResponse:
     #: KIP-814: the leader is a returning static member and the group's
     #: assignment still holds; it must not run the assignor, only sync.
     skip_assignment: bool = False
+    #: with ``INVALID_REQUEST`` (sent as a 400's body): what is wrong, naming the
+    #: field and the limit; else empty.
+    message: str = ""
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
@@ -190,6 +193,7 @@ class JoinResponse:
             mf = Fields(m, f"members[{i}]")
             members.append(JoinMember(mf.string("member_id"), mf.opt_string("group_instance_id"),
                                       mf.binary("metadata")))
+        message = f.raw("message")
         return cls(
             error=ErrorCode.parse(f.error()),
             generation_id=f.integer("generation_id", lo=-1, hi=MAX_GENERATION_ID,
@@ -200,10 +204,11 @@ class JoinResponse:
             member_id=f.string("member_id", required=False, allow_empty=True),
             members=tuple(members),
             skip_assignment=f.raw("skip_assignment") is True,
+            message=message if isinstance(message, str) else "",
         )
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "error": _err(self.error),
             "skip_assignment": self.skip_assignment,
             "generation_id": self.generation_id,
@@ -217,6 +222,9 @@ class JoinResponse:
                 for m in self.members
             ],
         }
+        if self.message:
+            wire["message"] = self.message
+        return wire
 
 
 # ---------------------------------------------------------------- sync

@@ -239,7 +239,8 @@ class PartitionHost:
 
     def __init__(self, *, writer_store: PostgresStorage, reader_store: PostgresStorage,
                  leases: Leases, lease_ms: int, make_core: Callable[[], Core],
-                 clock: Clock, metrics: Metrics, max_parked_requests: int = 0) -> None:
+                 clock: Clock, metrics: Metrics, max_parked_requests: int = 0,
+                 max_parked_per_token: int = 0) -> None:
         # A write still running after a lease is of no use: every partition in it has
         # run out by then (the caller's reply was refused).
         self.writer = SharedWriter(writer_store, timeout_s=lease_ms / 1000)
@@ -261,6 +262,7 @@ class PartitionHost:
         self.clock = clock
         self.metrics = metrics
         self.max_parked_requests = max_parked_requests
+        self.max_parked_per_token = max_parked_per_token
         #: owned partitions (loading, serving or leaving).
         self.partitions: dict[int, Partition] = {}
         #: every lease as last read, and the live coordinators.
@@ -419,6 +421,7 @@ class PartitionHost:
     async def _load(self, partition: Partition) -> None:
         runtime = Runtime(self._make_core(), PartitionStore(self, partition), self.clock,
                           self.metrics, max_parked_requests=self.max_parked_requests,
+                          max_parked_per_token=self.max_parked_per_token,
                           partition=partition.number)
         started = time.monotonic()
         try:

@@ -106,7 +106,8 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
                              lease_ms=config.lease_ms,
                              make_core=lambda: GroupCoordinator(core_config),
                              clock=clock, metrics=metrics,
-                             max_parked_requests=config.max_parked_requests)
+                             max_parked_requests=config.max_parked_requests,
+                             max_parked_per_token=config.max_parked_per_token)
         service = ClusterService(host)
         metrics.watch_core(service.core.state_counts, service.core.member_count)
         metrics.watch_groups(service.local_groups,

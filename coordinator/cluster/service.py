@@ -100,6 +100,9 @@ class ClusterCore:
     def parked_request_count(self) -> int:
         return sum(core.parked_request_count() for core in self._cores())
 
+    def parked_by(self, principal: str) -> int:
+        return sum(core.parked_by(principal) for core in self._cores())
+
 
 class _Journal:
     def __init__(self, host: PartitionHost) -> None:

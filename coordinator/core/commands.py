@@ -33,7 +33,8 @@ class Join:
     #: the join needs a new member id.
     new_member_id: str
     #: the caller's token name (authentication on), else ``None``: it owns the
-    #: static instance and the group this join may create (docs/operations.md, Limits).
+    #: static instance and the group this join may create, and a parked join counts
+    #: towards its share of the parked requests (docs/operations.md, Limits).
     principal: str | None = None
 
 
@@ -41,6 +42,9 @@ class Join:
 class Sync:
     request_id: int
     request: SyncRequest
+    #: the caller's token name, else ``None``: a parked sync counts towards its
+    #: token's share of the parked requests (``--max-parked-per-token``).
+    principal: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,11 @@ from protocol.limits import (
 class CoreConfig:
     min_session_timeout_ms: int = 6_000
     max_session_timeout_ms: int = 1_800_000
+    #: largest ``rebalance_timeout_ms`` a join may ask for: how long a parked join
+    #: (and, after the join phase, a parked sync) may be held. Larger: refused
+    #: ``INVALID_REQUEST`` naming the limit. Kafka's consumers default to 300000
+    #: (``max.poll.interval.ms``).
+    max_rebalance_timeout_ms: int = 300_000
     initial_rebalance_delay_ms: int = 3_000
     #: 0 means unlimited.
     group_max_size: int = 0

@@ -230,6 +230,10 @@ class GroupCoordinator:
         """Parked joins, syncs and heartbeats (a gauge for the runtime)."""
         return len(self._k.parked)
 
+    def parked_by(self, principal: str) -> int:
+        """Parked joins and syncs of one token (``--max-parked-per-token``)."""
+        return self._k.parked_by.get(principal, 0)
+
 
 class CoreFailure(Exception):
     """A handler raised: the state of ``group_id`` (``None``: of no one group) may be

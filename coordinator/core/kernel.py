@@ -64,6 +64,8 @@ class Parked(NamedTuple):
     kind: str
     group_id: str
     member_id: str
+    #: the caller's token name (a join or sync with authentication on), else ``None``.
+    principal: str | None = None
 
 
 class Kernel:
@@ -76,6 +78,9 @@ class Kernel:
         self.resources_epoch = 0
         self.timers: dict[str, TimerTarget] = {}
         self.parked: dict[int, Parked] = {}
+        #: token name -> its parked joins and syncs (``--max-parked-per-token``; a
+        #: long-poll heartbeat is not counted: a join or sync takes its place).
+        self.parked_by: dict[str, int] = {}
         #: parked heartbeats only (answered all at once when the resources epoch moves).
         self.heartbeats: dict[int, Parked] = {}
         #: Empty group id -> when it and its checkpoints expire (KIP-211; timers.py).
@@ -249,7 +254,7 @@ class Kernel:
         for key in [key for key, target in self.timers.items() if target.group_id == group_id]:
             self.disarm(key)
         for request_id in [rid for rid, p in self.parked.items() if p.group_id == group_id]:
-            del self.parked[request_id]
+            self._unpark(request_id)
             self.heartbeats.pop(request_id, None)
         # Counted again from the groups left: the count may be what was half-changed.
         owned: dict[str, int] = {}
@@ -296,35 +301,60 @@ class Kernel:
 
     # ------------------------------------------------------------ parked calls
 
-    def park_join(self, group: Group, member: Member, request_id: int) -> None:
+    def _park(self, request_id: int, parked: Parked) -> None:
+        self.parked[request_id] = parked
+        principal = parked.principal
+        if principal is not None:
+            self.parked_by[principal] = self.parked_by.get(principal, 0) + 1
+
+    def _unpark(self, request_id: int) -> Parked | None:
+        """Forget a parked call (``None``: it was not parked)."""
+        parked = self.parked.pop(request_id, None)
+        principal = None if parked is None else parked.principal
+        if principal is not None:
+            left = self.parked_by[principal] - 1
+            if left:
+                self.parked_by[principal] = left
+            else:
+                del self.parked_by[principal]
+        return parked
+
+    def park_join(self, group: Group, member: Member, request_id: int,
+                  principal: str | None) -> None:
+        """Park a member's join until the barrier; ``principal``: the caller's token
+        (counted in ``parked_by``). At most one per member: a newer join of the
+        member (a retry on a new connection, or a client sending joins in a loop)
+        takes the place of the parked one, which is answered
+        ``REBALANCE_IN_PROGRESS`` at once (Kafka's ``ClassicGroup.updateMember``
+        also keeps one join future per member, but drops the replaced one
+        unanswered)."""
         if member.join_request is not None:
-            # A newer join supersedes a parked one (a client retry on a new
-            # connection): the old caller is told to rejoin.
             self.answer_join(group, member, JoinResponse(ErrorCode.REBALANCE_IN_PROGRESS,
                                                          member_id=member.member_id))
         group.set_join_request(member, request_id)
-        self.parked[request_id] = Parked("join", group.group_id, member.member_id)
+        self._park(request_id, Parked("join", group.group_id, member.member_id, principal))
 
     def answer_join(self, group: Group, member: Member, response: JoinResponse) -> None:
         request_id = member.join_request
         if request_id is None:
             return
         group.set_join_request(member, None)
-        del self.parked[request_id]
+        self._unpark(request_id)
         self.reply(request_id, response)
 
-    def park_sync(self, group: Group, member: Member, request_id: int) -> None:
+    def park_sync(self, group: Group, member: Member, request_id: int,
+                  principal: str | None) -> None:
         if member.sync_request is not None:
             self.answer_sync(member, self.sync_error(ErrorCode.REBALANCE_IN_PROGRESS))
         member.sync_request = request_id
-        self.parked[request_id] = Parked("sync", group.group_id, member.member_id)
+        self._park(request_id, Parked("sync", group.group_id, member.member_id, principal))
 
     def answer_sync(self, member: Member, response: SyncResponse) -> None:
         request_id = member.sync_request
         if request_id is None:
             return
         member.sync_request = None
-        del self.parked[request_id]
+        self._unpark(request_id)
         self.reply(request_id, response)
 
     def sync_error(self, error: ErrorCode) -> SyncResponse:
@@ -337,6 +367,7 @@ class Kernel:
         # --max-parked-requests with long-polls.
         self.answer_heartbeats(member, None)
         member.heartbeats.add(request_id)
+        # No principal: long-polls are not counted per token (the hot path stays inline).
         parked = Parked("heartbeat", group.group_id, member.member_id)
         self.parked[request_id] = parked
         self.heartbeats[request_id] = parked
@@ -357,7 +388,7 @@ class Kernel:
     def cancel_parked(self, request_id: int) -> tuple[Group, Member, str] | None:
         """Forget a parked call whose caller went away, unanswered; returns the group,
         the member and the call's kind (``None``: not parked, e.g. answered already)."""
-        parked = self.parked.pop(request_id, None)
+        parked = self._unpark(request_id)
         if parked is None:
             return None
         group = self.groups[parked.group_id]

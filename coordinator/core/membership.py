@@ -74,13 +74,25 @@ def validate_member(g: Group, member_id: str, instance_id: str | None) -> ErrorC
 
 
 def join_group(k: Kernel, cmd: Join) -> Group | None:
-    """The checks before any group state: session bounds, the group (created by a
-    join with an empty member id, within the limits). ``None``: answered."""
+    """The checks before any group state: session and rebalance timeout bounds, the
+    group (created by a join with an empty member id, within the limits). ``None``:
+    answered."""
     req = cmd.request
     rid = cmd.request_id
     cfg = k.config
     if not cfg.min_session_timeout_ms <= req.session_timeout_ms <= cfg.max_session_timeout_ms:
         k.reply(rid, JoinResponse(ErrorCode.INVALID_SESSION_TIMEOUT, member_id=req.member_id))
+        return None
+    if req.rebalance_timeout_ms > cfg.max_rebalance_timeout_ms:
+        # How long a parked join (and sync) may be held: bounded, so parked calls
+        # drain and a limit they fill frees up. Kafka has no such bound and no
+        # error code for it: INVALID_REQUEST (a 400) naming the field and the
+        # range, as for any out-of-range field; nothing changes.
+        k.reply(rid, JoinResponse(
+            ErrorCode.INVALID_REQUEST, member_id=req.member_id,
+            message=f"rebalance_timeout_ms: {req.rebalance_timeout_ms} is over the server's "
+                    f"--max-rebalance-timeout-ms ({cfg.max_rebalance_timeout_ms}); allowed: "
+                    f"0 to {cfg.max_rebalance_timeout_ms}"))
         return None
     g = k.groups.get(req.group_id)
     if g is not None:
@@ -201,7 +213,7 @@ def _add_member(k: Kernel, g: Group, cmd: Join, member_id: str) -> Member:
         owner=cmd.principal if req.group_instance_id is not None else None,
         incarnation=req.incarnation, incarnation_ms=req.incarnation_ms))
     g.add_member(member, req.protocol_type)
-    k.park_join(g, member, cmd.request_id)
+    k.park_join(g, member, cmd.request_id, cmd.principal)
     k.arm_session(g, member)
     return member
 
@@ -235,7 +247,7 @@ def _changed(member: Member, cmd: Join) -> bool:
 
 def _rejoin_and_rebalance(k: Kernel, g: Group, cmd: Join, member: Member, reason: str) -> None:
     _update_member(g, member, cmd)
-    k.park_join(g, member, cmd.request_id)
+    k.park_join(g, member, cmd.request_id, cmd.principal)
     prepare_rebalance(k, g, reason)
     maybe_complete_join(k, g)
 
@@ -247,7 +259,7 @@ def rejoin_empty(k: Kernel, g: Group, cmd: Join, member: Member) -> None:
 
 def rejoin_preparing(k: Kernel, g: Group, cmd: Join, member: Member) -> None:
     _update_member(g, member, cmd)
-    k.park_join(g, member, cmd.request_id)
+    k.park_join(g, member, cmd.request_id, cmd.principal)
     maybe_complete_join(k, g)
 
 
@@ -320,7 +332,7 @@ def _static_takeover(k: Kernel, g: Group, cmd: Join, old: Member) -> tuple[Membe
 
 def static_rejoin_preparing(k: Kernel, g: Group, cmd: Join, old: Member) -> None:
     member, _ = _static_takeover(k, g, cmd, old)
-    k.park_join(g, member, cmd.request_id)
+    k.park_join(g, member, cmd.request_id, cmd.principal)
     maybe_complete_join(k, g)
 
 
@@ -329,7 +341,7 @@ def _static_rejoin_formed(k: Kernel, g: Group, cmd: Join, old: Member) -> Member
     answers); changed: a rebalance, ``None``."""
     member, changed = _static_takeover(k, g, cmd, old)
     if changed:
-        k.park_join(g, member, cmd.request_id)
+        k.park_join(g, member, cmd.request_id, cmd.principal)
         prepare_rebalance(k, g, "static_change")
         maybe_complete_join(k, g)
         return None
@@ -430,7 +442,7 @@ def sync_completing(k: Kernel, g: Group, cmd: Sync) -> None:
     member = _sync_member(k, g, cmd)
     if member is None:
         return
-    k.park_sync(g, member, cmd.request_id)
+    k.park_sync(g, member, cmd.request_id, cmd.principal)
     g.pending_sync.discard(member.member_id)
     if member.member_id == g.leader:
         complete_sync(k, g, cmd.request.assignments)

@@ -48,7 +48,7 @@ def prepare_rebalance(k: Kernel, g: Group, reason: str) -> None:
         g.rebalance_reason = reason
         g.rebalance_started_ms = k.now
     from_empty = g.state is EMPTY
-    g.rebalance_timeout_ms = g.max_rebalance_timeout()
+    g.rebalance_timeout_ms = rebalance_timeout(k, g)
     k.transition(g, PREPARING, reason)
     delay = k.config.initial_rebalance_delay_ms
     if from_empty and delay > 0:
@@ -60,6 +60,13 @@ def prepare_rebalance(k: Kernel, g: Group, reason: str) -> None:
     else:
         g.initial_delay_remaining_ms = None
         set_join_deadline(k, g, k.now + g.rebalance_timeout_ms)
+
+
+def rebalance_timeout(k: Kernel, g: Group) -> int:
+    """The group's rebalance timeout (Kafka: its members' largest), within
+    ``max_rebalance_timeout_ms``: a join asking more is refused, and a member
+    restored from before a lower limit was set is held no longer either."""
+    return min(g.max_rebalance_timeout(), k.config.max_rebalance_timeout_ms)
 
 
 def set_join_deadline(k: Kernel, g: Group, deadline_ms: int) -> None:
@@ -117,7 +124,7 @@ def complete_join(k: Kernel, g: Group) -> None:
     # Sync deadline (Kafka 3.x pending-sync expiry): whoever has not synced
     # within the rebalance timeout is removed, so the group cannot hang here.
     g.pending_sync = set(g.members)
-    g.rebalance_timeout_ms = g.max_rebalance_timeout()
+    g.rebalance_timeout_ms = rebalance_timeout(k, g)
     g.sync_deadline_ms = k.now + g.rebalance_timeout_ms
     k.arm(g.sync_key, g.sync_deadline_ms, TimerTarget(TimerKind.SYNC, g.group_id))
 

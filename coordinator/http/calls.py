@@ -83,7 +83,7 @@ def _join(msg: JoinRequest, rid: int, remote: str, token: TokenEntry | None) -> 
 #: api -> (parse the wire map, make the command).
 PROTOCOL_APIS: dict[str, tuple[Callable[[object], Any], MakeCommand]] = {
     "join": (JoinRequest.from_wire, _join),
-    "sync": (SyncRequest.from_wire, lambda m, i, _r, _t: Sync(i, m)),
+    "sync": (SyncRequest.from_wire, lambda m, i, _r, t: Sync(i, m, _principal(t))),
     "heartbeat": (HeartbeatRequest.from_wire, lambda m, i, _r, _t: Heartbeat(i, m)),
     "leave": (LeaveRequest.from_wire, lambda m, i, _r, t: Leave(i, m, _principal(t))),
     "commit": (CommitRequest.from_wire, lambda m, i, _r, t: Commit(i, m, _principal(t))),

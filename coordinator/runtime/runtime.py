@@ -140,7 +140,8 @@ REFUSAL_LOG_INTERVAL_MS = 60_000
 #: (``Store.check``: three stat calls, a few microseconds).
 STORAGE_CHECK_INTERVAL_MS = 1_000
 _LIMIT_FLAGS = {"max_groups": "--max-groups", "max_groups_per_token": "--max-groups-per-token",
-                "max_parked_requests": "--max-parked-requests"}
+                "max_parked_requests": "--max-parked-requests",
+                "max_parked_per_token": "--max-parked-per-token"}
 
 
 class CoreView(Protocol):
@@ -167,6 +168,8 @@ class CoreView(Protocol):
     def resources_epoch(self) -> int: ...
 
     def parked_request_count(self) -> int: ...
+
+    def parked_by(self, principal: str) -> int: ...
 
 
 class Core(CoreView, Protocol):
@@ -247,10 +250,13 @@ class _Waiter:
 class Runtime:
     def __init__(self, core: Core, storage: Store, clock: Clock,
                  metrics: Metrics | None = None, *, max_parked_requests: int = 0,
+                 max_parked_per_token: int = 0,
                  storage_check_interval_ms: int = STORAGE_CHECK_INTERVAL_MS,
                  partition: int | None = None) -> None:
         if max_parked_requests < 0:
             raise ValueError(f"max_parked_requests: must be >= 0, got {max_parked_requests}")
+        if max_parked_per_token < 0:
+            raise ValueError(f"max_parked_per_token: must be >= 0, got {max_parked_per_token}")
         if storage_check_interval_ms < 0:
             raise ValueError(f"storage_check_interval_ms: must be >= 0, "
                              f"got {storage_check_interval_ms}")
@@ -283,6 +289,8 @@ class Runtime:
         self._timers: dict[str, _Timer] = {}
         #: 0: unlimited.
         self.max_parked_requests = max_parked_requests
+        #: parked joins and syncs of one token (authentication on); 0: unlimited.
+        self.max_parked_per_token = max_parked_per_token
         #: the open batch, the one in flight, and which one each reply waits for.
         self._commits = Commits()
         self._flusher: asyncio.Task[None] | None = None
@@ -387,6 +395,15 @@ class Runtime:
             # Being reloaded after a failure of its own: as Kafka answers while it
             # loads a group, the caller retries.
             return error_answer(command, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        if self.max_parked_per_token and isinstance(command, (Join, Sync)) \
+                and command.principal is not None \
+                and self.core.parked_by(command.principal) >= self.max_parked_per_token:
+            # The token's share of the parked requests is full: refused before the
+            # core, like the global limit below, so one token's parked joins and
+            # syncs leave the rest of the limit to the others. Its own parked calls
+            # drain within their rebalance timeouts (--max-rebalance-timeout-ms).
+            self._refused("max_parked_per_token", command_group(command) or "")
+            return error_answer(command, ErrorCode.COORDINATOR_NOT_AVAILABLE)
         if self.max_parked_requests and isinstance(command, (Join, Sync, Heartbeat)) \
                 and self.core.parked_request_count() >= self.max_parked_requests:
             if isinstance(command, Heartbeat):

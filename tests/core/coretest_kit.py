@@ -134,12 +134,13 @@ class Harness:
 
     def sync(self, member_id: str, generation: int, assignments: dict[str, bytes] | None = None,
              *, group: str = G, instance: str | None = None, ptype: str | None = None,
-             pname: str | None = None) -> tuple[int, list[Effect]]:
+             pname: str | None = None, principal: str | None = None
+             ) -> tuple[int, list[Effect]]:
         rid = self.rid()
         req = SyncRequest(group, member_id, generation,
                           tuple(SyncAssignment(m, a) for m, a in (assignments or {}).items()),
                           instance, ptype, pname)
-        return rid, self.run(Sync(rid, req))
+        return rid, self.run(Sync(rid, req, principal))
 
     def heartbeat(self, member_id: str, generation: int, *, group: str = G,
                   instance: str | None = None, wait_ms: int = 0) -> tuple[int, list[Effect]]:

@@ -21,6 +21,7 @@ OWNERS = {
     "owned_groups": "kernel.py",        # Kernel.add_group, drop_group
     "retention": "kernel.py",           # Kernel.arm/renew/extend/disarm_retention
     "parked": "kernel.py",              # Kernel.park_*, answer_*, cancel_parked
+    "parked_by": "kernel.py",           # Kernel._park, _unpark
     "heartbeats": "kernel.py",
     "pending": "kernel.py",             # Kernel.add_pending, drop_pending, drop_group
 }

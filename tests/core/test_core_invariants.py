@@ -26,6 +26,8 @@ from coordinator.core.states import (
 )
 
 GROUPS = ("ga", "gb")
+#: the token of each group's callers (``None``: authentication off).
+PRINCIPALS = {"ga": "a", "gb": None}
 INSTANCES = ("i1", "i2", "i3")
 PROTOCOL_SETS = ((("range", b"r"),), (("range", b"r2"),),
                  (("sticky", b"s"), ("range", b"r")))
@@ -68,6 +70,12 @@ def _check_invariants(k: Kernel) -> None:
             assert g.join_key in k.timers
     assert parked_seen == set(k.parked)
     assert set(k.heartbeats) <= set(k.parked)
+    by_principal: dict[str, int] = {}
+    for parked in k.parked.values():
+        if parked.principal is not None:
+            assert parked.kind in ("join", "sync")
+            by_principal[parked.principal] = by_principal.get(parked.principal, 0) + 1
+    assert by_principal == k.parked_by
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -103,7 +111,8 @@ def test_random_walk_keeps_bookkeeping_consistent(seed: int) -> None:
                                                       if known[group] else ("nobody", None))
         action = rnd.random()
         kw = {"group": group, "protocols": rnd.choice(PROTOCOL_SETS),
-              "session": rnd.choice([6_000, 20_000]), "rebalance": rnd.choice([5_000, 15_000])}
+              "session": rnd.choice([6_000, 20_000]), "rebalance": rnd.choice([5_000, 15_000]),
+              "principal": PRINCIPALS[group]}
         if action < 0.12:
             instance = rnd.choice((None, None, *INSTANCES))
             rid, out = h.join("", instance=instance, **kw)  # type: ignore[arg-type]
@@ -119,7 +128,8 @@ def test_random_walk_keeps_bookkeeping_consistent(seed: int) -> None:
         elif action < 0.45:
             assignments = {m: bytes([i]) for i, (m, _) in enumerate(members)
                            if rnd.random() < 0.8}
-            rid, out = h.sync(pick[0], generation, assignments, group=group, instance=pick[1])
+            rid, out = h.sync(pick[0], generation, assignments, group=group, instance=pick[1],
+                              principal=PRINCIPALS[group])
             note(rid, out)
         elif action < 0.62:
             rid, out = h.heartbeat(pick[0], generation, group=group, instance=pick[1],

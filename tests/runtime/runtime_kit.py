@@ -103,21 +103,21 @@ class Harness:
     core: SpyCore
     metrics: Metrics
 
-    def join(self, member_id: str = "", group: str = "g", instance: str | None = None
-             ) -> asyncio.Task[Answer]:
+    def join(self, member_id: str = "", group: str = "g", instance: str | None = None,
+             principal: str | None = None) -> asyncio.Task[Answer]:
         req = JoinRequest(group_id=group, member_id=member_id, protocol_type="test",
                           protocols=(("range", b"meta"),), session_timeout_ms=SESSION_MS,
                           rebalance_timeout_ms=SESSION_MS, group_instance_id=instance,
                           client_id="test")
         return asyncio.ensure_future(self.runtime.call(
-            lambda rid: Join(rid, req, "127.0.0.1", f"test-{rid:032x}")))
+            lambda rid: Join(rid, req, "127.0.0.1", f"test-{rid:032x}", principal)))
 
     def sync(self, member_id: str, generation: int, assignments: dict[str, bytes] | None = None,
-             group: str = "g") -> asyncio.Task[Answer]:
+             group: str = "g", principal: str | None = None) -> asyncio.Task[Answer]:
         req = SyncRequest(group_id=group, member_id=member_id, generation_id=generation,
                           assignments=tuple(SyncAssignment(m, a)
                                             for m, a in (assignments or {}).items()))
-        return asyncio.ensure_future(self.runtime.call(lambda rid: Sync(rid, req)))
+        return asyncio.ensure_future(self.runtime.call(lambda rid: Sync(rid, req, principal)))
 
     def heartbeat(self, member_id: str, generation: int, group: str = "g",
                   wait_ms: int = 0) -> asyncio.Task[Answer]:
@@ -139,19 +139,20 @@ class Harness:
         return asyncio.ensure_future(self.runtime.call(
             lambda rid: PutResource(rid, name, partitions)))
 
-    async def stable_member(self, group: str = "g") -> tuple[str, int]:
+    async def stable_member(self, group: str = "g", principal: str | None = None
+                            ) -> tuple[str, int]:
         """One dynamic member through join, rejoin and sync: (member_id, generation)."""
-        first = await self.join(group=group)
+        first = await self.join(group=group, principal=principal)
         assert isinstance(first, JoinResponse)
         assert first.error is ErrorCode.MEMBER_ID_REQUIRED
-        joining = self.join(first.member_id, group=group)
+        joining = self.join(first.member_id, group=group, principal=principal)
         await settle()
         self.clock.advance(0)  # the (zero) initial rebalance delay
         joined = await asyncio.wait_for(joining, 5)
         assert isinstance(joined, JoinResponse) and joined.error is None, joined
         synced = await asyncio.wait_for(
             self.sync(joined.member_id, joined.generation_id, {joined.member_id: b"A"},
-                      group=group), 5)
+                      group=group, principal=principal), 5)
         assert synced.error is None, synced
         return joined.member_id, joined.generation_id
 

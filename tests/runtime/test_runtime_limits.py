@@ -22,7 +22,7 @@ from coordinator.core.commands import Heartbeat, Join, Sync
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.runtime.clock import FakeClock
-from coordinator.runtime.runtime import REFUSAL_LOG_INTERVAL_MS, Runtime
+from coordinator.runtime.runtime import REFUSAL_LOG_INTERVAL_MS, Answer, Runtime
 from coordinator.storage.sqlite import Storage
 from protocol.errors import ErrorCode
 from protocol.messages import HeartbeatResponse, JoinResponse
@@ -139,6 +139,78 @@ async def test_below_the_limit_joins_park_as_usual(parked_limit: Harness) -> Non
     await settle()
 
 
+@pytest.fixture
+async def per_token(tmp_path: Path) -> AsyncIterator[Harness]:
+    """4 parked requests in all, 2 per token."""
+    h = await make_harness(tmp_path / "g.db", max_parked_requests=4, max_parked_per_token=2)
+    yield h
+    h.storage.gate.set()
+    await h.runtime.stop()
+    await h.storage.inner.close()
+
+
+async def _park_newcomers(h: Harness, group: str, count: int, principal: str | None
+                          ) -> list[asyncio.Task[Answer]]:
+    """Member ids minted in ``group`` (a Stable group of one member), each joining
+    with its id: what one client can send. Returns the joins."""
+    minted = []
+    for _ in range(count):
+        first = await asyncio.wait_for(h.join(group=group, principal=principal), 5)
+        assert first.error is ErrorCode.MEMBER_ID_REQUIRED
+        minted.append(first.member_id)
+    joins = []
+    for member_id in minted:
+        joins.append(h.join(member_id, group=group, principal=principal))
+        await settle()
+    return joins
+
+
+async def test_one_token_filling_its_share_leaves_room_for_another(per_token: Harness) -> None:
+    """The security re-attack: one member minting member ids parked a join per id
+    until --max-parked-requests was full and every other tenant's joins were
+    refused. A token now parks at most --max-parked-per-token joins and syncs."""
+    h = per_token
+    await h.stable_member("A", principal="a")
+    await h.stable_member("B", principal="b")
+    a_joins = await _park_newcomers(h, "A", 4, "a")
+    # Two of a's joins park; the next ones are refused before the core, so a's
+    # minted member ids never join (and changed nothing).
+    assert [j.done() for j in a_joins] == [False, False, True, True]
+    assert [j.result().error for j in a_joins[2:]] == [ErrorCode.COORDINATOR_NOT_AVAILABLE] * 2
+    assert h.runtime.core.parked_by("a") == 2
+    assert refused(h, "max_parked_per_token") == 2
+    # b's newcomer is admitted: it parks its join like any other.
+    b_joins = await _park_newcomers(h, "B", 1, "b")
+    assert not b_joins[0].done()
+    assert h.runtime.core.parked_by("b") == 1
+    assert refused(h, "max_parked_requests") == 0
+    # a's parked joins end (their callers gone): a is served again.
+    for j in a_joins:
+        j.cancel()
+    b_joins[0].cancel()
+    await settle()
+    assert h.runtime.core.parked_by("a") == 0
+    again = await _park_newcomers(h, "A", 1, "a")
+    assert not again[0].done()
+    again[0].cancel()
+    await settle()
+
+
+async def test_without_a_token_only_the_global_limit_applies(per_token: Harness) -> None:
+    """Authentication off: every caller is the same anonymous one; no share applies,
+    --max-parked-requests alone bounds the parked joins."""
+    h = per_token
+    await h.stable_member("A")
+    joins = await _park_newcomers(h, "A", 5, None)
+    assert [j.done() for j in joins] == [False] * 4 + [True]
+    assert joins[4].result().error is ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert refused(h, "max_parked_per_token") == 0
+    assert refused(h, "max_parked_requests") == 1
+    for j in joins:
+        j.cancel()
+    await settle()
+
+
 async def test_max_groups_refusals_are_counted_and_logged_once_a_minute(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     config = CoreConfig(min_session_timeout_ms=CONFIG.min_session_timeout_ms,
@@ -175,5 +247,7 @@ async def test_a_negative_parked_limit_is_refused(tmp_path: Path) -> None:
     try:
         with pytest.raises(ValueError, match="max_parked_requests"):
             Runtime(GroupCoordinator(CONFIG), storage, FakeClock(), max_parked_requests=-1)
+        with pytest.raises(ValueError, match="max_parked_per_token"):
+            Runtime(GroupCoordinator(CONFIG), storage, FakeClock(), max_parked_per_token=-1)
     finally:
         await storage.close()

@@ -69,6 +69,9 @@ class ScriptedCore:
     def parked_request_count(self) -> int:
         return 0
 
+    def parked_by(self, principal: str) -> int:
+        return 0
+
     def catalog(self) -> Mapping[str, int]:
         return {}
 

@@ -22,6 +22,18 @@ def test_defaults_are_protocol_md() -> None:
     assert config.initial_rebalance_delay_ms == 3000
     assert config.group_max_size == 0
     assert config.max_body_bytes == 1_048_576
+    assert config.max_rebalance_timeout_ms == 300_000
+    assert config.max_parked_per_token == 10_000
+
+
+def test_the_parked_request_limits_reach_the_core() -> None:
+    config = resolve(no_flags() | {"max_rebalance_timeout_ms": 60_000},
+                     {"GROUPCOORD_MAX_PARKED_PER_TOKEN": "5"})
+    assert config.core_config().max_rebalance_timeout_ms == 60_000
+    assert config.max_parked_per_token == 5
+    with pytest.raises(ConfigError, match=r"max_rebalance_timeout_ms \(--max-rebalance-"
+                                          r"timeout-ms\): must be between 0 and 2147483647"):
+        resolve(no_flags() | {"max_rebalance_timeout_ms": -1}, {})
 
 
 def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ library's GroupMember takes the token and never logs it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -17,7 +18,7 @@ import pytest
 from server_harness import StartServer
 from tls_certs import make_tls_files
 
-from client.errors import GroupAuthorizationFailedError
+from client.errors import GroupAuthorizationFailedError, InvalidRequestError
 from client.member import GroupMember
 from client.tls import client_ssl_context
 from coordinator.auth import hash_token
@@ -191,4 +192,83 @@ async def test_a_static_instance_belongs_to_the_token_that_created_it(
         # The owning token restarts its instance as KIP-345 allows: same assignment.
         status, body = await _post(session, f"{server.url}/v1/join", join, APP_A)
         assert status == 200 and body["error"] is None and body["member_id"] != member_id
+    assert server.terminate() == 0
+
+
+async def test_one_token_cannot_take_every_parked_slot(start_server: StartServer,
+                                                       tmp_path: Path) -> None:
+    """The security re-attack: app-a minted member ids (each an empty-member-id
+    join answered MEMBER_ID_REQUIRED) and parked a join for each until
+    --max-parked-requests was full; app-b's joins were then refused. With a share
+    per token, app-a's extra joins are refused and app-b's is still admitted."""
+    server = start_server(auth_tokens=_tokens_file(tmp_path), max_parked_requests=4,
+                          max_parked_per_token=2, initial_rebalance_delay_ms=30_000)
+
+    def join(group: str, member_id: str) -> dict[str, Any]:
+        # A new group waits the initial rebalance delay for more members: every
+        # join in it parks until then.
+        return {"group_id": group, "member_id": member_id, "protocol_type": "resources",
+                "protocols": [["range", b""]], "session_timeout_ms": 60_000,
+                "rebalance_timeout_ms": 60_000}
+
+    async with aiohttp.ClientSession() as session:
+        async def mint(group: str, token: str) -> str:
+            status, body = await _post(session, f"{server.url}/v1/join", join(group, ""), token)
+            assert (status, body["error"]) == (200, "MEMBER_ID_REQUIRED"), body
+            member_id: str = body["member_id"]
+            return member_id
+
+        async def members(group: str) -> list[str]:
+            async with session.get(f"{server.admin_url}/v1/groups/{group}",
+                                   headers=_auth(OPS)) as resp:
+                view = await resp.json()
+            return sorted(m["member_id"] for m in view["members"])
+
+        minted = [await mint("orders-a", APP_A) for _ in range(4)]
+        a_joins = []
+        for member_id in minted:
+            a_joins.append(asyncio.ensure_future(
+                _post(session, f"{server.url}/v1/join", join("orders-a", member_id), APP_A)))
+            await asyncio.sleep(0.2)
+        try:
+            # Two park; the others are answered at once, retriable, and never joined.
+            assert [j.done() for j in a_joins] == [False, False, True, True]
+            for j in a_joins[2:]:
+                status, body = j.result()
+                assert (status, body["error"]) == (200, "COORDINATOR_NOT_AVAILABLE")
+            assert await members("orders-a") == sorted(minted[:2])
+            # app-b's member is admitted: it joins its group and parks like any other.
+            b_member = await mint("orders-b", APP_B)
+            b_join = asyncio.ensure_future(
+                _post(session, f"{server.url}/v1/join", join("orders-b", b_member), APP_B))
+            await asyncio.sleep(0.3)
+            assert not b_join.done()
+            assert await members("orders-b") == [b_member]
+            async with session.get(server.admin_url + "/metrics") as resp:
+                text = await resp.text()
+            assert 'groupcoord_requests_refused_total{reason="max_parked_per_token"} 2.0' \
+                in text
+            assert 'groupcoord_requests_refused_total{reason="max_parked_requests"}' \
+                not in text
+            b_join.cancel()
+        finally:
+            for j in a_joins:
+                j.cancel()
+    assert server.terminate() == 0
+
+
+async def test_a_member_asking_a_longer_rebalance_timeout_is_told_the_limit(
+        start_server: StartServer, tmp_path: Path) -> None:
+    """--max-rebalance-timeout-ms bounds how long a join can stay parked; a member
+    asking more fails at its first join with the limit in the error."""
+    server = start_server(auth_tokens=_tokens_file(tmp_path), max_rebalance_timeout_ms=2_000)
+    member = GroupMember(server.url, "orders-slow", ["orders"], token=APP_A,
+                         session_timeout_ms=1_000, heartbeat_interval_ms=200,
+                         rebalance_timeout_ms=2_001, request_timeout_ms=3_000)
+    with pytest.raises(InvalidRequestError, match=r"rebalance_timeout_ms: 2001 is over the "
+                       r"server's --max-rebalance-timeout-ms \(2000\); allowed: 0 to 2000"):
+        async with member:
+            pass
+    async with _member(server.url, "orders-slow", APP_A):  # rebalance_timeout_ms=2_000
+        pass
     assert server.terminate() == 0

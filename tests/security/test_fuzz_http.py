@@ -66,6 +66,7 @@ STABLE = "stable"
 #: can change only by a request, never by a slow run (a busy machine, several
 #: xdist workers) expiring its members while the fuzzing goes on.
 STABLE_SESSION_MS = CoreConfig().max_session_timeout_ms
+STABLE_REBALANCE_MS = CoreConfig().max_rebalance_timeout_ms
 MAX_BODY = 64 * 1024
 REQUEST_TIMEOUT_S = 10.0
 
@@ -161,7 +162,7 @@ class Harness:
 
         def join(member_id: str) -> dict[str, Any]:
             return JoinRequest(STABLE, member_id, "resources", (("range", meta),),
-                               STABLE_SESSION_MS, STABLE_SESSION_MS,
+                               STABLE_SESSION_MS, STABLE_REBALANCE_MS,
                                client_id="fuzz").to_wire()
 
         ids = []

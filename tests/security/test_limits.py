@@ -90,6 +90,20 @@ async def test_names_lists_and_timeouts_out_of_bounds_are_400_naming_the_field(
     assert await _groups(client) == []
 
 
+async def test_rebalance_timeout_over_the_server_limit_is_400_naming_it(client: Client) -> None:
+    """--max-rebalance-timeout-ms (default 5 minutes) bounds how long a join parks;
+    the security re-attack parked joins with the protocol's largest timeout."""
+    for timeout_ms in (2**31 - 1, 300_001):
+        status, body = await _call(client, "join", _join(rebalance_timeout_ms=timeout_ms))
+        assert status == 400 and body["error"] == "INVALID_REQUEST"
+        assert body["message"] == (
+            f"rebalance_timeout_ms: {timeout_ms} is over the server's "
+            "--max-rebalance-timeout-ms (300000); allowed: 0 to 300000")
+    assert await _groups(client) == []
+    status, body = await _call(client, "join", _join(rebalance_timeout_ms=300_000))
+    assert (status, body["error"]) == (200, "MEMBER_ID_REQUIRED")
+
+
 async def test_heartbeat_wait_over_the_limit_is_400(client: Client) -> None:
     wire = HeartbeatRequest("g", "m", 1).to_wire()
     wire["wait_ms"] = 60_001
