@@ -219,14 +219,17 @@ def test_a_caller_not_granted_a_group_does_not_learn_its_owner(pg_url: str,
                                                                 tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.jsonl"
     tokens.write_text(json.dumps({"name": "app", "hash": hash_token("app-secret"),
-                                  "groups": ["orders-"]}) + "\n")
+                                  "groups": ["orders-"]}) + "\n"
+                      + json.dumps({"name": "ops", "hash": hash_token("ops-secret"),
+                                    "groups": ["*"], "role": "viewer"}) + "\n")
     with ThreadPoolExecutor(2) as pool:
         servers = list(pool.map(lambda _: ServerProcess(pg_url, {  # type: ignore[arg-type]
             "partitions": P, "lease_ms": 2000, "auth_tokens": tokens}), range(2)))
     try:
         def owned_by_both() -> bool:
+            # (the coordinators list is for operators: a viewer's token)
             req = urllib.request.Request(servers[0].admin_url + "/v1/coordinators",
-                                         headers={"Authorization": "Bearer app-secret"})
+                                         headers={"Authorization": "Bearer ops-secret"})
             with urllib.request.urlopen(req, timeout=10) as resp:
                 doc = json.loads(resp.read())
             return all(c["partitions"] for c in doc["coordinators"]) and len(
