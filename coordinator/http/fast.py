@@ -6,7 +6,10 @@ whole budget, so ``groupcoord serve`` listens for the workers with
 :class:`FastServer`, an :class:`asyncio.Protocol` on llhttp (``httptools``)
 that answers ``POST /v1/{join,sync,heartbeat,leave,commit,fetch}`` through
 :class:`coordinator.http.calls.Calls`, and ``GET /v1/resources`` (the catalog
-a leader reads before it assigns; JSON, as on the admin listener).
+a leader reads before it assigns; JSON, as on the admin listener). While
+the start-up check of the advertised URL runs, and only then, it also
+answers ``GET /v1/self-check/{challenge}`` with an HMAC of the challenge
+(:meth:`coordinator.http.listeners.Listeners.check_reaches_self`).
 
 One parser, one set of limits, per byte stream (issue 11): nothing read here
 is handed to another parser. Any other method or path is answered here, 404
