@@ -128,6 +128,12 @@ _CONTENT_ENCODING = _SINGLE_FIELDS[b"content-encoding"]
 _TRANSFER_ENCODING = _SINGLE_FIELDS[b"transfer-encoding"]
 
 
+def self_check_proof(key: bytes, challenge: bytes) -> bytes:
+    """The answer to ``GET /v1/self-check/{challenge}``: the challenge's HMAC under
+    the key of the running check (:attr:`FastServer.self_check_key`)."""
+    return hmac.new(key, challenge, hashlib.sha256).hexdigest().encode("ascii")
+
+
 def _http_date() -> bytes:
     return email.utils.formatdate(usegmt=True).encode("ascii")
 
@@ -671,8 +677,7 @@ class FastProtocol(asyncio.Protocol):
             # The start-up check that the advertised URL reaches this process: the
             # proof needs the key, which never leaves it. Answered after the (empty)
             # body, as a refusal is, keeping the connection.
-            challenge = path[len(SELF_CHECK_PREFIX):]
-            proof = hmac.new(key, challenge, hashlib.sha256).hexdigest().encode("ascii")
+            proof = self_check_proof(key, path[len(SELF_CHECK_PREFIX):])
             self._refusal = (200, proof, _TEXT, b"")
             return
         if api is not None or path == CATALOG_PATH:

@@ -17,7 +17,6 @@ take partitions and have ``find_coordinator`` send their groups there.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 import ssl
@@ -35,6 +34,7 @@ from coordinator.http.fast import (
     REQUEST_TIMEOUT_S,
     SELF_CHECK_PREFIX,
     FastServer,
+    self_check_proof,
 )
 from coordinator.metrics import Metrics
 from coordinator.runtime.service import Service
@@ -132,7 +132,6 @@ class Listeners:
         """
         key = secrets.token_bytes(32)
         challenge = secrets.token_hex(16)
-        expected = hmac.new(key, challenge.encode("ascii"), hashlib.sha256).hexdigest()
         where = f"advertised URL {url} (--advertised-url, else the protocol listener's)"
         self.protocol.self_check_key = key
         try:
@@ -150,7 +149,8 @@ class Listeners:
             raise ListenError(f"{where} does not reach this coordinator: {detail}") from None
         finally:
             self.protocol.self_check_key = None
-        if status != 200 or not hmac.compare_digest(body, expected.encode("ascii")):
+        if status != 200 or not hmac.compare_digest(
+                body, self_check_proof(key, challenge.encode("ascii"))):
             raise ListenError(f"{where} does not reach this coordinator: what answers there "
                               f"(HTTP {status}) is another process or listener")
 

@@ -52,6 +52,12 @@ def test_the_advertised_url_is_what_a_single_server_gives_out(
                                  headers={"Content-Type": "application/msgpack"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert msgpack.unpackb(resp.read())["url"] == advertised
+    # The check's route is answered only while the check runs: now it is unknown.
+    try:
+        urllib.request.urlopen(f"{server.url}/v1/self-check/abc", timeout=10)
+        raise AssertionError("expected 404")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 404
 
 
 def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
