@@ -15,7 +15,8 @@ Tokens file
 ``role``
     what the token may do besides the protocol calls of its groups:
     ``"member"`` (the default: nothing more), ``"viewer"`` (read the admin
-    API: ``GET`` of ``/v1/groups...``, the console) or ``"admin"`` (read and
+    API: ``GET`` of ``/v1/groups...``, ``/v1/coordinators``,
+    ``/v1/openapi.json``, the console) or ``"admin"`` (read and
     change: delete groups, remove members, reset checkpoints). Viewers and
     admins see and change only the groups their ``groups`` grant. Reading the
     catalog (``GET /v1/resources``) needs only a valid token: every group
@@ -127,7 +128,10 @@ _HASH_PREFIX = "sha256:"
 _TAG_SEPARATOR = "."
 _TAG_HEX_CHARS = 16  # 64-bit tag: forging one is a 2**-64 guess per request
 _MEMBER_PREFIX_MAX = 64
-_ADMIN_PREFIXES = ("/v1/groups", "/v1/resources")
+#: the admin API: reading needs the viewer or admin role, changing the admin role.
+#: The coordinators list (URLs, partitions) and the OpenAPI document are operators'
+#: reading too: members find their coordinator with the find_coordinator call.
+_ADMIN_PREFIXES = ("/v1/groups", "/v1/resources", "/v1/coordinators", "/v1/openapi.json")
 #: the web console (coordinator.console) checks its own sign-in: a session
 #: cookie made from a viewer or admin token (a browser sends no bearer header).
 CONSOLE_PREFIX = "/console"

@@ -9,6 +9,7 @@ operator knows which of the three places to fix.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -40,6 +41,8 @@ class ServerConfig:
     #: the admin listener (admin JSON, /metrics, /healthz, /readyz); "": the host.
     admin_host: str = ""
     admin_port: int = 9081
+    #: without auth, more ``Host`` names the admin listener answers to (comma-separated).
+    admin_allowed_hosts: str = ""
     db: str = "./groupcoord.db"
     min_session_timeout_ms: int = 6_000
     max_session_timeout_ms: int = 1_800_000
@@ -90,6 +93,11 @@ class ServerConfig:
     def admin_address(self) -> str:
         """The admin listener's host: ``admin_host``, else ``host``."""
         return self.admin_host or self.host
+
+    @property
+    def admin_allowed_host_names(self) -> tuple[str, ...]:
+        """``admin_allowed_hosts`` as a list."""
+        return tuple(n for n in (e.strip() for e in self.admin_allowed_hosts.split(",")) if n)
 
     def core_config(self) -> CoreConfig:
         return CoreConfig(
@@ -162,6 +170,18 @@ def _url_or_empty(value: object) -> str | None:
     return None
 
 
+_HOST_NAME = re.compile(r"\*|[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_.])?")
+
+
+def _host_names(value: object) -> str | None:
+    assert isinstance(value, str)
+    for name in (e.strip() for e in value.split(",")):
+        if name and not _HOST_NAME.fullmatch(name):
+            return (f"{name!r} is not a host name: give names separated by commas, without "
+                    f"scheme or port (e.g. coord-admin.internal,ops.example), or *")
+    return None
+
+
 def _log_level(value: object) -> str | None:
     return None if value in LOG_LEVELS else f"must be one of {', '.join(LOG_LEVELS)}"
 
@@ -175,6 +195,10 @@ SETTINGS: tuple[Setting, ...] = (
             "/healthz, /readyz); empty: the --host value", _any),
     Setting("admin_port", int, "TCP port of the admin listener; 0 picks a free one and "
             "prints it", _int_range(0, 65535)),
+    Setting("admin_allowed_hosts", str, "without --auth-tokens, more names the admin listener "
+            "answers to in the Host header, comma-separated (it always answers to localhost, "
+            "IP addresses, --admin-host and the --advertised-url host; others get 403, against "
+            "DNS rebinding); * answers to any", _host_names),
     Setting("db", str, "SQLite database file (created if missing), or a postgresql://USER@HOST:"
             "PORT/DB URL for several coordinators sharing one database (password from "
             "PGPASSWORD or ~/.pgpass, never logged)", _non_empty),

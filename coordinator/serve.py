@@ -2,8 +2,9 @@
 
 Start-up order: open (and migrate) the database, listen on the protocol and
 admin listeners (:mod:`coordinator.http.listeners`) — ``/healthz`` answers and
-protocol calls get ``COORDINATOR_LOAD_IN_PROGRESS`` — load the snapshot and
-restore the core, then mark ready and print ``admin listening on
+protocol calls get ``COORDINATOR_LOAD_IN_PROGRESS`` — check that the URL
+``find_coordinator`` gives out reaches this process (else exit 2 naming it),
+load the snapshot and restore the core, then mark ready and print ``admin listening on
 http://HOST:PORT`` and, last, ``listening on http://HOST:PORT`` (the protocol
 listener). SIGTERM or SIGINT: stop the runtime (parked requests answered
 ``COORDINATOR_NOT_AVAILABLE``, pending writes committed), close the listeners
@@ -71,6 +72,7 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     # Heavy imports here, not at module level: `groupcoord --help` stays fast.
     from coordinator import auth, tls
     from coordinator.core import GroupCoordinator
+    from coordinator.http.headers import admin_names
     from coordinator.http.listeners import ListenError, Listeners
     from coordinator.metrics import Metrics
     from coordinator.runtime.clock import WallClock
@@ -103,7 +105,9 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
                       max_parked_requests=config.max_parked_requests,
                       max_parked_per_token=config.max_parked_per_token)
     listeners = Listeners(runtime, metrics, max_body_bytes=config.max_body_bytes,
-                          max_metadata_bytes=config.max_metadata_bytes, tokens=tokens)
+                          max_metadata_bytes=config.max_metadata_bytes, tokens=tokens,
+                          admin_names=admin_names(config.admin_address, config.advertised_url,
+                                                  config.admin_allowed_host_names))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -114,6 +118,9 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
         protocol, admin = await listeners.start(config.host, config.port,
                                                 config.admin_address, config.admin_port,
                                                 ssl_context)
+        advertised_url = config.advertised_url or protocol.url
+        # find_coordinator gives it out: it must lead here (ListenError if not).
+        await listeners.check_reaches_self(advertised_url)
         await runtime.start()
         # Everything alive now (modules, the restored groups) lives as long as the
         # process: keep it out of the cyclic GC's full scans, which would otherwise
@@ -121,7 +128,7 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
         gc.freeze()
         scheme = protocol.scheme
         host, port = config.host, protocol.port
-        runtime.advertised_url = config.advertised_url or protocol.url
+        runtime.advertised_url = advertised_url
         admin_url = f"{scheme}://{config.admin_address}:{admin.port}"
         log.info("ready: database %s, listening on %s://%s:%d, admin on %s", config.db,
                  scheme, host, port, admin_url)

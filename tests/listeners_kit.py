@@ -65,11 +65,13 @@ class InProcess:
 @asynccontextmanager
 async def serve_in_process(runtime: Runtime, metrics: Metrics, *, max_body_bytes: int,
                            max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
-                           tokens: TokenStore | None = None, timeout_s: float = 30.0
+                           tokens: TokenStore | None = None, timeout_s: float = 30.0,
+                           admin_names: frozenset[str] = frozenset()
                            ) -> AsyncIterator[InProcess]:
     """Both listeners of ``runtime`` (started or not: the caller starts and stops it)."""
     listeners = Listeners(runtime, metrics, max_body_bytes=max_body_bytes,
-                          max_metadata_bytes=max_metadata_bytes, tokens=tokens)
+                          max_metadata_bytes=max_metadata_bytes, tokens=tokens,
+                          admin_names=admin_names)
     protocol, admin = await listeners.start("127.0.0.1", 0, "127.0.0.1", 0)
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
     try:

@@ -2,8 +2,9 @@
 
 Start-up: open the database twice (writes; loads and admin reads) and migrate
 it, with ``--partitions`` checked against it; listen (the protocol calls
-answer ``NOT_COORDINATOR`` until partitions are owned); register with the
-advertised URL and take this coordinator's share of the free partitions;
+answer ``NOT_COORDINATOR`` until partitions are owned); check that the
+advertised URL reaches this process (else exit 2 naming it); register with
+the advertised URL and take this coordinator's share of the free partitions;
 print the ``admin listening on`` and ``listening on`` lines. SIGTERM or
 SIGINT: hand every partition off (writes finished, leases released) so the
 others take them over at once, then exit 0. A database that cannot be
@@ -48,6 +49,7 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
     from coordinator.cluster.host import PartitionHost, lease_settings, writer_settings
     from coordinator.cluster.service import ClusterService
     from coordinator.core import GroupCoordinator
+    from coordinator.http.headers import admin_names
     from coordinator.http.listeners import ListenError, Listeners
     from coordinator.metrics import Metrics
     from coordinator.runtime.clock import WallClock
@@ -115,11 +117,17 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
                                                                   clock.now_ms()).status,
                              config.group_metrics)
         listeners = Listeners(service, metrics, max_body_bytes=config.max_body_bytes,
-                              max_metadata_bytes=config.max_metadata_bytes, tokens=tokens)
+                              max_metadata_bytes=config.max_metadata_bytes, tokens=tokens,
+                              admin_names=admin_names(config.admin_address,
+                                                      config.advertised_url,
+                                                      config.admin_allowed_host_names))
         protocol, admin = await listeners.start(config.host, config.port,
                                                 config.admin_address, config.admin_port,
                                                 ssl_context)
         host.url = leases.advertised_url = config.advertised_url or protocol.url
+        # Before registering: find_coordinator and NOT_COORDINATOR will send groups
+        # there, so it must lead to this process (ListenError if not).
+        await listeners.check_reaches_self(host.url)
         leases.admin_url = admin_url_for_others(admin.url, host.url)
         await host.start()
         runner = asyncio.ensure_future(host.run())

@@ -8,6 +8,11 @@ two can be firewalled apart. ``GET /v1/resources`` (the catalog a leader
 reads) is on both; a protocol call sent here gets a JSON 404 saying where the
 protocol listener is.
 
+A field that must be given once given twice (``Authorization`` among them)
+is refused 400 as on the protocol listener, and without authentication a
+``Host`` that does not name this listener is refused 403 (DNS rebinding;
+:mod:`coordinator.http.headers`).
+
 Admin calls speak JSON (docs/protocol.md, "Admin (JSON)"). A request with a
 ``Content-Encoding`` (other than ``identity``) is refused 415 before its body
 is read, and the listener never decompresses (aiohttp's ``auto_decompress``
@@ -41,6 +46,12 @@ from coordinator.core.effects import AdminResult
 from coordinator.core.states import GroupState
 from coordinator.http import openapi
 from coordinator.http.calls import SERVER_FAILED, catalog_answer
+from coordinator.http.headers import (
+    SINGLE_VALUE_FIELDS,
+    duplicate_message,
+    host_allowed,
+    host_refused_message,
+)
 from coordinator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from coordinator.metrics import Metrics
 from coordinator.runtime.runtime import Answer
@@ -391,6 +402,35 @@ def guarded(handler: Handler) -> Handler:
     return guard
 
 
+def check_header_fields(metrics: Metrics, admin_names: frozenset[str] | None) -> Any:
+    """A middleware, first of all: 400 for a field of
+    :data:`~coordinator.http.headers.SINGLE_VALUE_FIELDS` given twice (aiohttp's
+    parser refuses some of them itself, not ``Authorization``), connection closed;
+    with ``admin_names`` (authentication off), 403 for a ``Host`` that is not a name
+    of this listener (:func:`~coordinator.http.headers.host_allowed`)."""
+    refused = metrics.http_refused
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        fields = request.headers
+        for name in SINGLE_VALUE_FIELDS:
+            if len(fields.getall(name, ())) > 1:
+                refused.labels("admin", "duplicate_header").inc()
+                response = web.Response(status=400, text=duplicate_message(name) + "\n")
+                response.force_close()
+                return response
+        if admin_names is not None:
+            host = fields.get(hdrs.HOST)
+            if not host_allowed(host, admin_names):
+                assert host is not None
+                refused.labels("admin", "host_not_allowed").inc()
+                return json_error(403, ErrorCode.INVALID_REQUEST.value,
+                                  host_refused_message(host))
+        return await handler(request)
+
+    return middleware
+
+
 def refuse_content_encoding(metrics: Metrics) -> Any:
     """A middleware: 415 for a request with a ``Content-Encoding`` other than
     ``identity``, before anything reads its body (no body here is decompressed)."""
@@ -444,9 +484,15 @@ class AdminServerLog(logging.LoggerAdapter[logging.Logger]):
 
 
 def build_admin_app(runtime: Service, metrics: Metrics, *, max_body_bytes: int,
-                    tokens: auth.TokenStore | None = None) -> web.Application:
-    """The aiohttp app of the admin listener (module docs)."""
-    middlewares: list[Any] = [refuse_content_encoding(metrics)]
+                    tokens: auth.TokenStore | None = None,
+                    admin_names: frozenset[str] = frozenset()) -> web.Application:
+    """The aiohttp app of the admin listener (module docs). ``admin_names``: the
+    ``Host`` names it answers to without ``tokens``, besides localhost and IP
+    addresses (:func:`coordinator.http.headers.admin_names`)."""
+    middlewares: list[Any] = [
+        # With tokens, a page that rebinds a name to us has no token to send.
+        check_header_fields(metrics, admin_names if tokens is None else None),
+        refuse_content_encoding(metrics)]
     if tokens is not None:
         # A caller without a valid token learns nothing else.
         middlewares.append(auth.auth_middleware(tokens))

@@ -6,7 +6,10 @@ whole budget, so ``groupcoord serve`` listens for the workers with
 :class:`FastServer`, an :class:`asyncio.Protocol` on llhttp (``httptools``)
 that answers ``POST /v1/{join,sync,heartbeat,leave,commit,fetch}`` through
 :class:`coordinator.http.calls.Calls`, and ``GET /v1/resources`` (the catalog
-a leader reads before it assigns; JSON, as on the admin listener).
+a leader reads before it assigns; JSON, as on the admin listener). While
+the start-up check of the advertised URL runs, and only then, it also
+answers ``GET /v1/self-check/{challenge}`` with an HMAC of the challenge
+(:meth:`coordinator.http.listeners.Listeners.check_reaches_self`).
 
 One parser, one set of limits, per byte stream (docs/operations.md, "Listeners"): nothing read here
 is handed to another parser. Any other method or path is answered here, 404
@@ -29,9 +32,9 @@ counted in ``groupcoord_http_refused_total{listener="protocol", reason}``;
 none is logged above DEBUG, so no client can fill the log:
 
 - a request the parser refuses (``malformed``), or one that gives a
-  single-value field twice (``duplicate_header``: ``Authorization``,
-  ``Content-Type``, ``Content-Length``, ``Content-Encoding``,
-  ``Transfer-Encoding``, ``Host``, ``Expect``): 400, connection closed;
+  single-value field twice (``duplicate_header``: the fields of
+  :data:`coordinator.http.headers.SINGLE_VALUE_FIELDS`, the same rule as the
+  admin listener's): 400, connection closed;
 - a head over :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` fields, or a
   trailer section over :data:`MAX_HEAD_BYTES` (``head_too_large``): 431,
   closed. Only the bytes of the request's own head count;
@@ -56,6 +59,8 @@ import asyncio
 import contextlib
 import email.utils
 import functools
+import hashlib
+import hmac
 import inspect
 import json
 import logging
@@ -71,6 +76,7 @@ import httptools
 from coordinator import auth
 from coordinator.auth import TokenEntry
 from coordinator.http.calls import Calls, Result, is_json
+from coordinator.http.headers import SINGLE_VALUE_FIELDS, duplicate_message
 from protocol import codec
 from protocol.errors import ErrorCode
 
@@ -100,21 +106,32 @@ ADMIN_HINT = ("admin calls (/v1/groups, PUT/DELETE /v1/resources), /metrics, /he
               "and /readyz are served on the admin listener (--admin-port), not on this "
               "protocol listener")
 CATALOG_PATH = b"/v1/resources"
+#: ``GET`` + a challenge: answered only while the advertised-URL check runs (404 else).
+SELF_CHECK_PREFIX = b"/v1/self-check/"
 
 _CALL, _CATALOG, _REPLY = 0, 1, 2
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _MSGPACK = b"application/msgpack"
 _JSON = b"application/json"
 _TEXT = b"text/plain; charset=utf-8"
-# Fields a request may give once (RFC 9110 5.3: not lists): a second one is 400,
-# since two parsers (or a proxy in front) could each pick another one.
-_CONTENT_TYPE, _CONTENT_LENGTH, _AUTHORIZATION, _HOST = 1, 2, 4, 8
-_EXPECT, _CONTENT_ENCODING, _TRANSFER_ENCODING = 16, 32, 64
-_SINGLE_FIELDS = {b"content-type": _CONTENT_TYPE, b"content-length": _CONTENT_LENGTH,
-                  b"authorization": _AUTHORIZATION, b"host": _HOST, b"expect": _EXPECT,
-                  b"content-encoding": _CONTENT_ENCODING,
-                  b"transfer-encoding": _TRANSFER_ENCODING}
-_FIELD_NAMES = {bit: name.decode("ascii").title() for name, bit in _SINGLE_FIELDS.items()}
+# Fields a request may give once (coordinator.http.headers): a second one is 400.
+# One bit each, to note which were seen in the head being read.
+_SINGLE_FIELDS = {name.lower().encode("ascii"): 1 << i
+                  for i, name in enumerate(SINGLE_VALUE_FIELDS)}
+_FIELD_NAMES = {bit: name for name, bit in zip(SINGLE_VALUE_FIELDS, _SINGLE_FIELDS.values(),
+                                               strict=True)}
+_CONTENT_TYPE = _SINGLE_FIELDS[b"content-type"]
+_CONTENT_LENGTH = _SINGLE_FIELDS[b"content-length"]
+_AUTHORIZATION = _SINGLE_FIELDS[b"authorization"]
+_EXPECT = _SINGLE_FIELDS[b"expect"]
+_CONTENT_ENCODING = _SINGLE_FIELDS[b"content-encoding"]
+_TRANSFER_ENCODING = _SINGLE_FIELDS[b"transfer-encoding"]
+
+
+def self_check_proof(key: bytes, challenge: bytes) -> bytes:
+    """The answer to ``GET /v1/self-check/{challenge}``: the challenge's HMAC under
+    the key of the running check (:attr:`FastServer.self_check_key`)."""
+    return hmac.new(key, challenge, hashlib.sha256).hexdigest().encode("ascii")
 
 
 def _http_date() -> bytes:
@@ -251,6 +268,9 @@ class FastServer:
         self._listener: asyncio.AbstractServer | None = None
         self._ticker: asyncio.TimerHandle | None = None
         self.shutting_down = False
+        #: while the advertised-URL check of this process runs (:mod:`coordinator.http.
+        #: listeners`), the key that proves an answer came from here; else ``None``.
+        self.self_check_key: bytes | None = None
 
     def __call__(self) -> FastProtocol:
         return FastProtocol(self)
@@ -557,8 +577,7 @@ class FastProtocol(asyncio.Protocol):
         if bit is None:
             return
         if self._seen & bit:
-            self._bad_request("duplicate_header", f"{_FIELD_NAMES[bit]} is given more than "
-                                                  f"once")
+            self._bad_request("duplicate_header", duplicate_message(_FIELD_NAMES[bit]))
             raise _Stop
         self._seen |= bit
         if bit == _CONTENT_TYPE:
@@ -653,6 +672,14 @@ class FastProtocol(asyncio.Protocol):
                     return
             if self._expect:
                 self._continue()
+            return
+        key = self._server.self_check_key
+        if key is not None and method == b"GET" and path.startswith(SELF_CHECK_PREFIX):
+            # The start-up check that the advertised URL reaches this process: the
+            # proof needs the key, which never leaves it. Answered after the (empty)
+            # body, as a refusal is, keeping the connection.
+            proof = self_check_proof(key, path[len(SELF_CHECK_PREFIX):])
+            self._refusal = (200, proof, _TEXT, b"")
             return
         if api is not None or path == CATALOG_PATH:
             allowed = b"GET" if api is None else b"POST"

@@ -249,7 +249,7 @@ def _admin_paths() -> dict[str, Any]:
                                      **_errors(401, 403, 404)}}},
         "/v1/coordinators": {"get": _get(
             "listCoordinators", "the live coordinators, their URLs and the partitions each "
-            "owns (one entry for a one-process server)",
+            "owns (one entry for a one-process server; viewer or admin role)",
             _json(_object(["coordinators"], coordinators={"type": "array", "items": _object(
                 ["id", "url", "partitions"], id={"type": "string"}, url={"type": "string"},
                 admin_url={"type": "string"}, started_at={"type": ["string", "null"]},
@@ -262,8 +262,9 @@ def _admin_paths() -> dict[str, Any]:
                                  tag="operations")},
         "/readyz": {"get": _get("readyz", "state loaded, serving", _json({"type": "object"}),
                                 503, tag="operations")},
-        "/v1/openapi.json": {"get": _get("openapi", "this description",
-                                         _json({"type": "object"}), tag="operations")},
+        "/v1/openapi.json": {"get": _get("openapi", "this description (viewer or admin role)",
+                                         _json({"type": "object"}), 401, 403,
+                                         tag="operations")},
         "/console": {"get": {"operationId": "consoleRedirect", "tags": ["console"],
                              "summary": "redirects to /console/",
                              "responses": {"308": {"description": "to /console/"}}}},

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from server_harness import ServerProcess, wait_until
+from server_harness import ServerProcess, free_port, wait_until
 
 from coordinator.auth import hash_token
 from coordinator.storage.postgres import partition_of
@@ -189,18 +189,48 @@ def test_bad_start_up_input_is_one_line_that_names_it(pg_url: str, postgres_serv
     assert result.returncode == 2 and "advertised_url" in result.stderr
 
 
+def test_an_advertised_url_that_does_not_lead_here_is_refused_before_registering(
+        pg_url: str) -> None:
+    """A coordinator whose advertised URL leads nowhere, or to another coordinator,
+    would take partitions and have find_coordinator send their groups there: it
+    exits 2 with one line naming the URL and what failed, and never registers."""
+    a = ServerProcess(pg_url, {"partitions": P, "lease_ms": 2000})  # type: ignore[arg-type]
+    try:
+        wait_until(lambda: len(owners(a.admin_url)) == P, 15)
+        for url, problem in ((f"http://127.0.0.1:{free_port()}", "Cannot connect"),
+                             (a.url, "another process")):
+            result = subprocess.run(
+                [GROUPCOORD, "serve", "--port", "0", "--admin-port", "0", "--db", pg_url,
+                 "--partitions", str(P), "--lease-ms", "2000", "--advertised-url", url],
+                capture_output=True, text=True, timeout=60)
+            assert result.returncode == 2, result.stderr
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1, result.stderr
+            assert url in lines[0] and "does not reach this coordinator" in lines[0]
+            assert problem in lines[0], lines[0]
+        # Never registered: a is still the only coordinator and owns every partition.
+        _, doc = admin(a.admin_url, "/v1/coordinators")
+        assert [c["url"] for c in doc["coordinators"]] == [a.url]
+        assert set(owners(a.admin_url).values()) == {a.url}
+    finally:
+        a.kill()
+
+
 def test_a_caller_not_granted_a_group_does_not_learn_its_owner(pg_url: str,
                                                                 tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.jsonl"
     tokens.write_text(json.dumps({"name": "app", "hash": hash_token("app-secret"),
-                                  "groups": ["orders-"]}) + "\n")
+                                  "groups": ["orders-"]}) + "\n"
+                      + json.dumps({"name": "ops", "hash": hash_token("ops-secret"),
+                                    "groups": ["*"], "role": "viewer"}) + "\n")
     with ThreadPoolExecutor(2) as pool:
         servers = list(pool.map(lambda _: ServerProcess(pg_url, {  # type: ignore[arg-type]
             "partitions": P, "lease_ms": 2000, "auth_tokens": tokens}), range(2)))
     try:
         def owned_by_both() -> bool:
+            # (the coordinators list is for operators: a viewer's token)
             req = urllib.request.Request(servers[0].admin_url + "/v1/coordinators",
-                                         headers={"Authorization": "Bearer app-secret"})
+                                         headers={"Authorization": "Bearer ops-secret"})
             with urllib.request.urlopen(req, timeout=10) as resp:
                 doc = json.loads(resp.read())
             return all(c["partitions"] for c in doc["coordinators"]) and len(

@@ -21,6 +21,7 @@ import yaml
 from coordinator.cluster.serve import SHUTDOWN_GRACE_S
 from coordinator.config import ENV_PREFIX, SETTINGS, ServerConfig, resolve
 from coordinator.http import openapi
+from coordinator.http.headers import admin_names, host_allowed
 from coordinator.storage import pgurl
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -185,6 +186,15 @@ def test_ports_probes_and_services_agree_with_the_settings(name: str) -> None:
     exposed = {ports.get(p["targetPort"], p["targetPort"])
                for s in services for p in s["spec"]["ports"]}
     assert exposed == {config.port, config.admin_port}
+    # Without tokens the admin listener answers only to its own names: the admin
+    # Service's name must be one of them (else everything through it is 403).
+    names = admin_names(config.admin_address, config.advertised_url,
+                        config.admin_allowed_host_names)
+    for service in services:
+        for port in service["spec"]["ports"]:
+            if ports.get(port["targetPort"], port["targetPort"]) == config.admin_port:
+                host = f"{service['metadata']['name']}:{port['port']}"
+                assert config.auth_tokens or host_allowed(host, names), host
 
     grace = workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {})
@@ -269,9 +279,12 @@ def test_compose_coordinators_use_real_settings_and_their_published_ports() -> N
             host_ip, host_port, container_port = mapping.split(":")
             published[int(container_port)] = (host_ip, int(host_port))
         assert set(published) == {config.port, config.admin_port}
-        # Members on the host reach the coordinator at its advertised URL.
+        # Members on the host reach the coordinator at its advertised URL, and so
+        # does the coordinator itself in its container (its start-up check): the
+        # same port inside as published.
         url = urlsplit(config.advertised_url)
         assert (url.hostname, url.port) == published[config.port]
+        assert url.hostname != "127.0.0.1" or url.port == config.port, name
         advertised.add(config.advertised_url)
         # Admin forwarding: the admin listener is bound to a name the others resolve.
         assert config.admin_address == service["hostname"] == name
