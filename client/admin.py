@@ -24,7 +24,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
+
+from protocol.admin_docs import RebalanceSummary
 
 #: the admin API's default address (``groupcoord serve``'s ``--admin-port``).
 DEFAULT_URL = "http://127.0.0.1:9081"
@@ -173,10 +175,12 @@ class AdminClient:
         return self.request(
             "DELETE", f"/v1/groups/{_quote(group_id)}/members/{_quote(member_id)}")
 
-    def rebalances(self, group_id: str, limit: int = 20) -> list[dict[str, Any]]:
+    def rebalances(self, group_id: str, limit: int = 20) -> list[RebalanceSummary]:
+        """The newest ``limit`` rebalances, newest first, in the shape the server
+        builds them (:class:`protocol.admin_docs.RebalanceSummary`)."""
         doc = self.request("GET", f"/v1/groups/{_quote(group_id)}/rebalances",
                            query={"limit": str(limit)})
-        return list(doc["rebalances"])
+        return cast(list[RebalanceSummary], list(doc["rebalances"]))
 
     # ------------------------------------------------------------ checkpoints
 

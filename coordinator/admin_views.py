@@ -21,6 +21,7 @@ from coordinator.core.records import SHOWN_MEMBER_FIELDS, MemberRecord
 from coordinator.core.views import GroupView
 from coordinator.runtime.runtime import Answer
 from coordinator.runtime.service import Service
+from protocol.admin_docs import RebalanceSummary
 from protocol.limits import MAX_PARTITIONS
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import ResourceAssignment
@@ -101,7 +102,7 @@ def check_history_limit(text: str) -> int:
 
 
 async def rebalance_history(runtime: Service, group_id: str, limit: int
-                            ) -> list[dict[str, Any]] | None:
+                            ) -> list[RebalanceSummary] | None:
     """``GET /v1/groups/{group_id}/rebalances``: newest first; ``None`` for an unknown group."""
     rows = await journal(runtime, group_id, limit)
     return None if rows is None else history.summarize(rows, limit)
