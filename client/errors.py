@@ -23,6 +23,7 @@ Hierarchy::
         ├── InvalidSessionTimeoutError
         ├── GroupAuthorizationFailedError
         ├── TLSVerificationError         the coordinator's certificate could not be verified
+        ├── WrongListenerError           the URL is the admin port, not the protocol port
         └── InvalidRequestError          the server could not understand a request (a bug)
 """
 
@@ -46,6 +47,7 @@ __all__ = [
     "NotOwnedError",
     "RebalanceInProgressError",
     "TLSVerificationError",
+    "WrongListenerError",
     "fatal_error_for",
 ]
 
@@ -159,6 +161,15 @@ class TLSVerificationError(FatalMemberError):
     host name, expired): a setting to fix (``ca_file=``), not a fault that
     retrying heals, so the member stops instead of retrying forever. The code
     is ``COORDINATOR_NOT_AVAILABLE``: no trusted coordinator was reached."""
+
+    code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+class WrongListenerError(FatalMemberError):
+    """The member's URL reached the coordinator's admin listener (``--admin-port``),
+    which serves no protocol call: a setting to fix, so the member stops instead
+    of retrying. The code is ``COORDINATOR_NOT_AVAILABLE``: no coordinator's
+    protocol listener was reached."""
 
     code = ErrorCode.COORDINATOR_NOT_AVAILABLE
 

@@ -71,6 +71,7 @@ from client.member_state import (
     RebalanceStarted,
     Resource,
     Stop,
+    UnknownSets,
     Wait,
 )
 from client.metrics import MemberMetrics
@@ -681,6 +682,13 @@ class GroupMember:
                          else logging.INFO if ErrorCode.REBALANCE_IN_PROGRESS.value in event.reason
                          else logging.WARNING)
                 log.log(level, "member %s: rebalance failed: %s", self.client_id, event.reason)
+            elif isinstance(event, UnknownSets):
+                who = "; ".join(f"{'this member' if m == self.member_id else m} "
+                                f"subscribes to {', '.join(map(repr, sets))}"
+                                for m, sets in event.members)
+                log.warning("member %s (leader): the resource catalog has no such set: %s; "
+                            "nothing of it is assigned (the catalog has: %s)", self.client_id,
+                            who, ", ".join(map(repr, event.known)) or "no sets")
 
     async def _close_transport(self) -> None:
         if self._owns_transport:

@@ -17,6 +17,9 @@ and nowhere else:
 - HTTP 401/403: :class:`~client.errors.GroupAuthorizationFailedError`;
 - a coordinator certificate that does not verify:
   :class:`~client.errors.TLSVerificationError` (fatal: a setting to fix);
+- a 404 from the coordinator's admin listener (the URL names ``--admin-port``,
+  not ``--port``): :class:`~client.errors.WrongListenerError` (fatal: a
+  setting to fix);
 - v1.1, an answer ``NOT_COORDINATOR`` or ``COORDINATOR_LOAD_IN_PROGRESS``
   (a coordinator that does not serve the group, or not yet): recognised
   before the call's own response is parsed (such an answer carries only
@@ -57,12 +60,15 @@ from client.errors import (
     InvalidRequestError,
     NotCoordinatorError,
     TLSVerificationError,
+    WrongListenerError,
 )
 from client.tls import client_ssl_context
 from protocol.codec import CONTENT_TYPE, DecodeError, decode, encode
 from protocol.errors import ErrorCode
 from protocol.messages import (
+    ADMIN_LISTENER,
     APIS,
+    LISTENER_FIELD,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
     Request,
@@ -264,10 +270,14 @@ class AiohttpTransport:
         raise NotCoordinatorError(f"{api}: {code.value} at {redact_url(self._base)}{where}",
                                   code, owner)
 
-    @staticmethod
-    def _check_status(api: str, status: int, body: bytes, *, json_body: bool) -> None:
+    def _check_status(self, api: str, status: int, body: bytes, *, json_body: bool) -> None:
         if status == 200:
             return
+        if status == 404 and _listener(body) == ADMIN_LISTENER:
+            raise WrongListenerError(
+                f"{api}: {redact_url(self._base)} is the coordinator's admin listener "
+                f"(serve's --admin-port), not its protocol listener (--port, 9080 by "
+                f"default): give the member the protocol listener's URL")
         message = _error_message(body, json_body)
         if status in (400, 413, 415):
             raise InvalidRequestError(f"{api}: HTTP {status}: {message}")
@@ -306,6 +316,15 @@ class _Session:
         if self.session is not None and not self.session.closed:
             await self.session.close()
         self.session = None
+
+
+def _listener(body: bytes) -> object:
+    """Which listener a 404 came from, when its JSON body names it (else ``None``)."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    return obj.get(LISTENER_FIELD) if isinstance(obj, dict) else None
 
 
 def _error_message(body: bytes, json_body: bool) -> str:

@@ -180,10 +180,14 @@ class JoinResponse:
     #: KIP-814: the leader is a returning static member and the group's
     #: assignment still holds; it must not run the assignor, only sync.
     skip_assignment: bool = False
+    #: with an error, what is wrong when the code alone does not say it (the
+    #: allowed range with ``INVALID_SESSION_TIMEOUT``); sent only when set.
+    message: str = ""
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
         f = Fields(obj)
+        message = f.raw("message")
         members = []
         for i, m in enumerate(f.items("members", required=False) or []):
             mf = Fields(m, f"members[{i}]")
@@ -199,10 +203,11 @@ class JoinResponse:
             member_id=f.string("member_id", required=False, allow_empty=True),
             members=tuple(members),
             skip_assignment=f.raw("skip_assignment") is True,
+            message=message if isinstance(message, str) else "",
         )
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "error": _err(self.error),
             "skip_assignment": self.skip_assignment,
             "generation_id": self.generation_id,
@@ -216,6 +221,9 @@ class JoinResponse:
                 for m in self.members
             ],
         }
+        if self.message:
+            wire["message"] = self.message
+        return wire
 
 
 # ---------------------------------------------------------------- sync
@@ -667,6 +675,14 @@ class NotCoordinatorAnswer:
 
     def to_wire(self) -> dict[str, Any]:
         return {"error": self.error.value, "url": self.url}
+
+
+#: The field in which a listener's 404 for a call it does not serve names
+#: itself (:data:`ADMIN_LISTENER` or :data:`PROTOCOL_LISTENER`): a client
+#: pointed at the other port says so instead of retrying or printing a bare 404.
+LISTENER_FIELD = "listener"
+ADMIN_LISTENER = "admin"
+PROTOCOL_LISTENER = "protocol"
 
 
 Request = (JoinRequest | SyncRequest | HeartbeatRequest | LeaveRequest | CommitRequest

@@ -268,3 +268,14 @@ def test_output_into_a_closed_pipe_ends_quietly(start_server: StartServer) -> No
     _, err = proc.communicate(timeout=60)
     assert err.decode() == ""
     assert proc.returncode == 1
+
+
+def test_the_protocol_port_given_as_the_admin_url_says_so(start_server: StartServer) -> None:
+    server = start_server()
+    admin_port = server.admin_url.rsplit(":", 1)[1]
+    result = subprocess.run([GROUPCOORD, "groups", "list", "--url", server.url],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"{server.url} is the coordinator's protocol listener" in result.stderr
+    assert f"admin listener (--admin-port, port {admin_port} here)" in result.stderr
