@@ -499,7 +499,7 @@ class GroupMember:
         except GroupCoordError as exc:
             log.debug("member %s: %s failed: %s", self.client_id, action.api, exc)
             if isinstance(exc, CoordinatorUnavailableError):
-                self._unreachable(str(exc))
+                self._unreachable(str(exc), exc.url)
             machine.call_failed(self._clock(), exc)
             return
         except Exception as exc:  # a transport that broke its contract: retry, loudly
@@ -569,11 +569,11 @@ class GroupMember:
                 machine.background_received(now, bg.result())
             elif isinstance(exc, GroupCoordError):
                 if isinstance(exc, CoordinatorUnavailableError):
-                    self._unreachable(str(exc))
+                    self._unreachable(str(exc), exc.url)
                 machine.background_failed(now, exc)
             elif isinstance(exc, TimeoutError):
                 self._timed_out("heartbeat")
-                self._unreachable("heartbeat: no answer in time")
+                self._unreachable("heartbeat: no answer in time", self._given_up_url())
                 machine.background_failed(now, CoordinatorUnavailableError(
                     "heartbeat: no answer in time"))
             else:
@@ -644,19 +644,29 @@ class GroupMember:
         if timed_out is not None:
             timed_out(api)
 
-    def _unreachable(self, error: str) -> None:
-        line = self._retry_log.failed(self._clock(), error)
+    def _unreachable(self, error: str, url: str | None) -> None:
+        """A call failed for want of a coordinator: at ``url`` when one failed
+        (else the log names every URL the member was given)."""
+        line = self._retry_log.failed(self._clock(), error, url)
         if line is not None:
             log.warning("%s", line)
+
+    def _given_up_url(self) -> str | None:
+        """The coordinator a call just failed at, for an answer or a time-out that
+        carries no URL: the current one, else the one the router just gave up
+        (credentials left out)."""
+        router = self._router
+        url = None if router is None else (router.current_url or router.failed_url)
+        return None if url is None else redact_url(url)
 
     def _answered(self, api: str, response: Any) -> None:
         code = getattr(response, "error", None)
         if isinstance(code, ErrorCode) and ERROR_ACTIONS.get(code) is ErrorAction.RETRY:
             # COORDINATOR_NOT_AVAILABLE, LOAD_IN_PROGRESS, ...: retried like a
             # network failure, reported like one.
-            self._unreachable(f"{api}: {code.value}")
+            self._unreachable(f"{api}: {code.value}", self._given_up_url())
             return
-        line = self._retry_log.succeeded(self._clock())
+        line = self._retry_log.succeeded(self._clock(), self.coordinator_url)
         if line is not None:
             log.info("%s", line)
 

@@ -254,9 +254,11 @@ class AiohttpTransport:
                 "pass ca_file= (the CA that signed the coordinator's certificate) or "
                 "ssl_context=") from exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise CoordinatorUnavailableError(f"{api}: {type(exc).__name__}: {exc}") from exc
+            raise CoordinatorUnavailableError(f"{api}: {type(exc).__name__}: {exc}",
+                                              url=redact_url(self._base)) from exc
         except (DecodeError, ValidationError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CoordinatorUnavailableError(f"{api}: unreadable response: {exc}") from exc
+            raise CoordinatorUnavailableError(f"{api}: unreadable response: {exc}",
+                                              url=redact_url(self._base)) from exc
 
     def _check_served(self, api: str, obj: object) -> None:
         """A v1.1 "not served here" answer (``{error, url}`` and nothing else):
@@ -268,7 +270,7 @@ class AiohttpTransport:
         owner = url if isinstance(url, str) else ""
         where = f" (owner: {redact_url(owner)})" if owner else ""
         raise NotCoordinatorError(f"{api}: {code.value} at {redact_url(self._base)}{where}",
-                                  code, owner)
+                                  code, owner, url=redact_url(self._base))
 
     def _check_status(self, api: str, status: int, body: bytes, *, json_body: bool) -> None:
         if status == 200:
@@ -284,7 +286,8 @@ class AiohttpTransport:
         if status in (401, 403):
             raise GroupAuthorizationFailedError(f"{api}: HTTP {status}: {message}",
                                                 ErrorCode.GROUP_AUTHORIZATION_FAILED)
-        raise CoordinatorUnavailableError(f"{api}: HTTP {status}: {message}", http_status=status)
+        raise CoordinatorUnavailableError(f"{api}: HTTP {status}: {message}", http_status=status,
+                                          url=redact_url(self._base))
 
     async def aclose(self) -> None:
         await self._shared.aclose()
@@ -494,6 +497,11 @@ class CoordinatorRouter:
         """The group's coordinator as last learned, ``None`` while unknown."""
         return self._choice.current
 
+    @property
+    def failed_url(self) -> str | None:
+        """The coordinator last given up (no answer, ``COORDINATOR_NOT_AVAILABLE``)."""
+        return self._choice.failed
+
     async def call(self, api: str, request: Any) -> Any:
         self._cancelled.pop(api, None)
         redirects = 0
@@ -535,7 +543,7 @@ class CoordinatorRouter:
             await _cancel(call)
             raise CoordinatorUnavailableError(
                 f"{api}: gave up waiting on {redact_url(url)}: the group's coordinator "
-                "changed or stopped answering")
+                "changed or stopped answering", url=redact_url(url))
         return call.result()
 
     def timed_out(self, api: str) -> None:
