@@ -223,6 +223,7 @@ def _groups_describe(admin: AdminClient, args: argparse.Namespace, out: TextIO) 
     print(f"group {group['group_id']}: {group['state']}, generation {group['generation_id']}, "
           f"protocol {group.get('protocol_type') or '-'}/{group.get('protocol_name') or '-'}, "
           f"leader {group.get('leader') or '-'}", file=out)
+    print(f"coordinator: {_coordinator_text(group.get('coordinator'))}", file=out)
     print("", file=out)
     rows = [(m["member_id"], m.get("group_instance_id") or "-", m.get("client_id") or "-",
              m.get("client_host") or "-", m.get("session_timeout_ms"),
@@ -235,6 +236,23 @@ def _groups_describe(admin: AdminClient, args: argparse.Namespace, out: TextIO) 
     print("", file=out)
     _print_rebalances(rebalances, out)
     return 0
+
+
+def _coordinator_text(coordinator: object) -> str:
+    """``coord-2 http://10.0.0.2:9080 (admin http://10.0.0.2:9081), partition 7``."""
+    if not isinstance(coordinator, dict):
+        return "- (not said by this server)"
+    where = f"partition {coordinator.get('partition')}"
+    if not coordinator.get("serving", True):
+        return f"none now ({where} is moving between coordinators)"
+    if not coordinator.get("url"):
+        return f"the one answering (it does not know its own URL), {where}"
+    text = str(coordinator["url"])
+    if coordinator.get("id") not in (None, "local"):
+        text = f"{coordinator['id']} {text}"
+    if coordinator.get("admin_url"):
+        text += f" (admin {coordinator['admin_url']})"
+    return f"{text}, {where}"
 
 
 def _groups_delete(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:

@@ -211,6 +211,7 @@ async def group_page(runtime: Service, journal: JournalCache, group_id: str
     if view is None:
         return None
     group = admin_views.group_doc(view)
+    group["coordinator"] = admin_views.coordinator_doc(runtime, group_id)
     rows = (await journal.rows(group_id, view.generation_id, TIMELINE_LENGTH + 1)
             if view.generation_id > 0 else [])
     grid = None

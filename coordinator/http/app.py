@@ -196,7 +196,9 @@ async def describe_group(request: web.Request) -> web.StreamResponse:
     view = runtime.core.describe_group(_path_name(request, "group_id"))
     if view is None:
         return json_error(404, ErrorCode.UNKNOWN_GROUP.value)
-    return web.json_response(admin_views.group_doc(view))
+    doc = admin_views.group_doc(view)
+    doc["coordinator"] = admin_views.coordinator_doc(runtime, view.group_id)
+    return web.json_response(doc)
 
 
 async def delete_group(request: web.Request) -> web.StreamResponse:

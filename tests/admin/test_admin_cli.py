@@ -83,6 +83,7 @@ def test_groups_describe_remove_member_and_rebalances(start_server: StartServer)
     described = run(server, "groups", "describe", "orders")
     assert described.returncode == 0, described.stderr
     assert "shards:0-2,5" in described.stdout and "worker-1" in described.stdout
+    assert f"\ncoordinator: {server.url}, partition 0\n" in described.stdout
     assert "hex:ff" in described.stdout and "41" in described.stdout
     assert "initial" in described.stdout  # the last rebalance and why
 

@@ -106,6 +106,13 @@ def test_every_coordinator_routes_and_answers_for_every_group(two: list[ServerPr
             status, view = admin(server.admin_url, f"/v1/groups/{group}")
             assert status == 200, view
             assert [m["member_id"] for m in view["members"]] == [members[group][0]]
+            # ...and says which coordinator serves it.
+            owner = where[partition_of(group, P)]
+            owner_admin = next(s.admin_url for s in two if s.url == owner)
+            assert {k: view["coordinator"][k] for k in ("serving", "url", "admin_url",
+                                                        "partition")} == {
+                "serving": True, "url": owner, "admin_url": owner_admin,
+                "partition": partition_of(group, P)}, view["coordinator"]
         status, coordinators = admin(server.admin_url, "/v1/coordinators")
         assert {c["url"] for c in coordinators["coordinators"]} == urls
         with urllib.request.urlopen(server.admin_url + "/metrics", timeout=10) as resp:
@@ -130,7 +137,14 @@ def test_every_coordinator_routes_and_answers_for_every_group(two: list[ServerPr
     assert status == 200
     status, view = admin(not_owner.admin_url, f"/v1/groups/{group}")
     assert status == 200 and view["members"] == [] and view["state"] == "Empty"
-    # The operators' command: who coordinates what.
+    # The operators' commands: which coordinator serves a group, asked of the other one...
+    described = subprocess.run([GROUPCOORD, "groups", "describe", group, "--url",
+                                not_owner.admin_url], capture_output=True, text=True, timeout=30)
+    assert described.returncode == 0, described.stderr
+    owner_admin = next(s.admin_url for s in two if s.url == owner)
+    assert f" {owner} (admin {owner_admin}), partition {partition_of(group, P)}\n" in \
+        described.stdout, described.stdout
+    # ...and who coordinates what.
     shown = subprocess.run([GROUPCOORD, "coordinators", "--url", b.admin_url],
                            capture_output=True, text=True, timeout=30)
     assert shown.returncode == 0, shown.stderr

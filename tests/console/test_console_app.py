@@ -196,6 +196,8 @@ async def test_group_page_members_grid_moves_checkpoints_and_timeline(
     html = await c.page("/console/groups/orders-eu")
     text = _text(html)
     assert "State Stable" in text and "Generation 2" in text
+    # Which coordinator serves the group (a one-process server: this one).
+    assert f"Coordinator {c.runtime.advertised_url or 'this one'} (partition 0)" in text, text
     assert second["b"] in html and "127.0.0.1" in text and "10.0 s" in text
     # The grid: four rows, two member columns, the two moved cells marked.
     grid = html[html.index('<table class="grid">'):html.index("</table>", html.index(
