@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.error
@@ -78,6 +79,26 @@ def two(pg_url: str) -> Iterator[list[ServerProcess]]:
     finally:
         for server in servers:
             server.kill()
+
+
+def test_a_coordinator_logs_its_partitions_in_a_few_lines(two: list[ServerProcess]) -> None:
+    """Not one INFO line per partition (three each at start, of 8 or 64): the
+    start is one "ready" line naming what it owns, a round that moves partitions
+    one line (the per-partition lines are DEBUG)."""
+    for server in two:
+        info = [line for line in server.stderr_lines if " INFO " in line]
+        assert [line for line in info if "ready: coordinator" in line], info
+        assert not [line for line in info if re.search(r"partition \d+: ", line)], info
+        assert len(info) <= 4, info
+    for server in two:
+        # (the second may have taken over some of the first's partitions by its stop)
+        server.terminate()
+
+        def said_at_stop() -> list[str]:
+            return [line for line in server.stderr_lines  # noqa: B023 - called in the loop
+                    if re.search(r"handed off \d+ partition\(s\) \([\d,-]+\)$", line)]
+        assert wait_until(lambda: bool(said_at_stop()), 5), server.stderr_lines[-5:]
+        assert len(said_at_stop()) == 1
 
 
 def test_every_coordinator_routes_and_answers_for_every_group(two: list[ServerProcess]
