@@ -23,6 +23,7 @@ from client.errors import (
     NotOwnedError,
     RebalanceInProgressError,
     TLSVerificationError,
+    WrongListenerError,
 )
 from client.listener import RebalanceListener, Resource
 from client.member import GroupMember
@@ -47,4 +48,5 @@ __all__ = [
     "RebalanceListener",
     "Resource",
     "TLSVerificationError",
+    "WrongListenerError",
 ]

@@ -24,7 +24,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
+
+from protocol.admin_docs import RebalanceSummary
+from protocol.codec import DecodeError
+from protocol.codec import decode as decode_msgpack
+from protocol.messages import LISTENER_FIELD, PROTOCOL_LISTENER
 
 #: the admin API's default address (``groupcoord serve``'s ``--admin-port``).
 DEFAULT_URL = "http://127.0.0.1:9081"
@@ -116,7 +121,7 @@ class AdminClient:
                                         context=self._context) as answer:
                 raw = answer.read()
         except urllib.error.HTTPError as exc:
-            raise self._refusal(exc) from None
+            raise self._refusal(base, exc) from None
         except urllib.error.URLError as exc:
             reason = exc.reason
             if isinstance(reason, ssl.SSLCertVerificationError):
@@ -138,16 +143,26 @@ class AdminClient:
             raise AdminError(200, "INVALID_RESPONSE",
                              f"{method} {path}: the answer is not JSON") from None
 
-    def _refusal(self, exc: urllib.error.HTTPError) -> AdminError:
+    def _refusal(self, base: str, exc: urllib.error.HTTPError) -> AdminError:
         raw = exc.read()
         code, message = f"HTTP_{exc.code}", ""
+        doc: object = None
         try:
-            doc = json.loads(raw)
-        except ValueError:
+            if exc.headers.get_content_type() == "application/msgpack":
+                doc = decode_msgpack(raw)  # the protocol listener's refusals
+            else:
+                doc = json.loads(raw)
+        except (ValueError, DecodeError):
             doc = None
         if isinstance(doc, dict):
             code = str(doc.get("error") or code)
             message = str(doc.get("message") or "")
+            if doc.get(LISTENER_FIELD) == PROTOCOL_LISTENER:
+                # The workers' port: say so, and where the admin API is (the
+                # server's message ends with that).
+                return AdminError(exc.code, "WRONG_LISTENER", (
+                    f"{base} is the coordinator's protocol listener (the workers' port), "
+                    f"not its admin listener: {message.rpartition('; ')[2]}"))
         explanation = _EXPLAIN.get(code, "")
         text = f"{code}"
         if message:
@@ -174,10 +189,12 @@ class AdminClient:
         return self.request(
             "DELETE", f"/v1/groups/{_quote(group_id)}/members/{_quote(member_id)}")
 
-    def rebalances(self, group_id: str, limit: int = 20) -> list[dict[str, Any]]:
+    def rebalances(self, group_id: str, limit: int = 20) -> list[RebalanceSummary]:
+        """The newest ``limit`` rebalances, newest first, in the shape the server
+        builds them (:class:`protocol.admin_docs.RebalanceSummary`)."""
         doc = self.request("GET", f"/v1/groups/{_quote(group_id)}/rebalances",
                            query={"limit": str(limit)})
-        return list(doc["rebalances"])
+        return cast(list[RebalanceSummary], list(doc["rebalances"]))
 
     # ------------------------------------------------------------ checkpoints
 

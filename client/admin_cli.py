@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from client.admin import DEFAULT_URL, AdminClient, AdminError
+from protocol.admin_docs import RebalanceSummary, checkpoint_bytes_text
 
 __all__ = ["register"]
 
@@ -161,10 +162,12 @@ def age(committed_at_ms: object, now_s: float | None = None) -> str:
 
 
 def _value_text(entry: dict[str, Any], key: str = "value") -> str:
+    """A checkpoint value: JSON for a scalar; bytes labelled, as text when they are
+    printable UTF-8 (``utf-8:"order-17"``), else in hex (``hex:ff00``)."""
     value = entry.get(key)
     if entry.get("encoding") == "base64" and isinstance(value, str):
-        return "0x" + base64.b64decode(value).hex()
-    return json.dumps(value)
+        return checkpoint_bytes_text(base64.b64decode(value), "hex")
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _assignment_text(assignment: object) -> str:
@@ -220,6 +223,7 @@ def _groups_describe(admin: AdminClient, args: argparse.Namespace, out: TextIO) 
     print(f"group {group['group_id']}: {group['state']}, generation {group['generation_id']}, "
           f"protocol {group.get('protocol_type') or '-'}/{group.get('protocol_name') or '-'}, "
           f"leader {group.get('leader') or '-'}", file=out)
+    print(f"coordinator: {_coordinator_text(group.get('coordinator'))}", file=out)
     print("", file=out)
     rows = [(m["member_id"], m.get("group_instance_id") or "-", m.get("client_id") or "-",
              m.get("client_host") or "-", m.get("session_timeout_ms"),
@@ -232,6 +236,23 @@ def _groups_describe(admin: AdminClient, args: argparse.Namespace, out: TextIO) 
     print("", file=out)
     _print_rebalances(rebalances, out)
     return 0
+
+
+def _coordinator_text(coordinator: object) -> str:
+    """``coord-2 http://10.0.0.2:9080 (admin http://10.0.0.2:9081), partition 7``."""
+    if not isinstance(coordinator, dict):
+        return "- (not said by this server)"
+    where = f"partition {coordinator.get('partition')}"
+    if not coordinator.get("serving", True):
+        return f"none now ({where} is moving between coordinators)"
+    if not coordinator.get("url"):
+        return f"the one answering (it does not know its own URL), {where}"
+    text = str(coordinator["url"])
+    if coordinator.get("id") not in (None, "local"):
+        text = f"{coordinator['id']} {text}"
+    if coordinator.get("admin_url"):
+        text += f" (admin {coordinator['admin_url']})"
+    return f"{text}, {where}"
 
 
 def _groups_delete(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
@@ -393,13 +414,23 @@ def _checkpoints_reset(admin: AdminClient, args: argparse.Namespace, out: TextIO
 # ---------------------------------------------------------------- rebalances
 
 
-def _print_rebalances(rebalances: list[dict[str, Any]], out: TextIO) -> None:
-    rows = [(r.get("generation_id"), r.get("ended_at") or "-", r.get("reason") or "-",
-             r.get("duration_ms"), ",".join(r.get("joined") or []) or "-",
-             ",".join(r.get("left") or []) or "-", r.get("resources_moved", "-"))
-            for r in rebalances]
-    print(table(("GENERATION", "ENDED", "REASON", "DURATION_MS", "JOINED", "LEFT", "MOVED"),
-                rows), file=out)
+def utc_time(epoch_ms: int) -> str:
+    """``2026-01-31T12:00:05Z``: a time in Unix epoch ms, in UTC to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch_ms / 1000))
+
+
+def _print_rebalances(rebalances: list[RebalanceSummary], out: TextIO) -> None:
+    rows = []
+    for r in rebalances:
+        moves = r["resources"]  # None: not the resources protocol, nothing to count
+        rows.append((r["generation_id"], utc_time(r["ended_ms"]), r["reason"] or "-",
+                     r["duration_ms"], ",".join(r["joined"]) or "-",
+                     ",".join(r["left"]) or "-",
+                     "-" if moves is None else moves["moved"],
+                     "-" if moves is None else moves["assigned"],
+                     "-" if moves is None else moves["revoked"]))
+    print(table(("GENERATION", "ENDED", "REASON", "DURATION_MS", "JOINED", "LEFT", "MOVED",
+                 "ASSIGNED", "REVOKED"), rows), file=out)
 
 
 def _rebalances(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:

@@ -23,6 +23,7 @@ Hierarchy::
         ├── InvalidSessionTimeoutError
         ├── GroupAuthorizationFailedError
         ├── TLSVerificationError         the coordinator's certificate could not be verified
+        ├── WrongListenerError           the URL is the admin port, not the protocol port
         └── InvalidRequestError          the server could not understand a request (a bug)
 """
 
@@ -46,6 +47,7 @@ __all__ = [
     "NotOwnedError",
     "RebalanceInProgressError",
     "TLSVerificationError",
+    "WrongListenerError",
     "fatal_error_for",
 ]
 
@@ -58,11 +60,15 @@ class CoordinatorUnavailableError(GroupCoordError):
     """The coordinator could not be reached or answered 5xx; retriable.
 
     ``http_status``: the HTTP status when the coordinator answered one (a 5xx,
-    or 404 from a server that does not have the call), else ``None``."""
+    or 404 from a server that does not have the call), else ``None``; ``url``:
+    the coordinator that failed (credentials left out), when one did (``None``
+    when every URL of a list was tried)."""
 
-    def __init__(self, message: str, *, http_status: int | None = None) -> None:
+    def __init__(self, message: str, *, http_status: int | None = None,
+                 url: str | None = None) -> None:
         super().__init__(message)
         self.http_status = http_status
+        self.url = url
 
 
 class NotCoordinatorError(CoordinatorUnavailableError):
@@ -73,8 +79,9 @@ class NotCoordinatorError(CoordinatorUnavailableError):
     may be sent again, to the owner. Retriable, like any unavailability: a
     router (:class:`client.transport.CoordinatorRouter`) follows it."""
 
-    def __init__(self, message: str, code: ErrorCode, owner_url: str = "") -> None:
-        super().__init__(message)
+    def __init__(self, message: str, code: ErrorCode, owner_url: str = "",
+                 url: str | None = None) -> None:
+        super().__init__(message, url=url)
         self.code = code
         self.owner_url = owner_url
 
@@ -159,6 +166,15 @@ class TLSVerificationError(FatalMemberError):
     host name, expired): a setting to fix (``ca_file=``), not a fault that
     retrying heals, so the member stops instead of retrying forever. The code
     is ``COORDINATOR_NOT_AVAILABLE``: no trusted coordinator was reached."""
+
+    code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+class WrongListenerError(FatalMemberError):
+    """The member's URL reached the coordinator's admin listener (``--admin-port``),
+    which serves no protocol call: a setting to fix, so the member stops instead
+    of retrying. The code is ``COORDINATOR_NOT_AVAILABLE``: no coordinator's
+    protocol listener was reached."""
 
     code = ErrorCode.COORDINATOR_NOT_AVAILABLE
 

@@ -90,6 +90,8 @@ class LeaderResult:
     assignments: dict[str, ResourceAssignment]
     #: members whose metadata could not be decoded, with the reason.
     undecodable: dict[str, str]
+    #: members subscribed to sets the catalog does not have: those sets, sorted.
+    unknown_sets: dict[str, tuple[str, ...]]
 
 
 def hold_back_moving(subscriptions: Mapping[str, Subscription],
@@ -160,4 +162,6 @@ def perform_assignment(assignor: Assignor, catalog: Mapping[str, int],
     }
     for member, reason in undecodable.items():
         out[member] = ResourceAssignment(error=reason)
-    return LeaderResult(out, undecodable)
+    unknown = {member: tuple(sorted(set(sub.sets) - catalog.keys()))
+               for member, sub in subscriptions.items()}
+    return LeaderResult(out, undecodable, {m: sets for m, sets in unknown.items() if sets})

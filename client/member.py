@@ -71,6 +71,7 @@ from client.member_state import (
     RebalanceStarted,
     Resource,
     Stop,
+    UnknownSets,
     Wait,
 )
 from client.metrics import MemberMetrics
@@ -500,7 +501,7 @@ class GroupMember:
         except GroupCoordError as exc:
             log.debug("member %s: %s failed: %s", self.client_id, action.api, exc)
             if isinstance(exc, CoordinatorUnavailableError):
-                self._unreachable(str(exc))
+                self._unreachable(str(exc), exc.url)
             machine.call_failed(self._clock(), exc)
             return
         except Exception as exc:  # a transport that broke its contract: retry, loudly
@@ -570,11 +571,11 @@ class GroupMember:
                 machine.background_received(now, bg.result())
             elif isinstance(exc, GroupCoordError):
                 if isinstance(exc, CoordinatorUnavailableError):
-                    self._unreachable(str(exc))
+                    self._unreachable(str(exc), exc.url)
                 machine.background_failed(now, exc)
             elif isinstance(exc, TimeoutError):
                 self._timed_out("heartbeat")
-                self._unreachable("heartbeat: no answer in time")
+                self._unreachable("heartbeat: no answer in time", self._given_up_url())
                 machine.background_failed(now, CoordinatorUnavailableError(
                     "heartbeat: no answer in time"))
             else:
@@ -645,19 +646,29 @@ class GroupMember:
         if timed_out is not None:
             timed_out(api)
 
-    def _unreachable(self, error: str) -> None:
-        line = self._retry_log.failed(self._clock(), error)
+    def _unreachable(self, error: str, url: str | None) -> None:
+        """A call failed for want of a coordinator: at ``url`` when one failed
+        (else the log names every URL the member was given)."""
+        line = self._retry_log.failed(self._clock(), error, url)
         if line is not None:
             log.warning("%s", line)
+
+    def _given_up_url(self) -> str | None:
+        """The coordinator a call just failed at, for an answer or a time-out that
+        carries no URL: the current one, else the one the router just gave up
+        (credentials left out)."""
+        router = self._router
+        url = None if router is None else (router.current_url or router.failed_url)
+        return None if url is None else redact_url(url)
 
     def _answered(self, api: str, response: Any) -> None:
         code = getattr(response, "error", None)
         if isinstance(code, ErrorCode) and ERROR_ACTIONS.get(code) is ErrorAction.RETRY:
             # COORDINATOR_NOT_AVAILABLE, LOAD_IN_PROGRESS, ...: retried like a
             # network failure, reported like one.
-            self._unreachable(f"{api}: {code.value}")
+            self._unreachable(f"{api}: {code.value}", self._given_up_url())
             return
-        line = self._retry_log.succeeded(self._clock())
+        line = self._retry_log.succeeded(self._clock(), self.coordinator_url)
         if line is not None:
             log.info("%s", line)
 
@@ -683,6 +694,13 @@ class GroupMember:
                          else logging.INFO if ErrorCode.REBALANCE_IN_PROGRESS.value in event.reason
                          else logging.WARNING)
                 log.log(level, "member %s: rebalance failed: %s", self.client_id, event.reason)
+            elif isinstance(event, UnknownSets):
+                who = "; ".join(f"{'this member' if m == self.member_id else m} "
+                                f"subscribes to {', '.join(map(repr, sets))}"
+                                for m, sets in event.members)
+                log.warning("member %s (leader): the resource catalog has no such set: %s; "
+                            "nothing of it is assigned (the catalog has: %s)", self.client_id,
+                            who, ", ".join(map(repr, event.known)) or "no sets")
 
     async def _close_transport(self) -> None:
         if self._owns_transport:

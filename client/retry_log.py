@@ -10,7 +10,9 @@ line naming the coordinator's URL once, the attempts since the last line and
 the latest error. When a call gets through again, one line says so.
 
 Sans-IO: :meth:`RetryLog.failed` and :meth:`RetryLog.succeeded` return the
-line to log (or None); the driver logs it.
+line to log (or None); the driver logs it. Each line names the coordinator
+that failed (or answered) when the driver knows it, else the one, or the
+list of bootstrap URLs, the log was made with.
 """
 
 from __future__ import annotations
@@ -37,8 +39,12 @@ class RetryLog:
     def failing(self) -> bool:
         return self._since_ms is not None
 
-    def failed(self, now_ms: int, error: str) -> str | None:
-        """A call failed for want of a coordinator; the line to log, if any."""
+    def failed(self, now_ms: int, error: str, coordinator: str | None = None
+               ) -> str | None:
+        """A call failed for want of a coordinator; the line to log, if any.
+        ``coordinator``: the one that failed, when it is known (else the
+        coordinator, or list of them, the log was made with)."""
+        where = coordinator or self._coordinator
         self._failures += 1
         self._unreported += 1
         if self._since_ms is None:
@@ -46,21 +52,23 @@ class RetryLog:
             self._next_report_ms = now_ms + self._interval
             self._unreported = 0
             return (f"member {self._member}: cannot reach the coordinator at "
-                    f"{self._coordinator} ({error}); retrying with backoff")
+                    f"{where} ({error}); retrying with backoff")
         if now_ms < self._next_report_ms:
             return None
         self._interval = min(self._max, self._interval * 2)
         self._next_report_ms = now_ms + self._interval
         attempts, self._unreported = self._unreported, 0
         return (f"member {self._member}: still cannot reach the coordinator at "
-                f"{self._coordinator} after {(now_ms - self._since_ms) / 1000:.1f} s "
+                f"{where} after {(now_ms - self._since_ms) / 1000:.1f} s "
                 f"({attempts} more failed attempts; last: {error})")
 
-    def succeeded(self, now_ms: int) -> str | None:
-        """A call got an answer; the line to log if it ends a failure streak."""
+    def succeeded(self, now_ms: int, coordinator: str | None = None) -> str | None:
+        """A call got an answer (from ``coordinator``, when known); the line to
+        log if it ends a failure streak."""
         if self._since_ms is None:
             return None
-        line = (f"member {self._member}: reached the coordinator at {self._coordinator} "
+        line = (f"member {self._member}: reached the coordinator at "
+                f"{coordinator or self._coordinator} "
                 f"again after {(now_ms - self._since_ms) / 1000:.1f} s and "
                 f"{self._failures} failed attempts")
         self._since_ms = None

@@ -17,6 +17,9 @@ and nowhere else:
 - HTTP 401/403: :class:`~client.errors.GroupAuthorizationFailedError`;
 - a coordinator certificate that does not verify:
   :class:`~client.errors.TLSVerificationError` (fatal: a setting to fix);
+- a 404 from the coordinator's admin listener (the URL names ``--admin-port``,
+  not ``--port``): :class:`~client.errors.WrongListenerError` (fatal: a
+  setting to fix);
 - v1.1, an answer ``NOT_COORDINATOR`` or ``COORDINATOR_LOAD_IN_PROGRESS``
   (a coordinator that does not serve the group, or not yet): recognised
   before the call's own response is parsed (such an answer carries only
@@ -57,12 +60,15 @@ from client.errors import (
     InvalidRequestError,
     NotCoordinatorError,
     TLSVerificationError,
+    WrongListenerError,
 )
 from client.tls import client_ssl_context
 from protocol.codec import CONTENT_TYPE, DecodeError, decode, encode
 from protocol.errors import ErrorCode
 from protocol.messages import (
+    ADMIN_LISTENER,
     APIS,
+    LISTENER_FIELD,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
     Request,
@@ -248,9 +254,11 @@ class AiohttpTransport:
                 "pass ca_file= (the CA that signed the coordinator's certificate) or "
                 "ssl_context=") from exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise CoordinatorUnavailableError(f"{api}: {type(exc).__name__}: {exc}") from exc
+            raise CoordinatorUnavailableError(f"{api}: {type(exc).__name__}: {exc}",
+                                              url=redact_url(self._base)) from exc
         except (DecodeError, ValidationError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CoordinatorUnavailableError(f"{api}: unreadable response: {exc}") from exc
+            raise CoordinatorUnavailableError(f"{api}: unreadable response: {exc}",
+                                              url=redact_url(self._base)) from exc
 
     def _check_served(self, api: str, obj: object) -> None:
         """A v1.1 "not served here" answer (``{error, url}`` and nothing else):
@@ -262,19 +270,24 @@ class AiohttpTransport:
         owner = url if isinstance(url, str) else ""
         where = f" (owner: {redact_url(owner)})" if owner else ""
         raise NotCoordinatorError(f"{api}: {code.value} at {redact_url(self._base)}{where}",
-                                  code, owner)
+                                  code, owner, url=redact_url(self._base))
 
-    @staticmethod
-    def _check_status(api: str, status: int, body: bytes, *, json_body: bool) -> None:
+    def _check_status(self, api: str, status: int, body: bytes, *, json_body: bool) -> None:
         if status == 200:
             return
+        if status == 404 and _listener(body) == ADMIN_LISTENER:
+            raise WrongListenerError(
+                f"{api}: {redact_url(self._base)} is the coordinator's admin listener "
+                f"(serve's --admin-port), not its protocol listener (--port, 9080 by "
+                f"default): give the member the protocol listener's URL")
         message = _error_message(body, json_body)
         if status in (400, 413, 415):
             raise InvalidRequestError(f"{api}: HTTP {status}: {message}")
         if status in (401, 403):
             raise GroupAuthorizationFailedError(f"{api}: HTTP {status}: {message}",
                                                 ErrorCode.GROUP_AUTHORIZATION_FAILED)
-        raise CoordinatorUnavailableError(f"{api}: HTTP {status}: {message}", http_status=status)
+        raise CoordinatorUnavailableError(f"{api}: HTTP {status}: {message}", http_status=status,
+                                          url=redact_url(self._base))
 
     async def aclose(self) -> None:
         await self._shared.aclose()
@@ -306,6 +319,15 @@ class _Session:
         if self.session is not None and not self.session.closed:
             await self.session.close()
         self.session = None
+
+
+def _listener(body: bytes) -> object:
+    """Which listener a 404 came from, when its JSON body names it (else ``None``)."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    return obj.get(LISTENER_FIELD) if isinstance(obj, dict) else None
 
 
 def _error_message(body: bytes, json_body: bool) -> str:
@@ -475,6 +497,11 @@ class CoordinatorRouter:
         """The group's coordinator as last learned, ``None`` while unknown."""
         return self._choice.current
 
+    @property
+    def failed_url(self) -> str | None:
+        """The coordinator last given up (no answer, ``COORDINATOR_NOT_AVAILABLE``)."""
+        return self._choice.failed
+
     async def call(self, api: str, request: Any) -> Any:
         self._cancelled.pop(api, None)
         redirects = 0
@@ -516,7 +543,7 @@ class CoordinatorRouter:
             await _cancel(call)
             raise CoordinatorUnavailableError(
                 f"{api}: gave up waiting on {redact_url(url)}: the group's coordinator "
-                "changed or stopped answering")
+                "changed or stopped answering", url=redact_url(url))
         return call.result()
 
     def timed_out(self, api: str) -> None:

@@ -21,6 +21,7 @@ from coordinator.core.records import SHOWN_MEMBER_FIELDS, MemberRecord
 from coordinator.core.views import GroupView
 from coordinator.runtime.runtime import Answer
 from coordinator.runtime.service import Service
+from protocol.admin_docs import RebalanceSummary
 from protocol.limits import MAX_PARTITIONS
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import ResourceAssignment
@@ -80,6 +81,21 @@ def group_doc(view: GroupView) -> dict[str, Any]:
             "members": [member_json(view.protocol_type, m) for m in view.members]}
 
 
+def coordinator_doc(runtime: Service, group_id: str) -> dict[str, Any]:
+    """The ``coordinator`` of ``GET /v1/groups/{group_id}``: which coordinator serves
+    the group (an admin call about it is answered there): its ``id``, protocol
+    ``url``, ``admin_url`` (``None`` where not known: a one-process server) and
+    the group's ``partition``; ``serving`` false while no coordinator serves it (its
+    partition is moving)."""
+    found = runtime.find_coordinator(group_id)
+    entry = next((c for c in runtime.coordinators() if found.url and c["url"] == found.url),
+                 None)
+    return {"serving": found.error is None,
+            "id": None if entry is None else entry["id"], "url": found.url or None,
+            "admin_url": (entry or {}).get("admin_url") or None,
+            "partition": found.partition}
+
+
 async def journal(runtime: Service, group_id: str, limit: int
                   ) -> list[dict[str, Any]] | None:
     """The group's ``limit + 1`` newest journal rows (the extra one counts what the
@@ -102,7 +118,7 @@ def check_history_limit(text: str) -> int:
 
 
 async def rebalance_history(runtime: Service, group_id: str, limit: int
-                            ) -> list[dict[str, Any]] | None:
+                            ) -> list[RebalanceSummary] | None:
     """``GET /v1/groups/{group_id}/rebalances``: newest first; ``None`` for an unknown group."""
     rows = await journal(runtime, group_id, limit)
     return None if rows is None else history.summarize(rows, limit)

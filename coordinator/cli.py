@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -39,7 +40,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.func
-    return run(args)
+    try:
+        status = run(args)
+        sys.stdout.flush()  # here, so a closed pipe is caught below and not at exit
+    except BrokenPipeError:
+        # The reader went away (``groupcoord groups describe g | head``): stop
+        # quietly, as the Python docs' SIGPIPE note recommends. The rest of the
+        # output goes nowhere, so the flush at exit cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return status
 
 
 if __name__ == "__main__":

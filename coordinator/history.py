@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from protocol.admin_docs import RebalanceMoves, RebalanceSummary
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import ResourceAssignment
 from protocol.validate import ValidationError
@@ -54,43 +55,43 @@ def owners(row: Mapping[str, Any]) -> dict[Resource, str] | None:
     return out
 
 
-def moves(before: Mapping[Resource, str], after: Mapping[Resource, str]) -> dict[str, int]:
+def moves(before: Mapping[Resource, str], after: Mapping[Resource, str]) -> RebalanceMoves:
     """``moved``, ``assigned`` and ``revoked`` counts between two owner maps."""
     moved = sum(1 for r, who in after.items() if r in before and before[r] != who)
     assigned = sum(1 for r in after if r not in before)
     revoked = sum(1 for r in before if r not in after)
-    return {"moved": moved, "assigned": assigned, "revoked": revoked}
+    return RebalanceMoves(moved=moved, assigned=assigned, revoked=revoked)
 
 
 def summarize(rows_newest_first: Sequence[Mapping[str, Any]], limit: int
-              ) -> list[dict[str, Any]]:
+              ) -> list[RebalanceSummary]:
     """The newest ``limit`` rebalances, newest first.
 
     ``rows_newest_first`` holds up to ``limit + 1`` journal rows: the extra
     (oldest) one is there only to count what the oldest reported one moved.
     """
-    out: list[dict[str, Any]] = []
+    out: list[RebalanceSummary] = []
     for n, row in enumerate(rows_newest_first[:limit]):
         previous = rows_newest_first[n + 1] if n + 1 < len(rows_newest_first) else None
         now_owners = owners(row)
-        resources: dict[str, int] | None = None
+        resources: RebalanceMoves | None = None
         if now_owners is not None:
             before = owners(previous) if previous is not None else {}
             if before is not None:
                 resources = moves(before, now_owners)
         started, ended = int(row["started_ms"]), int(row["ended_ms"])
-        out.append({
-            "generation_id": row["generation_id"],
-            "reason": row["reason"],
-            "started_ms": started,
-            "ended_ms": ended,
-            "duration_ms": max(0, ended - started),
-            "protocol_name": row.get("protocol_name"),
-            "leader": row.get("leader"),
-            "member_count": row.get("member_count", len(row.get("members", ()))),
-            "joined": list(row.get("joined", ())),
-            "left": list(row.get("left", ())),
-            "resources": resources,
-        })
+        out.append(RebalanceSummary(
+            generation_id=row["generation_id"],
+            reason=row["reason"],
+            started_ms=started,
+            ended_ms=ended,
+            duration_ms=max(0, ended - started),
+            protocol_name=row.get("protocol_name"),
+            leader=row.get("leader"),
+            member_count=row.get("member_count", len(row.get("members", ()))),
+            joined=list(row.get("joined", ())),
+            left=list(row.get("left", ())),
+            resources=resources,
+        ))
     return out
 

@@ -181,8 +181,9 @@ class JoinResponse:
     #: KIP-814: the leader is a returning static member and the group's
     #: assignment still holds; it must not run the assignor, only sync.
     skip_assignment: bool = False
-    #: with ``INVALID_REQUEST`` (sent as a 400's body): what is wrong, naming the
-    #: field and the limit; else empty.
+    #: with an error, what is wrong when the code alone does not say it: the field
+    #: and the limit with ``INVALID_REQUEST`` (sent as a 400's body), the allowed
+    #: range with ``INVALID_SESSION_TIMEOUT``; sent only when set.
     message: str = ""
 
     @classmethod
@@ -676,6 +677,14 @@ class NotCoordinatorAnswer:
 
     def to_wire(self) -> dict[str, Any]:
         return {"error": self.error.value, "url": self.url}
+
+
+#: The field in which a listener's 404 for a call it does not serve names
+#: itself (:data:`ADMIN_LISTENER` or :data:`PROTOCOL_LISTENER`): a client
+#: pointed at the other port says so instead of retrying or printing a bare 404.
+LISTENER_FIELD = "listener"
+ADMIN_LISTENER = "admin"
+PROTOCOL_LISTENER = "protocol"
 
 
 Request = (JoinRequest | SyncRequest | HeartbeatRequest | LeaveRequest | CommitRequest

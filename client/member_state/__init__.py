@@ -41,6 +41,7 @@ from client.member_state.actions import (
     RebalanceStarted,
     Resource,
     Stop,
+    UnknownSets,
     Wait,
 )
 from client.member_state.config import MemberConfig, choose_protocol
@@ -62,6 +63,7 @@ __all__ = [
     "RebalanceStarted",
     "Resource",
     "Stop",
+    "UnknownSets",
     "Wait",
     "choose_protocol",
     "from_index_map",

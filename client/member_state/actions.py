@@ -154,7 +154,20 @@ class RebalanceFailed:
     retriable: bool = False
 
 
-RebalanceEvent = RebalanceStarted | RebalanceCompleted | RebalanceFailed
+@dataclass(frozen=True, slots=True)
+class UnknownSets:
+    """As leader, this member found subscriptions to resource sets the catalog
+    does not have: nothing of them is assigned. Each set name is reported once
+    per member process."""
+
+    at_ms: int
+    #: (member id, the sets it subscribes to that the catalog lacks), by member id.
+    members: tuple[tuple[str, tuple[str, ...]], ...]
+    #: the catalog's set names.
+    known: tuple[str, ...]
+
+
+RebalanceEvent = RebalanceStarted | RebalanceCompleted | RebalanceFailed | UnknownSets
 
 
 class RebalanceLog:
@@ -179,6 +192,9 @@ class RebalanceLog:
         if self.started_ms is not None or syncing:
             self._events.append(RebalanceFailed(now_ms, reason, retriable))
         self.started_ms = None
+
+    def unknown_sets(self, event: UnknownSets) -> None:
+        self._events.append(event)
 
     def assignment_delivered(self) -> None:
         self._complete_on_assigned = True

@@ -81,6 +81,7 @@ from client.member_state.actions import (
     RebalanceLog,
     Resource,
     Stop,
+    UnknownSets,
     Wait,
 )
 from client.member_state.config import MemberConfig, choose_protocol
@@ -197,6 +198,8 @@ class MemberStateMachine:
         #: rebalance, a hand-over): not before ``at_ms``, for ``reason``.
         self._rejoin: tuple[int, str] | None = None
         self._rebalance = RebalanceLog()
+        #: set names already reported missing from the catalog (UnknownSets).
+        self._unknown_sets_reported: set[str] = set()
         # ---- closing / failure
         self._closing = False
         #: the ``sequence`` of the last commit built (CommitRequest.sequence).
@@ -832,6 +835,7 @@ class MemberStateMachine:
                 assignments = {m: replace(a, resources_epoch=catalog.resources_epoch)
                                for m, a in result.assignments.items()}
                 failure = "; ".join(result.undecodable.values())
+                self._report_unknown_sets(now_ms, result.unknown_sets, catalog)
                 self._followup_needed = _leaves_resources_unassigned(
                     catalog.resources, members, assignments)
                 if self._followup_needed:
@@ -849,6 +853,18 @@ class MemberStateMachine:
             tuple(SyncAssignment(m, a.encode()) for m, a in sorted(assignments.items())),
             self.config.group_instance_id, PROTOCOL_TYPE, self.protocol_name)
 
+    def _report_unknown_sets(self, now_ms: int, unknown: Mapping[str, tuple[str, ...]],
+                             catalog: CatalogResponse) -> None:
+        """An :class:`UnknownSets` event for the set names not reported yet."""
+        new = {m: tuple(n for n in sets if n not in self._unknown_sets_reported)
+               for m, sets in sorted(unknown.items())}
+        members = tuple((m, sets) for m, sets in new.items() if sets)
+        if not members:
+            return
+        self._unknown_sets_reported.update(n for _, sets in members for n in sets)
+        self._rebalance.unknown_sets(
+            UnknownSets(now_ms, members, tuple(sorted(catalog.resources))))
+
     # ------------------------------------------------------------ responses
 
     def _on_join(self, now_ms: int, sent_ms: int, resp: JoinResponse) -> None:
@@ -860,7 +876,7 @@ class MemberStateMachine:
             self._schedule.due_ms = now_ms
             return
         if resp.error is not None:
-            self._apply(now_ms, "join", resp.error)
+            self._apply(now_ms, "join", resp.error, detail=resp.message)
             return
         # The coordinator restarts our session timer when the join phase
         # completes, which is no earlier than when we sent the join.
@@ -1012,7 +1028,9 @@ class MemberStateMachine:
     # ------------------------------------------------------------ the error table
 
     def _apply(self, now_ms: int, api: str, code: ErrorCode,
-               action: ErrorAction | None = None) -> None:
+               action: ErrorAction | None = None, detail: str = "") -> None:
+        """React to ``code`` answered to ``api``; ``detail``: the coordinator's
+        message, if it sent one (a fatal error carries it)."""
         action = action or ERROR_ACTIONS.get(code, ErrorAction.RETRY)
         if action is not ErrorAction.RETRY:
             # The coordinator answered: the backoff grows only while it is
@@ -1038,7 +1056,7 @@ class MemberStateMachine:
                                 at_ms=now_ms + (self._schedule.backoff_ms()
                                                 if api == "join" else 0))
         elif action is ErrorAction.FATAL:
-            self._fail(fatal_error_for(code, api))
+            self._fail(fatal_error_for(code, api, detail))
         else:
             self._retry_later(now_ms, api, code.value)
 

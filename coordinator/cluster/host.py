@@ -56,6 +56,17 @@ from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer
 
 log = logging.getLogger("groupcoord.cluster")
 
+
+def number_ranges(numbers: Sequence[int]) -> str:
+    """``0-3,7``: partition numbers, sorted, runs folded (for one log line)."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
 #: the loop runs at least this many times per lease (renewals: lease / 5).
 TICKS_PER_LEASE = 5
 #: seconds a read (a partition's load, an admin read) may take; a load longer than a
@@ -345,8 +356,11 @@ class PartitionHost:
             runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await runner
-        for number in sorted(self.partitions):
+        handed = sorted(self.partitions)
+        for number in handed:
             await self._hand_off(number)
+        if handed:
+            log.info("handed off %d partition(s) (%s)", len(handed), number_ranges(handed))
         with contextlib.suppress(StorageError):
             await self.leases.deregister()
 
@@ -376,17 +390,48 @@ class PartitionHost:
             return
         plan = balance(self.coordinator_id, [c.id for c in self.coordinators], owners,
                        self.partition_count)
+        handed = []
         for number in plan.release:
             if number in self.partitions and self.partitions[number].runtime is not None:
                 await self._hand_off(number)
+                handed.append(number)
+        if handed:
+            log.info("handed off %d partition(s) (%s) to share them with the other "
+                     "coordinators", len(handed), number_ranges(handed))
+        started = time.monotonic()
+        acquired = []
         for number in plan.acquire:
             try:
-                await self._acquire(number)
+                if await self._acquire(number):
+                    acquired.append(number)
             except StorageError as exc:
                 # Held up (a lock of a paused coordinator's write) or failed: the
                 # next round tries again; the others are still worth trying now.
                 log.info("partition %d: not acquired this round: %s", number, exc)
+        if acquired and self.ready:
+            # One line for the round once its partitions are loaded (the first
+            # round's are in the "ready" line of the start instead).
+            task = asyncio.get_running_loop().create_task(self._report_loaded(acquired, started))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         await self._adopt_catalog()
+
+    async def _report_loaded(self, numbers: list[int], started: float) -> None:
+        """One INFO line once the partitions a round acquired are loaded."""
+        loaders = []
+        for number in numbers:
+            partition = self.partitions.get(number)
+            if partition is not None and partition.loader is not None:
+                loaders.append(partition.loader)
+        await asyncio.gather(*loaders, return_exceptions=True)
+        serving, groups = [], 0
+        for number in numbers:
+            partition = self.partitions.get(number)
+            if partition is not None and partition.runtime is not None:
+                serving.append(number)
+                groups += len(partition.runtime.core.list_groups())
+        log.info("acquired %d partition(s) (%s): %d group(s) loaded in %.0f ms", len(serving),
+                 number_ranges(serving) or "none", groups, (time.monotonic() - started) * 1000)
 
     async def _renew(self) -> None:
         held = {n: p.lease.epoch for n, p in self.partitions.items() if not p.leaving}
@@ -405,18 +450,21 @@ class PartitionHost:
                                    "over, or it ran out)")
         self._arm_expiry()
 
-    async def _acquire(self, number: int) -> None:
+    async def _acquire(self, number: int) -> bool:
+        """Take partition ``number`` and start loading it; ``False`` when another
+        coordinator took it meanwhile (or this one has it already)."""
         if number in self.partitions:
-            return
+            return False
         sent_at = time.monotonic()
         epoch = await self.leases.acquire(number, self.lease_ms)
         if epoch is None:
-            return  # taken by another coordinator meanwhile
+            return False  # taken by another coordinator meanwhile
         partition = Partition(number, LocalLease.granted(number, epoch, self.lease_ms, sent_at))
         self.partitions[number] = partition
         self._arm_expiry()
-        log.info("partition %d: acquired at epoch %d; loading", number, epoch)
+        log.debug("partition %d: acquired at epoch %d; loading", number, epoch)
         partition.tasks.append(asyncio.get_running_loop().create_task(self._load(partition)))
+        return True
 
     async def _load(self, partition: Partition) -> None:
         runtime = Runtime(self._make_core(), PartitionStore(self, partition), self.clock,
@@ -439,7 +487,7 @@ class PartitionHost:
         partition.runtime = runtime
         partition.tasks.append(asyncio.get_running_loop().create_task(
             self._watch(partition, runtime)))
-        log.info("partition %d: serving (epoch %d), loaded in %.0f ms", partition.number,
+        log.debug("partition %d: serving (epoch %d), loaded in %.0f ms", partition.number,
                  partition.lease.epoch, (time.monotonic() - started) * 1000)
 
     async def _watch(self, partition: Partition, runtime: Runtime) -> None:
@@ -459,7 +507,7 @@ class PartitionHost:
             await partition.runtime.stop(ErrorCode.NOT_COORDINATOR)
         self._forget(partition)
         await self._release(partition)
-        log.info("partition %d: handed off (epoch %d)", number, partition.lease.epoch)
+        log.debug("partition %d: handed off (epoch %d)", number, partition.lease.epoch)
 
     async def _release(self, partition: Partition) -> None:
         """Free the lease if the database still has it at this epoch (a no-op once

@@ -46,7 +46,12 @@ def admin_url_for_others(bound: str, advertised: str) -> str:
 
 async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int:
     from coordinator import auth, tls
-    from coordinator.cluster.host import PartitionHost, lease_settings, writer_settings
+    from coordinator.cluster.host import (
+        PartitionHost,
+        lease_settings,
+        number_ranges,
+        writer_settings,
+    )
     from coordinator.cluster.service import ClusterService
     from coordinator.core import GroupCoordinator
     from coordinator.http.headers import admin_names
@@ -132,10 +137,12 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
         await host.start()
         runner = asyncio.ensure_future(host.run())
         gc.freeze()
+        owned = sorted(host.partitions)
         log.info("ready: coordinator %s of %s (%d partitions, lease %d ms), serving as %s, "
-                 "admin on %s; owns %d partition(s) so far", coordinator_id, pgurl.redact(
-                     config.db), host.partition_count, config.lease_ms, host.url, admin.url,
-                 len(host.partitions))
+                 "admin on %s; owns %d partition(s) so far (%s), %d group(s) loaded",
+                 coordinator_id, pgurl.redact(config.db), host.partition_count,
+                 config.lease_ms, host.url, admin.url, len(owned),
+                 number_ranges(owned) or "none", len(service.local_groups()))
         if ready_line:
             print(f"admin listening on {admin.url}", flush=True)
             print(f"listening on {protocol.url}", flush=True)

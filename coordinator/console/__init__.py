@@ -27,6 +27,7 @@ routes do, and only the groups the caller's token is granted
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import re
@@ -47,6 +48,7 @@ from coordinator.console.live import MAX_STREAMS, TICK_S, Fragments, LiveStreams
 from coordinator.console.sessions import COOKIE, Sessions
 from coordinator.core.effects import AdminResult
 from coordinator.runtime.service import Service
+from protocol.admin_docs import checkpoint_bytes_text
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_PARTITIONS
 from protocol.validate import ValidationError
@@ -149,12 +151,13 @@ def _age(committed_ms: object, now_ms: int) -> str:
 
 
 def _value(entry: dict[str, Any] | None) -> str:
-    """A checkpoint value as the page shows it (JSON-like; bytes as base64)."""
+    """A checkpoint value as the page shows it: JSON-like; bytes labelled, as text
+    when they are printable UTF-8 (``utf-8:"order-17"``), else ``base64:...``."""
     if entry is None:
         return "(none)"
     value = entry["value"]
     if entry.get("encoding") == "base64":
-        return f"base64:{value}"
+        return checkpoint_bytes_text(base64.b64decode(value), "base64")
     if value is None:
         return "null"
     if isinstance(value, bool):

@@ -16,6 +16,7 @@ from typing import Any
 
 from coordinator import admin_views, auth, history
 from coordinator.runtime.service import Service
+from protocol.admin_docs import RebalanceSummary
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 
 #: most groups the overview lists (the admin API's ?state= filter finds the rest).
@@ -139,7 +140,7 @@ class GroupPage:
     no_grid: str
     checkpoints: list[dict[str, Any]]
     checkpoint_total: int
-    timeline: list[dict[str, Any]]
+    timeline: list[RebalanceSummary]
     now_ms: int = field(default=0)
 
 
@@ -210,6 +211,7 @@ async def group_page(runtime: Service, journal: JournalCache, group_id: str
     if view is None:
         return None
     group = admin_views.group_doc(view)
+    group["coordinator"] = admin_views.coordinator_doc(runtime, group_id)
     rows = (await journal.rows(group_id, view.generation_id, TIMELINE_LENGTH + 1)
             if view.generation_id > 0 else [])
     grid = None

@@ -81,7 +81,12 @@ def join_group(k: Kernel, cmd: Join) -> Group | None:
     rid = cmd.request_id
     cfg = k.config
     if not cfg.min_session_timeout_ms <= req.session_timeout_ms <= cfg.max_session_timeout_ms:
-        k.reply(rid, JoinResponse(ErrorCode.INVALID_SESSION_TIMEOUT, member_id=req.member_id))
+        k.reply(rid, JoinResponse(
+            ErrorCode.INVALID_SESSION_TIMEOUT, member_id=req.member_id,
+            message=f"session_timeout_ms {req.session_timeout_ms} is outside this "
+                    f"coordinator's allowed range {cfg.min_session_timeout_ms} to "
+                    f"{cfg.max_session_timeout_ms} ms (its --min-session-timeout-ms and "
+                    f"--max-session-timeout-ms)"))
         return None
     if req.rebalance_timeout_ms > cfg.max_rebalance_timeout_ms:
         # How long a parked join (and sync) may be held: bounded, so parked calls

@@ -58,7 +58,7 @@ from coordinator.runtime.runtime import Answer
 from coordinator.runtime.service import Service
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_PARTITIONS
-from protocol.messages import APIS, NotCoordinatorAnswer
+from protocol.messages import ADMIN_LISTENER, APIS, LISTENER_FIELD, NotCoordinatorAnswer
 from protocol.validate import Fields, ValidationError, check_string
 
 log = logging.getLogger("groupcoord.http")
@@ -114,9 +114,11 @@ async def read_body(request: web.Request, content_types: frozenset[str],
 def protocol_elsewhere(api: str) -> Handler:
     """``POST /v1/<api>`` on the admin listener: a JSON 404 saying where it is served."""
     async def handle(request: web.Request) -> web.StreamResponse:
-        return json_error(404, ErrorCode.INVALID_REQUEST.value,
-                          f"protocol call /v1/{api} is served on the protocol listener "
-                          f"(--port), not on the admin listener")
+        return web.json_response(
+            {"error": ErrorCode.INVALID_REQUEST.value,
+             "message": f"protocol call /v1/{api} is served on the protocol listener "
+                        f"(--port), not on the admin listener",
+             LISTENER_FIELD: ADMIN_LISTENER}, status=404)
     return handle
 
 
@@ -205,7 +207,9 @@ async def describe_group(request: web.Request) -> web.StreamResponse:
     view = runtime.core.describe_group(_path_name(request, "group_id"))
     if view is None:
         return json_error(404, ErrorCode.UNKNOWN_GROUP.value)
-    return web.json_response(admin_views.group_doc(view))
+    doc = admin_views.group_doc(view)
+    doc["coordinator"] = admin_views.coordinator_doc(runtime, view.group_id)
+    return web.json_response(doc)
 
 
 async def delete_group(request: web.Request) -> web.StreamResponse:

@@ -79,6 +79,7 @@ from coordinator.http.calls import Calls, Result, is_json
 from coordinator.http.headers import SINGLE_VALUE_FIELDS, duplicate_message
 from protocol import codec
 from protocol.errors import ErrorCode
+from protocol.messages import LISTENER_FIELD, PROTOCOL_LISTENER
 
 log = logging.getLogger("groupcoord.http")
 
@@ -105,6 +106,13 @@ MAX_LINGER_BYTES = 4 * 1024 * 1024
 ADMIN_HINT = ("admin calls (/v1/groups, PUT/DELETE /v1/resources), /metrics, /healthz "
               "and /readyz are served on the admin listener (--admin-port), not on this "
               "protocol listener")
+
+
+def admin_hint(admin_port: int | None) -> str:
+    """:data:`ADMIN_HINT`, with the admin listener's port once it is known."""
+    if admin_port is None:
+        return ADMIN_HINT
+    return ADMIN_HINT.replace("(--admin-port)", f"(--admin-port, port {admin_port} here)")
 CATALOG_PATH = b"/v1/resources"
 #: ``GET`` + a challenge: answered only while the advertised-URL check runs (404 else).
 SELF_CHECK_PREFIX = b"/v1/self-check/"
@@ -170,7 +178,10 @@ def _error_json(code: ErrorCode, message: str | None = None) -> bytes:
 
 
 def _error_msgpack(message: str) -> bytes:
-    return codec.encode({"error": ErrorCode.INVALID_REQUEST.value, "message": message})
+    """A refusal of this listener: it names itself (a client pointed at the wrong
+    port can say so)."""
+    return codec.encode({"error": ErrorCode.INVALID_REQUEST.value, "message": message,
+                         LISTENER_FIELD: PROTOCOL_LISTENER})
 
 
 def _shown(raw: bytes, limit: int = 80) -> str:
@@ -266,6 +277,8 @@ class FastServer:
         self.loop = asyncio.get_running_loop()
         self._refused = calls.metrics.http_refused
         self._listener: asyncio.AbstractServer | None = None
+        #: the admin listener's port, once bound (the 404/405 answers name it).
+        self.admin_port: int | None = None
         self._ticker: asyncio.TimerHandle | None = None
         self.shutting_down = False
         #: while the advertised-URL check of this process runs (:mod:`coordinator.http.
@@ -684,13 +697,13 @@ class FastProtocol(asyncio.Protocol):
         if api is not None or path == CATALOG_PATH:
             allowed = b"GET" if api is None else b"POST"
             message = (f"{_shown(method)} is not allowed on {_shown(path)}: use "
-                       f"{allowed.decode()}; {ADMIN_HINT}")
+                       f"{allowed.decode()}; {admin_hint(self._server.admin_port)}")
             self._server.refused("method_not_allowed", self._remote, message)
             self._refuse(405, _error_msgpack(message), extra=b"Allow: %b\r\n" % allowed)
             return
         message = (f"no protocol call at {_shown(method)} {_shown(path)}: this listener "
                    f"serves POST /v1/{{{','.join(sorted(self._calls.apis))}}} and GET "
-                   f"/v1/resources; {ADMIN_HINT}")
+                   f"/v1/resources; {admin_hint(self._server.admin_port)}")
         self._server.refused("not_found", self._remote, message)
         self._refuse(404, _error_msgpack(message))
 

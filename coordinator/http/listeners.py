@@ -117,6 +117,7 @@ class Listeners:
         self._site = site
         name = self._runner.addresses[0]
         admin = Bound(str(name[0]), int(name[1]), scheme)
+        self.protocol.admin_port = admin.port
         return protocol, admin
 
     async def check_reaches_self(self, url: str,

@@ -76,6 +76,7 @@ _CALLS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         ["error", "generation_id", "member_id"], error=_ERROR_CODE, generation_id=_GENERATION,
         protocol_type=_OPT_NAME, protocol_name=_OPT_NAME, leader={"type": "string"},
         member_id={"type": "string"}, skip_assignment={"type": "boolean"},
+        message={"type": "string"},
         members={"type": "array", "items": _object(
             ["member_id", "metadata"], member_id=_NAME, group_instance_id=_OPT_NAME,
             metadata=_B64)})),

@@ -311,8 +311,10 @@ class Runtime:
         if self.metrics is not None and self._owns_readiness:
             self.metrics.ready.set(1)
         self._arm_storage_check()
-        log.info("loaded %d group(s), %d checkpoint group(s), %d resource set(s)",
-                 len(snapshot.groups), len(snapshot.checkpoints), len(snapshot.catalog))
+        # A partition's runtime: its host says it once for all its partitions.
+        log.log(logging.INFO if self.partition is None else logging.DEBUG,
+                "loaded %d group(s), %d checkpoint group(s), %d resource set(s)",
+                len(snapshot.groups), len(snapshot.checkpoints), len(snapshot.catalog))
 
     async def stop(self, code: ErrorCode = ErrorCode.COORDINATOR_NOT_AVAILABLE) -> None:
         """Stop serving: cancel timers, let pending writes commit, answer the rest.

@@ -7,9 +7,12 @@ subprocess), against ``groupcoord serve`` started by the test. Exit status:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
+import time
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import msgpack
 import pytest
 from server_harness import GROUPCOORD, ServerProcess, StartServer
 
+from client import GroupMember
 from protocol.resources import ResourceAssignment
 
 
@@ -79,7 +83,8 @@ def test_groups_describe_remove_member_and_rebalances(start_server: StartServer)
     described = run(server, "groups", "describe", "orders")
     assert described.returncode == 0, described.stderr
     assert "shards:0-2,5" in described.stdout and "worker-1" in described.stdout
-    assert "0xff" in described.stdout and "41" in described.stdout
+    assert f"\ncoordinator: {server.url}, partition 0\n" in described.stdout
+    assert "hex:ff" in described.stdout and "41" in described.stdout
     assert "initial" in described.stdout  # the last rebalance and why
 
     refused = run(server, "checkpoints", "reset", "orders", "--to-value", "0")
@@ -190,3 +195,88 @@ def test_several_admin_urls_use_the_first_that_accepts_a_connection(
         AdminClient([server.admin_url, "ftp://x"])
     with pytest.raises(ValueError, match="at least one"):
         AdminClient([])
+
+
+def columns(table_text: str) -> list[dict[str, str]]:
+    """The rows of one of the CLI's tables, each cell under its header: the
+    columns start where their header does (cells may hold spaces)."""
+    lines = table_text.splitlines()
+    header = lines[0]
+    starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 1] == " ")]
+    names = header.split()
+    rows = []
+    for line in lines[1:]:
+        cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        rows.append(dict(zip(names, cells, strict=True)))
+    return rows
+
+
+def section(text: str, first_header: str) -> str:
+    """The table of ``groups describe``'s output whose header starts with ``first_header``."""
+    return next(block for block in text.split("\n\n") if block.startswith(first_header))
+
+
+async def test_rebalances_show_when_each_ended_and_what_moved(start_server: StartServer) -> None:
+    """The rebalance tables (``rebalances`` and ``groups describe``) read the
+    server's own answers: a group of real members, a second one joining, so
+    resources move from the first to it."""
+    server = start_server()
+    began_s = int(time.time())
+    assert (await asyncio.to_thread(run, server, "resources", "set", "shards", "4")
+            ).returncode == 0
+
+    def member(name: str) -> GroupMember:
+        return GroupMember(server.url, "orders", ["shards"], assignors=["range"],
+                           client_id=name, session_timeout_ms=10_000)
+
+    async with member("first") as first:
+        await first.commit({("shards", 0): b"offset-42", ("shards", 1): b"\xff\x00",
+                            ("shards", 2): "text"})
+        async with member("second") as second:
+            while len(first.assignment) + len(second.assignment) != 4 or \
+                    first.generation_id != second.generation_id:
+                await asyncio.sleep(0.05)
+            generation = first.generation_id
+            history = await asyncio.to_thread(run, server, "rebalances", "orders")
+            described = await asyncio.to_thread(run, server, "groups", "describe", "orders")
+    ended_s = time.time()
+    assert history.returncode == 0, history.stderr
+    assert described.returncode == 0, described.stderr
+    for text in (history.stdout, section(described.stdout, "GENERATION")):
+        rows = columns(text)
+        assert [int(r["GENERATION"]) for r in rows] == [generation, generation - 1], text
+        newest, initial = rows
+        # The second member took two of the four from the first: moved, not new.
+        assert (newest["MOVED"], newest["ASSIGNED"], newest["REVOKED"]) == ("2", "0", "0"), text
+        assert (initial["MOVED"], initial["ASSIGNED"], initial["REVOKED"]) == ("0", "4", "0")
+        for row in rows:
+            ended = datetime.strptime(row["ENDED"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+            assert began_s <= ended.timestamp() <= ended_s, row
+    # Checkpoints: bytes that are text show as text, other bytes in hex; both labelled.
+    values = {r["INDEX"]: r["VALUE"] for r in columns(section(described.stdout, "SET"))}
+    assert values == {"0": 'utf-8:"offset-42"', "1": "hex:ff00", "2": '"text"'}
+
+
+def test_output_into_a_closed_pipe_ends_quietly(start_server: StartServer) -> None:
+    """``groupcoord groups describe g | head``: the reader leaves early; the
+    command stops without a traceback."""
+    server = start_server()
+    static_member(server, "orders", "worker-1", {"shards": [0]})
+    proc = subprocess.Popen([GROUPCOORD, "groups", "describe", "orders", "--url",
+                             server.admin_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()  # before the command writes anything: every write fails
+    _, err = proc.communicate(timeout=60)
+    assert err.decode() == ""
+    assert proc.returncode == 1
+
+
+def test_the_protocol_port_given_as_the_admin_url_says_so(start_server: StartServer) -> None:
+    server = start_server()
+    admin_port = server.admin_url.rsplit(":", 1)[1]
+    result = subprocess.run([GROUPCOORD, "groups", "list", "--url", server.url],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"{server.url} is the coordinator's protocol listener" in result.stderr
+    assert f"admin listener (--admin-port, port {admin_port} here)" in result.stderr

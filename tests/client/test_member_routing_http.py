@@ -225,11 +225,12 @@ async def test_a_member_follows_not_coordinator_and_keeps_its_resources(
 
 
 async def test_a_member_whose_coordinator_is_killed_finds_the_next_through_the_list(
-        server: InProcess, fronts: Fronts) -> None:
+        server: InProcess, fronts: Fronts, caplog: pytest.LogCaptureFixture) -> None:
     a, b, c = await fronts.start(), await fronts.start(), await fronts.start()
     fronts.owner = a
     ledger = Ledger()
     member = _member([a, b, c], ledger)
+    caplog.set_level(logging.INFO, logger="groupcoord.client")
     try:
         member.start()
         await member.wait_assigned(10)
@@ -245,6 +246,13 @@ async def test_a_member_whose_coordinator_is_killed_finds_the_next_through_the_l
         await member.close()
     assert ledger.count("w1", "lost") == 0
     assert ledger.count("w1", "assigned") == 1
+    # The warning names the coordinator that failed, not the whole list.
+    failed = [r.getMessage() for r in caplog.records if "cannot reach" in r.getMessage()]
+    assert failed and failed[0].startswith(f"member w1: cannot reach the coordinator at {a} ("), \
+        failed
+    assert b not in failed[0].split(" (")[0], failed
+    back = [r.getMessage() for r in caplog.records if "reached the coordinator" in r.getMessage()]
+    assert back and back[0].startswith(f"member w1: reached the coordinator at {c} again"), back
 
 
 async def test_the_transport_reads_the_not_served_answers_before_the_call_fields(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.error
@@ -81,6 +82,26 @@ def two(pg_url: str) -> Iterator[list[ServerProcess]]:
             server.kill()
 
 
+def test_a_coordinator_logs_its_partitions_in_a_few_lines(two: list[ServerProcess]) -> None:
+    """Not one INFO line per partition (three each at start, of 8 or 64): the
+    start is one "ready" line naming what it owns, a round that moves partitions
+    one line (the per-partition lines are DEBUG)."""
+    for server in two:
+        info = [line for line in server.stderr_lines if " INFO " in line]
+        assert [line for line in info if "ready: coordinator" in line], info
+        assert not [line for line in info if re.search(r"partition \d+: ", line)], info
+        assert len(info) <= 4, info
+    for server in two:
+        # (the second may have taken over some of the first's partitions by its stop)
+        server.terminate()
+
+        def said_at_stop() -> list[str]:
+            return [line for line in server.stderr_lines  # noqa: B023 - called in the loop
+                    if re.search(r"handed off \d+ partition\(s\) \([\d,-]+\)$", line)]
+        assert wait_until(lambda: bool(said_at_stop()), 5), server.stderr_lines[-5:]
+        assert len(said_at_stop()) == 1
+
+
 def test_every_coordinator_routes_and_answers_for_every_group(two: list[ServerProcess]
                                                                ) -> None:
     a, b = two
@@ -107,6 +128,13 @@ def test_every_coordinator_routes_and_answers_for_every_group(two: list[ServerPr
             status, view = admin(server.admin_url, f"/v1/groups/{group}")
             assert status == 200, view
             assert [m["member_id"] for m in view["members"]] == [members[group][0]]
+            # ...and says which coordinator serves it.
+            owner = where[partition_of(group, P)]
+            owner_admin = next(s.admin_url for s in two if s.url == owner)
+            assert {k: view["coordinator"][k] for k in ("serving", "url", "admin_url",
+                                                        "partition")} == {
+                "serving": True, "url": owner, "admin_url": owner_admin,
+                "partition": partition_of(group, P)}, view["coordinator"]
         status, coordinators = admin(server.admin_url, "/v1/coordinators")
         assert {c["url"] for c in coordinators["coordinators"]} == urls
         with urllib.request.urlopen(server.admin_url + "/metrics", timeout=10) as resp:
@@ -131,7 +159,14 @@ def test_every_coordinator_routes_and_answers_for_every_group(two: list[ServerPr
     assert status == 200
     status, view = admin(not_owner.admin_url, f"/v1/groups/{group}")
     assert status == 200 and view["members"] == [] and view["state"] == "Empty"
-    # The operators' command: who coordinates what.
+    # The operators' commands: which coordinator serves a group, asked of the other one...
+    described = subprocess.run([GROUPCOORD, "groups", "describe", group, "--url",
+                                not_owner.admin_url], capture_output=True, text=True, timeout=30)
+    assert described.returncode == 0, described.stderr
+    owner_admin = next(s.admin_url for s in two if s.url == owner)
+    assert f" {owner} (admin {owner_admin}), partition {partition_of(group, P)}\n" in \
+        described.stdout, described.stdout
+    # ...and who coordinates what.
     shown = subprocess.run([GROUPCOORD, "coordinators", "--url", b.admin_url],
                            capture_output=True, text=True, timeout=30)
     assert shown.returncode == 0, shown.stderr

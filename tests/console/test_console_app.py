@@ -9,6 +9,7 @@ tests (test_console_browser.py) drive the same pages in Chromium.
 from __future__ import annotations
 
 import asyncio
+import html as html_text
 import json
 import re
 from collections.abc import AsyncIterator
@@ -195,6 +196,8 @@ async def test_group_page_members_grid_moves_checkpoints_and_timeline(
     html = await c.page("/console/groups/orders-eu")
     text = _text(html)
     assert "State Stable" in text and "Generation 2" in text
+    # Which coordinator serves the group (a one-process server: this one).
+    assert f"Coordinator {c.runtime.advertised_url or 'this one'} (partition 0)" in text, text
     assert second["b"] in html and "127.0.0.1" in text and "10.0 s" in text
     # The grid: four rows, two member columns, the two moved cells marked.
     grid = html[html.index('<table class="grid">'):html.index("</table>", html.index(
@@ -210,9 +213,15 @@ async def test_group_page_members_grid_moves_checkpoints_and_timeline(
     assert "0 moved, 4 assigned, 0 revoked" in timeline
     # Checkpoints: a member's commit shows.
     done = await c.call("commit", {"group_id": "orders-eu", "member_id": second["a"],
-                                   "generation_id": 2, "checkpoints": [["orders", 0, 41]]})
+                                   "generation_id": 2, "checkpoints": [
+                                       ["orders", 0, 41], ["orders", 1, b"offset-42"],
+                                       ["orders", 2, b"\xff\x00"]]})
     assert done["error"] is None
-    assert "orders[0] 41" in _text(await c.page("/console/groups/orders-eu"))
+    text = _text(await c.page("/console/groups/orders-eu"))
+    assert "orders[0] 41" in text
+    # Bytes that are text show as text, other bytes in base64; both labelled.
+    shown = html_text.unescape(text)
+    assert 'orders[1] utf-8:"offset-42"' in shown and "orders[2] base64:/wA=" in shown
 
 
 async def test_pages_escape_what_clients_send(open_console: Console) -> None:

@@ -360,7 +360,9 @@ async def test_admin_routes_are_served_on_the_admin_listener_only(lean: Lean) ->
                 assert resp.content_type == "application/msgpack"
                 doc = unpack(await resp.read())
                 assert doc["error"] == "INVALID_REQUEST"
-                assert "admin listener (--admin-port)" in doc["message"], doc
+                assert (f"admin listener (--admin-port, port {lean.admin_port} here)"
+                        in doc["message"]), doc
+                assert doc["listener"] == "protocol"  # a client can tell the wrong port
                 if status == 405:
                     assert resp.headers["Allow"] == ("POST" if "heartbeat" in path else "GET")
             status, answer = await post(http, lean.url, "heartbeat", beat)
@@ -382,7 +384,8 @@ async def test_admin_routes_are_served_on_the_admin_listener_only(lean: Lean) ->
         async with http.post(f"{lean.admin_url}/v1/heartbeat", data=pack(beat),
                              headers={"Content-Type": "application/msgpack"}) as resp:
             assert resp.status == 404
-            assert "protocol listener" in (await resp.json())["message"]
+            refusal = await resp.json()
+            assert "protocol listener" in refusal["message"] and refusal["listener"] == "admin"
         # The catalog a leader reads is on the protocol listener too.
         async with http.get(f"{lean.url}/v1/resources") as resp:
             assert resp.status == 200
