@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator import admin_views, auth, history
+from coordinator.console.live import Pace
 from coordinator.runtime.service import Service
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 
@@ -44,6 +45,8 @@ class _Cached:
     limit: int
     rows: list[dict[str, Any]]
     read_at: float
+    #: the newest rebalance summarized (:meth:`JournalCache.last_rebalance`), once.
+    last: dict[str, Any] | None = None
 
 
 class JournalCache:
@@ -61,6 +64,20 @@ class JournalCache:
     async def rows(self, group_id: str, generation_id: int, limit: int
                    ) -> list[dict[str, Any]]:
         """Up to ``limit`` newest rows of the group, newest first."""
+        return (await self._entry(group_id, generation_id, limit)).rows[:limit]
+
+    async def last_rebalance(self, group_id: str, generation_id: int
+                             ) -> dict[str, Any] | None:
+        """The group's newest rebalance as :func:`coordinator.history.summarize` tells
+        it, summarized once per journal read; ``None``: none recorded."""
+        if generation_id <= 0:
+            return None
+        cached = await self._entry(group_id, generation_id, 2)
+        if cached.last is None and cached.rows:
+            cached.last = history.summarize(cached.rows[:2], 1)[0]
+        return cached.last
+
+    async def _entry(self, group_id: str, generation_id: int, limit: int) -> _Cached:
         now = self._clock()
         cached = self._by_group.get(group_id)
         if cached is not None and cached.limit >= limit and cached.generation_id == generation_id:
@@ -68,13 +85,13 @@ class JournalCache:
             fresh = newest == generation_id or now - cached.read_at < JOURNAL_RETRY_S
             if fresh and now - cached.read_at < JOURNAL_MAX_AGE_S:
                 self._by_group.move_to_end(group_id)
-                return cached.rows[:limit]
+                return cached
         rows = await self._runtime.storage.rebalances(group_id, limit)
-        self._by_group[group_id] = _Cached(generation_id, limit, rows, now)
+        cached = self._by_group[group_id] = _Cached(generation_id, limit, rows, now)
         self._by_group.move_to_end(group_id)
         while len(self._by_group) > MAX_CACHED_GROUPS:
             self._by_group.popitem(last=False)
-        return rows
+        return cached
 
 
 # ---------------------------------------------------------------- overview
@@ -89,19 +106,42 @@ class Overview:
     has_health: bool
 
 
-async def overview(runtime: Service, journal: JournalCache,
-                   entry: auth.TokenEntry | None) -> Overview:
-    """Every group the caller is granted, with its last rebalance and why."""
+async def every_group(runtime: Service, pace: Pace) -> list[dict[str, Any]]:
+    """Every group as the admin API lists it (:func:`coordinator.admin_views.group_row`),
+    by id: what every caller's overview is cut from."""
     await runtime.refresh_groups()  # several coordinators: the groups owned elsewhere
-    rows = admin_views.group_rows(runtime, entry)
-    shown = rows[:MAX_OVERVIEW_GROUPS]
-    for group in shown:
-        group["last_rebalance"] = None
-        if group["generation_id"] > 0:
-            last = await journal.rows(group["group_id"], group["generation_id"], 2)
-            if last:
-                group["last_rebalance"] = history.summarize(last, 1)[0]
-    return Overview(shown, len(rows), any("health" in g for g in shown))
+    core = runtime.core
+    now = runtime.clock.now_ms()
+    rows = []
+    for g in core.list_groups():
+        rows.append(admin_views.group_row(core, g, now))
+        await pace.step()
+    return rows
+
+
+async def granted(groups: list[dict[str, Any]], entry: auth.TokenEntry | None, pace: Pace
+                  ) -> list[dict[str, Any]]:
+    """The rows of ``groups`` that ``entry`` is granted (:func:`coordinator.auth.authorize`)."""
+    if entry is None:
+        return groups
+    out = []
+    for group in groups:
+        if auth.authorize(entry, group["group_id"]):
+            out.append(group)
+        await pace.step()
+    return out
+
+
+async def overview(journal: JournalCache, visible: list[dict[str, Any]], pace: Pace
+                   ) -> Overview:
+    """The overview of the ``visible`` groups (:func:`granted`), with their last
+    rebalance and why."""
+    shown = []
+    for group in visible[:MAX_OVERVIEW_GROUPS]:
+        shown.append({**group, "last_rebalance": await journal.last_rebalance(
+            group["group_id"], group["generation_id"])})
+        await pace.step()
+    return Overview(shown, len(visible), any("health" in g for g in shown))
 
 
 # ---------------------------------------------------------------- one group
