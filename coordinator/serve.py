@@ -102,7 +102,8 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     runtime = Runtime(core, storage, clock, metrics,
                       max_parked_requests=config.max_parked_requests)
     listeners = Listeners(runtime, metrics, max_body_bytes=config.max_body_bytes,
-                          max_metadata_bytes=config.max_metadata_bytes, tokens=tokens)
+                          max_metadata_bytes=config.max_metadata_bytes, tokens=tokens,
+                          console_limits=config.console_limits())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

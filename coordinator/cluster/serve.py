@@ -114,7 +114,8 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
                                                                   clock.now_ms()).status,
                              config.group_metrics)
         listeners = Listeners(service, metrics, max_body_bytes=config.max_body_bytes,
-                              max_metadata_bytes=config.max_metadata_bytes, tokens=tokens)
+                              max_metadata_bytes=config.max_metadata_bytes, tokens=tokens,
+                              console_limits=config.console_limits())
         protocol, admin = await listeners.start(config.host, config.port,
                                                 config.admin_address, config.admin_port,
                                                 ssl_context)

@@ -31,6 +31,7 @@ from aiohttp.http_exceptions import LineTooLong
 
 from coordinator import admin_views, auth
 from coordinator.console import build_console
+from coordinator.console.live import DEFAULT_LIMITS, StreamLimits
 from coordinator.core.commands import (
     DeleteGroup,
     DeleteResource,
@@ -444,7 +445,8 @@ class AdminServerLog(logging.LoggerAdapter[logging.Logger]):
 
 
 def build_admin_app(runtime: Service, metrics: Metrics, *, max_body_bytes: int,
-                    tokens: auth.TokenStore | None = None) -> web.Application:
+                    tokens: auth.TokenStore | None = None,
+                    console_limits: StreamLimits = DEFAULT_LIMITS) -> web.Application:
     """The aiohttp app of the admin listener (module docs)."""
     middlewares: list[Any] = [refuse_content_encoding(metrics)]
     if tokens is not None:
@@ -476,5 +478,5 @@ def build_admin_app(runtime: Service, metrics: Metrics, *, max_body_bytes: int,
     app.router.add_get("/metrics", guarded(metrics_page))
     app.router.add_get("/healthz", guarded(healthz))
     app.router.add_get("/readyz", guarded(readyz))
-    app.add_subapp("/console/", build_console(runtime, tokens=tokens))
+    app.add_subapp("/console/", build_console(runtime, tokens=tokens, limits=console_limits))
     return app
