@@ -27,6 +27,7 @@ routes do, and only the groups the caller's token is granted
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import re
@@ -460,7 +461,7 @@ class OverviewFeed(live.Feed[auth.TokenEntry | None]):
             return {entry: {} for entry in watched}
         pace = Pace()
         groups = await views.every_group(console.runtime, pace)
-        if groups != self._groups:
+        if not await live.same_items(groups, self._groups, pace):
             self._groups = groups
             self._granted.clear()
         for gone in (self._shown.keys() | self._granted.keys()) - watched:
@@ -490,19 +491,27 @@ class GroupFeed(live.Feed[None]):
         self._console = console
         self._base = base
         self._group_id = group_id
-        self._last: Fragments | None = None
+        #: what the fragments were last rendered from (``False``: nothing yet).
+        self._shown: object = False
 
     async def render(self, watched: set[None], rendered: set[None]
                      ) -> dict[None, dict[str, live.Published]] | None:
         console = self._console
-        fragments: Fragments = {}
+        page: views.GroupPage | None = None
+        shown: object = None  # the coordinator is still loading: no fragments
         if console.runtime.ready:
             page = await views.group_page(console.runtime, console.journal, self._group_id)
-            fragments = _group_fragments(console, self._base, self._group_id, page)
-        if fragments == self._last and watched <= rendered:
+            # What the fragments are rendered from: the page and its checkpoints' ages
+            # (only those depend on the clock).
+            shown = ("gone",) if page is None else (
+                dataclasses.replace(page, now_ms=0),
+                [_age(c.get("committed_at"), page.now_ms) for c in page.checkpoints])
+        if shown == self._shown and watched <= rendered:
             return None
-        self._last = fragments
-        return {None: live.publish(fragments)}
+        self._shown = shown
+        if shown is None:
+            return {None: {}}
+        return {None: live.publish(_group_fragments(console, self._base, self._group_id, page))}
 
 
 def _client(request: web.Request) -> str:

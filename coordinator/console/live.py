@@ -105,6 +105,17 @@ class Pace:
             await asyncio.sleep(0)
 
 
+async def same_items(new: list[Any], old: list[Any] | None, pace: Pace) -> bool:
+    """``new == old``, compared in slices (``pace``)."""
+    if old is None or len(new) != len(old):
+        return False
+    for a, b in zip(new, old, strict=True):
+        if a != b:
+            return False
+        await pace.step()
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class StreamLimits:
     """How many event streams may be open (``--console-max-streams``, and
@@ -285,6 +296,7 @@ class LiveStreams:
             for page, feed in list(self.feeds.items()):
                 if not feed.watchers or feed.failure is not None:
                     continue
+                await asyncio.sleep(0)  # each feed's work in a turn of its own
                 try:
                     await feed.refresh()
                 except Exception as exc:

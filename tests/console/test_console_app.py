@@ -567,6 +567,40 @@ async def test_open_overviews_list_the_groups_once_and_render_only_what_changed(
         page.close()
 
 
+async def test_open_group_pages_are_rendered_once_per_change(
+        open_console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = open_console
+    await c.stable("orders-eu", {"a": {"orders": [0, 1]}, "b": {"orders": [2, 3]}})
+    renders: Counter[str] = Counter()
+    render = jinja2.Template.render
+
+    def counted_render(template: jinja2.Template, *args: Any, **kwargs: Any) -> str:
+        renders[str(template.name)] += 1
+        return render(template, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Template, "render", counted_render)
+    pages = [await c.client.get("/console/events?page=group&group=orders-eu")
+             for _ in range(4)]
+    for page in pages:
+        assert page.status == 200
+        await _events(page, lambda e: {m["id"] for _, m in e} >= {
+            "live-summary", "live-members", "live-grid", "live-checkpoints", "live-timeline"},
+            5.0)
+    renders.clear()
+    await asyncio.sleep(1.5)
+    assert renders == Counter(), renders
+    joined = asyncio.ensure_future(c.join("orders-eu", "newcomer"))
+    seen = []
+    for page in pages:
+        got = await _events(page, lambda e: any(
+            m["id"] == "live-members" and "newcomer" in m["html"] for _, m in e), 5.0)
+        seen.append({m["digest"] for _, m in got if m["id"] == "live-members"})
+    assert renders["_members.html"] == len(seen[0]) <= 3, (renders, seen)
+    joined.cancel()
+    for page in pages:
+        page.close()
+
+
 async def test_a_live_overview_shows_each_token_only_its_groups(auth_console: Console) -> None:
     c = auth_console
     await c.stable("orders-eu", {"a": {"orders": [0]}})
