@@ -254,7 +254,7 @@ async def _overview_fragments(console: Console, base: str, overview: views.Overv
     rows = []
     for group in overview.groups:
         rows.append(console.rows.html(base, overview.has_health, group))
-        await pace.step()
+        await pace.step(live.ROW_COST)
     return {"live-groups": _render(console, "_groups.html", base=base, overview=overview,
                                    rows=rows)}
 
@@ -262,10 +262,11 @@ async def _overview_fragments(console: Console, base: str, overview: views.Overv
 async def _overview(console: Console, base: str, entry: auth.TokenEntry | None
                     ) -> Fragments:
     """The overview's live part for ``entry``, as a page load shows it."""
+    runtime = console.runtime
+    await runtime.refresh_groups()  # several coordinators: the groups owned elsewhere
     pace = Pace()
-    groups = await views.every_group(console.runtime, pace)
-    overview = await views.overview(console.journal,
-                                    await views.granted(groups, entry, pace), pace)
+    overview = await views.overview(runtime, console.journal, runtime.core.group_ids(), entry,
+                                    runtime.clock.now_ms(), pace)
     return await _overview_fragments(console, base, overview, pace)
 
 
@@ -442,43 +443,37 @@ async def group_page(request: web.Request) -> web.StreamResponse:
 
 class OverviewFeed(live.Feed[auth.TokenEntry | None]):
     """The overview of every open overview page. A view is a caller's token entry
-    (``None`` without auth): the groups it is granted, cut from one list of every
-    group read once per refresh."""
+    (``None`` without auth): the groups it is granted, cut from one list of the
+    group ids read once per refresh."""
 
     def __init__(self, console: Console, base: str) -> None:
         super().__init__()
         self._console = console
         self._base = base
-        self._groups: list[dict[str, Any]] | None = None
-        self._granted: dict[auth.TokenEntry | None, list[dict[str, Any]]] = {}
         self._shown: dict[auth.TokenEntry | None, views.Overview] = {}
 
     async def render(self, watched: set[auth.TokenEntry | None],
                      rendered: set[auth.TokenEntry | None]
                      ) -> dict[auth.TokenEntry | None, dict[str, live.Published]] | None:
-        console = self._console
-        if not console.runtime.ready:
+        runtime = self._console.runtime
+        if not runtime.ready:
             return {entry: {} for entry in watched}
+        await runtime.refresh_groups()  # several coordinators: the groups owned elsewhere
+        group_ids = runtime.core.group_ids()
+        now_ms = runtime.clock.now_ms()
         pace = Pace()
-        groups = await views.every_group(console.runtime, pace)
-        if not await live.same_items(groups, self._groups, pace):
-            self._groups = groups
-            self._granted.clear()
-        for gone in (self._shown.keys() | self._granted.keys()) - watched:
-            self._shown.pop(gone, None)
-            self._granted.pop(gone, None)
+        for gone in self._shown.keys() - watched:
+            del self._shown[gone]
         out = {}
         for entry in watched:
-            granted = self._granted.get(entry)
-            if granted is None:
-                granted = self._granted[entry] = await views.granted(groups, entry, pace)
             # Also when no group changed: a rebalance's journal row lands after it.
-            overview = await views.overview(console.journal, granted, pace)
+            overview = await views.overview(runtime, self._console.journal, group_ids, entry,
+                                            now_ms, pace)
             if entry in rendered and self._shown.get(entry) == overview:
                 continue
             self._shown[entry] = overview
             out[entry] = live.publish(
-                await _overview_fragments(console, self._base, overview, pace))
+                await _overview_fragments(self._console, self._base, overview, pace))
         return out or None
 
 

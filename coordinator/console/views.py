@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator import admin_views, auth, history
-from coordinator.console.live import Pace
+from coordinator.console.live import ROW_COST, Pace
 from coordinator.runtime.service import Service
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 
@@ -106,42 +107,34 @@ class Overview:
     has_health: bool
 
 
-async def every_group(runtime: Service, pace: Pace) -> list[dict[str, Any]]:
-    """Every group as the admin API lists it (:func:`coordinator.admin_views.group_row`),
-    by id: what every caller's overview is cut from."""
-    await runtime.refresh_groups()  # several coordinators: the groups owned elsewhere
+async def overview(runtime: Service, journal: JournalCache, group_ids: Sequence[str],
+                   entry: auth.TokenEntry | None, now_ms: int, pace: Pace) -> Overview:
+    """The groups of ``group_ids`` (``runtime.core.group_ids()``, read after
+    ``runtime.refresh_groups()``) that ``entry`` is granted
+    (:func:`coordinator.auth.authorize`): how many, and the first
+    MAX_OVERVIEW_GROUPS as ``GET /v1/groups`` lists them
+    (:func:`coordinator.admin_views.group_row`, health at ``now_ms``) with their
+    last rebalance and why. Only the groups shown are read."""
     core = runtime.core
-    now = runtime.clock.now_ms()
-    rows = []
-    for g in core.list_groups():
-        rows.append(admin_views.group_row(core, g, now))
+    shown: list[dict[str, Any]] = []
+    total = 0
+    for group_id in group_ids:
         await pace.step()
-    return rows
-
-
-async def granted(groups: list[dict[str, Any]], entry: auth.TokenEntry | None, pace: Pace
-                  ) -> list[dict[str, Any]]:
-    """The rows of ``groups`` that ``entry`` is granted (:func:`coordinator.auth.authorize`)."""
-    if entry is None:
-        return groups
-    out = []
-    for group in groups:
-        if auth.authorize(entry, group["group_id"]):
-            out.append(group)
-        await pace.step()
-    return out
-
-
-async def overview(journal: JournalCache, visible: list[dict[str, Any]], pace: Pace
-                   ) -> Overview:
-    """The overview of the ``visible`` groups (:func:`granted`), with their last
-    rebalance and why."""
-    shown = []
-    for group in visible[:MAX_OVERVIEW_GROUPS]:
-        shown.append({**group, "last_rebalance": await journal.last_rebalance(
-            group["group_id"], group["generation_id"])})
-        await pace.step()
-    return Overview(shown, len(visible), any("health" in g for g in shown))
+        if not auth.authorize(entry, group_id):
+            continue
+        total += 1
+        if len(shown) >= MAX_OVERVIEW_GROUPS:
+            continue
+        summary = core.group_summary(group_id)
+        if summary is None:  # deleted while this list was read
+            total -= 1
+            continue
+        group = admin_views.group_row(core, summary, now_ms)
+        group["last_rebalance"] = await journal.last_rebalance(group_id,
+                                                               summary.generation_id)
+        shown.append(group)
+        await pace.step(ROW_COST)
+    return Overview(shown, total, any("health" in g for g in shown))
 
 
 # ---------------------------------------------------------------- one group

@@ -525,12 +525,13 @@ async def test_open_overviews_list_the_groups_once_and_render_only_what_changed(
     for i in range(20):
         await c.stable(f"orders-{i:02d}", {"a": {"orders": [0]}})
     listings = 0
-    list_groups = GroupCoordinator.list_groups
 
-    def counted_listing(core: GroupCoordinator) -> Any:
-        nonlocal listings
-        listings += 1
-        return list_groups(core)
+    def counted(read: Any) -> Any:
+        def listing(core: GroupCoordinator) -> Any:
+            nonlocal listings
+            listings += 1
+            return read(core)
+        return listing
 
     renders: Counter[str] = Counter()
     render = jinja2.Template.render
@@ -539,7 +540,9 @@ async def test_open_overviews_list_the_groups_once_and_render_only_what_changed(
         renders[str(template.name)] += 1
         return render(template, *args, **kwargs)
 
-    monkeypatch.setattr(GroupCoordinator, "list_groups", counted_listing)
+    # Reading the groups, as a summary each or as their ids.
+    monkeypatch.setattr(GroupCoordinator, "list_groups", counted(GroupCoordinator.list_groups))
+    monkeypatch.setattr(GroupCoordinator, "group_ids", counted(GroupCoordinator.group_ids))
     monkeypatch.setattr(jinja2.Template, "render", counted_render)
     pages = [await c.client.get("/console/events?page=overview") for _ in range(6)]
     for page in pages:
