@@ -3,7 +3,7 @@
 Everything comes from :mod:`coordinator.admin_views` (the admin API's
 documents) and :mod:`coordinator.history` (the journal's reading): the
 console adds only layout decisions (the assignment grid, bounds on what one
-page holds) and a cache of journal rows, so that re-rendering a page every
+page holds) and a cache of journal rows, so that refreshing a page every
 half second for its live updates does not read the database each time.
 """
 
@@ -130,6 +130,9 @@ async def overview(runtime: Service, journal: JournalCache, group_ids: Sequence[
             total -= 1
             continue
         group = admin_views.group_row(core, summary, now_ms)
+        # The table shows the health, not why: the reasons' wording counts seconds,
+        # and would change the row (so render it again) every second.
+        del group["health_reasons"]
         group["last_rebalance"] = await journal.last_rebalance(group_id,
                                                                summary.generation_id)
         shown.append(group)
