@@ -18,8 +18,8 @@ from coordinator import auth, history
 from coordinator.core.commands import ResetCheckpoints
 from coordinator.core.effects import AdminResult
 from coordinator.core.records import SHOWN_MEMBER_FIELDS, MemberRecord
-from coordinator.core.views import GroupView
-from coordinator.runtime.runtime import Answer
+from coordinator.core.views import GroupSummary, GroupView
+from coordinator.runtime.runtime import Answer, CoreView
 from coordinator.runtime.service import Service
 from protocol.admin_docs import RebalanceSummary
 from protocol.limits import MAX_PARTITIONS
@@ -39,16 +39,17 @@ def group_rows(runtime: Service, entry: auth.TokenEntry | None,
     """``GET /v1/groups``: every group ``entry`` is granted, in a state of ``states``
     (``None``: any), sorted by group id."""
     now = runtime.clock.now_ms()
-    core = runtime.core
-    rows = []
-    for g in core.list_groups():
-        if (states is None or g.state in states) and auth.authorize(entry, g.group_id):
-            health = core.health(g.group_id, now)
-            rows.append({"group_id": g.group_id, "state": g.state,
-                         "protocol_type": g.protocol_type, "protocol_name": g.protocol_name,
-                         "generation_id": g.generation_id, "member_count": g.member_count,
-                         "health": health.status, "health_reasons": list(health.reasons)})
-    return rows
+    return [group_row(runtime.core, g, now) for g in runtime.core.list_groups()
+            if (states is None or g.state in states) and auth.authorize(entry, g.group_id)]
+
+
+def group_row(core: CoreView, g: GroupSummary, now_ms: int) -> dict[str, Any]:
+    """One group of ``GET /v1/groups``, its health at ``now_ms``."""
+    health = core.health(g.group_id, now_ms)
+    return {"group_id": g.group_id, "state": g.state,
+            "protocol_type": g.protocol_type, "protocol_name": g.protocol_name,
+            "generation_id": g.generation_id, "member_count": g.member_count,
+            "health": health.status, "health_reasons": list(health.reasons)}
 
 
 def assignment_json(protocol_type: str | None, data: bytes) -> Any:

@@ -14,6 +14,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
+from coordinator.console.live import StreamLimits
 from coordinator.core.config import CoreConfig
 from protocol.limits import (
     DEFAULT_MAX_BODY_BYTES,
@@ -75,6 +76,9 @@ class ServerConfig:
     health_stall_ms: int = 600_000
     #: groups with their own series on /metrics (the largest first); 0: none.
     group_metrics: int = 0
+    #: the web console's live pages (event streams) open at once, and of one client.
+    console_max_streams: int = 32
+    console_max_streams_per_client: int = 8
     log_level: str = "INFO"
     #: several coordinators (``db`` a postgresql:// URL): what find_coordinator gives
     #: out for this process ("": ``http(s)://HOST:PORT`` as it listens).
@@ -98,6 +102,9 @@ class ServerConfig:
     def admin_allowed_host_names(self) -> tuple[str, ...]:
         """``admin_allowed_hosts`` as a list."""
         return tuple(n for n in (e.strip() for e in self.admin_allowed_hosts.split(",")) if n)
+
+    def console_limits(self) -> StreamLimits:
+        return StreamLimits(self.console_max_streams, self.console_max_streams_per_client)
 
     def core_config(self) -> CoreConfig:
         return CoreConfig(
@@ -263,6 +270,12 @@ SETTINGS: tuple[Setting, ...] = (
             "(renewed every lease/5); a failover takes about this long, so keep it well "
             "under the members' session timeout (docs/operations.md)",
             _int_range(1_000, 600_000)),
+    Setting("console_max_streams", int, "web console: live pages (event streams) open at "
+            "once; one more is refused 503 and shows without live updates",
+            _int_range(1, 10_000)),
+    Setting("console_max_streams_per_client", int, "web console: live pages open at once by "
+            "one client (its token with --auth-tokens, else its address); one more is "
+            "refused 429", _int_range(1, 10_000)),
     Setting("log_level", str, "DEBUG, INFO, WARNING, ERROR or CRITICAL", _log_level),
     Setting("auth_tokens", str, "tokens file for bearer authentication (empty: off)", _any),
     Setting("tls_cert", str, "PEM certificate chain for HTTPS (empty: plain HTTP)", _any),

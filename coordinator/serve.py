@@ -107,7 +107,8 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     listeners = Listeners(runtime, metrics, max_body_bytes=config.max_body_bytes,
                           max_metadata_bytes=config.max_metadata_bytes, tokens=tokens,
                           admin_names=admin_names(config.admin_address, config.advertised_url,
-                                                  config.admin_allowed_host_names))
+                                                  config.admin_allowed_host_names),
+                          console_limits=config.console_limits())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

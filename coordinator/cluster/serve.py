@@ -125,7 +125,8 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
                               max_metadata_bytes=config.max_metadata_bytes, tokens=tokens,
                               admin_names=admin_names(config.admin_address,
                                                       config.advertised_url,
-                                                      config.admin_allowed_host_names))
+                                                      config.admin_allowed_host_names),
+                              console_limits=config.console_limits())
         protocol, admin = await listeners.start(config.host, config.port,
                                                 config.admin_address, config.admin_port,
                                                 ssl_context)

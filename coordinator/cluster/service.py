@@ -48,8 +48,16 @@ class ClusterCore:
 
     def __init__(self, host: PartitionHost) -> None:
         self._host = host
-        #: groups of the partitions not served here, as read by the last refresh.
-        self.elsewhere: list[GroupSummary] = []
+        self._elsewhere: dict[str, GroupSummary] = {}
+
+    @property
+    def elsewhere(self) -> list[GroupSummary]:
+        """Groups of the partitions not served here, as read by the last refresh."""
+        return list(self._elsewhere.values())
+
+    @elsewhere.setter
+    def elsewhere(self, groups: list[GroupSummary]) -> None:
+        self._elsewhere = {g.group_id: g for g in groups}
 
     def _core_of(self, group_id: str) -> Core | None:
         target = self._host.route(group_id)
@@ -63,6 +71,15 @@ class ClusterCore:
         served = {g.group_id for g in here}
         rows = here + [g for g in self.elsewhere if g.group_id not in served]
         return sorted(rows, key=lambda g: g.group_id)
+
+    def group_ids(self) -> list[str]:
+        ids = {group_id for core in self._cores() for group_id in core.group_ids()}
+        ids.update(self._elsewhere)
+        return sorted(ids)
+
+    def group_summary(self, group_id: str) -> GroupSummary | None:
+        core = self._core_of(group_id)
+        return self._elsewhere.get(group_id) if core is None else core.group_summary(group_id)
 
     def describe_group(self, group_id: str) -> GroupView | None:
         core = self._core_of(group_id)

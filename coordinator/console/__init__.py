@@ -28,10 +28,12 @@ routes do, and only the groups the caller's token is granted
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -43,8 +45,8 @@ from aiohttp import web
 from markupsafe import Markup
 
 from coordinator import admin_views, auth
-from coordinator.console import views
-from coordinator.console.live import MAX_STREAMS, TICK_S, Fragments, LiveStreams, digest
+from coordinator.console import live, views
+from coordinator.console.live import TICK_S, Fragments, LiveStreams, Pace, StreamLimits, digest
 from coordinator.console.sessions import COOKIE, Sessions
 from coordinator.core.effects import AdminResult
 from coordinator.runtime.service import Service
@@ -61,6 +63,8 @@ log = logging.getLogger("groupcoord.console")
 MAX_FORM_BYTES = 64 * 1024
 #: most resources one reset form may name.
 MAX_RESET_RESOURCES = 10_000
+#: overview rows kept rendered (one per group shown to someone).
+MAX_CACHED_ROWS = 16_384
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _ASSETS = {"console.css": "text/css", "console.js": "text/javascript",
            "favicon.svg": "image/svg+xml"}
@@ -82,6 +86,7 @@ class Console:
     streams: LiveStreams
     journal: views.JournalCache
     env: jinja2.Environment
+    rows: RowCache
     #: name -> (body, content type, ETag)
     assets: dict[str, tuple[bytes, str, str]]
 
@@ -90,11 +95,13 @@ CONSOLE_KEY: web.AppKey[Console] = web.AppKey("groupcoord.console", Console)
 
 
 def build_console(runtime: Service, *, tokens: auth.TokenStore | None = None,
-                  max_streams: int = MAX_STREAMS, tick_s: float = TICK_S) -> web.Application:
+                  limits: StreamLimits = live.DEFAULT_LIMITS, tick_s: float = TICK_S
+                  ) -> web.Application:
     """The console as an aiohttp sub-application (``app.add_subapp("/console/", ...)``).
 
     ``tokens``: the server's tokens (``--auth-tokens``); ``None``: the console is
-    open, like the rest of the admin API.
+    open, like the rest of the admin API. ``limits``: how many live pages may be
+    open (:class:`coordinator.console.live.StreamLimits`).
     """
     app = web.Application(client_max_size=MAX_FORM_BYTES,
                           middlewares=[_pages_middleware, _session_middleware])
@@ -103,9 +110,10 @@ def build_console(runtime: Service, *, tokens: auth.TokenStore | None = None,
     for name, content_type in _ASSETS.items():
         body = (package / "static" / name).read_bytes()
         assets[name] = (body, content_type, '"' + hashlib.sha256(body).hexdigest()[:16] + '"')
-    streams = LiveStreams(max_streams, tick_s)
+    streams = LiveStreams(limits, tick_s)
+    env = _environment(assets)
     app[CONSOLE_KEY] = Console(runtime, tokens, Sessions(), streams,
-                               views.JournalCache(runtime), _environment(assets), assets)
+                               views.JournalCache(runtime), env, RowCache(env), assets)
     app.on_shutdown.append(streams.stop)
     app.router.add_get("/", overview_page, name="overview")
     app.router.add_get("", to_overview, name="bare")  # /console without its slash
@@ -219,8 +227,50 @@ def _live(fragments: Fragments) -> dict[str, Any]:
             "digests": {k: digest(v) for k, v in fragments.items()}}
 
 
-def _overview_fragments(console: Console, base: str, overview: views.Overview) -> Fragments:
-    return {"live-groups": _render(console, "_groups.html", base=base, overview=overview)}
+class RowCache:
+    """The overview's rows as HTML, each rendered again only when it changed."""
+
+    def __init__(self, env: jinja2.Environment, max_rows: int = MAX_CACHED_ROWS) -> None:
+        self._template = env.get_template("_group_row.html")
+        self._max = max_rows
+        #: group id -> (what the row was rendered from, its HTML)
+        self._by_group: OrderedDict[str, tuple[tuple[str, bool, dict[str, Any]], Markup]] = \
+            OrderedDict()
+
+    def html(self, base: str, has_health: bool, group: dict[str, Any]) -> Markup:
+        key = (base, has_health, group)
+        group_id = group["group_id"]
+        hit = self._by_group.get(group_id)
+        if hit is not None and hit[0] == key:
+            self._by_group.move_to_end(group_id)
+            return hit[1]
+        html = Markup(self._template.render(base=base, has_health=has_health, g=group))
+        self._by_group[group_id] = (key, html)
+        self._by_group.move_to_end(group_id)
+        while len(self._by_group) > self._max:
+            self._by_group.popitem(last=False)
+        return html
+
+
+async def _overview_fragments(console: Console, base: str, overview: views.Overview,
+                              pace: Pace) -> Fragments:
+    rows = []
+    for group in overview.groups:
+        rows.append(console.rows.html(base, overview.has_health, group))
+        await pace.step(live.ROW_COST)
+    return {"live-groups": _render(console, "_groups.html", base=base, overview=overview,
+                                   rows=rows)}
+
+
+async def _overview(console: Console, base: str, entry: auth.TokenEntry | None
+                    ) -> Fragments:
+    """The overview's live part for ``entry``, as a page load shows it."""
+    runtime = console.runtime
+    await runtime.refresh_groups()  # several coordinators: the groups owned elsewhere
+    pace = Pace()
+    overview = await views.overview(runtime, console.journal, runtime.core.group_ids(), entry,
+                                    runtime.clock.now_ms(), pace)
+    return await _overview_fragments(console, base, overview, pace)
 
 
 def _group_fragments(console: Console, base: str, group_id: str,
@@ -356,11 +406,9 @@ async def overview_page(request: web.Request) -> web.StreamResponse:
     if (busy := _not_ready(request)) is not None:
         return busy
     console = request.app[CONSOLE_KEY]
-    base = _base(request)
-    overview = await views.overview(console.runtime, console.journal, auth.token_of(request))
+    fragments = await _overview(console, _base(request), auth.token_of(request))
     live_url = str(request.app.router["events"].url_for().with_query(page="overview"))
-    return _page(request, "overview.html", live_url=live_url,
-                 **_live(_overview_fragments(console, base, overview)))
+    return _page(request, "overview.html", live_url=live_url, **_live(fragments))
 
 
 async def to_overview(request: web.Request) -> web.StreamResponse:
@@ -396,30 +444,85 @@ async def group_page(request: web.Request) -> web.StreamResponse:
                  **_live(_group_fragments(console, _base(request), group_id, page)))
 
 
+class OverviewFeed(live.Feed[auth.TokenEntry | None]):
+    """The overview of every open overview page. A view is a caller's token entry
+    (``None`` without auth): the groups it is granted, cut from one list of the
+    group ids read once per refresh."""
+
+    def __init__(self, console: Console, base: str) -> None:
+        super().__init__()
+        self._console = console
+        self._base = base
+        self._shown: dict[auth.TokenEntry | None, views.Overview] = {}
+
+    async def render(self, watched: set[auth.TokenEntry | None],
+                     rendered: set[auth.TokenEntry | None]
+                     ) -> dict[auth.TokenEntry | None, dict[str, live.Published]] | None:
+        runtime = self._console.runtime
+        if not runtime.ready:
+            return {entry: {} for entry in watched}
+        await runtime.refresh_groups()  # several coordinators: the groups owned elsewhere
+        group_ids = runtime.core.group_ids()
+        now_ms = runtime.clock.now_ms()
+        pace = Pace()
+        for gone in self._shown.keys() - watched:
+            del self._shown[gone]
+        out = {}
+        for entry in watched:
+            # Also when no group changed: a rebalance's journal row lands after it.
+            overview = await views.overview(runtime, self._console.journal, group_ids, entry,
+                                            now_ms, pace)
+            if entry in rendered and self._shown.get(entry) == overview:
+                continue
+            self._shown[entry] = overview
+            out[entry] = live.publish(
+                await _overview_fragments(self._console, self._base, overview, pace))
+        return out or None
+
+
+class GroupFeed(live.Feed[None]):
+    """One group's page, for every stream open on it (the grant was checked when each
+    opened, so every stream sees the same: the view is ``None``)."""
+
+    def __init__(self, console: Console, base: str, group_id: str) -> None:
+        super().__init__()
+        self._console = console
+        self._base = base
+        self._group_id = group_id
+        #: what the fragments were last rendered from (``False``: nothing yet).
+        self._shown: object = False
+
+    async def render(self, watched: set[None], rendered: set[None]
+                     ) -> dict[None, dict[str, live.Published]] | None:
+        console = self._console
+        page: views.GroupPage | None = None
+        shown: object = None  # the coordinator is still loading: no fragments
+        if console.runtime.ready:
+            page = await views.group_page(console.runtime, console.journal, self._group_id)
+            # What the fragments are rendered from: the page and its checkpoints' ages
+            # (only those depend on the clock).
+            shown = ("gone",) if page is None else (
+                dataclasses.replace(page, now_ms=0),
+                [_age(c.get("committed_at"), page.now_ms) for c in page.checkpoints])
+        if shown == self._shown and watched <= rendered:
+            return None
+        self._shown = shown
+        if shown is None:
+            return {None: {}}
+        return {None: live.publish(_group_fragments(console, self._base, self._group_id, page))}
+
+
+def _client(request: web.Request) -> str:
+    """Whose live pages count together: the token's, else the client address's."""
+    entry = auth.token_of(request)
+    return f"token {entry.name!r}" if entry is not None else f"address {request.remote}"
+
+
 async def events(request: web.Request) -> web.StreamResponse:
     console = request.app[CONSOLE_KEY]
     base = _base(request)
     entry = auth.token_of(request)
     kind = request.query.get("page")
-    if kind == "overview":
-        async def render() -> Fragments:
-            if not console.runtime.ready:
-                return {}
-            overview = await views.overview(console.runtime, console.journal, entry)
-            return _overview_fragments(console, base, overview)
-    elif kind == "group" and request.query.get("group"):
-        group_id = request.query["group"]
-        if (denied := _forbidden(request, group_id)) is not None:
-            return denied
-
-        async def render() -> Fragments:
-            if not console.runtime.ready:
-                return {}
-            page = await views.group_page(console.runtime, console.journal, group_id)
-            return _group_fragments(console, base, group_id, page)
-    else:
-        return _error_page(request, 400, "Bad request",
-                           "page: expected overview, or group with group=ID")
     cookie = request.cookies.get(COOKIE)
 
     def still_allowed() -> str | None:
@@ -427,7 +530,22 @@ async def events(request: web.Request) -> web.StreamResponse:
             return None
         return "Your console session has ended: sign in again."
 
-    return await console.streams.serve(request, render, still_allowed)
+    page: Hashable
+    if kind == "overview":
+        page = ("overview",)
+        return await console.streams.serve(request, _client(request), page,
+                                           lambda: OverviewFeed(console, base), entry,
+                                           still_allowed)
+    if kind == "group" and request.query.get("group"):
+        group_id = request.query["group"]
+        if (denied := _forbidden(request, group_id)) is not None:
+            return denied
+        page = ("group", group_id)
+        return await console.streams.serve(request, _client(request), page,
+                                           lambda: GroupFeed(console, base, group_id), None,
+                                           still_allowed)
+    return _error_page(request, 400, "Bad request",
+                       "page: expected overview, or group with group=ID")
 
 
 async def asset(request: web.Request) -> web.StreamResponse:

@@ -3,7 +3,7 @@
 Everything comes from :mod:`coordinator.admin_views` (the admin API's
 documents) and :mod:`coordinator.history` (the journal's reading): the
 console adds only layout decisions (the assignment grid, bounds on what one
-page holds) and a cache of journal rows, so that re-rendering a page every
+page holds) and a cache of journal rows, so that refreshing a page every
 half second for its live updates does not read the database each time.
 """
 
@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator import admin_views, auth, history
+from coordinator.console.live import ROW_COST, Pace
 from coordinator.runtime.service import Service
 from protocol.admin_docs import RebalanceSummary
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
@@ -45,6 +47,8 @@ class _Cached:
     limit: int
     rows: list[dict[str, Any]]
     read_at: float
+    #: the newest rebalance summarized (:meth:`JournalCache.last_rebalance`), once.
+    last: RebalanceSummary | None = None
 
 
 class JournalCache:
@@ -62,6 +66,20 @@ class JournalCache:
     async def rows(self, group_id: str, generation_id: int, limit: int
                    ) -> list[dict[str, Any]]:
         """Up to ``limit`` newest rows of the group, newest first."""
+        return (await self._entry(group_id, generation_id, limit)).rows[:limit]
+
+    async def last_rebalance(self, group_id: str, generation_id: int
+                             ) -> RebalanceSummary | None:
+        """The group's newest rebalance as :func:`coordinator.history.summarize` tells
+        it, summarized once per journal read; ``None``: none recorded."""
+        if generation_id <= 0:
+            return None
+        cached = await self._entry(group_id, generation_id, 2)
+        if cached.last is None and cached.rows:
+            cached.last = history.summarize(cached.rows[:2], 1)[0]
+        return cached.last
+
+    async def _entry(self, group_id: str, generation_id: int, limit: int) -> _Cached:
         now = self._clock()
         cached = self._by_group.get(group_id)
         if cached is not None and cached.limit >= limit and cached.generation_id == generation_id:
@@ -69,13 +87,13 @@ class JournalCache:
             fresh = newest == generation_id or now - cached.read_at < JOURNAL_RETRY_S
             if fresh and now - cached.read_at < JOURNAL_MAX_AGE_S:
                 self._by_group.move_to_end(group_id)
-                return cached.rows[:limit]
+                return cached
         rows = await self._runtime.storage.rebalances(group_id, limit)
-        self._by_group[group_id] = _Cached(generation_id, limit, rows, now)
+        cached = self._by_group[group_id] = _Cached(generation_id, limit, rows, now)
         self._by_group.move_to_end(group_id)
         while len(self._by_group) > MAX_CACHED_GROUPS:
             self._by_group.popitem(last=False)
-        return rows
+        return cached
 
 
 # ---------------------------------------------------------------- overview
@@ -90,19 +108,37 @@ class Overview:
     has_health: bool
 
 
-async def overview(runtime: Service, journal: JournalCache,
-                   entry: auth.TokenEntry | None) -> Overview:
-    """Every group the caller is granted, with its last rebalance and why."""
-    await runtime.refresh_groups()  # several coordinators: the groups owned elsewhere
-    rows = admin_views.group_rows(runtime, entry)
-    shown = rows[:MAX_OVERVIEW_GROUPS]
-    for group in shown:
-        group["last_rebalance"] = None
-        if group["generation_id"] > 0:
-            last = await journal.rows(group["group_id"], group["generation_id"], 2)
-            if last:
-                group["last_rebalance"] = history.summarize(last, 1)[0]
-    return Overview(shown, len(rows), any("health" in g for g in shown))
+async def overview(runtime: Service, journal: JournalCache, group_ids: Sequence[str],
+                   entry: auth.TokenEntry | None, now_ms: int, pace: Pace) -> Overview:
+    """The groups of ``group_ids`` (``runtime.core.group_ids()``, read after
+    ``runtime.refresh_groups()``) that ``entry`` is granted
+    (:func:`coordinator.auth.authorize`): how many, and the first
+    MAX_OVERVIEW_GROUPS as ``GET /v1/groups`` lists them
+    (:func:`coordinator.admin_views.group_row`, health at ``now_ms``) with their
+    last rebalance and why. Only the groups shown are read."""
+    core = runtime.core
+    shown: list[dict[str, Any]] = []
+    total = 0
+    for group_id in group_ids:
+        await pace.step()
+        if not auth.authorize(entry, group_id):
+            continue
+        total += 1
+        if len(shown) >= MAX_OVERVIEW_GROUPS:
+            continue
+        summary = core.group_summary(group_id)
+        if summary is None:  # deleted while this list was read
+            total -= 1
+            continue
+        group = admin_views.group_row(core, summary, now_ms)
+        # The table shows the health, not why: the reasons' wording counts seconds,
+        # and would change the row (so render it again) every second.
+        del group["health_reasons"]
+        group["last_rebalance"] = await journal.last_rebalance(group_id,
+                                                               summary.generation_id)
+        shown.append(group)
+        await pace.step(ROW_COST)
+    return Overview(shown, total, any("health" in g for g in shown))
 
 
 # ---------------------------------------------------------------- one group

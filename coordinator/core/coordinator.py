@@ -181,6 +181,13 @@ class GroupCoordinator:
     def list_groups(self) -> list[GroupSummary]:
         return [self._k.groups[gid].summary() for gid in sorted(self._k.groups)]
 
+    def group_ids(self) -> list[str]:
+        return sorted(self._k.groups)
+
+    def group_summary(self, group_id: str) -> GroupSummary | None:
+        group = self._k.groups.get(group_id)
+        return None if group is None else group.summary()
+
     def describe_group(self, group_id: str) -> GroupView | None:
         group = self._k.groups.get(group_id)
         return None if group is None else group.view()

@@ -36,6 +36,7 @@ from aiohttp.http_exceptions import LineTooLong
 
 from coordinator import admin_views, auth
 from coordinator.console import build_console
+from coordinator.console.live import DEFAULT_LIMITS, StreamLimits
 from coordinator.core.commands import (
     DeleteGroup,
     DeleteResource,
@@ -489,7 +490,8 @@ class AdminServerLog(logging.LoggerAdapter[logging.Logger]):
 
 def build_admin_app(runtime: Service, metrics: Metrics, *, max_body_bytes: int,
                     tokens: auth.TokenStore | None = None,
-                    admin_names: frozenset[str] = frozenset()) -> web.Application:
+                    admin_names: frozenset[str] = frozenset(),
+                    console_limits: StreamLimits = DEFAULT_LIMITS) -> web.Application:
     """The aiohttp app of the admin listener (module docs). ``admin_names``: the
     ``Host`` names it answers to without ``tokens``, besides localhost and IP
     addresses (:func:`coordinator.http.headers.admin_names`)."""
@@ -526,5 +528,5 @@ def build_admin_app(runtime: Service, metrics: Metrics, *, max_body_bytes: int,
     app.router.add_get("/metrics", guarded(metrics_page))
     app.router.add_get("/healthz", guarded(healthz))
     app.router.add_get("/readyz", guarded(readyz))
-    app.add_subapp("/console/", build_console(runtime, tokens=tokens))
+    app.add_subapp("/console/", build_console(runtime, tokens=tokens, limits=console_limits))
     return app

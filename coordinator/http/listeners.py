@@ -26,6 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from coordinator import auth
+from coordinator.console.live import DEFAULT_LIMITS, StreamLimits
 from coordinator.http.app import AdminServerLog, build_admin_app
 from coordinator.http.calls import Calls
 from coordinator.http.fast import (
@@ -73,6 +74,7 @@ class Listeners:
                  max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
                  tokens: auth.TokenStore | None = None,
                  admin_names: frozenset[str] = frozenset(),
+                 console_limits: StreamLimits = DEFAULT_LIMITS,
                  keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
                  request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         """``admin_names``: without ``tokens``, the ``Host`` names the admin listener
@@ -83,7 +85,8 @@ class Listeners:
         self.protocol = FastServer(self.calls, keepalive_timeout_s=keepalive_timeout_s,
                                    request_timeout_s=request_timeout_s)
         self.admin_app = build_admin_app(runtime, metrics, max_body_bytes=max_body_bytes,
-                                         tokens=tokens, admin_names=admin_names)
+                                         tokens=tokens, admin_names=admin_names,
+                                         console_limits=console_limits)
         # auto_decompress off: no body is ever decompressed on this listener
         # (Content-Encoding is refused 415 before the body is read anyway).
         self._runner = web.AppRunner(self.admin_app, access_log=None,

@@ -124,6 +124,11 @@ def test_every_coordinator_routes_and_answers_for_every_group(two: list[ServerPr
         assert status == 200
         assert sorted(g["group_id"] for g in doc["groups"]) == GROUPS
         assert {g["state"] for g in doc["groups"]} == {"Stable"}
+        # The console's overview too: the groups served here and those of the other.
+        with urllib.request.urlopen(server.admin_url + "/console/", timeout=10) as resp:
+            page = resp.read().decode()
+        assert all(f">{group}</a>" in page for group in GROUPS)
+        assert page.count(">Stable</span>") == len(GROUPS)
         for group in GROUPS:                       # answered here or by the owner
             status, view = admin(server.admin_url, f"/v1/groups/{group}")
             assert status == 200, view

@@ -11,11 +11,15 @@ from __future__ import annotations
 import asyncio
 import html as html_text
 import json
+import logging
 import re
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import jinja2
 import msgpack
 import pytest
 from aiohttp import DummyCookieJar, web
@@ -25,6 +29,7 @@ from server_harness import free_port
 
 from coordinator.auth import TokenEntry, TokenStore, hash_token
 from coordinator.console import CONSOLE_KEY
+from coordinator.console.live import MAX_STREAMS_PER_CLIENT, StreamLimits
 from coordinator.console.sessions import COOKIE
 from coordinator.console.views import assignment_grid
 from coordinator.core.commands import PutResource
@@ -453,7 +458,7 @@ async def test_streams_are_bounded_and_end_on_shutdown(open_console: Console) ->
     c = open_console
     console = next(sub for sub in _subapps(c.app))[CONSOLE_KEY]
     streams = console.streams
-    streams.max_streams = 2
+    streams.limits = StreamLimits(max_streams=2)
     a = await c.client.get("/console/events?page=overview")
     b = await c.client.get("/console/events?page=overview")
     assert a.status == b.status == 200
@@ -509,3 +514,202 @@ async def test_under_tls_the_session_cookie_is_secure(tmp_path: Path) -> None:
                 assert "Secure" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
         finally:
             await runner.cleanup()
+
+
+def _served_streams(c: Console) -> Any:
+    """The live streams of the server's own admin listener (``c.protocol``): unlike
+    the test client's server, it does not cancel a handler whose client left, as
+    ``groupcoord serve`` does not."""
+    return next(sub for sub in _subapps(c.protocol.listeners.admin_app))[CONSOLE_KEY].streams
+
+
+async def _first_fragment(resp: Any) -> list[tuple[str, Any]]:
+    assert resp.status == 200, await resp.text()
+    return await _events(resp, lambda e: any(name == "fragment" for name, _ in e), 5.0)
+
+
+async def test_open_overviews_list_the_groups_once_and_render_only_what_changed(
+        open_console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = open_console
+    for i in range(20):
+        await c.stable(f"orders-{i:02d}", {"a": {"orders": [0]}})
+    listings = 0
+
+    def counted(read: Any) -> Any:
+        def listing(core: GroupCoordinator) -> Any:
+            nonlocal listings
+            listings += 1
+            return read(core)
+        return listing
+
+    renders: Counter[str] = Counter()
+    render = jinja2.Template.render
+
+    def counted_render(template: jinja2.Template, *args: Any, **kwargs: Any) -> str:
+        renders[str(template.name)] += 1
+        return render(template, *args, **kwargs)
+
+    # Reading the groups, as a summary each or as their ids.
+    monkeypatch.setattr(GroupCoordinator, "list_groups", counted(GroupCoordinator.list_groups))
+    monkeypatch.setattr(GroupCoordinator, "group_ids", counted(GroupCoordinator.group_ids))
+    monkeypatch.setattr(jinja2.Template, "render", counted_render)
+    pages = [await c.client.get("/console/events?page=overview") for _ in range(6)]
+    for page in pages:
+        await _first_fragment(page)
+    # Three ticks with nothing changing: the groups are listed once a tick for the
+    # six pages together, and nothing is rendered.
+    listings = 0
+    renders.clear()
+    await asyncio.sleep(1.5)
+    assert renders["_groups.html"] == 0 and renders["_group_row.html"] == 0
+    assert listings <= 5, listings
+    # A new group: every page gets it, from one rendering per version (not one per
+    # page), and only the new row is rendered.
+    await c.stable("orders-new", {"a": {"orders": [0]}})
+    seen = []
+    for page in pages:
+        got = await _events(page, lambda e: any(
+            "orders-new" in m["html"] and "Stable" in m["html"].split("orders-new")[-1]
+            for _, m in e), 5.0)
+        seen.append({m["digest"] for _, m in got})
+    # (A version the pages see is one rendering; one more may have found nothing new.)
+    assert len(seen[0]) <= renders["_groups.html"] <= 3, (renders, seen)
+    assert all(digests == seen[0] for digests in seen)
+    assert renders["_group_row.html"] == renders["_groups.html"]
+    for page in pages:
+        page.close()
+
+
+async def test_open_group_pages_are_rendered_once_per_change(
+        open_console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = open_console
+    await c.stable("orders-eu", {"a": {"orders": [0, 1]}, "b": {"orders": [2, 3]}})
+    renders: Counter[str] = Counter()
+    render = jinja2.Template.render
+
+    def counted_render(template: jinja2.Template, *args: Any, **kwargs: Any) -> str:
+        renders[str(template.name)] += 1
+        return render(template, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Template, "render", counted_render)
+    pages = [await c.client.get("/console/events?page=group&group=orders-eu")
+             for _ in range(4)]
+    for page in pages:
+        assert page.status == 200
+        await _events(page, lambda e: {m["id"] for _, m in e} >= {
+            "live-summary", "live-members", "live-grid", "live-checkpoints", "live-timeline"},
+            5.0)
+    renders.clear()
+    await asyncio.sleep(1.5)
+    assert renders == Counter(), renders
+    joined = asyncio.ensure_future(c.join("orders-eu", "newcomer"))
+    seen = []
+    for page in pages:
+        got = await _events(page, lambda e: any(
+            m["id"] == "live-members" and "newcomer" in m["html"] for _, m in e), 5.0)
+        seen.append({m["digest"] for _, m in got if m["id"] == "live-members"})
+    assert len(seen[0]) <= renders["_members.html"] <= 3, (renders, seen)
+    joined.cancel()
+    for page in pages:
+        page.close()
+
+
+async def test_a_live_overview_shows_each_token_only_its_groups(auth_console: Console) -> None:
+    c = auth_console
+    await c.stable("orders-eu", {"a": {"orders": [0]}})
+    team = {"Cookie": f"{COOKIE}={_cookie(await _login(c, TEAM))}"}
+    ops = {"Cookie": f"{COOKIE}={_cookie(await _login(c, OPS))}"}
+    team_page = await c.client.get("/console/events?page=overview", headers=team)
+    ops_page = await c.client.get("/console/events?page=overview", headers=ops)
+    await _first_fragment(team_page)
+    await _first_fragment(ops_page)
+    await c.stable("billing", {"a": {"orders": [1]}})
+    await c.stable("orders-us", {"a": {"orders": [2]}})
+    await _events(ops_page, lambda e: any(
+        "orders-us" in m["html"] and "billing" in m["html"] for _, m in e), 5.0)
+    got = await _events(team_page, lambda e: any("orders-us" in m["html"] for _, m in e), 5.0)
+    assert all("billing" not in m["html"] for _, m in got)
+    assert "1 group<" not in got[-1][1]["html"] and "2 groups" in got[-1][1]["html"]
+    team_page.close()
+    ops_page.close()
+
+
+async def test_one_client_cannot_take_every_live_page(open_console: Console) -> None:
+    c = open_console
+    mine = [await c.client.get("/console/events?page=overview")
+            for _ in range(MAX_STREAMS_PER_CLIENT)]
+    assert all(page.status == 200 for page in mine)
+    refused = await c.client.get("/console/events?page=overview")
+    assert refused.status == 429
+    assert f"at most {MAX_STREAMS_PER_CLIENT} per client" in await refused.text()
+    # Another address (127.0.0.2 is loopback too) still gets a live page.
+    connector = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+    async with aiohttp.ClientSession(connector=connector) as other:
+        resp = await other.get(str(c.client.make_url("/console/events?page=overview")))
+        await _first_fragment(resp)
+        resp.close()
+    for page in mine:
+        page.close()
+
+
+async def test_with_tokens_the_live_page_limit_is_per_token(auth_console: Console) -> None:
+    c = auth_console
+    pages = []
+    for _ in range(MAX_STREAMS_PER_CLIENT):
+        # A session each: signing in again gives no more places.
+        viewer = {"Cookie": f"{COOKIE}={_cookie(await _login(c, VIEWER))}"}
+        pages.append(await c.client.get("/console/events?page=overview", headers=viewer))
+    assert all(page.status == 200 for page in pages)
+    viewer = {"Cookie": f"{COOKIE}={_cookie(await _login(c, VIEWER))}"}
+    assert (await c.client.get("/console/events?page=overview", headers=viewer)).status == 429
+    ops = {"Cookie": f"{COOKIE}={_cookie(await _login(c, OPS))}"}
+    await _first_fragment(await c.client.get("/console/events?page=overview", headers=ops))
+    for page in pages:
+        page.close()
+
+
+async def test_a_client_that_leaves_frees_its_place_at_once(open_console: Console) -> None:
+    c = open_console
+    await c.stable("orders-eu", {"a": {"orders": [0]}})
+    streams = _served_streams(c)
+    page = await c.protocol.get("/console/events?page=overview")
+    await _first_fragment(page)
+    assert streams.open == 1
+    # Nothing changes on the page, so the server has nothing to write.
+    page.close()
+    loop = asyncio.get_running_loop()
+    left = loop.time()
+    while streams.open and loop.time() - left < 5.0:
+        await asyncio.sleep(0.02)
+    assert streams.open == 0 and loop.time() - left < 1.0, loop.time() - left
+
+
+async def test_a_place_freed_by_a_client_that_left_is_taken_again(open_console: Console) -> None:
+    c = open_console
+    pages = [await c.protocol.get("/console/events?page=overview")
+             for _ in range(MAX_STREAMS_PER_CLIENT)]
+    for page in pages:
+        await _first_fragment(page)
+    pages[0].close()
+    await asyncio.sleep(1.0)
+    again = await c.protocol.get("/console/events?page=overview")
+    await _first_fragment(again)
+    for page in [*pages[1:], again]:
+        page.close()
+
+
+async def test_a_stream_whose_client_left_is_one_debug_line(
+        open_console: Console, caplog: pytest.LogCaptureFixture) -> None:
+    c = open_console
+    caplog.set_level(logging.DEBUG, logger="groupcoord.console")
+    await c.stable("orders-eu", {"a": {"orders": [0]}})
+    page = await c.protocol.get("/console/events?page=overview")
+    await _first_fragment(page)
+    page.close()
+    # The page changes after the client left: there is something to send.
+    await c.stable("orders-us", {"a": {"orders": [1]}})
+    await asyncio.sleep(1.5)
+    console_records = [r for r in caplog.records if r.name == "groupcoord.console"]
+    assert [r for r in console_records if r.levelno > logging.DEBUG] == []
+    gone = [r for r in console_records if "went away" in r.getMessage()]
+    assert len(gone) == 1 and gone[0].exc_info is None

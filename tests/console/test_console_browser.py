@@ -328,3 +328,24 @@ def test_with_tokens_the_console_signs_in_with_an_admin_token(
     page.locator("#live-status[data-state='on']").wait_for()
     page.click("text=Sign out")
     page.wait_for_url("**/console/login")
+
+
+def test_a_page_over_the_live_page_limit_says_updates_are_off(
+        start_server: StartServer, browser: Browser) -> None:
+    server = start_server(console_max_streams_per_client=1)
+    _simple_commit(server, GROUP, [["orders", 0, 7]])
+    first = browser.page
+    first.goto(f"{server.admin_url}/console/")
+    first.locator("#live-status[data-state='on']").wait_for()
+    # A second tab of the same client: refused (429), the page still shows the groups.
+    second = first.context.new_page()
+    second.goto(f"{server.admin_url}/console/")
+    second.locator("#live-status[data-state='off']").wait_for()
+    assert "Live updates are off" in second.locator("#live-status").inner_text()
+    assert GROUP in second.locator("table.groups").inner_text()
+    # The first tab leaves: its place is free at once, and a reload is live again.
+    first.close()
+    time.sleep(1.0)
+    second.reload()
+    second.locator("#live-status[data-state='on']").wait_for()
+    second.close()
