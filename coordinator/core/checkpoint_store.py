@@ -161,6 +161,13 @@ class Plan(NamedTuple):
     changes: dict[Key, Scalar]
     total: int
     nbytes: int
+    #: keys the store does not hold yet, and held keys deleted (in no order).
+    added: list[Key]
+    removed: list[Key]
+    #: whether any change is a delete (``None``), of a held key or not.
+    deletes: bool
+    #: integer checkpoints moved backwards: (key, old, new), for group health.
+    rewound: list[tuple[Key, int, int]]
 
 
 class CheckpointStore:
@@ -197,40 +204,59 @@ class CheckpointStore:
 
     def plan(self, checkpoints: Iterable[Checkpoint]) -> Plan:
         """What writing ``checkpoints`` in order would do (a later one for a key wins;
-        ``None`` deletes), and the count and bytes the group would hold after."""
+        ``None`` deletes), and the count and bytes the group would hold after.
+
+        One pass over the net changes works out everything :meth:`apply` and the
+        callers need, so a large commit is walked as few times as possible.
+        """
         changes: dict[Key, Scalar] = {(s, i): v for s, i, v in checkpoints}
         count = len(self.values)
         nbytes = self.nbytes
-        values = self.values
+        get = self.values.get
+        added: list[Key] = []
+        removed: list[Key] = []
+        rewound: list[tuple[Key, int, int]] = []
+        deletes = False
         for key, value in changes.items():
-            old = values.get(key)
-            if old is not None:
-                count -= 1
-                nbytes -= checkpoint_size(key[0], old)
-            if value is not None:
+            old = get(key)
+            if value is None:
+                deletes = True
+                if old is not None:
+                    removed.append(key)
+                    count -= 1
+                    nbytes -= checkpoint_size(key[0], old)
+                continue
+            if old is None:
+                added.append(key)
                 count += 1
-                nbytes += checkpoint_size(key[0], value)
-        return Plan(changes, count, nbytes)
+            else:
+                nbytes -= checkpoint_size(key[0], old)
+                if type(value) is int and type(old) is int and value < old:
+                    rewound.append((key, old, value))
+            nbytes += checkpoint_size(key[0], value)
+        return Plan(changes, count, nbytes, added, removed, deletes, rewound)
 
     def apply(self, plan: Plan, meta: CheckpointMeta | None = None) -> None:
         """Write what :meth:`plan` worked out (on this store, unchanged since);
         ``meta``: who wrote it and when."""
         values = self.values
         changes = plan.changes
-        added = [k for k, v in changes.items() if v is not None and k not in values]
-        removed = [k for k, v in changes.items() if v is None and k in values]
         written = self.meta
-        for key in removed:
-            del values[key]
-            written.pop(key, None)
-        values.update((k, v) for k, v in changes.items() if v is not None)
-        if meta is not None:
-            written.update((k, meta) for k, v in changes.items() if v is not None)
+        if plan.deletes:
+            for key in plan.removed:
+                del values[key]
+                written.pop(key, None)
+            values.update((k, v) for k, v in changes.items() if v is not None)
+            if meta is not None:
+                written.update((k, meta) for k, v in changes.items() if v is not None)
+        else:
+            # Only writes: dict updates that never leave C.
+            values.update(changes)
+            if meta is not None:
+                written.update(dict.fromkeys(changes, meta))
         self.nbytes = plan.nbytes
-        added.sort()
-        removed.sort()
-        self._keys.remove(removed)
-        self._keys.add(added)
+        self._keys.remove(sorted(plan.removed))
+        self._keys.add(sorted(plan.added))
 
     def page(self, after: Key | None, limit: int) -> tuple[list[Checkpoint], Key | None]:
         """Up to ``limit`` checkpoints sorted after ``after`` (``None``: from the first),

@@ -235,15 +235,8 @@ def _note_progress(k: Kernel, group_id: str, plan: Plan) -> None:
     """Health (health.py): the group committed, and whether an integer went backwards."""
     health = k.health_of(group_id)
     health.committed(k.now)
-    store = k.checkpoints.get(group_id)
-    if store is None:
-        return
-    old_values = store.values
-    for key, value in plan.changes.items():
-        if type(value) is int:
-            old = old_values.get(key)
-            if type(old) is int and value < old:
-                health.rewound(k.now, key, old, value)
+    for key, old, new in plan.rewound:
+        health.rewound(k.now, key, old, new)
 
 
 def handle_fetch(k: Kernel, cmd: Fetch) -> None:
