@@ -19,6 +19,7 @@ from coordinator.core.config import CoreConfig
 from protocol.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP,
+    DEFAULT_MAX_CHECKPOINT_BYTES_PER_TOKEN,
     DEFAULT_MAX_CHECKPOINT_VALUE_BYTES,
     DEFAULT_MAX_CHECKPOINTS_PER_GROUP,
     DEFAULT_MAX_METADATA_BYTES,
@@ -69,6 +70,8 @@ class ServerConfig:
     #: checkpoint caps (docs/operations.md, "Limits"); 0: unlimited.
     max_checkpoints_per_group: int = DEFAULT_MAX_CHECKPOINTS_PER_GROUP
     max_checkpoint_bytes_per_group: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP
+    #: with --auth-tokens: checkpoint bytes in all the groups one token created.
+    max_checkpoint_bytes_per_token: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_TOKEN
     max_checkpoint_value_bytes: int = DEFAULT_MAX_CHECKPOINT_VALUE_BYTES
     #: group health rules (docs/operations.md, "Group health").
     health_window_ms: int = 600_000
@@ -118,6 +121,7 @@ class ServerConfig:
             group_retention_ms=self.group_retention_ms,
             max_checkpoints_per_group=self.max_checkpoints_per_group,
             max_checkpoint_bytes_per_group=self.max_checkpoint_bytes_per_group,
+            max_checkpoint_bytes_per_token=self.max_checkpoint_bytes_per_token,
             max_checkpoint_value_bytes=self.max_checkpoint_value_bytes,
             health_window_ms=self.health_window_ms,
             health_storm_rebalances=self.health_storm_rebalances,
@@ -247,6 +251,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_checkpoint_bytes_per_group", int, "most bytes of checkpoints (set names, 8 "
             "per index, values) one group may hold; a commit that would hold more is refused "
             "whole (CHECKPOINT_LIMIT_REACHED); 0 is unlimited", _int_range(0, 2**62)),
+    Setting("max_checkpoint_bytes_per_token", int, "with --auth-tokens: most bytes of "
+            "checkpoints (counted as for --max-checkpoint-bytes-per-group) held in all the "
+            "groups one token created; a commit or reset that would hold more is refused whole "
+            "(CHECKPOINT_LIMIT_REACHED); 0 is unlimited", _int_range(0, 2**62)),
     Setting("max_checkpoint_value_bytes", int, "largest checkpoint value (bytes of a string's "
             "UTF-8 or of a byte string; larger: 400); Kafka's offset.metadata.max.bytes; "
             "0 is unlimited", _int_range(0, 2**31 - 1)),

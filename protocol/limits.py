@@ -36,3 +36,6 @@ MAX_FETCH_CHECKPOINTS = 1000
 DEFAULT_MAX_CHECKPOINT_VALUE_BYTES = 4096
 DEFAULT_MAX_CHECKPOINTS_PER_GROUP = 100_000
 DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP = 64 * 1024 * 1024
+#: default of ``--max-checkpoint-bytes-per-token``: bytes of checkpoints (the same
+#: count as the per-group cap) held in all the groups one token created.
+DEFAULT_MAX_CHECKPOINT_BYTES_PER_TOKEN = 16 * 1024 * 1024

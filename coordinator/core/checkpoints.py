@@ -11,7 +11,9 @@ A commit is accepted or refused whole, before anything changes
 ``protocol_type`` ``"resources"``, a set that is not in the catalog or an index
 beyond its partitions is ``INVALID_REQUEST`` (HTTP 400, the message names the
 field); a commit that would take its group over ``max_checkpoints_per_group``
-or ``max_checkpoint_bytes_per_group`` is ``CHECKPOINT_LIMIT_REACHED``. A fetch
+or ``max_checkpoint_bytes_per_group``, or the token that created the group over
+``max_checkpoint_bytes_per_token`` (``Kernel.owned_bytes``, the bytes of all the
+groups it created), is ``CHECKPOINT_LIMIT_REACHED``. A fetch
 answers at most ``MAX_FETCH_CHECKPOINTS`` checkpoints: more are read in pages.
 """
 
@@ -71,7 +73,7 @@ def handle_commit(k: Kernel, cmd: Commit, gates: Mapping[GroupState, Gate]) -> N
                      CommitResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE))
             return
         # A group created by this commit has no protocol type: only the caps apply.
-        admitted = admit(k, None, req.group_id, req.checkpoints)
+        admitted = admit(k, None, req.group_id, req.checkpoints, creator=cmd.principal)
         if isinstance(admitted, Refusal):
             k.reply(rid, CommitResponse(admitted.error, admitted.message))
             return
@@ -108,8 +110,8 @@ def handle_commit(k: Kernel, cmd: Commit, gates: Mapping[GroupState, Gate]) -> N
             k.arm_session(g, g.members[req.member_id])
     if plan is not None:
         _note_progress(k, req.group_id, plan)
-        apply_checkpoints(k, req.group_id, plan,
-                          CheckpointMeta(k.now, req.member_id, req.generation_id))
+        k.write_checkpoints(req.group_id, plan,
+                            CheckpointMeta(k.now, req.member_id, req.generation_id))
         k.persist(CheckpointsWritten(req.group_id, tuple(req.checkpoints), k.now,
                                      req.member_id, req.generation_id))
     k.reply(rid, CommitResponse(None))
@@ -183,10 +185,11 @@ class Refusal(NamedTuple):
 
 
 def admit(k: Kernel, g: Group | None, group_id: str, checkpoints: Sequence[Checkpoint],
-          field: str = "checkpoints") -> Refusal | Plan:
+          field: str = "checkpoints", creator: str | None = None) -> Refusal | Plan:
     """The refusal of writing ``checkpoints`` to ``g`` (``None``: a group the write
-    would create), or the plan to apply when they are admitted. Nothing is
-    changed either way. Commits and operators' resets go through the same checks."""
+    would create, by the token ``creator``), or the plan to apply when they are
+    admitted. Nothing is changed either way. Commits and operators' resets go
+    through the same checks."""
     if g is not None and g.protocol_type == RESOURCES:
         # The embedded protocol's resources are the catalog's: refuse what no
         # member can own. Deleting (value None) is always allowed, so checkpoints
@@ -220,6 +223,17 @@ def admit(k: Kernel, g: Group | None, group_id: str, checkpoints: Sequence[Check
                        f"group {group_id!r} would hold {nbytes} bytes of checkpoints, "
                        f"over --max-checkpoint-bytes-per-group ({max_bytes}); "
                        "nothing was written")
+    owner = creator if g is None else g.owner
+    budget = k.config.max_checkpoint_bytes_per_token
+    growth = nbytes - store.nbytes
+    if owner is not None and budget > 0 and growth > 0:
+        held = k.owned_bytes.get(owner, 0)
+        if held + growth > budget:
+            return Refusal(ErrorCode.CHECKPOINT_LIMIT_REACHED,
+                           f"token {owner!r} holds {held} bytes of checkpoints in the groups "
+                           f"it created; this write to group {group_id!r} would add {growth}, "
+                           f"over --max-checkpoint-bytes-per-token ({budget}); nothing was "
+                           "written")
     return plan
 
 
@@ -227,24 +241,8 @@ def _note_progress(k: Kernel, group_id: str, plan: Plan) -> None:
     """Health (health.py): the group committed, and whether an integer went backwards."""
     health = k.health_of(group_id)
     health.committed(k.now)
-    store = k.checkpoints.get(group_id)
-    if store is None:
-        return
-    old_values = store.values
-    for key, value in plan.changes.items():
-        if type(value) is int:
-            old = old_values.get(key)
-            if type(old) is int and value < old:
-                health.rewound(k.now, key, old, value)
-
-
-def apply_checkpoints(k: Kernel, group_id: str, plan: Plan, meta: CheckpointMeta) -> None:
-    store = k.checkpoints.get(group_id)
-    if store is None:
-        store = k.checkpoints[group_id] = CheckpointStore()
-    store.apply(plan, meta)
-    if not store.values:
-        del k.checkpoints[group_id]
+    for key, old, new in plan.rewound:
+        health.rewound(k.now, key, old, new)
 
 
 def handle_fetch(k: Kernel, cmd: Fetch) -> None:

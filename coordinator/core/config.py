@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from protocol.limits import (
     DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP,
+    DEFAULT_MAX_CHECKPOINT_BYTES_PER_TOKEN,
     DEFAULT_MAX_CHECKPOINT_VALUE_BYTES,
     DEFAULT_MAX_CHECKPOINTS_PER_GROUP,
 )
@@ -37,6 +38,10 @@ class CoreConfig:
     #: a commit that would go over is refused whole (CHECKPOINT_LIMIT_REACHED). 0: unlimited.
     max_checkpoints_per_group: int = DEFAULT_MAX_CHECKPOINTS_PER_GROUP
     max_checkpoint_bytes_per_group: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP
+    #: bytes of checkpoints (the same count) held in every group one token created
+    #: (``Group.owner``); a commit or reset that would go over is refused whole
+    #: (CHECKPOINT_LIMIT_REACHED). Counts only with authentication on. 0: unlimited.
+    max_checkpoint_bytes_per_token: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_TOKEN
     #: bytes of one checkpoint value (protocol.validate.value_size); larger: 400. 0: unlimited.
     max_checkpoint_value_bytes: int = DEFAULT_MAX_CHECKPOINT_VALUE_BYTES
     #: group health (coordinator/core/health.py): STORM at this many rebalances within

@@ -87,7 +87,7 @@ class GroupCoordinator:
             raise ValueError("max_groups_per_token: must be >= 0, got "
                              f"{config.max_groups_per_token}")
         for name in ("max_checkpoints_per_group", "max_checkpoint_bytes_per_group",
-                     "max_checkpoint_value_bytes"):
+                     "max_checkpoint_bytes_per_token", "max_checkpoint_value_bytes"):
             if getattr(config, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(config, name)}")
         if config.group_retention_ms < 0:

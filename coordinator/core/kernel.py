@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from coordinator.core.checkpoint_store import CheckpointStore
+from coordinator.core.checkpoint_store import CheckpointStore, Plan
 from coordinator.core.config import CoreConfig
 from coordinator.core.effects import (
     AdminResult,
@@ -31,6 +31,7 @@ from coordinator.core.group import Group, Member, TimerKind, heartbeat_key, pend
 from coordinator.core.health import GroupHealth
 from coordinator.core.records import (
     CatalogChanged,
+    CheckpointMeta,
     CheckpointsWritten,
     GroupOwner,
     GroupRecord,
@@ -87,6 +88,9 @@ class Kernel:
         self.retention: dict[str, int] = {}
         #: token name -> groups held that it created (``Group.owner``).
         self.owned_groups: dict[str, int] = {}
+        #: token name -> bytes of checkpoints (``CheckpointStore.nbytes``) held in the
+        #: groups it created: what ``max_checkpoint_bytes_per_token`` is checked against.
+        self.owned_bytes: dict[str, int] = {}
         #: group id -> what its health is computed from (health.py); dropped with the group.
         self.health: dict[str, GroupHealth] = {}
         self.now = 0
@@ -172,8 +176,34 @@ class Kernel:
 
     def add_group(self, group: Group) -> None:
         self.groups[group.group_id] = group
-        if group.owner is not None:
-            self.owned_groups[group.owner] = self.owned_groups.get(group.owner, 0) + 1
+        owner = group.owner
+        if owner is not None:
+            self.owned_groups[owner] = self.owned_groups.get(owner, 0) + 1
+            # On restore the checkpoints are loaded before their groups: count them now.
+            store = self.checkpoints.get(group.group_id)
+            if store is not None:
+                self._charge(owner, store.nbytes)
+
+    def _charge(self, owner: str, nbytes: int) -> None:
+        """Add ``nbytes`` (negative: release) to what ``owner``'s groups hold."""
+        held = self.owned_bytes.get(owner, 0) + nbytes
+        if held:
+            self.owned_bytes[owner] = held
+        else:
+            del self.owned_bytes[owner]
+
+    def write_checkpoints(self, group_id: str, plan: Plan, meta: CheckpointMeta) -> None:
+        """Apply an admitted plan (``checkpoints.admit``) to a held group's checkpoints,
+        and charge the change of its bytes to the group's creator."""
+        store = self.checkpoints.get(group_id)
+        if store is None:
+            store = self.checkpoints[group_id] = CheckpointStore()
+        owner = self.groups[group_id].owner
+        if owner is not None and plan.nbytes != store.nbytes:
+            self._charge(owner, plan.nbytes - store.nbytes)
+        store.apply(plan, meta)
+        if not store.values:
+            del self.checkpoints[group_id]
 
     def transition(self, group: Group, new: GroupState, reason: str) -> None:
         old = group.state
@@ -233,13 +263,15 @@ class Kernel:
         del self.groups[group.group_id]
         self.health.pop(group.group_id, None)
         owner = group.owner
+        store = self.checkpoints.pop(group.group_id, None)
         if owner is not None:
             left = self.owned_groups[owner] - 1
             if left:
                 self.owned_groups[owner] = left
             else:
                 del self.owned_groups[owner]
-        self.checkpoints.pop(group.group_id, None)
+            if store is not None:
+                self._charge(owner, -store.nbytes)
 
     def evict(self, group_id: str) -> None:
         """Forget everything held of one group, whatever it holds: a handler that
@@ -256,12 +288,19 @@ class Kernel:
         for request_id in [rid for rid, p in self.parked.items() if p.group_id == group_id]:
             self._unpark(request_id)
             self.heartbeats.pop(request_id, None)
-        # Counted again from the groups left: the count may be what was half-changed.
+        # Each token's groups and checkpoint bytes counted again from the groups left:
+        # the counts may be what was half-changed.
         owned: dict[str, int] = {}
+        held: dict[str, int] = {}
         for group in self.groups.values():
-            if group.owner is not None:
-                owned[group.owner] = owned.get(group.owner, 0) + 1
+            owner = group.owner
+            if owner is not None:
+                owned[owner] = owned.get(owner, 0) + 1
+                store = self.checkpoints.get(group.group_id)
+                if store is not None and store.nbytes:
+                    held[owner] = held.get(owner, 0) + store.nbytes
         self.owned_groups = owned
+        self.owned_bytes = held
 
     def forget_if_vacant(self, group: Group) -> None:
         """Drop an Empty group that never formed a generation and holds nothing.

@@ -20,7 +20,6 @@ from coordinator.core.checkpoint_store import Checkpoint
 from coordinator.core.checkpoints import (
     Refusal,
     admit,
-    apply_checkpoints,
     value_problem,
 )
 from coordinator.core.commands import RemoveMember, ResetCheckpoints
@@ -111,7 +110,7 @@ def reset_empty(k: Kernel, g: Group, cmd: ResetCheckpoints) -> None:
     before = tuple((s, i, values[(s, i)]) for s, i in targets if (s, i) in values)
     result = tuple(c for c in changes if c[2] is not None)
     if not cmd.dry_run and changes:
-        apply_checkpoints(k, cmd.group_id, admitted, CheckpointMeta(k.now, None, -1))
+        k.write_checkpoints(cmd.group_id, admitted, CheckpointMeta(k.now, None, -1))
         k.persist(CheckpointsWritten(cmd.group_id, changes, k.now))
     k.reply(rid, AdminResult(None, k.resources_epoch, before=before, after=result))
 

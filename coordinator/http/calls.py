@@ -11,7 +11,9 @@ core, so it changes no state):
 1. 415 for another content type than msgpack or JSON (v1.1: a JSON call is
    answered in JSON, bytes as base64: :mod:`protocol.json_wire`), 413 for a
    body over ``--max-body-bytes`` (``{error: INVALID_REQUEST, message}``);
-2. decode and validate into the request's dataclass; 400 ``INVALID_REQUEST``
+2. decode and validate into the request's dataclass (a body of at least
+   ``offload.LARGE_BODY_BYTES`` on :mod:`coordinator.offload`'s worker thread,
+   so the event loop goes on answering meanwhile); 400 ``INVALID_REQUEST``
    naming the field, also for a join's protocol metadata or a sync's
    per-member assignment over ``--max-metadata-bytes``;
 3. with authentication on: 403 ``GROUP_AUTHORIZATION_FAILED`` for a group the
@@ -33,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from coordinator import auth
+from coordinator import auth, offload
 from coordinator.auth import TokenEntry, TokenStore
 from coordinator.core.commands import Command, Commit, Fetch, Heartbeat, Join, Leave, Sync
 from coordinator.core.effects import AdminResult
@@ -224,9 +226,16 @@ class Calls:
             if api == FindCoordinatorRequest.API:
                 return self._find_coordinator(body, as_json, token, started)
             parse, command = self._apis[api]
+
+            def read() -> Any:
+                return parse(json_wire.decode_request(api, body) if as_json
+                             else codec.decode(body))
+
             try:
-                msg = parse(json_wire.decode_request(api, body) if as_json
-                            else codec.decode(body))
+                # A large body (a commit of thousands of checkpoints) is decoded and
+                # validated off the event loop, which answers other groups meanwhile.
+                msg = (await offload.run(read) if len(body) >= offload.LARGE_BODY_BYTES
+                       else read())
                 if api == "join" or api == "sync":
                     check_metadata(msg, self.max_metadata_bytes)
             except (codec.DecodeError, ValidationError) as exc:

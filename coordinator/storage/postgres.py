@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any, TypeVar
 
+from coordinator import offload
 from coordinator.core.records import (
     CatalogChanged,
     CheckpointMeta,
@@ -73,6 +74,7 @@ from coordinator.storage.sqlite import (
     CorruptDatabaseError,
     RecordError,
     StorageError,
+    batch_rows,
     decode_catalog_row,
     decode_checkpoint_meta,
     decode_checkpoint_row,
@@ -674,8 +676,13 @@ class PostgresStorage:
         a new one) and :class:`StorageError` raised, the outcome as for a broken
         connection.
         """
-        batch = record_statements(self.path, records,
-                                  lambda record: statements(record, self.partitions))
+        def encoded() -> list[Statement]:
+            return record_statements(self.path, records,
+                                     lambda record: statements(record, self.partitions))
+
+        # A large batch is encoded off the event loop (coordinator.offload).
+        batch = (await offload.run(encoded)
+                 if batch_rows(records) >= offload.LARGE_BATCH_ROWS else encoded())
         if fence is not None:
             self._check_fence_covers(records, fence)
         started = time.perf_counter()

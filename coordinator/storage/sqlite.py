@@ -52,6 +52,7 @@ from typing import Any, TypeVar, get_args, get_type_hints
 
 import aiosqlite
 
+from coordinator import offload
 from coordinator.core.records import (
     CatalogChanged,
     CheckpointMeta,
@@ -396,6 +397,20 @@ def _statements(record: Record) -> list[tuple[str, tuple[Any, ...]]]:
                 json.dumps(list(record.left)), record.reason, record.started_ms,
                 record.ended_ms, encode(dict(record.assignments))))]
     raise TypeError(f"not a storage record: {record!r}")
+
+
+def batch_rows(records: Sequence[Record]) -> int:
+    """About how many rows ``records`` write: their checkpoints, one per other record."""
+    return sum(len(r.checkpoints) if type(r) is CheckpointsWritten else 1 for r in records)
+
+
+def _runs(path: str, records: Sequence[Record]) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """The statements of ``records`` in order, consecutive ones of the same SQL in one
+    run: one ``executemany``, one hop to the database thread, instead of one per row.
+    A record whose values cannot be encoded raises :class:`RecordError`."""
+    statements = record_statements(path, records, _statements)
+    return [(sql, [params for _, params in run])
+            for sql, run in itertools.groupby(statements, key=lambda s: s[0])]
 
 
 # ---------------------------------------------------------------- loading
@@ -786,16 +801,16 @@ class Storage:
         On any failure the transaction is rolled back and :class:`StorageError`
         raised: none of the batch is on disk.
         """
-        statements = record_statements(self.path, records, _statements)
+        # A large batch (commits of thousands of checkpoints) is encoded off the
+        # event loop; the rows are then written in the database's own thread.
+        runs = (await offload.run(lambda: _runs(self.path, records))
+                if batch_rows(records) >= offload.LARGE_BATCH_ROWS else _runs(self.path, records))
         started = time.perf_counter()
         try:
             await self._db.execute("BEGIN IMMEDIATE")
             try:
-                # Consecutive statements of the same SQL go in one executemany:
-                # one hop to the database thread instead of one per row, and the
-                # order of the records is kept.
-                for sql, run in itertools.groupby(statements, key=lambda s: s[0]):
-                    await self._db.executemany(sql, [params for _, params in run])
+                for sql, rows in runs:
+                    await self._db.executemany(sql, rows)
                 await self._db.execute("COMMIT")
             except BaseException as exc:
                 await _rollback(self._db, self.path, exc)

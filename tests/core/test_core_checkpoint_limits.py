@@ -252,3 +252,72 @@ def test_commits_are_written_whole_after_the_checks() -> None:
     assert next(r for r in persisted(out) if isinstance(r, CheckpointsWritten)).checkpoints == (
         ("s", 0, 1), ("s", 0, None), ("s", 1, 2))
     assert h.coord.checkpoints(G) == {("s", 1): 2}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(_KEYS, _VALUES), max_size=80), max_size=6),
+       st.integers(1, 6))
+def test_chunked_keys_stay_sorted_and_page_through_everything(
+        commits: list[list[tuple[tuple[str, int], object]]], chunk: int) -> None:
+    """Chunks of a few keys, so commits split, merge and empty them."""
+    store = CheckpointStore(chunk=chunk)
+    model: dict[tuple[str, int], object] = {}
+    for changes in commits:
+        for key, value in changes:
+            if value is None:
+                model.pop(key, None)
+            else:
+                model[key] = value
+        store.apply(store.plan((s, i, v) for (s, i), v in changes))  # type: ignore[misc]
+        assert list(store) == sorted(model)
+        pages: list[tuple[str, int]] = []
+        after = None
+        while True:
+            page, after = store.page(after, 5)
+            pages += [(s, i) for s, i, _ in page]
+            assert len(page) == 5 or after is None
+            if after is None:
+                break
+        assert pages == sorted(model)
+        rebuilt = CheckpointStore(dict(model), chunk=chunk)  # type: ignore[arg-type]
+        assert list(rebuilt) == sorted(model)
+
+
+class _Index(int):
+    """An index that counts the work done with it: each comparison for equality
+    (a sorted search or merge compares the set names, then the indexes) and each
+    hash (a dict or set lookup)."""
+
+    work = 0
+
+    def __eq__(self, other: object) -> bool:
+        _Index.work += 1
+        return int(self) == other
+
+    def __hash__(self) -> int:
+        _Index.work += 1
+        return hash(int(self))
+
+
+def _work_of_a_commit(held: int, changes: list[tuple[str, int, object]]) -> int:
+    store = CheckpointStore()
+    store.apply(store.plan(("s", _Index(2 * i), 1) for i in range(held)))
+    _Index.work = 0
+    store.apply(store.plan(changes))  # type: ignore[arg-type]
+    return _Index.work
+
+
+def test_a_commits_work_does_not_grow_with_what_the_group_holds() -> None:
+    """A commit of 100 new keys, or of 100 deletes, spread over the group: the work
+    is about the same in a group of 1,000 and one of 100,000 (one sorted list made
+    it ~100 times more: a re-sort, or a filter, of every key)."""
+    def added(held: int) -> list[tuple[str, int, object]]:
+        return [("s", _Index(2 * (held // 100) * j + 1), 1) for j in range(100)]
+
+    def deleted(held: int) -> list[tuple[str, int, object]]:
+        return [("s", _Index(2 * (held // 100) * j), None) for j in range(100)]
+
+    for changes in (added, deleted):
+        small = _work_of_a_commit(1_000, changes(1_000))
+        large = _work_of_a_commit(100_000, changes(100_000))
+        assert large < 3 * small, (changes.__name__, small, large)

@@ -19,6 +19,7 @@ OWNERS = {
     "resources_epoch": "kernel.py",     # Kernel.set_catalog, change_catalog
     "catalog": "kernel.py",
     "owned_groups": "kernel.py",        # Kernel.add_group, drop_group
+    "owned_bytes": "kernel.py",         # Kernel.add_group, write_checkpoints, drop_group
     "retention": "kernel.py",           # Kernel.arm/renew/extend/disarm_retention
     "parked": "kernel.py",              # Kernel.park_*, answer_*, cancel_parked
     "parked_by": "kernel.py",           # Kernel._park, _unpark

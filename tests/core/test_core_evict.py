@@ -29,6 +29,8 @@ def test_evicting_a_group_forgets_it_whole_and_nothing_else() -> None:
     assert h.coord.describe_group(G) is None
     assert h.coord.checkpoints(G) == {}
     assert h.coord.parked_by("a") == 0 and h.coord.parked_request_count() == 1
+    assert "a" not in h.coord._k.owned_groups and "a" not in h.coord._k.owned_bytes
+    assert h.coord._k.owned_groups == {"b": 1}
     # Its timers are cancelled (sessions, the join barrier); g2's stay.
     assert not [key for key in h.timers if G in key]
     assert session_key("g2", others[0]) in h.timers

@@ -76,6 +76,13 @@ def _check_invariants(k: Kernel) -> None:
             assert parked.kind in ("join", "sync")
             by_principal[parked.principal] = by_principal.get(parked.principal, 0) + 1
     assert by_principal == k.parked_by
+    # Each token's checkpoint bytes are those of the groups it created.
+    held: dict[str, int] = {}
+    for gid, store in k.checkpoints.items():
+        owner = k.groups[gid].owner
+        if owner is not None:
+            held[owner] = held.get(owner, 0) + store.nbytes
+    assert held == k.owned_bytes
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -110,9 +117,10 @@ def test_random_walk_keeps_bookkeeping_consistent(seed: int) -> None:
         pick = rnd.choice(members) if members else (rnd.choice(known[group])
                                                       if known[group] else ("nobody", None))
         action = rnd.random()
+        token = PRINCIPALS[group]
         kw = {"group": group, "protocols": rnd.choice(PROTOCOL_SETS),
               "session": rnd.choice([6_000, 20_000]), "rebalance": rnd.choice([5_000, 15_000]),
-              "principal": PRINCIPALS[group]}
+              "principal": token}
         if action < 0.12:
             instance = rnd.choice((None, None, *INSTANCES))
             rid, out = h.join("", instance=instance, **kw)  # type: ignore[arg-type]
@@ -136,12 +144,12 @@ def test_random_walk_keeps_bookkeeping_consistent(seed: int) -> None:
                                    wait_ms=rnd.choice([0, 0, 3_000]))
             note(rid, out)
         elif action < 0.67:
-            rid, out = h.leave(pick, group=group)
+            rid, out = h.leave(pick, group=group, principal=token)
             note(rid, out)
         elif action < 0.74:
             rid, out = h.commit(pick[0], rnd.choice([generation, generation - 1, -1]),
                                 [("s", rnd.randrange(4), rnd.choice([1, None, "x"]))],
-                                group=group, instance=pick[1])
+                                group=group, instance=pick[1], principal=token)
             note(rid, out)
         elif action < 0.78 and outstanding:
             absorb(h.cancel(rnd.choice(sorted(outstanding))))  # type: ignore[arg-type]

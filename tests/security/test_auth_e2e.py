@@ -271,4 +271,65 @@ async def test_a_member_asking_a_longer_rebalance_timeout_is_told_the_limit(
             pass
     async with _member(server.url, "orders-slow", APP_A):  # rebalance_timeout_ms=2_000
         pass
+
+
+async def _member_of_new_group(session: aiohttp.ClientSession, url: str, group: str,
+                               token: str) -> tuple[str, int]:
+    """Join (and sync) a new group as its only member: (member id, generation)."""
+    join = {"group_id": group, "member_id": "", "protocol_type": "app",
+            "protocols": [["plain", b""]], "session_timeout_ms": 60_000,
+            "rebalance_timeout_ms": 1_000}
+    status, body = await _post(session, f"{url}/v1/join", join, token)
+    assert body["error"] == "MEMBER_ID_REQUIRED", body
+    join["member_id"] = body["member_id"]
+    status, body = await _post(session, f"{url}/v1/join", join, token)
+    assert status == 200 and body["error"] is None, body
+    member_id, generation = body["member_id"], body["generation_id"]
+    sync = {"group_id": group, "member_id": member_id, "generation_id": generation,
+            "assignments": [{"member_id": member_id, "assignment": b""}]}
+    status, body = await _post(session, f"{url}/v1/sync", sync, token)
+    assert status == 200 and body["error"] is None, body
+    return member_id, generation
+
+
+async def test_a_tokens_checkpoint_budget_holds_across_a_restart(
+        start_server: StartServer, tmp_path: Path) -> None:
+    """--max-checkpoint-bytes-per-token: app-a's commits stop at its budget with a
+    message naming it, before and after a restart; app-b has its own."""
+    db = tmp_path / "budget.db"
+    tokens = _tokens_file(tmp_path)
+    # 100 checkpoints of ("orders", i, an int) count 100 * (6 + 8 + 8) bytes.
+    budget = 100 * 22
+    server = start_server(db, auth_tokens=tokens, max_checkpoint_bytes_per_token=budget)
+
+    async def commit(token: str, group: str, member: tuple[str, int], count: int
+                     ) -> dict[str, Any]:
+        body = {"group_id": group, "member_id": member[0], "generation_id": member[1],
+                "checkpoints": [["orders", i, i] for i in range(count)]}
+        status, answer = await _post(session, f"{server.url}/v1/commit", body, token)
+        assert status == 200, answer
+        return answer
+
+    async with aiohttp.ClientSession() as session:
+        a1 = await _member_of_new_group(session, server.url, "orders-a1", APP_A)
+        a2 = await _member_of_new_group(session, server.url, "orders-a2", APP_A)
+        assert (await commit(APP_A, "orders-a1", a1, 45))["error"] is None
+        assert (await commit(APP_A, "orders-a2", a2, 45))["error"] is None
+
+        async def refused() -> None:
+            answer = await commit(APP_A, "orders-a2", a2, 56)
+            assert answer["error"] == "CHECKPOINT_LIMIT_REACHED", answer
+            assert answer["message"] == (
+                f"token 'app-a' holds {90 * 22} bytes of checkpoints in the groups it "
+                f"created; this write to group 'orders-a2' would add {11 * 22}, over "
+                f"--max-checkpoint-bytes-per-token ({budget}); nothing was written")
+
+        await refused()
+        assert server.terminate() == 0
+        server = start_server(db, auth_tokens=tokens, max_checkpoint_bytes_per_token=budget)
+        await refused()
+        # What fits still goes; app-b has a budget of its own.
+        assert (await commit(APP_A, "orders-a2", a2, 55))["error"] is None
+        b1 = await _member_of_new_group(session, server.url, "orders-b1", APP_B)
+        assert (await commit(APP_B, "orders-b1", b1, 100))["error"] is None
     assert server.terminate() == 0

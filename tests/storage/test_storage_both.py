@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 from test_storage_sqlite import group, member
 
+from coordinator import offload
 from coordinator.core.records import (
     CatalogChanged,
     CheckpointMeta,
@@ -287,3 +288,20 @@ async def test_who_wrote_each_checkpoint_and_when_round_trips(opener: Opener) ->
     assert snapshot.checkpoint_meta == {"g1": {
         ("orders", 0): CheckpointMeta(1_700_000_000_000, "m-1", 4),
         ("orders", 1): CheckpointMeta(1_700_000_000_500, None, -1)}}
+
+
+async def test_a_large_batch_is_written_in_order_like_a_small_one(opener: Opener) -> None:
+    """A batch past ``offload.LARGE_BATCH_ROWS`` is encoded on the worker thread:
+    the same rows, in the same order (a later write of a key wins, a delete in
+    between removes it), as a batch encoded inline."""
+    storage = await opener()
+    count = offload.LARGE_BATCH_ROWS + 500
+    first = CheckpointsWritten("big", tuple(("s", i, i) for i in range(count)), 1_000)
+    second = CheckpointsWritten("big", (("s", 0, None), ("s", 1, "x"), ("s", 1, None),
+                                        ("s", 2, None), ("s", 2, "back")), 2_000)
+    records: list[Record] = [first, second]
+    await storage.write(records)
+    loaded = await storage.load()
+    assert loaded.checkpoints == fold(records).checkpoints
+    big = loaded.checkpoints["big"]
+    assert big[("s", 2)] == "back" and ("s", 1) not in big and len(big) == count - 2
