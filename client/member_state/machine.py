@@ -43,8 +43,8 @@ The safety rule: a member never believes it owns a resource past the moment
 the coordinator may have given it away, the end of its lease
 (:mod:`client.member_state.lease`). When that moment passes, ``on_lost``
 comes before anything else, and a join or sync in flight is abandoned for it
-(``wants_interrupt``). The member keeps heartbeating while it rejoins
-(Kafka's KIP-62 heartbeat thread), on a side channel
+(``wants_interrupt``). The member keeps heartbeating while it rejoins, and
+while a listener callback runs (Kafka's KIP-62 heartbeat thread), on a side channel
 (:meth:`MemberStateMachine.background_heartbeat`;
 :mod:`client.member_state.heartbeat`, which also says when a join or sync in
 flight is one the coordinator is done with, and is sent again).
@@ -256,6 +256,22 @@ class MemberStateMachine:
         base = phase.base_ms if isinstance(phase, Syncing) else self._lease.settled_ms
         return self._lease.end(base)
 
+    def lease_expiry(self, now_ms: int) -> str:
+        """Why the lease ended, once ``safety_deadline_ms()`` has passed: the
+        bound that ran out, with its setting."""
+        if self._lease.session_expired(now_ms):
+            return (f"no successful heartbeat for a session timeout "
+                    f"(session_timeout_ms={self.config.session_timeout_ms})")
+        return (f"the rebalance outlasted the rebalance timeout "
+                f"(rebalance_timeout_ms={self.config.rebalance_timeout_ms})")
+
+    def revoking(self, resources: Iterable[Resource]) -> bool:
+        """Whether ``on_revoked`` is running for some of ``resources``: a
+        commit of them is a final one (no later commit will carry them)."""
+        action = self._in_flight
+        return (isinstance(action, InvokeListener) and action.kind is CallbackKind.REVOKED
+                and not action.resources.isdisjoint(resources))
+
     def drain_events(self) -> list[RebalanceEvent]:
         return self._rebalance.drain()
 
@@ -332,6 +348,12 @@ class MemberStateMachine:
         if not_owned:
             raise NotOwnedError(not_owned)
         if self.generation_id < 0 or not self.member_id:
+            if self.revoking(checkpoints) and self.last_error is not None:
+                # Out of the group while on_revoked ran (a heartbeat's answer):
+                # no later generation will take this commit.
+                raise NotOwnedError(not_owned or sorted(checkpoints), (
+                    f"the member left the group while on_revoked ran ({self.last_error}), "
+                    f"so the group may have given them to another member; nothing was sent"))
             raise RebalanceInProgressError(ErrorCode.REBALANCE_IN_PROGRESS,
                                            "commit: the member has not joined a generation yet")
         # Increasing over the member's whole life (rejoins included): a commit the
@@ -401,12 +423,10 @@ class MemberStateMachine:
         # The safety rule comes before anything else.
         deadline = self.safety_deadline_ms()
         if deadline is not None and now_ms >= deadline:
-            if self._lease.session_expired(now_ms):
-                self._lose_all("no successful heartbeat for a session timeout")
-                self._request_rejoin(now_ms, "session timed out locally")
-            else:
-                self._lose_all("the rebalance outlasted the rebalance timeout")
-                self._request_rejoin(now_ms, "rebalance timed out locally")
+            self._lose_all(self.lease_expiry(now_ms))
+            self._request_rejoin(now_ms, "session timed out locally"
+                                 if self._lease.session_expired(now_ms)
+                                 else "rebalance timed out locally")
         if self._callbacks:
             callback = self._emit_callback()
             if callback is not None:
@@ -505,10 +525,12 @@ class MemberStateMachine:
 
     def background_heartbeat(self, now_ms: int) -> Call | Wait | None:
         """The heartbeat to send alongside the main channel while a rebalance
-        is in progress (JOINING, SYNCING), as Kafka's heartbeat thread keeps
-        heartbeating while the consumer rejoins (KIP-62): ``Call`` to send
-        now, ``Wait`` until the next one is due, ``None`` when none applies
-        (not rebalancing, no generation to heartbeat with, closing). At most
+        is in progress (JOINING, SYNCING) or a listener callback runs (any
+        state, closing included), as Kafka's heartbeat thread keeps
+        heartbeating while the consumer rejoins or runs its rebalance listener
+        (KIP-62): ``Call`` to send now, ``Wait`` until the next one is due,
+        ``None`` when none applies (stable or closing with no callback
+        running, no generation to heartbeat with). At most
         one is outstanding; report it with :meth:`background_received`,
         :meth:`background_failed` or :meth:`background_abandoned`
         (:mod:`client.member_state.heartbeat`)."""
@@ -538,12 +560,15 @@ class MemberStateMachine:
         assert isinstance(request, HeartbeatRequest)
         sent = self._side.sent_ms
         if (request.member_id != self.member_id or request.generation_id != self.generation_id
-                or self._closing or self.state not in (MemberState.JOINING, MemberState.SYNCING,
-                                                       MemberState.STABLE)):
+                or self.state not in (MemberState.JOINING, MemberState.SYNCING,
+                                      MemberState.STABLE)):
             # Superseded: the join answer gave a new generation (or the member
             # id was reset) since it was sent; an answer about an older
             # generation says nothing about this one (an old-generation
             # ILLEGAL_GENERATION must not reset a member that just joined).
+            # A closing member heartbeats only while its on_revoked runs, and
+            # the answers count then as ever: they renew its lease, or tell it
+            # that what it is revoking may be someone else's already.
             return
         code = response.error
         main = self._in_flight
@@ -560,8 +585,11 @@ class MemberStateMachine:
         action = ERROR_ACTIONS.get(code, ErrorAction.RETRY)
         if action is ErrorAction.REJOIN:
             # PreparingRebalance re-armed our session: we are known. We are
-            # rejoining already (or our sync will be told to rejoin).
+            # rejoining already (or our sync will be told to rejoin); a stable
+            # member heartbeating during a callback rejoins once it returned.
             self._lease.known(sent)
+            if self.state is MemberState.STABLE and not self._closing:
+                self._request_rejoin(now_ms, f"heartbeat: {code.value}")
             return
         if action is ErrorAction.RETRY:
             self._side.next_ms = now_ms + min(self.config.retry_backoff_ms,
@@ -609,15 +637,23 @@ class MemberStateMachine:
 
     def _bg_applies(self) -> bool:
         phase = self._phase
-        if not isinstance(phase, (Joining, Syncing)):
-            return False
-        if self._closing or self.failure is not None:
+        if self.failure is not None or not isinstance(phase, (Joining, Syncing, Stable)):
             return False
         if not self.member_id or self.generation_id < 0:
             return False  # nothing to heartbeat with (a new or reset member)
         if isinstance(phase, Syncing) and phase.pending is not None:
             return False  # the main channel is verifying a late sync answer by heartbeat
         main = self._in_flight
+        if isinstance(main, InvokeListener):
+            # A listener callback holds the main channel: the side channel keeps
+            # the member's session (Kafka's heartbeat thread runs while
+            # onPartitionsRevoked does), in every state and while closing, so a
+            # slow on_revoked, or the close's after the rebalance's, can still
+            # commit at its end. A rebalance the coordinator starts meanwhile is
+            # still bounded by the rebalance timeout (the lease's rebalance bound).
+            return True
+        if isinstance(phase, Stable) or self._closing:
+            return False  # the main channel heartbeats; a closing member leaves
         return not (isinstance(main, MainCall) and main.call.api == "heartbeat")
 
     def _apply_side(self, now_ms: int, code: ErrorCode, action: ErrorAction) -> None:

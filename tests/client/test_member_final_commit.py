@@ -1,0 +1,135 @@
+"""Final commits from ``on_revoked`` while the member closes (docs/client.md,
+"Final commits").
+
+A worker whose ``on_revoked`` takes a few seconds and commits at its end is
+closed (Ctrl-C) while it revokes for a rebalance a new member started: the
+close's own ``on_revoked(everything left)`` follows the rebalance's at once.
+The member used to send no heartbeat while a callback ran, so the two
+callbacks back to back outlasted the session timeout with nothing renewing
+the lease, and the close's final commit was refused locally with
+``NotOwnedError`` although the coordinator still counted the member in.
+Now the side channel heartbeats while a callback awaits, and a final commit
+that truly cannot be stored says so: a WARNING naming the resources and the
+reason, and an exception that says why.
+
+In virtual time (``virtual_time.py``): the callbacks' seconds, the sessions
+and the coordinator's timers all run on the loop's clock, so the outcome
+does not depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from client_harness import InProcessCoordinator, Ledger, eventually
+from virtual_time import loop_ms, loop_s, run_with_coordinator
+
+from client import GroupCoordError, GroupMember, NotOwnedError, RebalanceListener, Resource
+
+pytestmark = pytest.mark.timeout(60)
+
+SESSION_MS = 6_000
+#: each on_revoked: shorter than the session, two of them in a row longer.
+REVOKE_S = 4.0
+SETTINGS: dict[str, Any] = dict(session_timeout_ms=SESSION_MS, rebalance_timeout_ms=30_000,
+                                retry_backoff_ms=50, retry_backoff_max_ms=500)
+
+
+class SlowRevoke(RebalanceListener):
+    """Stops its work in ``on_revoked`` (``REVOKE_S`` of it), then commits the
+    final position of every revoked resource; keeps each commit's outcome."""
+
+    def __init__(self) -> None:
+        self.member: GroupMember | None = None
+        self.revoking = asyncio.Event()
+        self.outcomes: list[tuple[frozenset[Resource], BaseException | None]] = []
+        self.partition_at_start: Any = None
+
+    async def on_revoked(self, resources: set[Resource]) -> None:
+        assert self.member is not None
+        self.revoking.set()
+        if self.partition_at_start is not None:
+            self.partition_at_start.partitioned = True
+        await asyncio.sleep(REVOKE_S)
+        try:
+            await self.member.commit({r: f"final-{r[1]}" for r in resources})
+        except GroupCoordError as exc:
+            self.outcomes.append((frozenset(resources), exc))
+        else:
+            self.outcomes.append((frozenset(resources), None))
+
+
+def test_close_during_a_slow_revocation_keeps_every_final_commit() -> None:
+    run_with_coordinator(_close_during_a_slow_revocation)
+
+
+async def _close_during_a_slow_revocation(coordinator: InProcessCoordinator) -> None:
+    await coordinator.put_resource("shards", 9)
+    listener = SlowRevoke()
+    a = GroupMember(coordinator.transport(), "g", ["shards"], listener=listener,
+                    client_id="a", clock=loop_ms, **SETTINGS)
+    listener.member = a
+    ledger = Ledger(clock=loop_s)
+    b = GroupMember(coordinator.transport(), "g", ["shards"], listener=ledger.listener("b"),
+                    client_id="b", clock=loop_ms, **SETTINGS)
+    await a.__aenter__()
+    assert len(a.assignment) == 9
+    b.start()  # a new member: a revokes what moves to it, slowly
+    try:
+        await _close_a(a, b, listener)
+    finally:
+        await b.close()
+
+
+async def _close_a(a: GroupMember, b: GroupMember, listener: SlowRevoke) -> None:
+    await asyncio.wait_for(listener.revoking.wait(), 10)
+    await asyncio.sleep(1)
+    started = loop_ms()
+    await a.close()  # Ctrl-C while on_revoked runs
+    # The rebalance's revocation and the close's, back to back: longer than a
+    # session without a heartbeat, had the callbacks blocked them.
+    assert loop_ms() - started >= 2 * REVOKE_S * 1000 - 1000 > SESSION_MS
+    assert a.failure is None
+    # The rebalance's revocation, then the close's (everything left).
+    assert [exc for _, exc in listener.outcomes] == [None, None]
+    assert frozenset().union(*(r for r, _ in listener.outcomes)) == {
+        ("shards", i) for i in range(9)}
+    # Every final commit is stored, and b takes everything over once a left.
+    await eventually(lambda: len(b.assignment) == 9, 30)
+    assert await b.fetch() == {("shards", i): f"final-{i}" for i in range(9)}
+
+
+def test_a_final_commit_that_cannot_be_stored_is_reported(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="groupcoord.client")
+    run_with_coordinator(_final_commit_after_the_lease)
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "final commit" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    line = warnings[0]
+    assert "shards[0], shards[1], shards[2]" in line
+    assert "safety deadline" in line and "not stored" in line
+
+
+async def _final_commit_after_the_lease(coordinator: InProcessCoordinator) -> None:
+    await coordinator.put_resource("shards", 3)
+    listener = SlowRevoke()
+    transport = coordinator.transport()
+    a = GroupMember(transport, "g", ["shards"], listener=listener, client_id="a",
+                    clock=loop_ms, session_timeout_ms=3_000, rebalance_timeout_ms=30_000)
+    listener.member = a
+    await a.__aenter__()
+    # Cut off from the coordinator as the close's on_revoked starts: nothing
+    # renews the lease while the callback runs longer than the session, and
+    # the coordinator may give the resources away from the deadline on.
+    listener.partition_at_start = transport
+    await a.close()
+    assert len(listener.outcomes) == 1
+    resources, exc = listener.outcomes[0]
+    assert resources == {("shards", i) for i in range(3)}
+    assert isinstance(exc, NotOwnedError)
+    assert exc.resources == sorted(resources)
+    assert "safety deadline" in str(exc)
