@@ -284,7 +284,9 @@ class MemberStateMachine:
             return False
         if main.call.api == "leave":
             return False
-        if self._closing or main.stale or self.state is MemberState.FAILED:
+        if main.stale or self.state is MemberState.FAILED:
+            return True
+        if self._closing and not self._finishing_sync():
             return True
         deadline = self.safety_deadline_ms()
         if deadline is not None and now_ms >= deadline:
@@ -296,6 +298,20 @@ class MemberStateMachine:
         if not main.call.interruptible:
             return False
         return bool(self._callbacks) or self._rejoin_due(now_ms)
+
+    def _finishing_sync(self) -> bool:
+        """Closing while SYNCING and owning something: the sync goes on.
+
+        The coordinator refuses commits while it waits for the leader's sync
+        (CompletingRebalance), and commits of the previous generation from
+        then on: had the member abandoned its sync, the final commits of the
+        close's ``on_revoked`` would all be refused. A sync is answered as
+        soon as the leader's arrives (the leader's at once), so the close waits
+        for it, bounded like any sync by the safety deadline; then the close
+        revokes everything in the new generation, whose commits are taken."""
+        phase = self._phase
+        return (self._closing and bool(self._owned) and isinstance(phase, Syncing)
+                and phase.pending is None)
 
     def _rejoin_due(self, now_ms: int) -> bool:
         return self._rejoin is not None and now_ms >= self._rejoin[0]
@@ -401,6 +417,13 @@ class MemberStateMachine:
         rebalancing = self.state in (MemberState.JOINING, MemberState.SYNCING)
         if not stale and self.state is MemberState.STABLE and action is not ErrorAction.RETRY:
             self._apply(now_ms, "commit", code, action)
+        if self._closing and code in (ErrorCode.REBALANCE_IN_PROGRESS,
+                                      ErrorCode.ILLEGAL_GENERATION):
+            # No "commit again": a closing member does not rejoin.
+            return CommitFailedError(
+                code, f"commit refused: {code.value} (generation {request.generation_id}): "
+                      f"the group was rebalancing when the member closed, and a closing "
+                      f"member does not rejoin, so the checkpoint was not stored")
         if code is ErrorCode.REBALANCE_IN_PROGRESS:
             return RebalanceInProgressError(code)
         if code is ErrorCode.ILLEGAL_GENERATION and (stale or rebalancing):
@@ -433,7 +456,8 @@ class MemberStateMachine:
                 return callback
         if self.state in (MemberState.CLOSED, MemberState.FAILED):
             return Stop(self.failure)
-        if self._closing and self.state is not MemberState.LEAVING:
+        if (self._closing and self.state is not MemberState.LEAVING
+                and not self._finishing_sync()):
             return self._close_step(now_ms)
         phase = self._phase
         if isinstance(phase, Stable):
@@ -652,7 +676,7 @@ class MemberStateMachine:
             # commit at its end. A rebalance the coordinator starts meanwhile is
             # still bounded by the rebalance timeout (the lease's rebalance bound).
             return True
-        if isinstance(phase, Stable) or self._closing:
+        if isinstance(phase, Stable) or (self._closing and not self._finishing_sync()):
             return False  # the main channel heartbeats; a closing member leaves
         return not (isinstance(main, MainCall) and main.call.api == "heartbeat")
 

@@ -25,9 +25,10 @@ from typing import Any
 
 import pytest
 from client_harness import InProcessCoordinator, Ledger, eventually
-from virtual_time import loop_ms, loop_s, run_with_coordinator
+from virtual_time import LatencyTransport, loop_ms, loop_s, run_with_coordinator
 
 from client import GroupCoordError, GroupMember, NotOwnedError, RebalanceListener, Resource
+from client.member_state import MemberState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -133,3 +134,97 @@ async def _final_commit_after_the_lease(coordinator: InProcessCoordinator) -> No
     assert isinstance(exc, NotOwnedError)
     assert exc.resources == sorted(resources)
     assert "safety deadline" in str(exc)
+
+
+# ---------------------------------------------------------------- close racing a rebalance
+
+
+class QuickRevoke(RebalanceListener):
+    """Commits each revoked resource's final position after half a second."""
+
+    def __init__(self) -> None:
+        self.member: GroupMember | None = None
+        self.outcomes: list[tuple[frozenset[Resource], BaseException | None]] = []
+
+    async def on_revoked(self, resources: set[Resource]) -> None:
+        assert self.member is not None
+        await asyncio.sleep(0.5)
+        try:
+            await self.member.commit({r: f"final-{r[1]}" for r in resources})
+        except GroupCoordError as exc:
+            self.outcomes.append((frozenset(resources), exc))
+        else:
+            self.outcomes.append((frozenset(resources), None))
+
+
+async def _close_during_a_rebalance(coordinator: InProcessCoordinator, offset_ms: int | None,
+                                    ) -> tuple[str, QuickRevoke, dict[Resource, Any]]:
+    """a owns 6 resources; b joins over a network with 100 ms round trips;
+    a is closed ``offset_ms`` after it left STABLE (None: once it is SYNCING).
+    Returns a's state when closed, its listener, and the checkpoints then."""
+    await coordinator.put_resource("shards", 6)
+    listener = QuickRevoke()
+    a = GroupMember(LatencyTransport(coordinator, 100), "g", ["shards"], listener=listener,
+                    client_id="a", clock=loop_ms, **SETTINGS)
+    listener.member = a
+    await a.__aenter__()
+    b = GroupMember(LatencyTransport(coordinator, 100), "g", ["shards"], client_id="b",
+                    clock=loop_ms, **SETTINGS)
+    b.start()
+    try:
+        if offset_ms is None:
+            await eventually(lambda: a.state is MemberState.SYNCING, 10, 0.001)
+        else:
+            await eventually(lambda: a.state is not MemberState.STABLE, 10, 0.001)
+            await asyncio.sleep(offset_ms / 1000)
+        state = a.state.value
+        await a.close()
+        await eventually(lambda: len(b.assignment) == 6, 30)
+        return state, listener, await b.fetch()
+    finally:
+        await b.close()
+
+
+def test_close_while_syncing_finishes_the_sync_and_keeps_every_final_commit() -> None:
+    # Abandoned, the sync left the group waiting for the leader's sync, and
+    # then in a generation the member's commits no longer carried: every
+    # final commit was refused (REBALANCE_IN_PROGRESS or ILLEGAL_GENERATION).
+    result: list[Any] = []
+
+    async def scenario(coordinator: InProcessCoordinator) -> None:
+        result.append(await _close_during_a_rebalance(coordinator, None))
+
+    run_with_coordinator(scenario)
+    state, listener, stored = result[0]
+    assert state == "syncing"
+    assert [exc for _, exc in listener.outcomes] == [None] * len(listener.outcomes)
+    assert stored == {("shards", i): f"final-{i}" for i in range(6)}
+
+
+def test_close_at_any_moment_of_a_rebalance_stores_or_reports_each_final_commit(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Closed while its join's answer is on the way, the member cannot commit
+    # any more (the generation it knows is gone, and it does not rejoin): that
+    # must be said, once, naming the resources, never lost in silence.
+    caplog.set_level(logging.WARNING, logger="groupcoord.client")
+    for offset_ms in range(0, 400, 20):
+        caplog.clear()
+        result: list[Any] = []
+
+        async def scenario(coordinator: InProcessCoordinator) -> None:
+            result.append(await _close_during_a_rebalance(coordinator, offset_ms))  # noqa: B023
+
+        run_with_coordinator(scenario)
+        state, listener, stored = result[0]
+        warnings = [r.getMessage() for r in caplog.records
+                    if r.levelno == logging.WARNING and "final commit" in r.getMessage()]
+        refused = [(resources, exc) for resources, exc in listener.outcomes if exc is not None]
+        assert len(warnings) == len(refused), (offset_ms, state, warnings, refused)
+        for (resources, exc), line in zip(refused, warnings, strict=True):
+            named = ", ".join(f"{s}[{i}]" for s, i in sorted(resources))
+            assert f"final commit of {named} not stored: {exc}" in line, (offset_ms, line)
+            assert "commit again" not in str(exc)  # a closing member does not rejoin
+        for resources, exc in listener.outcomes:
+            if exc is None:
+                assert all(stored[r] == f"final-{r[1]}" for r in resources), (offset_ms, stored)
+        assert sum(len(r) for r, _ in listener.outcomes) == 6
