@@ -394,8 +394,8 @@ class GroupMember:
             if timeout_ms <= 0:
                 # Nothing is sent: by the safety rule it no longer owns them.
                 raise NotOwnedError(sorted(checkpoints), (
-                    f"its safety deadline passed {now - deadline} ms ago "
-                    f"({self._machine.lease_expiry(now)}), so the group may have given "
+                    f"its safety deadline passed {now - deadline} ms ago: "
+                    f"{self._machine.lease_expiry(now)}, so the group may have given "
                     f"them to another member; nothing was sent"))
         response = await self._user_call("commit", request, timeout_ms)
         error = self._machine.commit_result(self._clock(), request, response.error)
