@@ -307,7 +307,11 @@ class GroupMember:
     async def close(self, *, leave: bool | None = None, timeout_s: float | None = None) -> None:
         """Revoke everything (``on_revoked``), leave the group (dynamic members;
         static ones stay so that a restart gets the same resources back) and
-        stop. From inside a listener callback it only starts the close."""
+        stop. A member that owns something and is rebalancing first finishes
+        its sync, or its join if the coordinator answered it, so the final
+        commits of ``on_revoked`` carry a generation the coordinator takes
+        (docs/client.md, "Final commits"). From inside a listener callback it
+        only starts the close."""
         if self._task is None:
             await self._close_transport()
             return

@@ -199,6 +199,10 @@ class MemberStateMachine:
         self._rebalance = RebalanceLog()
         # ---- closing / failure
         self._closing = False
+        #: side-channel heartbeats sent before the close (_finishing_join).
+        self._close_heartbeats = 0
+        #: closing: the join in flight may be abandoned (_finishing_join).
+        self._join_released = False
         #: the ``sequence`` of the last commit built (CommitRequest.sequence).
         self._commit_sequence = -1
         #: the ``sequence`` of the last join built (JoinRequest.sequence).
@@ -286,7 +290,7 @@ class MemberStateMachine:
             return False
         if main.stale or self.state is MemberState.FAILED:
             return True
-        if self._closing and not self._finishing_sync():
+        if self._closing and not self._finishing_rebalance():
             return True
         deadline = self.safety_deadline_ms()
         if deadline is not None and now_ms >= deadline:
@@ -298,6 +302,32 @@ class MemberStateMachine:
         if not main.call.interruptible:
             return False
         return bool(self._callbacks) or self._rejoin_due(now_ms)
+
+    def _finishing_rebalance(self) -> bool:
+        """Closing while the sync or the join in flight goes on (see both)."""
+        return self._finishing_sync() or self._finishing_join()
+
+    def _finishing_join(self) -> bool:
+        """Closing with a join in flight while owning something: the join goes
+        on until the side channel shows it is not answered yet.
+
+        Once the group's join phase completed with this join, its answer is
+        on the way and the generation the member has is gone: abandoned then,
+        the close's final commits would all be refused. Parked instead (the
+        group waits for other members), abandoning it is what keeps them: the
+        coordinator drops a parked join whose connection closes, and the group
+        waits for this member in its generation, whose commits it takes. So
+        a side-channel heartbeat goes out at the close; answered
+        REBALANCE_IN_PROGRESS (the join phase goes on) or without error (no
+        join phase: the join has not arrived), or not answered at all, the
+        join is abandoned; answered ILLEGAL_GENERATION (a generation formed
+        with this join), the join's answer is awaited, then the sync
+        (:meth:`_finishing_sync`). Bounded by the safety deadline like any
+        join."""
+        main = self._in_flight
+        return (self._closing and not self._join_released and bool(self._owned)
+                and isinstance(self._phase, Joining) and isinstance(main, MainCall)
+                and main.call.api == "join")
 
     def _finishing_sync(self) -> bool:
         """Closing while SYNCING and owning something: the sync goes on.
@@ -351,6 +381,10 @@ class MemberStateMachine:
         self._closing = True
         if leave is not None:
             self._leave_on_close = leave
+        # A join in flight waits for a side-channel answer to a heartbeat sent
+        # from now on (_finishing_join): the next one goes at once.
+        self._close_heartbeats = self._side.sent_count
+        self._side.next_ms = 0
 
     def build_commit(self, checkpoints: Mapping[Resource, Scalar]) -> CommitRequest:
         """The commit request for ``checkpoints``; only owned resources may be
@@ -457,7 +491,7 @@ class MemberStateMachine:
         if self.state in (MemberState.CLOSED, MemberState.FAILED):
             return Stop(self.failure)
         if (self._closing and self.state is not MemberState.LEAVING
-                and not self._finishing_sync()):
+                and not self._finishing_rebalance()):
             return self._close_step(now_ms)
         phase = self._phase
         if isinstance(phase, Stable):
@@ -590,9 +624,9 @@ class MemberStateMachine:
             # id was reset) since it was sent; an answer about an older
             # generation says nothing about this one (an old-generation
             # ILLEGAL_GENERATION must not reset a member that just joined).
-            # A closing member heartbeats only while its on_revoked runs, and
-            # the answers count then as ever: they renew its lease, or tell it
-            # that what it is revoking may be someone else's already.
+            # A closing member's answers (it heartbeats while it finishes a join
+            # or sync, or while on_revoked runs) count as ever: they renew its
+            # lease, or tell it that what it revokes may be someone else's.
             return
         code = response.error
         main = self._in_flight
@@ -600,6 +634,11 @@ class MemberStateMachine:
             main.watch(now_ms, sent, code, self._timing.reply_ms)
         if code is None or code is ErrorCode.REBALANCE_IN_PROGRESS:
             self._coordinator_answered(now_ms)
+        if code is not ErrorCode.ILLEGAL_GENERATION:
+            # Sent after the close: the join is parked or has not arrived (or the
+            # coordinator cannot tell), not answered; abandoning it keeps the
+            # group in our generation.
+            self._release_join()
         if code is None:
             # The coordinator was in CompletingRebalance or Stable with our
             # generation: we are known, and no join phase was in progress.
@@ -630,6 +669,12 @@ class MemberStateMachine:
             return
         self._apply_side(now_ms, code, action)
 
+    def _release_join(self) -> None:
+        """A side-channel outcome other than ILLEGAL_GENERATION, to a heartbeat
+        sent since the close: the join in flight may go (_finishing_join)."""
+        if self._finishing_join() and self._side.sent_count > self._close_heartbeats:
+            self._join_released = True
+
     def _coordinator_answered(self, now_ms: int) -> None:
         """The coordinator answers again: a join, sync or catalog read waiting
         out the backoff of a failure to reach it goes now (the member would
@@ -647,6 +692,7 @@ class MemberStateMachine:
         proves nothing; the next one goes out after a short backoff. A fatal
         transport error (401/403) stops the member as on the main channel."""
         self._side.take()
+        self._release_join()  # no answer: waiting on the join gains nothing
         if isinstance(error, FatalMemberError):
             if self.state not in (MemberState.CLOSED, MemberState.FAILED):
                 self._mark_stale()
@@ -676,7 +722,7 @@ class MemberStateMachine:
             # commit at its end. A rebalance the coordinator starts meanwhile is
             # still bounded by the rebalance timeout (the lease's rebalance bound).
             return True
-        if isinstance(phase, Stable) or (self._closing and not self._finishing_sync()):
+        if isinstance(phase, Stable) or (self._closing and not self._finishing_rebalance()):
             return False  # the main channel heartbeats; a closing member leaves
         return not (isinstance(main, MainCall) and main.call.api == "heartbeat")
 

@@ -426,3 +426,42 @@ def test_an_error_seen_during_a_callback_refuses_its_final_commit() -> None:
     assert m.owned == frozenset()
     # nothing to leave with: the member id is gone
     assert isinstance(m.next_action(20 + HB), Stop)
+
+
+def test_closing_with_a_join_in_flight_waits_for_the_side_channel_to_release_it() -> None:
+    m = owner_rejoining(0, 1)
+    early = bg_call(m, 700)  # sent before the close: its answer says nothing of it
+    m.close()
+    assert not m.wants_interrupt(705)  # the join may be answered (a generation with us)
+    m.background_received(710, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    assert early.generation_id == 1 and not m.wants_interrupt(710)
+    bg_call(m, 710)  # due at once after the close
+    # ILLEGAL_GENERATION: the join phase completed with our join; its answer is coming
+    m.background_received(715, HeartbeatResponse(ErrorCode.ILLEGAL_GENERATION))
+    assert not m.wants_interrupt(715) and m.owned == frozenset(res(0, 1))
+    bg_call(m, 710 + HB)
+    # REBALANCE_IN_PROGRESS: still waiting for rejoins, so our join is parked
+    m.background_received(715 + HB, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    assert m.wants_interrupt(715 + HB)
+    m.call_abandoned(715 + HB)
+    revoke = m.next_action(715 + HB)  # then the close revokes in generation 1
+    assert isinstance(revoke, InvokeListener) and revoke.kind is CallbackKind.REVOKED
+    assert m.build_commit({("s", 0): 1}).generation_id == 1
+
+
+def test_closing_with_a_join_in_flight_takes_its_answer_and_syncs_before_revoking() -> None:
+    m = owner_rejoining(0, 1)
+    m.close()
+    m.receive(500, JoinResponse(None, 2, "resources", "cooperative-sticky", "leader", "m1"))
+    sync = expect_call(m, 500, "sync")  # the close waits for the new generation
+    assert isinstance(sync.request, SyncRequest) and sync.request.generation_id == 2
+    assert not m.wants_interrupt(505)
+    m.receive(600, SyncResponse(None, assignment=assignment(0)))
+    expect_callback(m, 600, CallbackKind.REVOKED, res(1))  # what moves
+    expect_callback(m, 600, CallbackKind.ASSIGNED, set())
+    revoke = m.next_action(600)  # the close's: everything left, in generation 2
+    assert isinstance(revoke, InvokeListener) and revoke.kind is CallbackKind.REVOKED
+    assert set(revoke.resources) == res(0)
+    assert m.build_commit({("s", 0): 1}).generation_id == 2
+    m.listener_done(600)
+    expect_call(m, 600, "leave")
