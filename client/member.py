@@ -324,8 +324,15 @@ class GroupMember:
         # Not cancelled if this caller is: the close goes on.
         done = await self._first_of({self._task}, self._after_s(timeout))
         if self._task not in done:
-            log.warning("member %s: close timed out after %.1fs; stopping", self.client_id,
-                        timeout)
+            running = self._machine.callback_running
+            if running is not None and running.kind is CallbackKind.REVOKED:
+                log.warning("member %s: close timed out after %.1fs while on_revoked(%s) "
+                            "ran; stopping: its final commits not made yet are not stored, "
+                            "and the member does not leave", self.client_id, timeout,
+                            _fmt(running.resources))
+            else:
+                log.warning("member %s: close timed out after %.1fs; stopping",
+                            self.client_id, timeout)
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         # A failure is kept in self._failure; the task itself raises nothing.

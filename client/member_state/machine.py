@@ -269,11 +269,17 @@ class MemberStateMachine:
         return (f"the rebalance outlasted the rebalance timeout "
                 f"(rebalance_timeout_ms={self.config.rebalance_timeout_ms})")
 
+    @property
+    def callback_running(self) -> InvokeListener | None:
+        """The listener callback the driver is running, if any."""
+        action = self._in_flight
+        return action if isinstance(action, InvokeListener) else None
+
     def revoking(self, resources: Iterable[Resource]) -> bool:
         """Whether ``on_revoked`` is running for some of ``resources``: a
         commit of them is a final one (no later commit will carry them)."""
-        action = self._in_flight
-        return (isinstance(action, InvokeListener) and action.kind is CallbackKind.REVOKED
+        action = self.callback_running
+        return (action is not None and action.kind is CallbackKind.REVOKED
                 and not action.resources.isdisjoint(resources))
 
     def drain_events(self) -> list[RebalanceEvent]:

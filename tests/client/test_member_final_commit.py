@@ -275,3 +275,27 @@ async def _close_with_a_parked_join(coordinator: InProcessCoordinator) -> None:
     finally:
         await b.close()
         await c.close()
+
+
+def test_a_close_that_times_out_during_on_revoked_names_what_it_cuts_short(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # close(timeout_s) bounds the whole close, user code included: when it
+    # runs out while on_revoked runs, the final commits it had yet to make
+    # are not stored, and the WARNING says which resources.
+    caplog.set_level(logging.WARNING, logger="groupcoord.client")
+    run_with_coordinator(_close_times_out)
+    lines = [r.getMessage() for r in caplog.records if "close timed out" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "on_revoked(shards[0], shards[1])" in lines[0]
+    assert "not stored" in lines[0]
+
+
+async def _close_times_out(coordinator: InProcessCoordinator) -> None:
+    await coordinator.put_resource("shards", 2)
+    listener = SlowRevoke()
+    a = GroupMember(coordinator.transport(), "g", ["shards"], listener=listener,
+                    client_id="a", clock=loop_ms, **SETTINGS)
+    listener.member = a
+    await a.__aenter__()
+    await a.close(timeout_s=REVOKE_S / 2)
+    assert listener.outcomes == []  # cut short before its commit
