@@ -167,4 +167,7 @@ def _on_signal(stop: asyncio.Event, sig: signal.Signals) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    try:
+        sys.exit(asyncio.run(main()))
+    except KeyboardInterrupt:  # before the handlers were in place: nothing started yet
+        sys.exit(130)
