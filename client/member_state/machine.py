@@ -1045,6 +1045,18 @@ class MemberStateMachine:
         new = from_index_map(assignment.assigned)
         revoked = frozenset(self._owned - new)
         added = frozenset(new - self._owned)
+        if self._closing:
+            # The sync was finished for the generation the close's final commits
+            # need (_finishing_sync), nothing more: nothing new is taken on (no
+            # on_assigned while closing, as Kafka's consumer does not poll then),
+            # and the close revokes everything owned, in this generation. What
+            # moves away is nobody else's in it (a cooperative assignor withholds
+            # a resource its owner still claims), and moves once the member left;
+            # a static member leaves for that too (_close_step).
+            stable.handover_pending = bool(revoked)
+            self._owned_generation = self.generation_id
+            self._rebalance.forget_assignment()
+            return
         if revoked:
             # Eager members own nothing here; a cooperative member gives up
             # what moves and rejoins at once so the follow-up rebalance can

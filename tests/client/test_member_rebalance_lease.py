@@ -456,12 +456,13 @@ def test_closing_with_a_join_in_flight_takes_its_answer_and_syncs_before_revokin
     sync = expect_call(m, 500, "sync")  # the close waits for the new generation
     assert isinstance(sync.request, SyncRequest) and sync.request.generation_id == 2
     assert not m.wants_interrupt(505)
-    m.receive(600, SyncResponse(None, assignment=assignment(0)))
-    expect_callback(m, 600, CallbackKind.REVOKED, res(1))  # what moves
-    expect_callback(m, 600, CallbackKind.ASSIGNED, set())
-    revoke = m.next_action(600)  # the close's: everything left, in generation 2
+    m.receive(600, SyncResponse(None, assignment=assignment(0, 2)))
+    # The close's on_revoked: everything it owned (1 moves away, nobody else's in
+    # generation 2 yet), in generation 2; nothing new taken on (2), no on_assigned.
+    revoke = m.next_action(600)
     assert isinstance(revoke, InvokeListener) and revoke.kind is CallbackKind.REVOKED
-    assert set(revoke.resources) == res(0)
-    assert m.build_commit({("s", 0): 1}).generation_id == 2
+    assert set(revoke.resources) == res(0, 1)
+    assert m.build_commit({("s", 0): 1, ("s", 1): 1}).generation_id == 2
     m.listener_done(600)
+    assert m.owned == frozenset()
     expect_call(m, 600, "leave")
