@@ -10,7 +10,11 @@ the lease, and the close's final commit was refused locally with
 ``NotOwnedError`` although the coordinator still counted the member in.
 Now the side channel heartbeats while a callback awaits, and a final commit
 that truly cannot be stored says so: a WARNING naming the resources and the
-reason, and an exception that says why.
+reason, and an exception that says why. Also closes racing a rebalance:
+while syncing, with a join whose answer is on the way, with a parked join,
+at every moment of one (the close first takes the rebalance to a generation
+whose commits the coordinator takes), and a close that times out in
+``on_revoked``.
 
 In virtual time (``virtual_time.py``): the callbacks' seconds, the sessions
 and the coordinator's timers all run on the loop's clock, so the outcome
