@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 from collections.abc import Coroutine, Iterable, Mapping
 from types import TracebackType
@@ -37,6 +38,8 @@ from client.member_state import Resource
 from protocol.messages import Scalar
 
 __all__ = ["BlockingGroupMember"]
+
+log = logging.getLogger("groupcoord.client")
 
 T = TypeVar("T")
 
@@ -116,19 +119,44 @@ class BlockingGroupMember:
         self._run(self._member.wait_closed(), timeout_s)
 
     def close(self, *, leave: bool | None = None, timeout_s: float | None = None) -> None:
-        """Revoke, leave (dynamic members), stop the member and its thread."""
+        """Revoke, leave (dynamic members), stop the member and its thread.
+
+        A Ctrl-C (``KeyboardInterrupt``) while it waits does not cut the close
+        short: ``on_revoked`` finishes (its final commits included) and the
+        member leaves, within the close's own bound (``timeout_s``, by default
+        the request timeout + 5 s); then the ``KeyboardInterrupt`` is raised. A
+        second one gives up waiting: the member thread is stopped where it is,
+        and a WARNING says what may be lost."""
         if threading.current_thread() is self._thread:
             self._loop.create_task(self._member.close(leave=leave))
             return
         if not self._thread.is_alive():
             return
+        interrupted: KeyboardInterrupt | None = None
+        future = asyncio.run_coroutine_threadsafe(
+            self._member.close(leave=leave, timeout_s=timeout_s), self._loop)
         try:
-            self._run(self._member.close(leave=leave, timeout_s=timeout_s), None)
+            while True:
+                try:
+                    future.result()
+                    break
+                except KeyboardInterrupt as exc:
+                    if interrupted is not None:
+                        log.warning("member %s: close interrupted twice; stopped without "
+                                    "waiting: final commits of on_revoked and the leave may "
+                                    "not have been sent", self._member.client_id)
+                        raise
+                    interrupted = exc
+                    log.warning("member %s: interrupted while closing; waiting for on_revoked "
+                                "(final commits) and the leave to finish (interrupt again to "
+                                "stop at once)", self._member.client_id)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
             if not self._thread.is_alive():
                 self._loop.close()
+        if interrupted is not None:
+            raise interrupted
 
     def __enter__(self) -> Self:
         try:

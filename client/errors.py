@@ -88,13 +88,17 @@ class NotCoordinatorError(CoordinatorUnavailableError):
 
 class NotOwnedError(GroupCoordError):
     """A commit named resources the member does not own (docs/protocol.md,
-    "POST /v1/commit and POST /v1/fetch": only the owner's progress counts)."""
+    "POST /v1/commit and POST /v1/fetch": only the owner's progress counts);
+    nothing was sent. ``reason``, when given, says why it no longer owns them (its
+    safety deadline passed)."""
 
-    def __init__(self, resources: list[tuple[str, int]]) -> None:
+    def __init__(self, resources: list[tuple[str, int]], reason: str | None = None) -> None:
         shown = ", ".join(f"{s}[{i}]" for s, i in resources[:10])
         more = f" and {len(resources) - 10} more" if len(resources) > 10 else ""
-        super().__init__(f"this member does not own {shown}{more}")
+        super().__init__(f"this member does not own {shown}{more}"
+                         + (f": {reason}" if reason else ""))
         self.resources = resources
+        self.reason = reason
 
 
 class MemberClosedError(GroupCoordError):

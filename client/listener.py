@@ -4,9 +4,11 @@ Every method may be a plain function or a coroutine function; the member
 awaits what it returns. Callbacks run in the member's driver task, one at a
 time, in protocol order, and the member takes the next protocol step only
 after the callback returned: ``on_revoked`` finishing *is* the hand-over
-(the new owner gets the resources only afterwards). While a callback runs the
-member does not heartbeat, so keep callbacks shorter than the session timeout
-(start and stop work from them; do the work elsewhere). An exception in a
+(the new owner gets the resources only afterwards). While a coroutine
+callback awaits, the member keeps heartbeating, so its session does not run
+out; a rebalance the group starts meanwhile still waits for it at most the
+rebalance timeout, and a plain-function callback blocks the heartbeats (start
+and stop work from callbacks; do the work elsewhere). An exception in a
 callback is logged and counted (``groupcoord_client_callback_errors_total``),
 never fatal to the member.
 

@@ -25,8 +25,11 @@ While the machine is rebalancing (a join or sync in flight, or waiting to
 send one), the driver also runs the machine's side channel: heartbeats with
 the generation the member still has (KIP-62's heartbeat thread, here a
 second request future watched by the same task), and it wakes at the safety
-deadline to abandon a join or sync that outlasts it. Callbacks still block
-heartbeats: the side channel is only serviced while the driver waits.
+deadline to abandon a join or sync that outlasts it. While an ``async``
+listener callback runs (in the driver task), a second task services the side
+channel in every state, closing included, so a slow ``on_revoked`` keeps the
+member's session and can still commit at its end; a plain-function callback
+blocks the event loop, and the heartbeats with it.
 
 Fatal outcomes (FENCED_INSTANCE_ID, INCONSISTENT_GROUP_PROTOCOL,
 GROUP_MAX_SIZE_REACHED, ...) stop the member after ``on_lost``; they surface
@@ -306,7 +309,11 @@ class GroupMember:
     async def close(self, *, leave: bool | None = None, timeout_s: float | None = None) -> None:
         """Revoke everything (``on_revoked``), leave the group (dynamic members;
         static ones stay so that a restart gets the same resources back) and
-        stop. From inside a listener callback it only starts the close."""
+        stop. A member that owns something and is rebalancing first finishes
+        its sync, or its join if the coordinator answered it, so the final
+        commits of ``on_revoked`` carry a generation the coordinator takes
+        (docs/client.md, "Final commits"). From inside a listener callback it
+        only starts the close."""
         if self._task is None:
             await self._close_transport()
             return
@@ -319,8 +326,15 @@ class GroupMember:
         # Not cancelled if this caller is: the close goes on.
         done = await self._first_of({self._task}, self._after_s(timeout))
         if self._task not in done:
-            log.warning("member %s: close timed out after %.1fs; stopping", self.client_id,
-                        timeout)
+            running = self._machine.callback_running
+            if running is not None and running.kind is CallbackKind.REVOKED:
+                log.warning("member %s: close timed out after %.1fs while on_revoked(%s) "
+                            "ran; stopping: its final commits not made yet are not stored, "
+                            "and the member does not leave", self.client_id, timeout,
+                            _fmt(running.resources))
+            else:
+                log.warning("member %s: close timed out after %.1fs; stopping",
+                            self.client_id, timeout)
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         # A failure is kept in self._failure; the task itself raises nothing.
@@ -363,6 +377,20 @@ class GroupMember:
             await self._commit_locked(checkpoints)
 
     async def _commit_locked(self, checkpoints: Mapping[Resource, Scalar]) -> None:
+        # A final commit (from on_revoked, for what it revokes) is the last word
+        # on those resources: when it cannot be stored, the member says so.
+        final = self._machine.revoking(checkpoints)
+        try:
+            await self._send_commit(checkpoints)
+        except GroupCoordError as exc:
+            if final:
+                stored = ("may not be stored" if isinstance(exc, CoordinatorUnavailableError)
+                          else "not stored")
+                log.warning("member %s: final commit of %s %s: %s", self.client_id,
+                            _fmt(checkpoints), stored, exc)
+            raise
+
+    async def _send_commit(self, checkpoints: Mapping[Resource, Scalar]) -> None:
         # Built now, not at call time: ownership and generation are checked
         # as of sending, after any commit queued ahead of this one.
         self._raise_failure()
@@ -374,10 +402,14 @@ class GroupMember:
         timeout_ms = self.config.request_timeout_ms
         deadline = self._machine.safety_deadline_ms()
         if deadline is not None:
-            timeout_ms = min(timeout_ms, deadline - self._clock())
+            now = self._clock()
+            timeout_ms = min(timeout_ms, deadline - now)
             if timeout_ms <= 0:
                 # Nothing is sent: by the safety rule it no longer owns them.
-                raise NotOwnedError(sorted(checkpoints))
+                raise NotOwnedError(sorted(checkpoints), (
+                    f"its safety deadline passed {now - deadline} ms ago: "
+                    f"{self._machine.lease_expiry(now)}, so the group may have given "
+                    f"them to another member; nothing was sent"))
         response = await self._user_call("commit", request, timeout_ms)
         error = self._machine.commit_result(self._clock(), request, response.error)
         self._wakeup.set()
@@ -516,9 +548,13 @@ class GroupMember:
         method = getattr(self._listener, f"on_{name}")
         started = time.perf_counter()
         failed = False
+        keeper: asyncio.Future[None] | None = None
         try:
             result = method(set(action.resources))
             if inspect.isawaitable(result):
+                # The callback runs in this task; a second one keeps heartbeating
+                # meanwhile (a plain function blocks the loop, and heartbeats with it).
+                keeper = asyncio.ensure_future(self._heartbeat_during_callback())
                 await result
         except asyncio.CancelledError:
             raise
@@ -526,6 +562,13 @@ class GroupMember:
             failed = True
             log.exception("member %s: on_%s raised; the member carries on", self.client_id,
                           name)
+        finally:
+            if keeper is not None:
+                await _cancel(keeper)
+        if keeper is not None and not keeper.cancelled():
+            error = keeper.exception()
+            if error is not None:
+                raise error  # a bug in the library: the driver stops loudly
         self.metrics.callback(name, time.perf_counter() - started, failed)
         self._machine.listener_done(self._clock())
         self.metrics.owned(len(self._machine.owned))
@@ -546,6 +589,18 @@ class GroupMember:
                 return
 
     # ------------------------------------------------------------ the side channel (KIP-62)
+
+    async def _heartbeat_during_callback(self) -> None:
+        """Run the side channel while a listener callback awaits (until
+        cancelled): the machine says whether a heartbeat applies and when."""
+        while True:
+            due = self._background()
+            if due is None:
+                # Nothing applies now (no generation to heartbeat with); look
+                # again an interval later.
+                due = self._clock() + self.config.timing.heartbeat_interval_ms
+            bg = self._bg
+            await self._first_of(set() if bg is None else {bg}, due)
 
     def _background(self) -> int | None:
         """Report a finished side-channel heartbeat (or one past its timeout),
@@ -736,6 +791,11 @@ def _describe(transport: Transport) -> str:
     if not isinstance(url, str):
         return type(transport).__name__
     return redact_url(url)  # never log credentials a URL may carry
+
+
+def _fmt(resources: Iterable[Resource]) -> str:
+    """Resources as log lines name them: ``shards[0], shards[3]``."""
+    return ", ".join(f"{s}[{i}]" for s, i in sorted(resources))
 
 
 def _resolver(future: asyncio.Future[None]) -> Callable[[], None]:

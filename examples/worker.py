@@ -15,8 +15,8 @@ its position every second. The listener is where ownership changes hands:
 - ``on_assigned``: start a task per new resource (cooperative: only the new
   ones arrive here; what the worker keeps keeps running);
 - ``on_revoked``: stop those tasks and commit their final position -- the
-  resource is still ours while this runs, and the next owner starts only
-  after it returned;
+  resource is still ours while this runs (the member keeps heartbeating
+  meanwhile), and the next owner starts only after it returned;
 - ``on_lost``: stop at once, commit nothing (someone else may own it now).
 
 Ctrl-C or SIGTERM stops the worker at any time, also before its first
@@ -37,7 +37,7 @@ import logging
 import signal
 import sys
 
-from client import CommitFailedError, GroupCoordError, GroupMember, RebalanceListener, Resource
+from client import GroupCoordError, GroupMember, RebalanceListener, Resource
 
 log = logging.getLogger("worker")
 
@@ -64,12 +64,18 @@ class Worker(RebalanceListener):
     async def on_revoked(self, resources: set[Resource]) -> None:
         await self.stop(resources)
         assert self.member is not None
-        with contextlib.suppress(CommitFailedError):
+        try:
             await self.member.commit({r: self.position[r] for r in resources
                                       if r in self.position})
+        except GroupCoordError:
+            # Not stored: the member logged why at WARNING, naming the
+            # resources; the next owner resumes from the last stored checkpoint.
+            log.info("%s handed over %s without its final checkpoint", self.name,
+                     _fmt(resources))
+        else:
+            log.info("%s handed over %s", self.name, _fmt(resources))
         for r in resources:
             self.position.pop(r, None)
-        log.info("%s handed over %s", self.name, _fmt(resources))
 
     async def on_lost(self, resources: set[Resource]) -> None:
         await self.stop(resources)
@@ -161,4 +167,7 @@ def _on_signal(stop: asyncio.Event, sig: signal.Signals) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    try:
+        sys.exit(asyncio.run(main()))
+    except KeyboardInterrupt:  # before the handlers were in place: nothing started yet
+        sys.exit(130)

@@ -41,11 +41,13 @@ __all__ = ["SideChannel"]
 class SideChannel:
     """The side channel's one outstanding heartbeat and its schedule."""
 
-    __slots__ = ("call", "next_ms", "sent_ms")
+    __slots__ = ("call", "next_ms", "sent_count", "sent_ms")
 
     def __init__(self) -> None:
         self.call: Call | None = None
         self.sent_ms = 0
+        #: how many were sent (the one answered is the last: one at a time).
+        self.sent_count = 0
         #: when the next background heartbeat is due.
         self.next_ms = 0
 
@@ -54,6 +56,7 @@ class SideChannel:
             raise RuntimeError(f"background_heartbeat with {self.call!r} still outstanding")
         self.call = call
         self.sent_ms = now_ms
+        self.sent_count += 1
         self.next_ms = now_ms + interval_ms
 
     def take(self) -> Call:

@@ -43,8 +43,8 @@ The safety rule: a member never believes it owns a resource past the moment
 the coordinator may have given it away, the end of its lease
 (:mod:`client.member_state.lease`). When that moment passes, ``on_lost``
 comes before anything else, and a join or sync in flight is abandoned for it
-(``wants_interrupt``). The member keeps heartbeating while it rejoins
-(Kafka's KIP-62 heartbeat thread), on a side channel
+(``wants_interrupt``). The member keeps heartbeating while it rejoins, and
+while a listener callback runs (Kafka's KIP-62 heartbeat thread), on a side channel
 (:meth:`MemberStateMachine.background_heartbeat`;
 :mod:`client.member_state.heartbeat`, which also says when a join or sync in
 flight is one the coordinator is done with, and is sent again).
@@ -202,6 +202,10 @@ class MemberStateMachine:
         self._unknown_sets_reported: set[str] = set()
         # ---- closing / failure
         self._closing = False
+        #: side-channel heartbeats sent before the close (_finishing_join).
+        self._close_heartbeats = 0
+        #: closing: the join in flight may be abandoned (_finishing_join).
+        self._join_released = False
         #: the ``sequence`` of the last commit built (CommitRequest.sequence).
         self._commit_sequence = -1
         #: the ``sequence`` of the last join built (JoinRequest.sequence).
@@ -259,6 +263,28 @@ class MemberStateMachine:
         base = phase.base_ms if isinstance(phase, Syncing) else self._lease.settled_ms
         return self._lease.end(base)
 
+    def lease_expiry(self, now_ms: int) -> str:
+        """Why the lease ended, once ``safety_deadline_ms()`` has passed: the
+        bound that ran out, with its setting."""
+        if self._lease.session_expired(now_ms):
+            return (f"no successful heartbeat for a session timeout "
+                    f"(session_timeout_ms={self.config.session_timeout_ms})")
+        return (f"the rebalance outlasted the rebalance timeout "
+                f"(rebalance_timeout_ms={self.config.rebalance_timeout_ms})")
+
+    @property
+    def callback_running(self) -> InvokeListener | None:
+        """The listener callback the driver is running, if any."""
+        action = self._in_flight
+        return action if isinstance(action, InvokeListener) else None
+
+    def revoking(self, resources: Iterable[Resource]) -> bool:
+        """Whether ``on_revoked`` is running for some of ``resources``: a
+        commit of them is a final one (no later commit will carry them)."""
+        action = self.callback_running
+        return (action is not None and action.kind is CallbackKind.REVOKED
+                and not action.resources.isdisjoint(resources))
+
     def drain_events(self) -> list[RebalanceEvent]:
         return self._rebalance.drain()
 
@@ -271,7 +297,9 @@ class MemberStateMachine:
             return False
         if main.call.api == "leave":
             return False
-        if self._closing or main.stale or self.state is MemberState.FAILED:
+        if main.stale or self.state is MemberState.FAILED:
+            return True
+        if self._closing and not self._finishing_rebalance():
             return True
         deadline = self.safety_deadline_ms()
         if deadline is not None and now_ms >= deadline:
@@ -283,6 +311,46 @@ class MemberStateMachine:
         if not main.call.interruptible:
             return False
         return bool(self._callbacks) or self._rejoin_due(now_ms)
+
+    def _finishing_rebalance(self) -> bool:
+        """Closing while the sync or the join in flight goes on (see both)."""
+        return self._finishing_sync() or self._finishing_join()
+
+    def _finishing_join(self) -> bool:
+        """Closing with a join in flight while owning something: the join goes
+        on until the side channel shows it is not answered yet.
+
+        Once the group's join phase completed with this join, its answer is
+        on the way and the generation the member has is gone: abandoned then,
+        the close's final commits would all be refused. Parked instead (the
+        group waits for other members), abandoning it is what keeps them: the
+        coordinator drops a parked join whose connection closes, and the group
+        waits for this member in its generation, whose commits it takes. So
+        a side-channel heartbeat goes out at the close; answered
+        REBALANCE_IN_PROGRESS (the join phase goes on) or without error (no
+        join phase: the join has not arrived), or not answered at all, the
+        join is abandoned; answered ILLEGAL_GENERATION (a generation formed
+        with this join), the join's answer is awaited, then the sync
+        (:meth:`_finishing_sync`). Bounded by the safety deadline like any
+        join."""
+        main = self._in_flight
+        return (self._closing and not self._join_released and bool(self._owned)
+                and isinstance(self._phase, Joining) and isinstance(main, MainCall)
+                and main.call.api == "join")
+
+    def _finishing_sync(self) -> bool:
+        """Closing while SYNCING and owning something: the sync goes on.
+
+        The coordinator refuses commits while it waits for the leader's sync
+        (CompletingRebalance), and commits of the previous generation from
+        then on: had the member abandoned its sync, the final commits of the
+        close's ``on_revoked`` would all be refused. A sync is answered as
+        soon as the leader's arrives (the leader's at once), so the close waits
+        for it, bounded like any sync by the safety deadline; then the close
+        revokes everything in the new generation, whose commits are taken."""
+        phase = self._phase
+        return (self._closing and bool(self._owned) and isinstance(phase, Syncing)
+                and phase.pending is None)
 
     def _rejoin_due(self, now_ms: int) -> bool:
         return self._rejoin is not None and now_ms >= self._rejoin[0]
@@ -322,6 +390,10 @@ class MemberStateMachine:
         self._closing = True
         if leave is not None:
             self._leave_on_close = leave
+        # A join in flight waits for a side-channel answer to a heartbeat sent
+        # from now on (_finishing_join): the next one goes at once.
+        self._close_heartbeats = self._side.sent_count
+        self._side.next_ms = 0
 
     def build_commit(self, checkpoints: Mapping[Resource, Scalar]) -> CommitRequest:
         """The commit request for ``checkpoints``; only owned resources may be
@@ -336,6 +408,12 @@ class MemberStateMachine:
         if not_owned:
             raise NotOwnedError(not_owned)
         if self.generation_id < 0 or not self.member_id:
+            if self.revoking(checkpoints) and self.last_error is not None:
+                # Out of the group while on_revoked ran (a heartbeat's answer):
+                # no later generation will take this commit.
+                raise NotOwnedError(not_owned or sorted(checkpoints), (
+                    f"the member left the group while on_revoked ran ({self.last_error}), "
+                    f"so the group may have given them to another member; nothing was sent"))
             raise RebalanceInProgressError(ErrorCode.REBALANCE_IN_PROGRESS,
                                            "commit: the member has not joined a generation yet")
         # Increasing over the member's whole life (rejoins included): a commit the
@@ -384,6 +462,13 @@ class MemberStateMachine:
         rebalancing = self.state in (MemberState.JOINING, MemberState.SYNCING)
         if not stale and self.state is MemberState.STABLE and action is not ErrorAction.RETRY:
             self._apply(now_ms, "commit", code, action)
+        if self._closing and code in (ErrorCode.REBALANCE_IN_PROGRESS,
+                                      ErrorCode.ILLEGAL_GENERATION):
+            # No "commit again": a closing member does not rejoin.
+            return CommitFailedError(
+                code, f"commit refused: {code.value} (generation {request.generation_id}): "
+                      f"the group was rebalancing when the member closed, and a closing "
+                      f"member does not rejoin, so the checkpoint was not stored")
         if code is ErrorCode.REBALANCE_IN_PROGRESS:
             return RebalanceInProgressError(code)
         if code is ErrorCode.ILLEGAL_GENERATION and (stale or rebalancing):
@@ -406,19 +491,18 @@ class MemberStateMachine:
         # The safety rule comes before anything else.
         deadline = self.safety_deadline_ms()
         if deadline is not None and now_ms >= deadline:
-            if self._lease.session_expired(now_ms):
-                self._lose_all("no successful heartbeat for a session timeout")
-                self._request_rejoin(now_ms, "session timed out locally")
-            else:
-                self._lose_all("the rebalance outlasted the rebalance timeout")
-                self._request_rejoin(now_ms, "rebalance timed out locally")
+            self._lose_all(self.lease_expiry(now_ms))
+            self._request_rejoin(now_ms, "session timed out locally"
+                                 if self._lease.session_expired(now_ms)
+                                 else "rebalance timed out locally")
         if self._callbacks:
             callback = self._emit_callback()
             if callback is not None:
                 return callback
         if self.state in (MemberState.CLOSED, MemberState.FAILED):
             return Stop(self.failure)
-        if self._closing and self.state is not MemberState.LEAVING:
+        if (self._closing and self.state is not MemberState.LEAVING
+                and not self._finishing_rebalance()):
             return self._close_step(now_ms)
         phase = self._phase
         if isinstance(phase, Stable):
@@ -510,10 +594,12 @@ class MemberStateMachine:
 
     def background_heartbeat(self, now_ms: int) -> Call | Wait | None:
         """The heartbeat to send alongside the main channel while a rebalance
-        is in progress (JOINING, SYNCING), as Kafka's heartbeat thread keeps
-        heartbeating while the consumer rejoins (KIP-62): ``Call`` to send
-        now, ``Wait`` until the next one is due, ``None`` when none applies
-        (not rebalancing, no generation to heartbeat with, closing). At most
+        is in progress (JOINING, SYNCING) or a listener callback runs (any
+        state, closing included), as Kafka's heartbeat thread keeps
+        heartbeating while the consumer rejoins or runs its rebalance listener
+        (KIP-62): ``Call`` to send now, ``Wait`` until the next one is due,
+        ``None`` when none applies (stable or closing with no callback
+        running, no generation to heartbeat with). At most
         one is outstanding; report it with :meth:`background_received`,
         :meth:`background_failed` or :meth:`background_abandoned`
         (:mod:`client.member_state.heartbeat`)."""
@@ -543,12 +629,15 @@ class MemberStateMachine:
         assert isinstance(request, HeartbeatRequest)
         sent = self._side.sent_ms
         if (request.member_id != self.member_id or request.generation_id != self.generation_id
-                or self._closing or self.state not in (MemberState.JOINING, MemberState.SYNCING,
-                                                       MemberState.STABLE)):
+                or self.state not in (MemberState.JOINING, MemberState.SYNCING,
+                                      MemberState.STABLE)):
             # Superseded: the join answer gave a new generation (or the member
             # id was reset) since it was sent; an answer about an older
             # generation says nothing about this one (an old-generation
             # ILLEGAL_GENERATION must not reset a member that just joined).
+            # A closing member's answers (it heartbeats while it finishes a join
+            # or sync, or while on_revoked runs) count as ever: they renew its
+            # lease, or tell it that what it revokes may be someone else's.
             return
         code = response.error
         main = self._in_flight
@@ -556,6 +645,11 @@ class MemberStateMachine:
             main.watch(now_ms, sent, code, self._timing.reply_ms)
         if code is None or code is ErrorCode.REBALANCE_IN_PROGRESS:
             self._coordinator_answered(now_ms)
+        if code is not ErrorCode.ILLEGAL_GENERATION:
+            # Sent after the close: the join is parked or has not arrived (or the
+            # coordinator cannot tell), not answered; abandoning it keeps the
+            # group in our generation.
+            self._release_join()
         if code is None:
             # The coordinator was in CompletingRebalance or Stable with our
             # generation: we are known, and no join phase was in progress.
@@ -565,8 +659,11 @@ class MemberStateMachine:
         action = ERROR_ACTIONS.get(code, ErrorAction.RETRY)
         if action is ErrorAction.REJOIN:
             # PreparingRebalance re-armed our session: we are known. We are
-            # rejoining already (or our sync will be told to rejoin).
+            # rejoining already (or our sync will be told to rejoin); a stable
+            # member heartbeating during a callback rejoins once it returned.
             self._lease.known(sent)
+            if self.state is MemberState.STABLE and not self._closing:
+                self._request_rejoin(now_ms, f"heartbeat: {code.value}")
             return
         if action is ErrorAction.RETRY:
             self._side.next_ms = now_ms + min(self.config.retry_backoff_ms,
@@ -582,6 +679,12 @@ class MemberStateMachine:
             # the join's answer decides, and the rule's bounds hold meanwhile.
             return
         self._apply_side(now_ms, code, action)
+
+    def _release_join(self) -> None:
+        """A side-channel outcome other than ILLEGAL_GENERATION, to a heartbeat
+        sent since the close: the join in flight may go (_finishing_join)."""
+        if self._finishing_join() and self._side.sent_count > self._close_heartbeats:
+            self._join_released = True
 
     def _coordinator_answered(self, now_ms: int) -> None:
         """The coordinator answers again: a join, sync or catalog read waiting
@@ -600,6 +703,7 @@ class MemberStateMachine:
         proves nothing; the next one goes out after a short backoff. A fatal
         transport error (401/403) stops the member as on the main channel."""
         self._side.take()
+        self._release_join()  # no answer: waiting on the join gains nothing
         if isinstance(error, FatalMemberError):
             if self.state not in (MemberState.CLOSED, MemberState.FAILED):
                 self._mark_stale()
@@ -614,15 +718,23 @@ class MemberStateMachine:
 
     def _bg_applies(self) -> bool:
         phase = self._phase
-        if not isinstance(phase, (Joining, Syncing)):
-            return False
-        if self._closing or self.failure is not None:
+        if self.failure is not None or not isinstance(phase, (Joining, Syncing, Stable)):
             return False
         if not self.member_id or self.generation_id < 0:
             return False  # nothing to heartbeat with (a new or reset member)
         if isinstance(phase, Syncing) and phase.pending is not None:
             return False  # the main channel is verifying a late sync answer by heartbeat
         main = self._in_flight
+        if isinstance(main, InvokeListener):
+            # A listener callback holds the main channel: the side channel keeps
+            # the member's session (Kafka's heartbeat thread runs while
+            # onPartitionsRevoked does), in every state and while closing, so a
+            # slow on_revoked, or the close's after the rebalance's, can still
+            # commit at its end. A rebalance the coordinator starts meanwhile is
+            # still bounded by the rebalance timeout (the lease's rebalance bound).
+            return True
+        if isinstance(phase, Stable) or (self._closing and not self._finishing_rebalance()):
+            return False  # the main channel heartbeats; a closing member leaves
         return not (isinstance(main, MainCall) and main.call.api == "heartbeat")
 
     def _apply_side(self, now_ms: int, code: ErrorCode, action: ErrorAction) -> None:
@@ -951,6 +1063,18 @@ class MemberStateMachine:
         new = from_index_map(assignment.assigned)
         revoked = frozenset(self._owned - new)
         added = frozenset(new - self._owned)
+        if self._closing:
+            # The sync was finished for the generation the close's final commits
+            # need (_finishing_sync), nothing more: nothing new is taken on (no
+            # on_assigned while closing, as Kafka's consumer does not poll then),
+            # and the close revokes everything owned, in this generation. What
+            # moves away is nobody else's in it (a cooperative assignor withholds
+            # a resource its owner still claims), and moves once the member left;
+            # a static member leaves for that too (_close_step).
+            stable.handover_pending = bool(revoked)
+            self._owned_generation = self.generation_id
+            self._rebalance.forget_assignment()
+            return
         if revoked:
             # Eager members own nothing here; a cooperative member gives up
             # what moves and rejoins at once so the follow-up rebalance can

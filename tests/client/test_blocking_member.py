@@ -3,8 +3,12 @@ callbacks run on the member thread, close revokes and leaves."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -51,4 +55,45 @@ def test_blocking_member_commits_fetches_and_closes(start_server: Any, tmp_path:
     assert len(errors) == 1 and "listener callback" in str(errors[0])
     with urllib.request.urlopen(f"{server.admin_url}/v1/groups/g", timeout=5) as resp:
         assert json.loads(resp.read())["members"] == []  # it left
+    assert server.terminate() == 0
+
+
+def test_ctrl_c_while_closing_still_lets_on_revoked_make_its_final_commit(
+        start_server: Any, tmp_path: Path) -> None:
+    # A blocking worker closes (leaving its `with` block on a first Ctrl-C, say)
+    # and is interrupted again while on_revoked runs: the close used to stop
+    # the member thread at once, the final commit and the leave never sent.
+    server = start_server(tmp_path / "g.db")
+    req = urllib.request.Request(f"{server.admin_url}/v1/resources/s", method="PUT",
+                                 data=json.dumps({"partitions": 2}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).read()
+    revoking = threading.Event()
+    holder: list[BlockingGroupMember] = []
+
+    class SlowRevoke(RebalanceListener):
+        async def on_revoked(self, resources: set[Resource]) -> None:
+            revoking.set()
+            await asyncio.sleep(1.0)  # stopping the worker's threads
+            await holder[0].member.commit({r: "final" for r in resources})
+
+    def interrupt_while_revoking() -> None:
+        if revoking.wait(20):
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+
+    member = BlockingGroupMember(server.url, "g", ["s"], listener=SlowRevoke(),
+                                 session_timeout_ms=6_000)
+    holder.append(member)
+    member.start()
+    interrupter = threading.Thread(target=interrupt_while_revoking, daemon=True)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        member.close()  # raises the interrupt once the close is done
+    interrupter.join(5)
+    assert member.member.state.value == "closed"
+    with urllib.request.urlopen(f"{server.admin_url}/v1/groups/g", timeout=5) as resp:
+        assert json.loads(resp.read())["members"] == []  # it left
+    with BlockingGroupMember(server.url, "g", ["s"], session_timeout_ms=6_000) as successor:
+        assert successor.fetch() == {("s", 0): "final", ("s", 1): "final"}
     assert server.terminate() == 0

@@ -11,7 +11,9 @@ lost).
 
 from __future__ import annotations
 
-from client.errors import CoordinatorUnavailableError, FencedInstanceIdError
+import pytest
+
+from client.errors import CoordinatorUnavailableError, FencedInstanceIdError, NotOwnedError
 from client.member_state import (
     Call,
     CallbackKind,
@@ -348,3 +350,119 @@ def test_a_paused_stable_member_loses_at_the_rebalance_bound_when_it_is_shorter(
     m.receive(300, HeartbeatResponse(None))
     assert m.safety_deadline_ms() == 0 + 2_000
     expect_callback(m, 2_500, CallbackKind.LOST, res(4))  # paused until 2 500
+
+
+# ---------------------------------------------------------------- while a callback runs
+
+
+def _stable_in_callback(*indexes: int) -> tuple[MemberStateMachine, InvokeListener]:
+    """Generation 1 owning ``indexes`` (sync sent at 0), its on_assigned running."""
+    m = make()
+    expect_call(m, 0, "join")
+    m.receive(0, JoinResponse(None, 1, "resources", "cooperative-sticky", "leader", "m1"))
+    expect_call(m, 0, "sync")
+    m.receive(0, SyncResponse(None, assignment=assignment(*indexes)))
+    action = m.next_action(0)
+    assert isinstance(action, InvokeListener) and action.kind is CallbackKind.ASSIGNED
+    return m, action
+
+
+def test_heartbeats_continue_while_the_close_revokes_and_keep_the_final_commit() -> None:
+    # close() while stable: on_revoked(everything) runs for several sessions
+    # (a slow worker); the side channel's answers keep the lease, so its
+    # final commit is still built (and the coordinator still takes it).
+    m, _ = _stable_in_callback(0, 1)
+    m.listener_done(0)
+    m.close()
+    revoke = m.next_action(10)
+    assert isinstance(revoke, InvokeListener) and revoke.kind is CallbackKind.REVOKED
+    now = 10
+    while now < 4 * SESSION:
+        now += HB
+        req = bg_call(m, now)
+        assert (req.member_id, req.generation_id) == ("m1", 1)
+        m.background_received(now + 5, HeartbeatResponse(None))
+        assert m.safety_deadline_ms() == now + SESSION  # settled at the heartbeat's send
+    assert m.revoking(res(0))
+    commit = m.build_commit({("s", 0): 1, ("s", 1): 2})
+    assert commit.generation_id == 1
+    m.listener_done(now)
+    assert m.owned == frozenset()
+    expect_call(m, now, "leave")
+
+
+def test_a_rebalance_seen_during_a_callback_keeps_the_rebalance_bound_then_rejoins() -> None:
+    # REBALANCE_IN_PROGRESS proves the member known (its session), not that the
+    # coordinator waits for it: the rebalance bound still runs from the last
+    # answer that saw no rebalance (the sync, sent at 0).
+    m, _ = _stable_in_callback(0)
+    now = 0
+    while now + HB < RT - SESSION:
+        now += HB
+        bg_call(m, now)
+        m.background_received(now + 5, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+        assert m.safety_deadline_ms() == min(now + SESSION, 0 + RT)
+    m.listener_done(now)
+    # the callback returned: the member rejoins at once, still owning its resource
+    join = expect_call(m, now, "join")
+    assert isinstance(join.request, JoinRequest)
+    assert MemberMetadata.decode(join.request.protocols[0][1]).owned == {"s": [0]}
+
+
+def test_an_error_seen_during_a_callback_refuses_its_final_commit() -> None:
+    # The group removed the member while its on_revoked ran: what it revokes
+    # may be someone else's already, so its final commit is refused, saying why.
+    m, _ = _stable_in_callback(0, 1)
+    m.listener_done(0)
+    m.close()
+    m.next_action(10)  # on_revoked(everything)
+    bg_call(m, 10 + HB)
+    m.background_received(10 + HB + 5, HeartbeatResponse(ErrorCode.UNKNOWN_MEMBER_ID))
+    assert m.generation_id == -1
+    with pytest.raises(NotOwnedError, match=r"does not own s\[0\]: the member left the "
+                                            r"group .*UNKNOWN_MEMBER_ID"):
+        m.build_commit({("s", 0): 1})
+    m.listener_done(20 + HB)
+    assert m.owned == frozenset()
+    # nothing to leave with: the member id is gone
+    assert isinstance(m.next_action(20 + HB), Stop)
+
+
+def test_closing_with_a_join_in_flight_waits_for_the_side_channel_to_release_it() -> None:
+    m = owner_rejoining(0, 1)
+    early = bg_call(m, 700)  # sent before the close: its answer says nothing of it
+    m.close()
+    assert not m.wants_interrupt(705)  # the join may be answered (a generation with us)
+    m.background_received(710, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    assert early.generation_id == 1 and not m.wants_interrupt(710)
+    bg_call(m, 710)  # due at once after the close
+    # ILLEGAL_GENERATION: the join phase completed with our join; its answer is coming
+    m.background_received(715, HeartbeatResponse(ErrorCode.ILLEGAL_GENERATION))
+    assert not m.wants_interrupt(715) and m.owned == frozenset(res(0, 1))
+    bg_call(m, 710 + HB)
+    # REBALANCE_IN_PROGRESS: still waiting for rejoins, so our join is parked
+    m.background_received(715 + HB, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    assert m.wants_interrupt(715 + HB)
+    m.call_abandoned(715 + HB)
+    revoke = m.next_action(715 + HB)  # then the close revokes in generation 1
+    assert isinstance(revoke, InvokeListener) and revoke.kind is CallbackKind.REVOKED
+    assert m.build_commit({("s", 0): 1}).generation_id == 1
+
+
+def test_closing_with_a_join_in_flight_takes_its_answer_and_syncs_before_revoking() -> None:
+    m = owner_rejoining(0, 1)
+    m.close()
+    m.receive(500, JoinResponse(None, 2, "resources", "cooperative-sticky", "leader", "m1"))
+    sync = expect_call(m, 500, "sync")  # the close waits for the new generation
+    assert isinstance(sync.request, SyncRequest) and sync.request.generation_id == 2
+    assert not m.wants_interrupt(505)
+    m.receive(600, SyncResponse(None, assignment=assignment(0, 2)))
+    # The close's on_revoked: everything it owned (1 moves away, nobody else's in
+    # generation 2 yet), in generation 2; nothing new taken on (2), no on_assigned.
+    revoke = m.next_action(600)
+    assert isinstance(revoke, InvokeListener) and revoke.kind is CallbackKind.REVOKED
+    assert set(revoke.resources) == res(0, 1)
+    assert m.build_commit({("s", 0): 1, ("s", 1): 1}).generation_id == 2
+    m.listener_done(600)
+    assert m.owned == frozenset()
+    expect_call(m, 600, "leave")

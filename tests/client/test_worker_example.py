@@ -9,7 +9,9 @@ keep the wall time to one watch.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import os
 import re
 import signal
@@ -17,10 +19,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from server_harness import free_port
+
+from client import GroupMember
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -98,3 +104,60 @@ def test_worker_stops_on_a_signal_before_its_first_assignment() -> None:
         assert all(later > earlier for earlier, later in itertools.pairwise(gaps)), gaps
         assert any(f"{sig.name}: stopping" in ln for ln in lines), lines
         assert lines[-1].endswith("w1 stopped"), lines[-3:]
+
+
+SLOW_WORKER = str(Path(__file__).resolve().parent / "slow_handover_worker.py")
+
+
+async def test_sigint_during_a_slow_hand_over_keeps_every_final_commit(
+        start_server: Any, tmp_path: Path) -> None:
+    # The reported case, with real processes: the worker's on_revoked takes 4 s
+    # and commits at its end; a new member starts a rebalance, and the worker
+    # gets SIGINT while it revokes. The close's on_revoked follows the
+    # rebalance's at once: 8 s of callbacks, longer than the 6 s session.
+    server = start_server(tmp_path / "g.db")
+    req = urllib.request.Request(f"{server.admin_url}/v1/resources/shards", method="PUT",
+                                 data=json.dumps({"partitions": 4}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).read()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "REVOKE_S": "4"}
+    proc = subprocess.Popen([sys.executable, SLOW_WORKER, "--url", server.url, "--name", "w1",
+                             "--session-timeout-ms", "6000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    reader = _Stderr(proc)
+    newcomer = GroupMember(server.url, "indexers", ["shards"], client_id="b",
+                           session_timeout_ms=6_000)
+    try:
+        await _until(lambda: any("w1 owns shards[0], shards[1], shards[2], shards[3]" in line
+                                 for line in reader.lines), START_WITHIN_S, reader)
+        await asyncio.sleep(1.5)  # some progress on every resource (a tick is 0.1 s)
+        newcomer.start()
+        await _until(lambda: any("w1 revoking" in line for line in reader.lines), 20, reader)
+        await asyncio.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        status = await asyncio.to_thread(proc.wait, 30)
+        await asyncio.to_thread(reader.join, 5)
+        assert status == 0, reader.lines
+        assert not [line for line in reader.lines if "Traceback" in line or "raised" in line]
+        assert not [line for line in reader.lines
+                    if "not stored" in line or "without its final checkpoint" in line]
+        handed = {r for line in reader.lines if "w1 handed over" in line
+                  for r in re.findall(r"shards\[(\d)\]", line)}
+        assert handed == {"0", "1", "2", "3"}, reader.lines
+        await _until(lambda: len(newcomer.assignment) == 4, 30, reader)
+        checkpoints = await newcomer.fetch()
+        assert set(checkpoints) == {("shards", i) for i in range(4)}
+        assert all(isinstance(v, int) and v > 0 for v in checkpoints.values()), checkpoints
+    finally:
+        await newcomer.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
+async def _until(predicate: Any, timeout_s: float, reader: _Stderr) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, reader.lines
+        await asyncio.sleep(0.05)

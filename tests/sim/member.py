@@ -11,12 +11,12 @@ asyncio driver awaits futures; here each wake-up is an event):
   deadline), exactly the checks of ``_perform`` in its order;
 - while a call or a ``Wait`` is outstanding the side channel runs
   (``background_heartbeat``; its answer is awaited ``timeout_ms``, as
-  ``asyncio.wait_for`` does); a side-channel answer arriving while a
-  listener runs is read when the listener returns (the asyncio driver reads
-  it only while it waits);
+  ``asyncio.wait_for`` does);
 - an ``InvokeListener`` runs the application's callback, which takes
   simulated time (``on_revoked`` commits the final checkpoints first, as the
-  chaos worker does); nothing else of the driver runs meanwhile;
+  chaos worker does); meanwhile only the side channel runs, its answers read
+  as they come (``GroupMember._heartbeat_during_callback``: the callbacks
+  simulated are coroutines);
 - ``Stop`` ends the driver (the side channel is abandoned).
 
 Time is the member's own :class:`~sim.events.DriftClock`. The application
@@ -94,7 +94,6 @@ class SimMember:
         self.bg: Conn | None = None
         self.bg_deadline = 0
         #: a side-channel answer read when the running listener returns.
-        self.bg_stash: Any = None
         self.listener: InvokeListener | None = None
         self.commit_conn: Conn | None = None
         self.commit_request: CommitRequest | None = None
@@ -150,9 +149,12 @@ class SimMember:
         self._schedule_tick()
 
     def run(self) -> None:
-        if self.state != UP or self.listener is not None:
+        if self.state != UP:
             return
         m = self.machine
+        if self.listener is not None:
+            self._bg_during_listener()
+            return
         for _ in range(10_000):
             now = self.local()
             if self.main is not None:
@@ -182,6 +184,8 @@ class SimMember:
                 continue
             if isinstance(action, InvokeListener):
                 self._start_listener(action)
+                if self.listener is not None:
+                    self._bg_during_listener()
                 return
             if isinstance(action, Wait):
                 bg_due = self._service_bg(now)
@@ -194,6 +198,15 @@ class SimMember:
             self._stop(action)
             return
         raise RuntimeError(f"{self.tag}: the driver loop did not settle")
+
+    def _bg_during_listener(self) -> None:
+        """``GroupMember._heartbeat_during_callback``: while a listener runs only
+        the side channel does, looked at again an interval later when nothing
+        applies."""
+        now = self.local()
+        due = self._service_bg(now)
+        self._wake_at(due if due is not None
+                      else now + self.machine.config.timing.heartbeat_interval_ms)
 
     def _close_main(self) -> None:
         conn, self.main = self.main, None
@@ -253,11 +266,8 @@ class SimMember:
             self.run()
         elif conn is self.bg:
             self.bg = None
-            if self.listener is not None:
-                self.bg_stash = response
-            else:
-                self._bg_result(now, response)
-                self.run()
+            self._bg_result(now, response)
+            self.run()
         elif conn is self.commit_conn:
             self._commit_done(now, response)
         self.world.touched(self)
@@ -313,9 +323,6 @@ class SimMember:
         assert action is not None
         now = self.local()
         self.machine.listener_done(now)
-        stash, self.bg_stash = self.bg_stash, None
-        if stash is not None:
-            self._bg_result(now, stash)
         self.run()
         self.world.touched(self)
 
