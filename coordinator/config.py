@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 from coordinator.core.config import CoreConfig
+from coordinator.core.storm import STORM_RULE
 from protocol.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP,
@@ -61,9 +62,10 @@ class ServerConfig:
     max_checkpoints_per_group: int = DEFAULT_MAX_CHECKPOINTS_PER_GROUP
     max_checkpoint_bytes_per_group: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP
     max_checkpoint_value_bytes: int = DEFAULT_MAX_CHECKPOINT_VALUE_BYTES
-    #: group health rules (docs/operations.md, "Group health").
-    health_window_ms: int = 600_000
-    health_storm_rebalances: int = 5
+    #: group health rules (docs/operations.md, "Group health"); the STORM rule's
+    #: defaults are coordinator/core/storm.py's, which ``groupcoord analyze`` uses too.
+    health_window_ms: int = STORM_RULE.window_ms
+    health_storm_rebalances: int = STORM_RULE.rebalances
     health_stall_ms: int = 600_000
     #: groups with their own series on /metrics (the largest first); 0: none.
     group_metrics: int = 0

@@ -35,9 +35,13 @@ GROUP_HOURS_SCHEMA = pa.schema(
      *((f"duration_p{round(p * 100)}_ms", pa.float64()) for p in PERCENTILES),
      ("duration_max_ms", pa.int64())])
 
-#: Columns of ``groups/`` before the generations are joined on.
+#: Columns of ``groups/`` before the generations are joined on: the
+#: durations again without the initial joins (``rebalance_*``, null for a
+#: group with nothing else), as the report's headline figures.
 GROUPS_SCHEMA = pa.schema(
     [f for f in GROUP_HOURS_SCHEMA if f.name != "hour_start_ms"]
+    + [*((f"rebalance_p{round(p * 100)}_ms", pa.float64()) for p in PERCENTILES),
+       ("rebalance_max_ms", pa.int64())]
     + [pa.field(n, pa.int64()) for n in ("first_started_ms", "last_ended_ms",
                                          "peak_window_rebalances")]
     + [pa.field("protocol_name", pa.string()), pa.field("cooperative", pa.bool_()),
@@ -131,6 +135,30 @@ def _figures(facts: pa.Table, key: np.ndarray, threshold: int) -> tuple[
     return order, starts, cols
 
 
+def _rebalance_durations(facts: pa.Table, key: np.ndarray, starts: np.ndarray,
+                         keys: int) -> dict[str, pa.Array]:
+    """Duration percentiles and the longest per key without the initial joins
+    (``rebalance_*``; null for a key with only initial joins), the keys in
+    the order of ``_figures`` (ascending ``key``, first rows at ``starts``).
+    Initial joins sort after the rest of their key, so that each key's
+    rebalances proper are a sorted prefix of its segment."""
+    initial = np.asarray(pc.fill_null(pc.equal(facts["reason"], "initial"), False)
+                         .to_numpy(zero_copy_only=False), dtype=bool)
+    duration = _np(facts["duration_ms"])
+    order = np.lexsort((duration, initial, key))
+    counts = np.add.reduceat((~initial[order]).astype(np.int64), starts) if keys \
+        else np.zeros(0, np.int64)
+    none = counts == 0
+    d = duration[order]
+    some = np.maximum(counts, 1)  # a key without any: a placeholder, masked
+    cols: dict[str, pa.Array] = {}
+    for p in PERCENTILES:
+        cols[f"rebalance_p{round(p * 100)}_ms"] = pa.array(
+            exact_percentiles(d, starts, some, p), mask=none)
+    cols["rebalance_max_ms"] = pa.array(d[starts + some - 1], mask=none)
+    return cols
+
+
 def _group_numbers(facts: pa.Table) -> np.ndarray:
     """A number per (source, group_id) of ``facts``."""
     both = pa.table({"s": facts["source"], "g": facts["group_id"]})
@@ -175,6 +203,7 @@ def group_rows(facts: pa.Table, threshold: int) -> pa.Table:
     first = pa.array(order[starts])
     cols["source"] = facts["source"].take(first)
     cols["group_id"] = facts["group_id"].take(first)
+    cols.update(_rebalance_durations(facts, group, starts, len(starts)))
     cols["first_started_ms"] = pa.array(per_group(_np(facts["started_ms"]), np.minimum))
     cols["last_ended_ms"] = pa.array(per_group(_np(facts["ended_ms"]), np.maximum))
     cols["peak_window_rebalances"] = pa.array(per_group(_np(facts["window_count"]),
