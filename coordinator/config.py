@@ -210,7 +210,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("health_window_ms", int, "window of the STORM and REWIND health rules",
             _int_range(1_000, MAX_RETENTION_MS)),
     Setting("health_storm_rebalances", int, "a group is STORM with this many rebalances "
-            "started within --health-window-ms; 0: never", _int_range(0, 1_000_000)),
+            "started within --health-window-ms (the rule `groupcoord analyze` uses too; the "
+            "default lets a rolling restart of about 15 members pass); 0: never",
+            _int_range(0, 1_000_000)),
     Setting("health_stall_ms", int, "a group with members and checkpoints is STALLED after "
             "this long without a commit; 0: never", _int_range(0, MAX_RETENTION_MS)),
     Setting("group_metrics", int, "groups that get their own series on /metrics (members, "
