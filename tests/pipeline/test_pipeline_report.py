@@ -270,3 +270,14 @@ def test_counts_agree_with_their_nouns() -> None:
     assert plural("0.43", "resource-second") == "resource-seconds"
     assert counted(1, "journal row") == "1 journal row"
 
+
+
+def test_the_simulation_report_counts_one_cell_in_the_singular() -> None:
+    from pipeline.simulate_report import render as render_simulation
+    row = {"assignor": "range", "group": "a", "members": 3, "resources": 6,
+           "subscription": "all", "churn": "none", "cells": 1, "failed": 0, "converged": 1.0,
+           "initial_cpu_ms_p50": 0.2, "cpu_ms_max": 0.3, "final_balance": 0.0, "moved": 0,
+           "min_moves": 0, "rounds": 1.0, "unavailable_ms": 0.0, "episodes": 0.0}
+    html = render_simulation([row], "tiny")
+    for tile in ("<b>1</b>cell<", "<b>1</b>assignor<", "<b>1</b>group<", "<b>1</b>churn pattern<"):
+        assert tile in html, html[:3000]
