@@ -532,9 +532,7 @@ def render(data: ReportData) -> str:
         body.append(empty("No rebalance was started by a member joining or leaving."))
 
     worst = data.worst_groups
-    body.append(f"<h2>Worst groups (the {esc(counted(len(worst), 'group'))} with the most "
-                "rebalances in a window)</h2>" if len(worst) > 1 else
-                "<h2>Worst groups (the only group)</h2>")
+    body.append(f"<h2>Worst groups (top {len(worst)} of {esc(counted(groups, 'group'))})</h2>")
     body.append(f"<p class='note'>Ordered by the most rebalances started within any "
                 f"{esc(seconds(data.storm.window_ms))}; a storm is "
                 f"{esc(data.storm.describe())}.</p>")

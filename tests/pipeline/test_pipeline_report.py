@@ -259,7 +259,8 @@ def test_one_of_everything_is_singular(spark: Any, browser: Any, tmp_path: Path)
                        r"follow-ups|revoked resources)\b", text)
     assert wrong == [], text[:2500]
     for phrase in (r"1\s*group\b", r"1\s*journal\b", r"of 1 rebalance,", r"1\s*initial join\b",
-                   r"1\s*resource moved", r"2\s*rebalances\s*1 initial join among them"):
+                   r"1\s*resource moved", r"2\s*rebalances\s*1 initial join among them",
+                   r"Worst groups \(top 1 of 1 group\)"):
         assert re.search(phrase, text), (phrase, text[:2500])
 
 
