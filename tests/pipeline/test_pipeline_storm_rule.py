@@ -104,7 +104,8 @@ def test_a_routine_rolling_restart_is_not_a_storm_on_either_side(members: int,
     assert not any(verdicts) and storm_rebalances == 0 and peak == 2 * members
 
 
-@pytest.mark.parametrize("rule", [STORM_RULE, StormRule(60_000, 3), StormRule(600_000, 0)])
+@pytest.mark.parametrize("rule", [STORM_RULE, StormRule(60_000, 3), StormRule(60_000, 2),
+                                  StormRule(600_000, 0)])
 def test_both_sides_give_the_same_verdict_on_the_same_rebalances(rule: StormRule) -> None:
     """A deploy, a pause, a crash loop, a pause, two deploys back to back:
     at every rebalance the coordinator says STORM exactly when analyze counts
