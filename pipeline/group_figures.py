@@ -135,27 +135,30 @@ def _figures(facts: pa.Table, key: np.ndarray, threshold: int) -> tuple[
     return order, starts, cols
 
 
-def _rebalance_durations(facts: pa.Table, key: np.ndarray, starts: np.ndarray,
-                         keys: int) -> dict[str, pa.Array]:
+def _rebalance_durations(facts: pa.Table, order: np.ndarray, starts: np.ndarray
+                         ) -> dict[str, pa.Array]:
     """Duration percentiles and the longest per key without the initial joins
-    (``rebalance_*``; null for a key with only initial joins), the keys in
-    the order of ``_figures`` (ascending ``key``, first rows at ``starts``).
-    Initial joins sort after the rest of their key, so that each key's
-    rebalances proper are a sorted prefix of its segment."""
+    (``rebalance_*``; null for a key with only initial joins), from the row
+    order of ``_figures`` (by key, then duration) and each key's first
+    position in it: leaving the initial joins out keeps each key's rows
+    contiguous and sorted, so no second sort is needed."""
     initial = np.asarray(pc.fill_null(pc.equal(facts["reason"], "initial"), False)
                          .to_numpy(zero_copy_only=False), dtype=bool)
-    duration = _np(facts["duration_ms"])
-    order = np.lexsort((duration, initial, key))
-    counts = np.add.reduceat((~initial[order]).astype(np.int64), starts) if keys \
-        else np.zeros(0, np.int64)
+    proper = ~initial[order]
+    counts = np.add.reduceat(proper.astype(np.int64), starts)
     none = counts == 0
-    d = duration[order]
-    some = np.maximum(counts, 1)  # a key without any: a placeholder, masked
-    cols: dict[str, pa.Array] = {}
-    for p in PERCENTILES:
-        cols[f"rebalance_p{round(p * 100)}_ms"] = pa.array(
-            exact_percentiles(d, starts, some, p), mask=none)
-    cols["rebalance_max_ms"] = pa.array(d[starts + some - 1], mask=none)
+    names = (*(f"rebalance_p{round(p * 100)}_ms" for p in PERCENTILES), "rebalance_max_ms")
+    if none.all():
+        return {n: pa.nulls(len(starts), pa.int64() if n.endswith("max_ms") else pa.float64())
+                for n in names}
+    d = _np(facts["duration_ms"])[order][proper]
+    # A key without any gets a placeholder segment of one (masked below).
+    begins = np.minimum(np.cumsum(counts) - counts, len(d) - 1)
+    some = np.maximum(counts, 1)
+    cols: dict[str, pa.Array] = {
+        n: pa.array(exact_percentiles(d, begins, some, p), mask=none)
+        for n, p in zip(names, PERCENTILES, strict=False)}
+    cols["rebalance_max_ms"] = pa.array(d[begins + some - 1], mask=none)
     return cols
 
 
@@ -203,7 +206,7 @@ def group_rows(facts: pa.Table, threshold: int) -> pa.Table:
     first = pa.array(order[starts])
     cols["source"] = facts["source"].take(first)
     cols["group_id"] = facts["group_id"].take(first)
-    cols.update(_rebalance_durations(facts, group, starts, len(starts)))
+    cols.update(_rebalance_durations(facts, order, starts))
     cols["first_started_ms"] = pa.array(per_group(_np(facts["started_ms"]), np.minimum))
     cols["last_ended_ms"] = pa.array(per_group(_np(facts["ended_ms"]), np.maximum))
     cols["peak_window_rebalances"] = pa.array(per_group(_np(facts["window_count"]),
