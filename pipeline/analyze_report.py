@@ -288,7 +288,8 @@ def _plot_storms(series: list[dict[str, Any]], width: int, storm: StormRule) -> 
     ax.legend(fontsize=8, loc="upper left")
     out = png(fig, "groups rebalancing and storming", int(np.count_nonzero(values["groups"])))
     if not storms.any():
-        out += empty(f"No storm: no group had {storm.describe()}.")
+        out += empty(f"No storm: no group had {storm.describe()}." if storm.rebalances else
+                     "No storm: storms are not counted (a storm threshold of 0).")
     return out
 
 
@@ -534,8 +535,9 @@ def render(data: ReportData) -> str:
     worst = data.worst_groups
     body.append(f"<h2>Worst groups (top {len(worst)} of {esc(counted(groups, 'group'))})</h2>")
     body.append(f"<p class='note'>Ordered by the most rebalances started within any "
-                f"{esc(seconds(data.storm.window_ms))}; a storm is "
-                f"{esc(data.storm.describe())}.</p>")
+                f"{esc(seconds(data.storm.window_ms))}; "
+                + (f"a storm is {esc(data.storm.describe())}." if data.storm.rebalances else
+                   "storms are not counted (a storm threshold of 0).") + "</p>")
     body.append(_plot_worst(worst, data.storm, many))
     if data.heat:
         body.append(_plot_heat(data.heat, worst, many))

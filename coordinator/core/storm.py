@@ -70,7 +70,7 @@ class StormRule:
     def describe(self) -> str:
         """The rule in words, as the console and the report print it."""
         if self.rebalances == 0:
-            return "never (the storm rule is off)"
+            return "off: no count of rebalances is a storm"
         return f"{self.rebalances} or more rebalances started within {_duration(self.window_ms)}"
 
 
