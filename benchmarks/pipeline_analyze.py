@@ -61,12 +61,14 @@ def floor(inputs: list[str], master: str, out: Path, conf: list[str]) -> tuple[f
     return run(cmd, f"floor {master}")
 
 
-def floor_job(inputs: list[str], out: Path, master: str, conf: list[str],
-              window_ms: int = 600_000, threshold: int = 10) -> str:
-    """The floor: the Spark SQL part of analyze without the Python accounting."""
+def floor_job(inputs: list[str], out: Path, master: str, conf: list[str]) -> str:
+    """The floor: the Spark SQL part of analyze without the Python accounting,
+    with analyze's default storm rule."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    from coordinator.core.storm import STORM_RULE
+    window_ms, threshold = STORM_RULE.window_ms, STORM_RULE.trips_at
     from pipeline.aggregates import HOUR_MS, PERCENTILES
     from pipeline.analyze import _load_journal, plan_inputs
     from pipeline.spark import session

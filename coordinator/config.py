@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 
 from coordinator.console.live import StreamLimits
 from coordinator.core.config import CoreConfig
+from coordinator.core.storm import STORM_RULE
 from protocol.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP,
@@ -73,9 +74,10 @@ class ServerConfig:
     #: with --auth-tokens: checkpoint bytes in all the groups one token created.
     max_checkpoint_bytes_per_token: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_TOKEN
     max_checkpoint_value_bytes: int = DEFAULT_MAX_CHECKPOINT_VALUE_BYTES
-    #: group health rules (docs/operations.md, "Group health").
-    health_window_ms: int = 600_000
-    health_storm_rebalances: int = 5
+    #: group health rules (docs/operations.md, "Group health"); the STORM rule's
+    #: defaults are coordinator/core/storm.py's, which ``groupcoord analyze`` uses too.
+    health_window_ms: int = STORM_RULE.window_ms
+    health_storm_rebalances: int = STORM_RULE.rebalances
     health_stall_ms: int = 600_000
     #: groups with their own series on /metrics (the largest first); 0: none.
     group_metrics: int = 0
@@ -261,7 +263,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("health_window_ms", int, "window of the STORM and REWIND health rules",
             _int_range(1_000, MAX_RETENTION_MS)),
     Setting("health_storm_rebalances", int, "a group is STORM with this many rebalances "
-            "started within --health-window-ms; 0: never", _int_range(0, 1_000_000)),
+            "started within --health-window-ms (the rule `groupcoord analyze` uses too; the "
+            "default lets a rolling restart of about 15 members pass); 0: never",
+            _int_range(0, 1_000_000)),
     Setting("health_stall_ms", int, "a group with members and checkpoints is STALLED after "
             "this long without a commit; 0: never", _int_range(0, MAX_RETENTION_MS)),
     Setting("group_metrics", int, "groups that get their own series on /metrics (members, "

@@ -97,6 +97,7 @@ def groups(rebalances: Any, generations: Any, threshold: int) -> Any:
     from pyspark.sql import functions as F
     per_group = rebalances.groupBy("source", "group_id").agg(
         *_sums(threshold), *_durations(),
+        *durations(F.when(~is_initial(), F.col("duration_ms")), "rebalance"),
         F.min("started_ms").alias("first_started_ms"),
         F.max("ended_ms").alias("last_ended_ms"),
         F.max("window_count").alias("peak_window_rebalances"),

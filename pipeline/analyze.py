@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator.core.storm import STORM_RULE, StormRule
 from pipeline.errors import PipelineError
 from pipeline.sources import (
     GENERATIONS_SCHEMA,
@@ -44,11 +45,25 @@ from pipeline.sources import (
 
 @dataclass(frozen=True)
 class AnalyzeOptions:
-    storm_window_ms: int = 600_000
-    storm_threshold: int = 10
+    #: the rebalance-storm rule (coordinator/core/storm.py), the coordinator's
+    #: STORM health by default: rebalances (0: never) within the window.
+    storm_window_ms: int = STORM_RULE.window_ms
+    storm_threshold: int = STORM_RULE.rebalances
     cooperative: tuple[str, ...] = ()
     top: int = 20
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.storm_window_ms < 1:
+            raise PipelineError(f"storm window (--storm-window) must be above 0, not "
+                                f"{self.storm_window_ms / 1000:g} s")
+        if self.storm_threshold < 0:
+            raise PipelineError(f"storm threshold (--storm-threshold) must be 0 (never) or "
+                                f"more, not {self.storm_threshold}")
+
+    @property
+    def storm_rule(self) -> StormRule:
+        return StormRule(self.storm_window_ms, self.storm_threshold)
 
 
 @dataclass(frozen=True)
@@ -273,7 +288,7 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
         journal = _load_journal(spark, plan)
         try:
             write_tables(spark, facts_rows(journal, facts_calls(spark, plan)), out_dir,
-                         opts.cooperative, opts.storm_window_ms, opts.storm_threshold)
+                         opts.cooperative, opts.storm_window_ms, opts.storm_rule.trips_at)
         except Exception as exc:
             raise _spark_input_error(exc, plan) from exc
     # The per-group figures of phase 1 are read by phase 2 only: removed
@@ -303,8 +318,7 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
         fleet_df.unpersist()
         data = report_figures(
             fleet, rebalances, hours, spark.read.parquet(str(tables["groups"])), journal,
-            top=opts.top, storm_window_ms=opts.storm_window_ms,
-            storm_threshold=opts.storm_threshold,
+            top=opts.top, storm=opts.storm_rule,
             inputs=[j.name for j in plan.databases] + sorted(
                 {str(Path(p).parent.parent) for p in plan.journal_parquet}))
     with progress(spark, "analyze [4/4] writing report.html", show):

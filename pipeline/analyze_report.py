@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.core.storm import StormRule
 from pipeline.aggregates import (
     FACT_COUNTS,
     FLEET_SUMS,
@@ -35,11 +36,13 @@ from pipeline.aggregates import (
 from pipeline.report import (
     amount,
     cards,
+    counted,
     empty,
     esc,
     figure,
     num,
     page,
+    plural,
     png,
     seconds,
     table,
@@ -54,8 +57,8 @@ class ReportData:
     worst_groups: list[dict[str, Any]]
     heat: list[dict[str, Any]]
     histogram: list[tuple[int, int]]
-    storm_window_ms: int
-    storm_threshold: int
+    #: the rebalance-storm rule (coordinator/core/storm.py) the figures used
+    storm: StormRule
     inputs: list[str] = field(default_factory=list)
     #: ``series`` (below): one row per bucket of ``bucket_ms`` with a rebalance
     series: list[dict[str, Any]] = field(default_factory=list)
@@ -108,6 +111,7 @@ def totals(fleet: list[dict[str, Any]], groups: Any, durations: dict[str, Any]
                            for c in (*FLEET_SUMS, *FACT_COUNTS)}
     span = groups.agg(F.count(F.lit(1)).alias("groups"),
                       F.count_distinct("source").alias("sources"),
+                      F.sort_array(F.collect_set("source")).alias("source_names"),
                       F.min("first_started_ms").alias("first_started_ms"),
                       F.max("last_ended_ms").alias("last_ended_ms")).collect()[0].asDict()
     return tot | {k: (v if v is not None else 0) for k, v in (durations | span).items()}
@@ -167,7 +171,7 @@ def series(rebalances: Any, hours: Any, fleet: list[dict[str, Any]], width_ms: i
 
 
 def report_figures(fleet: list[dict[str, Any]], rebalances: Any, hours: Any, groups: Any,
-                   journal: Any, *, top: int, storm_window_ms: int, storm_threshold: int,
+                   journal: Any, *, top: int, storm: StormRule,
                    inputs: Sequence[str] = ()) -> ReportData:
     """Everything report.html shows, from the tables phase 2 wrote
     (``fleet`` is fleet_hours' rows with the FACT_COUNTS) and, for what no
@@ -188,7 +192,7 @@ def report_figures(fleet: list[dict[str, Any]], rebalances: Any, hours: Any, gro
                 if (r["source"], r["group_id"]) in keys]
     width = bucket_width(tot["first_started_ms"], tot["last_ended_ms"])
     parallelism = int(rebalances.sparkSession.sparkContext.defaultParallelism)
-    rows = series(rebalances, hours, fleet, width, storm_threshold,
+    rows = series(rebalances, hours, fleet, width, storm.trips_at,
                   int(tot["last_ended_ms"]) - int(tot["first_started_ms"]), parallelism) \
         if tot["rebalances"] else []
     starters = attribution(journal, top)
@@ -197,8 +201,7 @@ def report_figures(fleet: list[dict[str, Any]], rebalances: Any, hours: Any, gro
     return ReportData(
         totals=tot, fleet_hours=fleet, worst_groups=worst, heat=heat,
         histogram=histogram(rebalances), series=rows, bucket_ms=width, starters=starters,
-        timelines=timelines, storm_window_ms=storm_window_ms,
-        storm_threshold=storm_threshold, inputs=list(inputs))
+        timelines=timelines, storm=storm, inputs=list(inputs))
 
 
 def bucket_name(width_ms: int) -> str:
@@ -269,8 +272,7 @@ def _plot_reasons(series: list[dict[str, Any]], width: int) -> str:
     return png(fig, "rebalances by reason", int(np.count_nonzero(bottom)))
 
 
-def _plot_storms(series: list[dict[str, Any]], width: int, window_ms: int,
-                 threshold: int) -> str:
+def _plot_storms(series: list[dict[str, Any]], width: int, storm: StormRule) -> str:
     from pipeline.report import figure
     edges, values = _grid(series, width, ("groups", "storming_groups"))
     fig, ax = figure()
@@ -278,7 +280,7 @@ def _plot_storms(series: list[dict[str, Any]], width: int, window_ms: int,
     storms = values["storming_groups"]
     if storms.any():
         _steps(ax, edges, storms, color="tab:red", alpha=0.6,
-               label=f"groups in a storm (>= {threshold} rebalances in {seconds(window_ms)})")
+               label=f"groups in a storm ({storm.describe()})")
     _time_axis(ax, edges)
     ax.set_ylim(0, max(float(values["groups"].max(initial=0)), 1) * 1.25)
     ax.set_ylabel("groups")
@@ -286,8 +288,8 @@ def _plot_storms(series: list[dict[str, Any]], width: int, window_ms: int,
     ax.legend(fontsize=8, loc="upper left")
     out = png(fig, "groups rebalancing and storming", int(np.count_nonzero(values["groups"])))
     if not storms.any():
-        out += empty(f"No storm: no group had {threshold} or more rebalances within "
-                     f"{seconds(window_ms)}.")
+        out += empty(f"No storm: no group had {storm.describe()}." if storm.rebalances else
+                     "No storm: storms are not counted (a storm threshold of 0).")
     return out
 
 
@@ -380,18 +382,19 @@ def _gname(g: dict[str, Any], many_sources: bool) -> str:
     return f"{g['source']}/{g['group_id']}" if many_sources else str(g["group_id"])
 
 
-def _plot_worst(worst: list[dict[str, Any]], threshold: int, window_ms: int,
-                many: bool) -> str:
+def _plot_worst(worst: list[dict[str, Any]], storm: StormRule, many: bool) -> str:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(10, max(2.5, 0.3 * len(worst) + 1)), dpi=100)
     names = [_gname(g, many) for g in worst][::-1]
     peaks = [int(g["peak_window_rebalances"] or 0) for g in worst][::-1]
-    colors = ["tab:red" if p >= threshold else "tab:blue" for p in peaks]
+    colors = ["tab:red" if storm.is_storm(p) else "tab:blue" for p in peaks]
     ax.barh(names, peaks, color=colors)
-    ax.axvline(threshold, color="gray", linestyle="--", label=f"storm threshold ({threshold})")
-    ax.set_xlabel(f"most rebalances within {seconds(window_ms)}")
+    if storm.rebalances:
+        ax.axvline(storm.rebalances, color="gray", linestyle="--",
+                   label=f"storm threshold ({storm.rebalances})")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.set_xlabel(f"most rebalances within {seconds(storm.window_ms)}")
     ax.set_title("Worst groups: rebalance storms")
-    ax.legend(fontsize=8, loc="lower right")
     return png(fig, "worst groups", sum(1 for p in peaks if p))
 
 
@@ -419,6 +422,23 @@ def _plot_heat(heat: list[dict[str, Any]], worst: list[dict[str, Any]], many: bo
     return png(fig, "worst groups per hour", len(heat))
 
 
+#: What the rebalance duration tiles are over.
+REBALANCE = "initial joins left out"
+
+#: Journals named in the tile; more are counted.
+JOURNALS_NAMED = 4
+
+
+def _journals(t: dict[str, Any]) -> str:
+    """The tile's words under the journal count: their names, which prefix
+    a group's name when there are several."""
+    names = [str(x) for x in (t.get("source_names") or [])]
+    shown = ", ".join(names[:JOURNALS_NAMED])
+    if len(names) > JOURNALS_NAMED:
+        shown += f" and {len(names) - JOURNALS_NAMED} more"
+    return f"{shown} (groups below are journal/group)" if len(names) > 1 else shown
+
+
 def render(data: ReportData) -> str:
     t = data.totals
     n = int(t.get("rebalances") or 0)
@@ -429,33 +449,53 @@ def render(data: ReportData) -> str:
         body.append("<h2>No rebalances</h2><p>The journals hold no completed rebalance, so "
                     "there is nothing to plot. The Parquet tables were written, empty.</p>")
         return page("groupcoord rebalance report", body)
-    many = int(t.get("sources") or 0) > 1
+    sources = int(t.get("sources") or 0)
+    many = sources > 1
     unavailable_s = int(t.get("unavailable_ms") or 0) / 1000
     initial = int(t.get("initial_count") or 0)
+    groups, moved = int(t["groups"]), int(t["moved"])
+    follow_ups = int(t["follow_up_rebalances"] or 0)
+    proper = int(t.get("rebalance_count") or 0)
     body.append(cards([
-        ("rebalances", num(n)),
-        ("groups", num(int(t["groups"]))),
-        ("coordinators", num(int(t["sources"]))),
-        ("from", utc(t["first_started_ms"])), ("to", utc(t["last_ended_ms"])),
-        ("rebalance p50", seconds(t.get("rebalance_p50_ms"))),
-        ("rebalance p95", seconds(t.get("rebalance_p95_ms"))),
-        ("rebalance p99", seconds(t.get("rebalance_p99_ms"))),
-        ("longest rebalance", seconds(t.get("rebalance_max_ms"))),
-        ("initial joins", num(initial)),
-        ("initial join p95", seconds(t.get("initial_p95_ms")) if initial else "-"),
-        ("resources moved", num(int(t["moved"]))),
-        ("unowned resource-seconds", amount(unavailable_s)),
-        ("cooperative follow-ups", num(int(t["follow_up_rebalances"] or 0))),
+        (plural(n, "rebalance"), num(n), f"{counted(initial, 'initial join')} among them"),
+        (plural(groups, "group"), num(groups)),
+        (plural(sources, "journal"), num(sources), _journals(t)),
+        ("from (UTC)", utc(t["first_started_ms"])), ("to (UTC)", utc(t["last_ended_ms"])),
     ]))
-    notes = ["Rebalance durations leave out the initial joins (reason \"initial\": the "
-             "group's first members wait for the coordinator's initial-rebalance delay on "
-             "purpose); the initial joins are counted apart."]
-    if int(t.get("unreadable") or 0):
-        notes.append(f"{num(int(t['unreadable']))} rebalances have no ownership figures "
+    body.append(cards([
+        ("rebalance p50", seconds(t.get("rebalance_p50_ms")),
+         f"of {counted(proper, 'rebalance')}, {REBALANCE}"),
+        ("rebalance p95", seconds(t.get("rebalance_p95_ms")), REBALANCE),
+        ("rebalance p99", seconds(t.get("rebalance_p99_ms")), REBALANCE),
+        ("longest rebalance", seconds(t.get("rebalance_max_ms")), REBALANCE),
+        ("initial join p95", seconds(t.get("initial_p95_ms")) if initial else "-",
+         counted(initial, "initial join")),
+        ("longest initial join", seconds(t.get("initial_max_ms")) if initial else "-",
+         counted(initial, "initial join")),
+    ]))
+    body.append(cards([
+        (plural(moved, "resource") + " moved", num(moved)),
+        ("unowned " + plural(amount(unavailable_s), "resource-second"), amount(unavailable_s)),
+        ("cooperative " + plural(follow_ups, "follow-up"), num(follow_ups)),
+    ]))
+    notes = ["A journal is what one input holds: a coordinator's SQLite file, a "
+             "PostgreSQL database (every coordinator sharing it) or one source of an "
+             "export directory.",
+             "Every duration of a rebalance in this report, the tiles, the charts over "
+             "time and the worst groups' table alike, leaves out the initial joins "
+             "(reason \"initial\": the group's first members wait for the coordinator's "
+             "initial-rebalance delay on purpose); the initial joins are counted apart, "
+             "and the histogram below shows everything."]
+    unreadable = int(t.get("unreadable") or 0)
+    if unreadable:
+        notes.append(f"{counted(unreadable, 'rebalance')} "
+                     f"{'has' if unreadable == 1 else 'have'} no ownership figures "
                      "(another protocol_type than \"resources\", or undecodable assignments: "
                      f"{num(int(t.get('assignment_errors') or 0))}).")
-    if int(t.get("unowned_at_end") or 0):
-        notes.append(f"{num(int(t['unowned_at_end']))} revoked resources were never owned "
+    never = int(t.get("unowned_at_end") or 0)
+    if never:
+        notes.append(f"{counted(never, 'revoked resource')} "
+                     f"{'was' if never == 1 else 'were'} never owned "
                      "again in the journal; they count as unowned until the group's last "
                      "rebalance.")
     body.append("<p class='note'>" + " ".join(esc(x) for x in notes) + "</p>")
@@ -464,7 +504,7 @@ def render(data: ReportData) -> str:
     body.append(f"<h2>Trend over time (per {esc(bucket_name(width))})</h2>")
     if series:
         body.append(_plot_reasons(series, width))
-        body.append(_plot_storms(series, width, data.storm_window_ms, data.storm_threshold))
+        body.append(_plot_storms(series, width, data.storm))
         body.append(_plot_durations(series, width))
         body.append(_plot_cost(series, width))
     else:
@@ -493,20 +533,24 @@ def render(data: ReportData) -> str:
         body.append(empty("No rebalance was started by a member joining or leaving."))
 
     worst = data.worst_groups
-    body.append(f"<h2>Worst groups (top {len(worst)})</h2>")
+    body.append(f"<h2>Worst groups (top {len(worst)} of {esc(counted(groups, 'group'))})</h2>")
     body.append(f"<p class='note'>Ordered by the most rebalances started within any "
-                f"{esc(seconds(data.storm_window_ms))}; a storm is "
-                f"{data.storm_threshold} or more.</p>")
-    body.append(_plot_worst(worst, data.storm_threshold, data.storm_window_ms, many))
+                f"{esc(seconds(data.storm.window_ms))}; "
+                + (f"a storm is {esc(data.storm.describe())}." if data.storm.rebalances else
+                   "storms are not counted (a storm threshold of 0).") + "</p>")
+    body.append(_plot_worst(worst, data.storm, many))
     if data.heat:
         body.append(_plot_heat(data.heat, worst, many))
     body.append(_plot_timelines(data.timelines, worst, many))
+    body.append("<p class='note'>rebalance p95 and longest rebalance: without the initial "
+                "joins, as the tiles at the top.</p>")
     body.append(table(
-        ["group", "protocol", "rebalances", "peak in window", "storm rebalances", "p95",
-         "max", "moved", "unowned res-s", "follow-ups", "gens w/o assignment"],
+        ["group", "protocol", "rebalances", "peak in window", "storm rebalances",
+         "rebalance p95", "longest rebalance", "moved", "unowned res-s", "follow-ups",
+         "gens w/o assignment"],
         [[esc(_gname(g, many)), esc(g["protocol_name"] or "-"), num(g["rebalances"]),
           num(g["peak_window_rebalances"]), num(g["storm_rebalances"]),
-          seconds(g["duration_p95_ms"]), seconds(g["duration_max_ms"]), num(g["moved"]),
+          seconds(g["rebalance_p95_ms"]), seconds(g["rebalance_max_ms"]), num(g["moved"]),
           amount(int(g["unavailable_ms"] or 0) / 1000), num(g["follow_up_rebalances"]),
           num(g.get("generations_without_assignment"))] for g in worst], left=2))
     body.append("<h2>Tables</h2><p class='note'>Parquet beside this file: rebalances/ (one row "

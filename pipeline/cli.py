@@ -12,6 +12,9 @@ import argparse
 import sys
 from typing import Any
 
+from coordinator.core.storm import STORM_RULE
+from pipeline.report import counted
+
 
 def _spark_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", default=None,
@@ -56,10 +59,16 @@ def register(subparsers: Any) -> None:
                          help="a coordinator database (SQLite file, sqlite:///PATH or "
                               "postgresql://USER@HOST:PORT/DB), or an export directory")
     analyze.add_argument("-o", "--out", required=True, help="output directory")
-    analyze.add_argument("--storm-window", type=float, default=600.0, metavar="SECONDS",
-                         help="window of the rebalance-storm counter (default 600)")
-    analyze.add_argument("--storm-threshold", type=int, default=10, metavar="N",
-                         help="rebalances within the window that make a storm (default 10)")
+    analyze.add_argument("--storm-window", type=float, default=STORM_RULE.window_ms / 1000,
+                         metavar="SECONDS",
+                         help="window of the rebalance-storm rule (default "
+                              f"{STORM_RULE.window_ms // 1000}; the coordinator's "
+                              "--health-window-ms)")
+    analyze.add_argument("--storm-threshold", type=int, default=STORM_RULE.rebalances,
+                         metavar="N",
+                         help="rebalances within the window that make a storm (default "
+                              f"{STORM_RULE.rebalances}, 0: never; the coordinator's "
+                              "--health-storm-rebalances)")
     analyze.add_argument("--cooperative", action="append", default=[], metavar="PROTOCOL",
                          help="also treat this protocol (assignor) name as cooperative")
     analyze.add_argument("--top", type=int, default=20, help="worst groups in the report")
@@ -123,8 +132,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
                               verbose=args.verbose)
     except PipelineError as exc:
         return _fail("analyze", str(exc))
-    print(f"{result.rebalances} rebalances of {result.groups} groups analysed; "
-          f"report: {result.report}")
+    print(f"{counted(result.rebalances, 'rebalance')} of {counted(result.groups, 'group')} "
+          f"analysed; report: {result.report}")
     return 0
 
 
@@ -140,7 +149,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
                               progress=not args.no_progress, verbose=args.verbose)
     except PipelineError as exc:
         return _fail("simulate", str(exc))
-    print(f"{result.cells} cells simulated ({result.failed} failed); report: {result.report}")
+    print(f"{counted(result.cells, 'cell')} simulated ({result.failed} failed); "
+          f"report: {result.report}")
     return 0
 
 
@@ -161,8 +171,9 @@ def _run_export(args: argparse.Namespace) -> int:
                                 "them one at a time with --source NAME")
         for j in journals:
             res = export(j, args.out)
-            print(f"{j.name}: {res.journal_rows} journal rows, {res.generation_rows} "
-                  f"generations -> {args.out} (source {j.source!r})")
+            print(f"{j.name}: {counted(res.journal_rows, 'journal row')}, "
+                  f"{counted(res.generation_rows, 'generation')} -> {args.out} "
+                  f"(source {j.source!r})")
     except PipelineError as exc:
         return _fail("journal export", str(exc))
     return 0

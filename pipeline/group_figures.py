@@ -35,9 +35,13 @@ GROUP_HOURS_SCHEMA = pa.schema(
      *((f"duration_p{round(p * 100)}_ms", pa.float64()) for p in PERCENTILES),
      ("duration_max_ms", pa.int64())])
 
-#: Columns of ``groups/`` before the generations are joined on.
+#: Columns of ``groups/`` before the generations are joined on: the
+#: durations again without the initial joins (``rebalance_*``, null for a
+#: group with nothing else), as the report's headline figures.
 GROUPS_SCHEMA = pa.schema(
     [f for f in GROUP_HOURS_SCHEMA if f.name != "hour_start_ms"]
+    + [*((f"rebalance_p{round(p * 100)}_ms", pa.float64()) for p in PERCENTILES),
+       ("rebalance_max_ms", pa.int64())]
     + [pa.field(n, pa.int64()) for n in ("first_started_ms", "last_ended_ms",
                                          "peak_window_rebalances")]
     + [pa.field("protocol_name", pa.string()), pa.field("cooperative", pa.bool_()),
@@ -131,6 +135,33 @@ def _figures(facts: pa.Table, key: np.ndarray, threshold: int) -> tuple[
     return order, starts, cols
 
 
+def _rebalance_durations(facts: pa.Table, order: np.ndarray, starts: np.ndarray
+                         ) -> dict[str, pa.Array]:
+    """Duration percentiles and the longest per key without the initial joins
+    (``rebalance_*``; null for a key with only initial joins), from the row
+    order of ``_figures`` (by key, then duration) and each key's first
+    position in it: leaving the initial joins out keeps each key's rows
+    contiguous and sorted, so no second sort is needed."""
+    initial = np.asarray(pc.fill_null(pc.equal(facts["reason"], "initial"), False)
+                         .to_numpy(zero_copy_only=False), dtype=bool)
+    proper = ~initial[order]
+    counts = np.add.reduceat(proper.astype(np.int64), starts)
+    none = counts == 0
+    names = (*(f"rebalance_p{round(p * 100)}_ms" for p in PERCENTILES), "rebalance_max_ms")
+    if none.all():
+        return {n: pa.nulls(len(starts), pa.int64() if n.endswith("max_ms") else pa.float64())
+                for n in names}
+    d = _np(facts["duration_ms"])[order][proper]
+    # A key without any gets a placeholder segment of one (masked below).
+    begins = np.minimum(np.cumsum(counts) - counts, len(d) - 1)
+    some = np.maximum(counts, 1)
+    cols: dict[str, pa.Array] = {
+        n: pa.array(exact_percentiles(d, begins, some, p), mask=none)
+        for n, p in zip(names, PERCENTILES, strict=False)}
+    cols["rebalance_max_ms"] = pa.array(d[begins + some - 1], mask=none)
+    return cols
+
+
 def _group_numbers(facts: pa.Table) -> np.ndarray:
     """A number per (source, group_id) of ``facts``."""
     both = pa.table({"s": facts["source"], "g": facts["group_id"]})
@@ -175,6 +206,7 @@ def group_rows(facts: pa.Table, threshold: int) -> pa.Table:
     first = pa.array(order[starts])
     cols["source"] = facts["source"].take(first)
     cols["group_id"] = facts["group_id"].take(first)
+    cols.update(_rebalance_durations(facts, order, starts))
     cols["first_started_ms"] = pa.array(per_group(_np(facts["started_ms"]), np.minimum))
     cols["last_ended_ms"] = pa.array(per_group(_np(facts["ended_ms"]), np.maximum))
     cols["peak_window_rebalances"] = pa.array(per_group(_np(facts["window_count"]),

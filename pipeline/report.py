@@ -12,17 +12,26 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+#: The page fits any window from a phone's up: names (group and member ids,
+#: paths) wrap anywhere rather than widen the page, figures never wrap, and a
+#: table still wider than the page scrolls inside its own box (``.scroll``),
+#: never the page (tests/pipeline/test_pipeline_report.py checks 1,400 and
+#: 800 px).
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
-max-width:1200px;color:#222;padding:0 1em}
+max-width:1200px;color:#222;padding:0 1em;overflow-wrap:break-word}
 h1{font-size:1.6em}h2{font-size:1.25em;margin-top:2em;border-bottom:1px solid #ddd}
+.scroll{max-width:100%;overflow-x:auto}
 table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
 th,td{border:1px solid #ddd;padding:.25em .6em;text-align:right}
+td{white-space:nowrap}td.l{white-space:normal;min-width:8em;overflow-wrap:anywhere}
 th{background:#f4f4f4}td.l,th.l{text-align:left}
-.cards{display:flex;flex-wrap:wrap;gap:.8em}
-.card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;min-width:9em}
+.cards{display:flex;flex-wrap:wrap;gap:.8em;margin:.8em 0}
+.card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;min-width:9em;max-width:100%;
+box-sizing:border-box}
 .card b{display:block;font-size:1.4em}
-.note{color:#666;font-size:.9em}img{max-width:100%}
+.card small{display:block;color:#555;font-size:.85em;max-width:24em;overflow-wrap:anywhere}
+.note{color:#666;font-size:.9em}img{max-width:100%;height:auto}
 .empty{border:1px dashed #bbb;color:#555;padding:1em;margin:.5em 0}
 """
 
@@ -51,6 +60,21 @@ def png(fig: Any, title: str = "plot", points: int | None = None) -> str:
 
 def esc(value: object) -> str:
     return html.escape(str(value))
+
+
+def plural(count: object, noun: str, many: str | None = None) -> str:
+    """``noun`` for a count of exactly 1, else its plural (``many``, or
+    ``noun`` + "s"): "1 rebalance", "0 rebalances", "2.5 resource-seconds"."""
+    try:
+        one = float(count) == 1  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        one = False
+    return noun if one else (many if many is not None else noun + "s")
+
+
+def counted(count: int, noun: str, many: str | None = None) -> str:
+    """A count and its noun, agreeing: "1 rebalance", "1,200 rebalances"."""
+    return f"{num(count)} {plural(count, noun, many)}"
 
 
 def num(value: object, digits: int = 0) -> str:
@@ -108,17 +132,22 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) 
                    for i, h in enumerate(headers))
     body = "".join("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>'
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
 
 
-def cards(items: Sequence[tuple[str, str]]) -> str:
-    return '<div class="cards">' + "".join(
-        f'<div class="card"><b>{v}</b>{esc(k)}</div>' for k, v in items) + "</div>"
+def cards(items: Sequence[tuple[str, str] | tuple[str, str, str]]) -> str:
+    """Tiles: (label, value already escaped) or (label, value, detail): a
+    line in words under the label."""
+    def tile(item: tuple[str, ...]) -> str:
+        detail = f"<small>{esc(item[2])}</small>" if len(item) > 2 else ""
+        return f'<div class="card"><b>{item[1]}</b>{esc(item[0])}{detail}</div>'
+    return '<div class="cards">' + "".join(tile(i) for i in items) + "</div>"
 
 
 def page(title: str, body: Sequence[str]) -> str:
     generated = datetime.now(tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<style>{_STYLE}</style></head><body><h1>{esc(title)}</h1>"
             f"<p class='note'>generated {generated} by groupcoord</p>"
             + "\n".join(body) + "</body></html>\n")

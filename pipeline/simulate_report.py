@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.report import cards, esc, figure, num, page, png, table
+from pipeline.report import cards, esc, figure, num, page, plural, png, table
 
 SUMMARY_KEYS = ("assignor", "group", "members", "resources", "subscription", "churn")
 
@@ -63,10 +63,10 @@ def render(rows: list[dict[str, Any]], sweep: str) -> str:
         return page(f"groupcoord simulation: {sweep}", body)
     total = sum(int(r["cells"]) for r in rows)
     failed = sum(int(r["failed"] or 0) for r in rows)
-    body.append(cards([("cells", num(total)), ("failed", num(failed)),
-                       ("assignors", num(len({r['assignor'] for r in rows}))),
-                       ("groups", num(len({r['group'] for r in rows}))),
-                       ("churn patterns", num(len({r['churn'] for r in rows})))]))
+    kinds = [(noun, len({r[key] for r in rows})) for noun, key in
+             (("assignor", "assignor"), ("group", "group"), ("churn pattern", "churn"))]
+    body.append(cards([(plural(total, "cell"), num(total)), ("failed", num(failed)),
+                       *((plural(n, noun), num(n)) for noun, n in kinds)]))
     for r in rows:
         mm = int(r["min_moves"] or 0)
         r["moved_ratio"] = (int(r["moved"] or 0) / mm) if mm else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.core.storm import STORM_RULE, StormRule
 from protocol.limits import (
     DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP,
     DEFAULT_MAX_CHECKPOINT_BYTES_PER_TOKEN,
@@ -45,8 +46,14 @@ class CoreConfig:
     #: bytes of one checkpoint value (protocol.validate.value_size); larger: 400. 0: unlimited.
     max_checkpoint_value_bytes: int = DEFAULT_MAX_CHECKPOINT_VALUE_BYTES
     #: group health (coordinator/core/health.py): STORM at this many rebalances within
-    #: the window (0: never), REWIND within the window, STALLED after this long
-    #: without a commit (0: never).
-    health_window_ms: int = 600_000
-    health_storm_rebalances: int = 5
+    #: the window (0: never; the rule of coordinator/core/storm.py, which
+    #: ``groupcoord analyze`` uses too), REWIND within the window, STALLED after
+    #: this long without a commit (0: never).
+    health_window_ms: int = STORM_RULE.window_ms
+    health_storm_rebalances: int = STORM_RULE.rebalances
     health_stall_ms: int = 600_000
+
+    @property
+    def storm_rule(self) -> StormRule:
+        """The STORM rule these settings give."""
+        return StormRule(self.health_window_ms, self.health_storm_rebalances)

@@ -6,7 +6,9 @@ say what an operator asks first: is this group well? One word per group:
 ``STORM``
     at least ``health_storm_rebalances`` rebalances started within
     ``health_window_ms`` (members that keep crashing, a session timeout too
-    short for the workers' pauses, a deploy that never settles);
+    short for the workers' pauses, a deploy that never settles): the rule of
+    coordinator/core/storm.py, which ``groupcoord analyze`` applies to the
+    journal too, set so that a routine rolling restart does not trip it;
 ``REWIND``
     an integer checkpoint went backwards within ``health_window_ms``: a member
     committed a smaller value than the one it replaced (a reprocessing worker,
@@ -50,7 +52,7 @@ class GroupHealth:
     rewind: str = ""
 
     def rebalance_started(self, now_ms: int, config: CoreConfig) -> None:
-        keep = max(1, config.health_storm_rebalances)
+        keep = max(1, config.health_storm_rebalances)  # all the rule can count
         self.rebalances.append(now_ms)
         while len(self.rebalances) > keep:
             self.rebalances.popleft()
@@ -81,11 +83,11 @@ def assess(h: GroupHealth | None, now_ms: int, config: CoreConfig, *, has_member
         return HEALTHY
     window = config.health_window_ms
     reasons: list[tuple[str, str]] = []
-    threshold = config.health_storm_rebalances
-    if threshold > 0:
-        recent = sum(1 for t in h.rebalances if now_ms - t <= window)
-        if recent >= threshold:
-            reasons.append((STORM, f"{recent} rebalances in the last {window // 1000} s"))
+    storm = config.storm_rule
+    recent = sum(1 for t in h.rebalances if storm.in_window(t, now_ms))
+    if storm.is_storm(recent):
+        reasons.append((STORM, f"{recent} rebalances in the last {window // 1000} s "
+                               f"(a storm is {storm.describe()})"))
     if h.last_rewind_ms is not None and now_ms - h.last_rewind_ms <= window:
         reasons.append((REWIND, f"a checkpoint went backwards: {h.rewind}"))
     stall = config.health_stall_ms

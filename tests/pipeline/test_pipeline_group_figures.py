@@ -173,3 +173,19 @@ def test_window_counts_match_a_spark_window_function(spark: Any) -> None:
         plain = [sum(1 for _, h, u in rows if h == g and s - window_ms < u <= s)
                  for _, g, s in rows]
         assert want == plain, window_ms
+
+
+def test_groups_with_only_initial_joins_have_no_rebalance_durations() -> None:
+    """``rebalance_*`` leave the initial joins out: null for a group that
+    only formed, whether or not another group in the same facts rebalanced."""
+    facts = random_facts(random.Random(5))
+    initial_only = facts.set_column(facts.schema.get_field_index("reason"), "reason",
+                                    pa.array(["initial"] * facts.num_rows))
+    for row in group_rows(initial_only, 3).to_pylist():
+        assert [row[f"rebalance_{k}_ms"] for k in ("p50", "p95", "p99", "max")] == [None] * 4
+        assert row["duration_max_ms"] is not None
+    rows = group_rows(facts, 3).to_pylist()
+    assert any(r["rebalance_max_ms"] is not None for r in rows)
+    for r in rows:
+        if r["rebalance_max_ms"] is not None:
+            assert r["rebalance_max_ms"] <= r["duration_max_ms"]

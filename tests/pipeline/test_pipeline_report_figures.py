@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pipeline_journal_builder import HOUR, T0, Row, write_db
 
+from coordinator.core.storm import StormRule
 from pipeline import aggregates as agg
 from pipeline.analyze import AnalyzeOptions, _load_journal, analyze, plan_inputs
 from pipeline.analyze_report import report_figures, series
@@ -124,7 +125,7 @@ def test_totals_equal_plain_spark_sql_over_the_rows(tables: dict[str, Any]) -> N
     rebalances = tables["rebalances"]
     journal = _load_journal(tables["spark"], plan_inputs([str(tables["db"])]))
     got = report_figures(tables["fleet"], rebalances, tables["hours"], tables["groups"],
-                         journal, top=5, storm_window_ms=600_000, storm_threshold=THRESHOLD)
+                         journal, top=5, storm=StormRule(600_000, THRESHOLD))
     want = reference_totals(rebalances)
     for key, value in want.items():
         assert got.totals[key] == value, key
