@@ -433,8 +433,47 @@ class _Planner:
             self._add(m, g)
 
     def _fill_homed(self, homed: list[int]) -> list[int]:
-        """Each to the least loaded member of a home zone with room; returns
-        those that found none. Inlined for speed."""
+        """Each (heaviest first) to the least loaded member of a home zone
+        with room; returns those that found none."""
+        self._build_heaps(zoned=True)  # exact again after the earlier passes
+        if not self.uniform:
+            return self._fill_homed_any(homed)
+        # One class: resources with one home zone compete only within it,
+        # so each zone is filled on its own, its heap kept exact.
+        load, cap, high, w, where, held = (
+            self.load, self.cap, self.high, self.w, self.where, self.held
+        )
+        by_zone: dict[tuple[str, ...], list[int]] = {}
+        for g in homed:
+            by_zone.setdefault(self.home[g], []).append(g)
+        replace = heapq.heapreplace
+        homeless: list[int] = []
+        several: list[int] = []
+        for zs, gs in by_zone.items():
+            if len(zs) > 1:
+                several += gs
+                continue
+            h = self._heaps.get((0, zs[0]))
+            if not h:
+                homeless += gs
+                continue
+            for g in gs:
+                _, negcap, m = h[0]
+                x = load[m] + w[g]
+                if x > high[m]:
+                    homeless.append(g)
+                    continue
+                load[m] = x
+                where[g] = m
+                held[m].append(g)
+                replace(h, (x / cap[m], negcap, m))
+        if several:
+            several.sort(key=w.__getitem__, reverse=True)
+            homeless += self._fill_homed_any(several)
+        return homeless
+
+    def _fill_homed_any(self, homed: list[int]) -> list[int]:
+        """The general case: several classes or several home zones."""
         load, cap, high, w, where, held = (
             self.load, self.cap, self.high, self.w, self.where, self.held
         )
@@ -572,18 +611,24 @@ class _Planner:
         # Heaviest that keeps d at or above low first, then the lighter ones.
         order = list(range(top - 1, -1, -1)) + list(range(top, len(items)))
         now = self.load[d] / self.cap[d]
-        for pos in order[:_DONOR_TRIES]:
-            x, g = items[pos]
-            if x <= 0.0:
-                continue
-            t = self._set_of(g)
-            dst = self._best_receiver(g, x, t, act, d)
-            if dst is not None and (self.load[dst] + x) / self.cap[dst] < now:
-                self._move(g, d, dst, self._over_cause(d, g))
-                return True
+        load, cap, high = self.load, self.cap, self.high
+        # First a move that leaves the receiver inside its band; failing
+        # that, any move that lowers the busiest.
+        for inside in (True, False):
+            for pos in order[:_DONOR_TRIES]:
+                x, g = items[pos]
+                if x <= 0.0:
+                    continue
+                for dst in self._receivers(g, x, self._set_of(g), act, d):
+                    after = load[dst] + x
+                    if after / cap[dst] < now and (not inside or after <= high[dst]):
+                        self._move(g, d, dst, self._cause(d, dst, g))
+                        return True
         return False
 
-    def _best_receiver(self, g: int, x: float, t: int, act: list[int], d: int) -> int | None:
+    def _receivers(self, g: int, x: float, t: int, act: list[int], d: int) -> list[int]:
+        """Where ``g`` would land lowest: in a home zone with room first,
+        then anywhere (balance first)."""
         load, cap, high = self.load, self.cap, self.high
         zs = self.home.get(g)
         best: int | None = None
@@ -597,22 +642,41 @@ class _Planner:
                 best, best_key = m, key
             if zs is not None and self.zone[m] in zs and key < best_home_key:
                 best_home, best_home_key = m, key
-        if best_home is not None and load[best_home] + x <= high[best_home]:
-            return best_home
-        return best
+        out = [] if best is None else [best]
+        if best_home is not None and best_home != best and load[best_home] + x <= high[best_home]:
+            out.insert(0, best_home)
+        return out
 
-    def _over_cause(self, d: int, g: int) -> str:
-        echo = self.echo[d]
-        if echo is not None and echo.capacity is not None and self.cap[d] < echo.capacity:
+    def _cause(self, d: int, j: int, g: int) -> str:
+        """Why ``g`` moves from ``d`` to ``j`` for balance (docs/assignors.md,
+        "Why"): ``d``'s capacity fell (``capacity``); ``g`` or ``d`` measured
+        more than the catalog says, enough to explain ``d``'s excess
+        (``load``); ``j`` is new (``join``); ``j``'s capacity grew
+        (``capacity``); else ``balance``."""
+        if self._capacity_changed(d) < 0:
             return "capacity"
         base = self.base
         if base is not None:
             measured_excess = math.fsum(
                 self.w[h] - base[h] for _, h in self._items(d) if self.w[h] > base[h]
             )
-            if self.w[g] > base[g] or self.load[d] - measured_excess <= self.high[d]:
+            if self.w[g] > base[g] or (
+                measured_excess > 0 and self.load[d] - measured_excess <= self.high[d]
+            ):
                 return "load"
+        if self.newcomer[j]:
+            return "join"
+        if self._capacity_changed(j) > 0:
+            return "capacity"
         return "balance"
+
+    def _capacity_changed(self, m: int) -> int:
+        """-1, 0 or 1: ``m``'s capacity fell, stayed or grew since the last
+        round (as its echo says)."""
+        echo = self.echo[m]
+        if echo is None or echo.capacity is None or echo.capacity == self.cap[m]:
+            return 0
+        return -1 if self.cap[m] < echo.capacity else 1
 
     def _under(self) -> None:
         """A member below its ``low`` takes from the busiest members."""
@@ -625,7 +689,6 @@ class _Planner:
         for j in under:
             donors = [(-load[m] / cap[m], m) for m in act if m != j]
             heapq.heapify(donors)
-            cause = self._under_cause(j)
             while load[j] < self.lo_target[j]:
                 set_aside: list[tuple[float, int]] = []
                 moved = False
@@ -637,7 +700,7 @@ class _Planner:
                     set_aside.append((negkey, d))
                     g = self._spare(d, j)
                     if g is not None:
-                        self._move(g, d, j, cause)
+                        self._move(g, d, j, self._cause(d, j, g))
                         set_aside[-1] = (-load[d] / cap[d], d)
                         moved = True
                         break
@@ -668,14 +731,6 @@ class _Planner:
             if zs is None or self.zone[j] in zs or self.zone[d] not in zs:
                 return g
         return None
-
-    def _under_cause(self, j: int) -> str:
-        if self.newcomer[j]:
-            return "join"
-        echo = self.echo[j]
-        if echo is not None and echo.capacity is not None and self.cap[j] > echo.capacity:
-            return "capacity"
-        return "balance"
 
     # ------------------------------------------------------------ the round
 
