@@ -521,3 +521,24 @@ def test_protocol_md_example() -> None:
     m1 = 41.2 + 0.8 + sum(12.5 if i == 7 else 1.0 for i in result["m1"].assigned["orders"]
                           if i not in (3, 5))
     assert abs(m1 / 2 - total / 3) <= 0.05 * total / 3
+
+
+def test_the_leader_passes_the_v12_fields_both_ways() -> None:
+    """The leader decodes capacity, load, warm and draining from the members'
+    metadata, and sends standby, why and band in their assignments."""
+    from client.leader import perform_assignment
+    from protocol.messages import JoinMember
+    from protocol.resources import MemberMetadata, ResourceAssignment
+
+    metas = {
+        "a": MemberMetadata((S,), {S: [0, 1, 2, 3]}, 4, capacity=1.0,
+                            load={S: {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}}, draining=True),
+        "b": MemberMetadata((S,), {S: [4, 5]}, 4, capacity=2.0, user_data=ECHO),
+    }
+    members = [JoinMember(m, None, meta.encode()) for m, meta in metas.items()]
+    out = perform_assignment(get_assignor("balanced"), {S: 6}, members).assignments
+    a = ResourceAssignment.decode(out["a"].encode())
+    b = ResourceAssignment.decode(out["b"].encode())
+    assert a.assigned == {} and {c for _, _, c in a.why} == {"drain"} and a.band is None
+    assert b.assigned == {S: [4, 5]} and b.band is not None
+    assert b.band[0] <= 6.0 <= b.band[1]  # all six will be b's
