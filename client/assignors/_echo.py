@@ -6,8 +6,11 @@ nothing itself). JSON, keys sorted, so equal inputs give equal bytes:
     {"balanced": 1,
      "sizes": {set: partitions, ...},       # the catalog this round assigned
      "capacity": c,                         # the member's capacity then
-     "revoked": [[set, index, cause, to], ...],  # what it was asked to give up,
-                                            # why, and the member meant to get it
+     "revoked": [[set, index, cause, to, load], ...],  # what it was asked to
+                                            # give up, why, the member meant to
+                                            # get it, and its measured load (or
+                                            # null): nobody reports a resource
+                                            # while it changes hands
      "standby": [[set, index, since_ms], ...]}   # what it was asked to warm up
 
 Everything here only explains or steadies the next round (``why`` causes, the
@@ -32,8 +35,8 @@ Key = tuple[str, int]
 class Echo:
     sizes: dict[str, int] = field(default_factory=dict)
     capacity: float | None = None
-    #: (set, index) -> (cause, member id meant to receive it)
-    revoked: dict[Key, tuple[str, str | None]] = field(default_factory=dict)
+    #: (set, index) -> (cause, member id meant to receive it, measured load)
+    revoked: dict[Key, tuple[str, str | None, float | None]] = field(default_factory=dict)
     #: (set, index) -> when the standby was first offered (ms), if known
     standby: dict[Key, int | None] = field(default_factory=dict)
 
@@ -49,8 +52,10 @@ def read_echo(data: bytes | None) -> Echo | None:
         cap = doc.get("capacity")
         capacity = float(cap) if isinstance(cap, (int, float)) and math.isfinite(cap) else None
         revoked = {
-            (str(s), int(i)): (str(cause), None if to is None else str(to))
-            for s, i, cause, to in doc.get("revoked", ())
+            (str(s), int(i)): (
+                str(cause), None if to is None else str(to), _load(load)
+            )
+            for s, i, cause, to, load in doc.get("revoked", ())
         }
         standby = {
             (str(s), int(i)): None if since is None else int(since)
@@ -61,10 +66,18 @@ def read_echo(data: bytes | None) -> Echo | None:
     return Echo(sizes, capacity, revoked, standby)
 
 
+def _load(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        x = float(value)
+        if math.isfinite(x) and x >= 0:
+            return x
+    return None
+
+
 def encode_echo(
     sizes: Mapping[str, int],
     capacity: float,
-    revoked: Sequence[tuple[str, int, str, str | None]],
+    revoked: Sequence[tuple[str, int, str, str | None, float | None]],
     standby: Sequence[tuple[str, int, int | None]],
 ) -> bytes:
     doc: dict[str, Any] = {"balanced": 1, "capacity": capacity, "sizes": dict(sizes)}

@@ -174,6 +174,20 @@ class _Planner:
                 for i, x in loads.items():
                     if 0 <= i < n and owner[o + i] == m:
                         w[o + i] = float(x)
+        # A resource changing hands has no owner to report it: its load is
+        # the one its last owner measured (kept in that owner's echo).
+        for echo in self.echo:
+            if echo is None:
+                continue
+            for (name, i), (_, _, x) in echo.revoked.items():
+                pos = layout.position.get(name)
+                if x is None or pos is None or not 0 <= i < layout.sizes[pos]:
+                    continue
+                g = layout.offsets[pos] + i
+                if owner[g] < 0:
+                    if self.base is None:
+                        self.base = list(w)
+                    w[g] = x
         self.w = w
         self.home = home
 
@@ -573,7 +587,7 @@ class _Planner:
         for echo in self.echo:
             if echo is None or not echo.revoked:
                 continue
-            for (name, i), (_, to) in echo.revoked.items():
+            for (name, i), (_, to, _) in echo.revoked.items():
                 t = position.get(name)
                 m = self.index.get(to) if to is not None else None
                 if t is not None and m is not None and 0 <= i < sizes[t]:
@@ -855,7 +869,7 @@ class _Planner:
                 sizes,
                 self.cap[m],
                 [
-                    (*self._key_of(mv.g), mv.cause, self._receiver(mv.g))
+                    (*self._key_of(mv.g), mv.cause, self._receiver(mv.g), self._measured(mv.g))
                     for mv in revoked
                 ],
                 [(*self._key_of(g), since) for g, since in sorted(standby)],
@@ -882,6 +896,10 @@ class _Planner:
         if x > high:
             high = x / margin
         return low, high
+
+    def _measured(self, g: int) -> float | None:
+        base = self.base
+        return self.w[g] if base is not None and self.w[g] != base[g] else None
 
     def _receiver(self, g: int) -> str | None:
         m = self.where[g]
@@ -942,7 +960,7 @@ class _GainCause:
         for echo in planner.echo:
             if echo is None:
                 continue
-            for key, (cause, _) in echo.revoked.items():
+            for key, (cause, _, _) in echo.revoked.items():
                 revoked[key] = cause
             if sizes is None:
                 sizes = echo.sizes
