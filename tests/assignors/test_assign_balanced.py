@@ -542,3 +542,23 @@ def test_the_leader_passes_the_v12_fields_both_ways() -> None:
     assert a.assigned == {} and {c for _, _, c in a.why} == {"drain"} and a.band is None
     assert b.assigned == {S: [4, 5]} and b.band is not None
     assert b.band[0] <= 6.0 <= b.band[1]  # all six will be b's
+
+
+def test_a_resource_in_transit_keeps_its_measured_load() -> None:
+    """The docs/assignors.md example: resource 1 measures 12 (catalog: 4).
+    While it changes hands nobody reports it; the follow-up round still
+    plans with 12, so every resource moves at most once and the group rests
+    after the hand-over."""
+    res = {"s": ResourceSet(8, weights={0: 8.0, 1: 4.0}, zones={0: ("eu-1a",)})}
+    group = {"a": M(rack="eu-1a"), "b": M(rack="eu-1b"), "c": M(rack="eu-1b", capacity=2.0)}
+    assignor = get_assignor("balanced")
+    base, _ = settle(assignor, res, group)
+    measured = {i: 1.0 for i in range(8)} | {0: 8.0, 1: 12.0}
+    final, results = settle(assignor, res, base, load=measured)
+    assert len(results) == 3  # revoke, hand over, rest
+    before, after = owner_map(base), owner_map(final)
+    moved = [i for i in after if before[i] != after[i]]
+    gained = [(m, i) for r in results for m in r for _, i, _ in r[m].why if m == after[i]]
+    assert sorted(i for _, i in gained) == sorted(moved)  # each moved once
+    w = [measured[i] for i in range(8)]
+    assert busiest(final, w) == 8.0  # the optimum: a member of capacity 1 holds resource 0
