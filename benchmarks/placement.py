@@ -235,10 +235,12 @@ def scenarios(names: list[str], w: Weights, n_members: int, rng: random.Random) 
             ratios.append((lmoved / loads(base, w)[leaver], leaver, share))
             worst_after = max(worst_after, busiest(after_leave.members, w))
         ratios.sort()
-        top, who, share = ratios[-1]
+        over = [f"{who} {r:.3f} (largest resource {100 * share:.0f} % of its load)"
+                for r, who, share in ratios if r > 1.3]
         row(f"{name}: leave (each member in turn)", {
             "moved / leaver's load median": f"{ratios[len(ratios) // 2][0]:.3f}",
-            "max": f"{top:.3f} ({who}, whose largest resource is {100 * share:.0f} % of its load)",
+            "max": f"{ratios[-1][0]:.3f}",
+            "over 1.3": ", ".join(over) or "none",
             "busiest/bound worst": f"{worst_after:.3f}"})
 
     # One resource's measured load rises 20x: one whose weight is 2 % of an
