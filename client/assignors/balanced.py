@@ -582,18 +582,28 @@ class _Planner:
                     placed[g] = "balance"
 
     def _meant_receivers(self) -> dict[int, int]:
+        """Resources nobody owns that a member was meant to get: named as
+        the receiver of last round's revocation, or (its owner gone) holding
+        it as a standby."""
         out: dict[int, int] = {}
         position, offsets, sizes = self.layout.position, self.layout.offsets, self.layout.sizes
+        owner, contested = self.claims.owner, self.claims.contested
+
+        def note(name: str, i: int, m: int | None) -> None:
+            t = position.get(name)
+            if t is not None and m is not None and 0 <= i < sizes[t]:
+                g = offsets[t] + i
+                if owner[g] < 0 and g not in contested:
+                    out.setdefault(g, m)
+
         for echo in self.echo:
-            if echo is None or not echo.revoked:
-                continue
-            for (name, i), (_, to, _) in echo.revoked.items():
-                t = position.get(name)
-                m = self.index.get(to) if to is not None else None
-                if t is not None and m is not None and 0 <= i < sizes[t]:
-                    g = offsets[t] + i
-                    if self.claims.owner[g] < 0 and g not in self.claims.contested:
-                        out[g] = m
+            if echo is not None:
+                for (name, i), (_, to, _) in echo.revoked.items():
+                    note(name, i, self.index.get(to) if to is not None else None)
+        for m, echo in enumerate(self.echo):
+            if echo is not None:
+                for name, i in echo.standby:
+                    note(name, i, m)
         return out
 
     def _over(self) -> None:

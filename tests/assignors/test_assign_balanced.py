@@ -562,3 +562,16 @@ def test_a_resource_in_transit_keeps_its_measured_load() -> None:
     assert sorted(i for _, i in gained) == sorted(moved)  # each moved once
     w = [measured[i] for i in range(8)]
     assert busiest(final, w) == 8.0  # the optimum: a member of capacity 1 holds resource 0
+
+
+def test_a_standby_holder_gets_the_resource_when_its_owner_leaves() -> None:
+    res = {S: 4}
+    group = {"a": M(owned={S: (0, 1, 2, 3)}, generation=1, user_data=ECHO),
+             "b": M(generation=1, user_data=ECHO), "c": M(generation=1, user_data=ECHO)}
+    assignor = get_assignor("balanced", warmup=True)
+    nxt, r1 = step(assignor, res, group)
+    assert r1["b"].standby and r1["c"].standby  # both warm up part of a's
+    # a crashes before anything is warm: the standbys are handed over where they were warming.
+    _, r2 = step(assignor, res, {m: x for m, x in nxt.items() if m != "a"})
+    for m in ("b", "c"):
+        assert set(r1[m].standby.get(S, [])) <= set(r2[m].assigned.get(S, []))
