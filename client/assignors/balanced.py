@@ -179,15 +179,15 @@ class _Planner:
         for echo in self.echo:
             if echo is None:
                 continue
-            for (name, i), (_, _, x) in echo.revoked.items():
+            for (name, i), (_, _, carried) in echo.revoked.items():
                 pos = layout.position.get(name)
-                if x is None or pos is None or not 0 <= i < layout.sizes[pos]:
+                if carried is None or pos is None or not 0 <= i < layout.sizes[pos]:
                     continue
                 g = layout.offsets[pos] + i
                 if owner[g] < 0:
                     if self.base is None:
                         self.base = list(w)
-                    w[g] = x
+                    w[g] = carried
         self.w = w
         self.home = home
 
