@@ -13,9 +13,12 @@ nothing itself). JSON, keys sorted, so equal inputs give equal bytes:
                                             # while it changes hands
      "standby": [[set, index, since_ms], ...]}   # what it was asked to warm up
 
-Everything here only explains or steadies the next round (``why`` causes, the
-receiver of a hand-over, warm-up deadlines); a member whose ``user_data`` is
-missing or foreign is planned for just the same.
+Only a member with something in flight (a revocation, a standby) gets it; a
+settled member gets no ``user_data``, so a static member that restarts
+(without its echo) rejoins unchanged (KIP-345). Everything here only
+explains or steadies the next round (``why`` causes, the receiver of a
+hand-over, warm-up deadlines); a member whose ``user_data`` is missing or
+foreign is planned for just the same.
 """
 
 from __future__ import annotations

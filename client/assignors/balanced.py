@@ -875,15 +875,21 @@ class _Planner:
             for g, _ in sorted(standby):
                 name, i = self._key_of(g)
                 standby_map.setdefault(name, []).append(i)
-            echo = encode_echo(
-                sizes,
-                self.cap[m],
-                [
-                    (*self._key_of(mv.g), mv.cause, self._receiver(mv.g), self._measured(mv.g))
-                    for mv in revoked
-                ],
-                [(*self._key_of(g), since) for g, since in sorted(standby)],
-            )
+            # State only while a hand-over is under way: a settled member
+            # echoes nothing, so a static member that restarts (and so has
+            # no echo) rejoins with unchanged metadata and no rebalance.
+            echo = None
+            if revoked or standby:
+                echo = encode_echo(
+                    sizes,
+                    self.cap[m],
+                    [
+                        (*self._key_of(mv.g), mv.cause, self._receiver(mv.g),
+                         self._measured(mv.g))
+                        for mv in revoked
+                    ],
+                    [(*self._key_of(g), since) for g, since in sorted(standby)],
+                )
             band = self._band(m) if self.sharing[m] else None
             out[member] = Assignment(
                 {names[t]: held[t] for t in sorted(held) if held[t]},
@@ -957,11 +963,13 @@ class _Planner:
 class _GainCause:
     """Why a member gains a resource nobody owned (the inference rules of
     docs/assignors.md): the cause its previous owner was given when it
-    revoked it; else ``catalog`` if the previous round's catalog did not
-    have it; else ``join`` in a group where nobody owned anything yet; else
-    ``leave`` (its owner is gone). A resource placed outside its home zones
-    for lack of room there says ``balance``; a hand-over completed after
-    warm-up says ``warm``."""
+    revoked it; else ``join`` in a group where nobody owned anything yet;
+    else ``catalog`` if the previous round's catalog did not have it (when
+    an echo says what it had) or, failing that, if its index is above every
+    claimed index of its set (sets grow at their end); else ``leave`` (its
+    owner is gone). A resource placed outside its home zones for lack of
+    room there says ``balance``; a hand-over completed after warm-up says
+    ``warm``."""
 
     def __init__(self, planner: _Planner) -> None:
         self.p = planner
@@ -977,6 +985,20 @@ class _GainCause:
         self.revoked = revoked
         self.sizes = sizes
         self.fresh = sizes is None and not any(s.owned for s in planner.members.subs)
+        self._top: dict[int, int] = {}
+
+    def _top_claimed(self, t: int) -> int:
+        """The highest index of set position ``t`` that somebody claims (-1: none)."""
+        top = self._top.get(t)
+        if top is None:
+            p = self.p
+            o, n = p.layout.offsets[t], p.layout.sizes[t]
+            owner, contested = p.claims.owner, p.claims.contested
+            top = n - 1
+            while top >= 0 and owner[o + top] < 0 and (o + top) not in contested:
+                top -= 1
+            self._top[t] = top
+        return top
 
     def explain(self, t: int, indexes: list[int]) -> list[Why]:
         """The why entries of gaining ``indexes`` of set position ``t``."""
@@ -994,7 +1016,12 @@ class _GainCause:
         cause = self.revoked.get((name, i))
         if cause is not None:
             return "warm" if self.p.cfg.warmup and cause in WARMED else cause
-        if self.sizes is not None and i >= self.sizes.get(name, 0):
+        if self.fresh:
+            return "join"
+        if self.sizes is not None:
+            if i >= self.sizes.get(name, 0):
+                return "catalog"
+        elif i > self._top_claimed(self.p.layout.position[name]):
             return "catalog"
-        return "join" if self.fresh else "leave"
+        return "leave"
 

@@ -304,10 +304,16 @@ def test_capacity_is_honoured_and_a_drop_says_capacity() -> None:
     group = {f"m{k}": M(capacity=c) for k, c in enumerate([1.0, 2.0, 3.0])}
     final, _ = settle(get_assignor("balanced"), res, group)
     assert loads(final, w) == {"m0": 50.0, "m1": 100.0, "m2": 150.0}
+    assert all(x.user_data is None for x in final.values())  # settled: no state echoed
     shrunk = {**final, "m2": replace(final["m2"], capacity=1.0)}
     again, results = settle(get_assignor("balanced"), res, shrunk)
-    assert {c for _, _, c in results[0]["m2"].why} == {"capacity"}
     assert busiest(again, w) <= 1.05 * 300 / 4
+    # Nothing says what m2's capacity was: the move is put down to balance.
+    assert {c for _, _, c in results[0]["m2"].why} == {"balance"}
+    # With an echo from a round with a hand-over, it is known.
+    known = {**shrunk, "m2": replace(shrunk["m2"], user_data=b'{"balanced":1,"capacity":3.0}')}
+    _, result = step(get_assignor("balanced"), res, known)
+    assert {c for _, _, c in result["m2"].why} == {"capacity"}
 
 
 def test_max_moves_bounds_every_round_and_the_group_ends_balanced() -> None:
@@ -449,15 +455,15 @@ def test_warmup_timeout_moves_without_a_warm_report_when_time_is_given() -> None
 
 def test_causes_for_a_fresh_group_a_new_catalog_entry_and_an_expired_claim() -> None:
     assignor = get_assignor("balanced")
-    group = {"a": M(), "b": M()}
+    group = {"a": M(sets=(S, "t")), "b": M(sets=(S, "t"))}
     nxt, r1 = step(assignor, {S: 4}, group)
     assert {c for m in r1 for _, _, c in r1[m].why} == {"join"}
-    nxt, r2 = step(assignor, {S: 6}, nxt)  # the set grew
+    nxt, r2 = step(assignor, {S: 6, "t": 1}, nxt)  # the set grew, and a new one
     gained = [e for m in r2 for e in r2[m].why]
-    assert sorted(gained) == [(S, 4, "catalog"), (S, 5, "catalog")]
+    assert sorted(gained) == [(S, 4, "catalog"), (S, 5, "catalog"), ("t", 0, "catalog")]
     # "a" comes back from an older generation claiming what it had.
     stale = {**nxt, "a": replace(nxt["a"], generation=0)}
-    _, r3 = step(assignor, {S: 6}, stale)
+    _, r3 = step(assignor, {S: 6, "t": 1}, stale)
     assert r3["a"].assigned == {}
     assert {c for _, _, c in r3["a"].why} == {"expired"}
 
@@ -575,3 +581,25 @@ def test_a_standby_holder_gets_the_resource_when_its_owner_leaves() -> None:
     _, r2 = step(assignor, res, {m: x for m, x in nxt.items() if m != "a"})
     for m in ("b", "c"):
         assert set(r1[m].standby.get(S, [])) <= set(r2[m].assigned.get(S, []))
+
+
+def test_a_settled_member_echoes_nothing_so_a_static_restart_is_no_change() -> None:
+    """KIP-345: a static member that restarts comes back without the echoed
+    user_data. Once the group has settled nothing is echoed, so the
+    coordinator sees the same subscription and hands back the assignment
+    without a rebalance."""
+    from coordinator.core.membership import subscription_changed
+    from protocol.resources import MemberMetadata
+
+    res, base = twenty(WEIGHTS)
+    final, results = settle(get_assignor("balanced"), res, base)
+    last = results[-1]["m04"]
+    before = MemberMetadata((S,), final["m04"].owned, 9, user_data=last.user_data)
+    restarted = MemberMetadata((S,))
+    assert not subscription_changed(
+        "resources", (("balanced", before.encode()),), (("balanced", restarted.encode()),))
+    # While a hand-over is under way the state is echoed (and a restart then
+    # is a change: the hand-over is not finished).
+    group = {**base, "new": M()}
+    _, r1 = step(get_assignor("balanced"), res, group)
+    assert any(a.user_data for a in r1.values())
