@@ -23,8 +23,8 @@ each member's planned load):
    halfway back inside the band.
 6. Under: a member below its ``low`` takes, from the busiest members, the
    heaviest resource each can spare (staying halfway inside their band,
-   keeping resources in their home zone when possible); until it is halfway
-   inside the band.
+   never taking a resource out of a home zone it is in); until it is
+   halfway inside the band.
 
 Then the round: at most ``max_moves`` revocations (drain first, then the
 heaviest), held back under warm-up until the receiver reports the resource
@@ -197,8 +197,13 @@ class _Planner:
         classes: dict[tuple[int, ...], int] = {}
         self.class_members: list[list[int]] = []
         self.set_class: list[int] = []
+        subscribers: list[list[int]] = [[] for _ in layout.names]
+        for m, sets in enumerate(members.subscribed):
+            if not self.draining[m]:
+                for t in sets:
+                    subscribers[t].append(m)
         for t in range(len(layout.names)):
-            who = tuple(m for m in range(n_m) if not self.draining[m] and t in sub_sets[m])
+            who = tuple(subscribers[t])
             k = classes.get(who)
             if k is None:
                 k = classes[who] = len(self.class_members)
@@ -242,15 +247,17 @@ class _Planner:
         act = self.act
         cap = self.cap
         total_cap = math.fsum(cap[m] for m in act)
-        # Load to share among active members: all of it except what stays on
-        # a draining member because nobody else may hold its set.
-        stuck = 0.0
-        for m in range(len(cap)):
-            if not self.active[m]:
-                for g in self.held[m]:
-                    if not self._eligible_any(g):
-                        stuck += self.w[g]
-        total = math.fsum(self.w) - stuck
+        # Load to share among active members: that of the sets some active
+        # member subscribes to (the others stay where they are, or unassigned).
+        if self.all_eligible:
+            total = math.fsum(self.w)
+        else:
+            layout = self.layout
+            total = math.fsum(
+                math.fsum(self.w[layout.offsets[t]:layout.offsets[t] + layout.sizes[t]])
+                for t in range(len(layout.names))
+                if self.class_members[self.set_class[t]]
+            )
         self.u = total / total_cap if total_cap > 0 else 0.0
         self.largest = max(self.w, default=0.0)
         top_cap = max((cap[m] for m in act), default=1.0)
