@@ -191,12 +191,17 @@ def test_valid_cooperative_and_deterministic_on_odd_input(
         m: replace(sub, rack=f"z{k % 2}", capacity=1.0 + k % 3, draining=(seed + k) % 5 == 0)
         for k, (m, sub) in enumerate(sorted(case.subs.items()))
     }
-    assignor = get_assignor("balanced", band=band, max_moves=1 + seed % 4)
-    result = assignor.assign(res, subs)
+    assignor = get_assignor("balanced", band=band, max_moves=1 + seed % 4,
+                            warmup=bool(seed & 32), warmup_timeout_ms=seed % 3 * 500)
+    result = assignor.assign(res, subs, now_ms=seed)
     validate_assignment(res, subs, result, cooperative=True)
-    assert result == assignor.assign(res, dict(reversed(list(subs.items()))))
+    assert result == assignor.assign(res, dict(reversed(list(subs.items()))), now_ms=seed)
     for m, a in result.items():
         assert all(cause in CAUSES for _, _, cause in a.why)
+        owned_now = {(s, i) for s, idx in subs[m].owned.items() for i in idx}
+        standby = {(s, i) for s, idx in a.standby.items() for i in idx}
+        assigned = {(s, i) for s, idx in a.assigned.items() for i in idx}
+        assert not standby & (owned_now | assigned)  # never owned and standby at once
         if subs[m].draining:
             owned = {(s, i) for s, idx in subs[m].owned.items() for i in idx}
             assert {(s, i) for s, idx in a.assigned.items() for i in idx} <= owned
