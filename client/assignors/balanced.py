@@ -385,7 +385,22 @@ class _Planner:
             pool = sorted(pool + drained)
         if self.all_eligible:
             return pool
-        return [g for g in pool if self._eligible_any(g)]
+        eligible: list[int] = []
+        for g in pool:
+            if self._eligible_any(g):
+                eligible.append(g)
+            elif g not in claims.contested:
+                self._to_draining(g)
+        return eligible
+
+    def _to_draining(self, g: int) -> None:
+        """``g``'s set has no active subscriber: the draining subscriber that
+        holds the fewest takes it (left to nobody it would stay unserved, and
+        the leader would start a follow-up rebalance after every round)."""
+        t = self._set_of(g)
+        who = [m for m in range(len(self.cap)) if not self.active[m] and t in self.sub_sets[m]]
+        if who:
+            self._add(min(who, key=lambda m: (len(self.held[m]), m)), g)
 
     def _zones(self) -> None:
         """Kept resources outside their home zones go home when there is room."""
