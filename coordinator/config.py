@@ -5,6 +5,11 @@ Every setting comes from, in order of precedence: a command-line flag, a
 ``--config`` (or ``GROUPCOORD_CONFIG``), then the default. A bad value is a
 :class:`ConfigError` naming the setting and where the value came from, so an
 operator knows which of the three places to fix.
+
+Each setting is declared once, as a field of :class:`ServerConfig` or of the
+:class:`CoreConfig` it extends (coordinator/core/config.py, :func:`setting`);
+:data:`SETTINGS`, the flags, variables, keys and checks, and
+:meth:`ServerConfig.core_config` are derived from those fields.
 """
 
 from __future__ import annotations
