@@ -201,12 +201,14 @@ def _settings() -> tuple[Setting, ...]:
     core = {f.name for f in fields(CoreConfig)}
     out = []
     for f in fields(ServerConfig):
-        kind = hints[f.name]
-        if kind not in (int, str) or HELP not in f.metadata:
+        kind: type[int] | type[str] = hints[f.name]
+        default = f.default
+        if kind not in (int, str) or type(default) is not kind or HELP not in f.metadata:
             raise TypeError(f"ServerConfig.{f.name}: not a setting (an int or str field "
                             f"declared with setting())")
-        out.append(Setting(f.name, kind, f.default, f.metadata[HELP],  # type: ignore[arg-type]
-                           f.metadata[CHECK], f.name in core))
+        assert isinstance(default, int | str)
+        out.append(Setting(f.name, kind, default, f.metadata[HELP], f.metadata[CHECK],
+                           f.name in core))
     return tuple(sorted(out, key=lambda s: s.core))
 
 
