@@ -5,164 +5,43 @@ Every setting comes from, in order of precedence: a command-line flag, a
 ``--config`` (or ``GROUPCOORD_CONFIG``), then the default. A bad value is a
 :class:`ConfigError` naming the setting and where the value came from, so an
 operator knows which of the three places to fix.
+
+Each setting is declared once, as a field of :class:`ServerConfig` or of the
+:class:`CoreConfig` it extends (coordinator/core/config.py, :func:`setting`);
+:data:`SETTINGS`, the flags, variables, keys and checks, and
+:meth:`ServerConfig.core_config` are derived from those fields.
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import get_type_hints
 
 from coordinator.console.live import StreamLimits
-from coordinator.core.config import CoreConfig
-from coordinator.core.storm import STORM_RULE
-from protocol.limits import (
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP,
-    DEFAULT_MAX_CHECKPOINT_BYTES_PER_TOKEN,
-    DEFAULT_MAX_CHECKPOINT_VALUE_BYTES,
-    DEFAULT_MAX_CHECKPOINTS_PER_GROUP,
-    DEFAULT_MAX_METADATA_BYTES,
-    MAX_TIMEOUT_MS,
+from coordinator.core.config import (
+    CHECK,
+    HELP,
+    MAX_COUNT,
+    Check,
+    CoreConfig,
+    between,
+    setting,
 )
+from protocol.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METADATA_BYTES
 
 ENV_PREFIX = "GROUPCOORD_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-#: 100 years: beyond any useful retention, far from int64 overflow in deadline arithmetic.
-MAX_RETENTION_MS = 100 * 365 * 86_400_000
 
 
 class ConfigError(ValueError):
     """A setting has a value the server cannot run with."""
 
 
-@dataclass(frozen=True, slots=True)
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 9080
-    #: the admin listener (admin JSON, /metrics, /healthz, /readyz); "": the host.
-    admin_host: str = ""
-    admin_port: int = 9081
-    #: without auth, more ``Host`` names the admin listener answers to (comma-separated).
-    admin_allowed_hosts: str = ""
-    db: str = "./groupcoord.db"
-    min_session_timeout_ms: int = 6_000
-    max_session_timeout_ms: int = 1_800_000
-    #: largest rebalance timeout a join may ask for (larger: 400); it bounds how long
-    #: a parked join or sync is held.
-    max_rebalance_timeout_ms: int = 300_000
-    initial_rebalance_delay_ms: int = 3_000
-    #: 0: unlimited.
-    group_max_size: int = 0
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    #: groups the coordinator holds at once (docs/operations.md, "Limits"); 0: unlimited.
-    max_groups: int = 100_000
-    #: groups held at once that one token created; 0: unlimited.
-    max_groups_per_token: int = 10_000
-    #: bytes of one protocol's metadata in a join, or one member's assignment in a sync.
-    max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES
-    #: joins, syncs and waiting heartbeats parked at once; 0: unlimited.
-    max_parked_requests: int = 100_000
-    #: joins and syncs parked at once for one token (authentication on); 0: unlimited.
-    max_parked_per_token: int = 10_000
-    #: KIP-211: an Empty group and its checkpoints go this long after it emptied; 0: never.
-    group_retention_ms: int = 604_800_000
-    #: checkpoint caps (docs/operations.md, "Limits"); 0: unlimited.
-    max_checkpoints_per_group: int = DEFAULT_MAX_CHECKPOINTS_PER_GROUP
-    max_checkpoint_bytes_per_group: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_GROUP
-    #: with --auth-tokens: checkpoint bytes in all the groups one token created.
-    max_checkpoint_bytes_per_token: int = DEFAULT_MAX_CHECKPOINT_BYTES_PER_TOKEN
-    max_checkpoint_value_bytes: int = DEFAULT_MAX_CHECKPOINT_VALUE_BYTES
-    #: group health rules (docs/operations.md, "Group health"); the STORM rule's
-    #: defaults are coordinator/core/storm.py's, which ``groupcoord analyze`` uses too.
-    health_window_ms: int = STORM_RULE.window_ms
-    health_storm_rebalances: int = STORM_RULE.rebalances
-    health_stall_ms: int = 600_000
-    #: groups with their own series on /metrics (the largest first); 0: none.
-    group_metrics: int = 0
-    #: the web console's live pages (event streams) open at once, and of one client.
-    console_max_streams: int = 32
-    console_max_streams_per_client: int = 8
-    log_level: str = "INFO"
-    #: several coordinators (``db`` a postgresql:// URL): what find_coordinator gives
-    #: out for this process ("": ``http(s)://HOST:PORT`` as it listens).
-    advertised_url: str = ""
-    #: partitions of a new PostgreSQL database (0: 64); must match an existing one.
-    partitions: int = 0
-    #: a partition lease's length (PostgreSQL only).
-    lease_ms: int = 5_000
-    #: tokens file (coordinator.auth); empty: authentication off.
-    auth_tokens: str = ""
-    #: PEM certificate chain and key (coordinator.tls); empty: plain HTTP.
-    tls_cert: str = ""
-    tls_key: str = ""
-
-    @property
-    def admin_address(self) -> str:
-        """The admin listener's host: ``admin_host``, else ``host``."""
-        return self.admin_host or self.host
-
-    @property
-    def admin_allowed_host_names(self) -> tuple[str, ...]:
-        """``admin_allowed_hosts`` as a list."""
-        return tuple(n for n in (e.strip() for e in self.admin_allowed_hosts.split(",")) if n)
-
-    def console_limits(self) -> StreamLimits:
-        return StreamLimits(self.console_max_streams, self.console_max_streams_per_client)
-
-    def core_config(self) -> CoreConfig:
-        return CoreConfig(
-            min_session_timeout_ms=self.min_session_timeout_ms,
-            max_session_timeout_ms=self.max_session_timeout_ms,
-            max_rebalance_timeout_ms=self.max_rebalance_timeout_ms,
-            initial_rebalance_delay_ms=self.initial_rebalance_delay_ms,
-            group_max_size=self.group_max_size,
-            max_groups=self.max_groups,
-            max_groups_per_token=self.max_groups_per_token,
-            group_retention_ms=self.group_retention_ms,
-            max_checkpoints_per_group=self.max_checkpoints_per_group,
-            max_checkpoint_bytes_per_group=self.max_checkpoint_bytes_per_group,
-            max_checkpoint_bytes_per_token=self.max_checkpoint_bytes_per_token,
-            max_checkpoint_value_bytes=self.max_checkpoint_value_bytes,
-            health_window_ms=self.health_window_ms,
-            health_storm_rebalances=self.health_storm_rebalances,
-            health_stall_ms=self.health_stall_ms,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    name: str
-    kind: type[int] | type[str]
-    help: str
-    #: returns a problem description, or None when the value is fine.
-    check: Callable[[object], str | None]
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
-
-
-def _int_range(lo: int, hi: int) -> Callable[[object], str | None]:
-    def check(value: object) -> str | None:
-        assert isinstance(value, int)
-        if not lo <= value <= hi:
-            return f"must be between {lo} and {hi}"
-        return None
-    return check
-
-
 def _non_empty(value: object) -> str | None:
     return None if value else "must not be empty"
-
-
-def _any(value: object) -> str | None:
-    return None
 
 
 def _url_or_empty(value: object) -> str | None:
@@ -199,103 +78,143 @@ def _log_level(value: object) -> str | None:
     return None if value in LOG_LEVELS else f"must be one of {', '.join(LOG_LEVELS)}"
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting("host", str, "address to listen on (the protocol listener; the admin "
-            "listener too unless --admin-host is given)", _non_empty),
-    Setting("port", int, "TCP port of the protocol listener (the workers' calls); 0 picks "
-            "a free one and prints it", _int_range(0, 65535)),
-    Setting("admin_host", str, "address of the admin listener (admin API, /metrics, "
-            "/healthz, /readyz); empty: the --host value", _any),
-    Setting("admin_port", int, "TCP port of the admin listener; 0 picks a free one and "
-            "prints it", _int_range(0, 65535)),
-    Setting("admin_allowed_hosts", str, "without --auth-tokens, more names the admin listener "
-            "answers to in the Host header, comma-separated (it always answers to localhost, "
-            "IP addresses, --admin-host and the --advertised-url host; others get 403, against "
-            "DNS rebinding); * answers to any", _host_names),
-    Setting("db", str, "SQLite database file (created if missing), or a postgresql://USER@HOST:"
-            "PORT/DB URL for several coordinators sharing one database (password from "
-            "PGPASSWORD or ~/.pgpass, never logged)", _non_empty),
-    Setting("min_session_timeout_ms", int, "smallest session timeout a member may ask for",
-            _int_range(0, MAX_TIMEOUT_MS)),
-    Setting("max_session_timeout_ms", int, "largest session timeout a member may ask for",
-            _int_range(0, MAX_TIMEOUT_MS)),
-    Setting("max_rebalance_timeout_ms", int, "largest rebalance timeout a member may ask "
-            "for (a join asking more is answered 400 INVALID_REQUEST naming this limit); it "
-            "bounds how long a parked join or sync is held", _int_range(0, MAX_TIMEOUT_MS)),
-    Setting("initial_rebalance_delay_ms", int,
-            "how long an empty group waits for more joiners before its first generation",
-            _int_range(0, MAX_TIMEOUT_MS)),
-    Setting("group_max_size", int, "most members a group may have; 0 is unlimited",
-            _int_range(0, 2**31 - 1)),
-    Setting("max_body_bytes", int, "largest request body accepted (larger: 413)",
-            _int_range(1024, 2**31 - 1)),
-    Setting("max_groups", int, "most groups held at once; a join that would create one more "
-            "is answered COORDINATOR_NOT_AVAILABLE; 0 is unlimited", _int_range(0, 2**31 - 1)),
-    Setting("max_groups_per_token", int, "most groups held at once that were created by one "
-            "token (authentication on); a join or simple commit that would create one more is "
-            "answered COORDINATOR_NOT_AVAILABLE; 0 is unlimited", _int_range(0, 2**31 - 1)),
-    Setting("max_metadata_bytes", int, "largest metadata of one protocol in a join, or "
-            "assignment of one member in a sync (larger: 400)", _int_range(1, 2**31 - 1)),
-    Setting("max_parked_requests", int, "most joins, syncs and waiting heartbeats parked at "
-            "once; 0 is unlimited", _int_range(0, 2**31 - 1)),
-    Setting("max_parked_per_token", int, "most joins and syncs parked at once for one token "
-            "(authentication on), so one token cannot take the whole of "
-            "--max-parked-requests; more are answered COORDINATOR_NOT_AVAILABLE; must be at "
-            "least the members of the largest group one token runs; 0 is unlimited",
-            _int_range(0, 2**31 - 1)),
-    Setting("group_retention_ms", int, "how long an Empty group and its checkpoints are kept "
-            "after it became Empty (after the last commit, for a group that never had "
-            "members); 0 keeps them forever (Kafka's offsets.retention.minutes)",
-            _int_range(0, MAX_RETENTION_MS)),
-    Setting("max_checkpoints_per_group", int, "most checkpoints one group may hold; a commit "
-            "that would hold more is refused whole (CHECKPOINT_LIMIT_REACHED); 0 is unlimited",
-            _int_range(0, 2**31 - 1)),
-    Setting("max_checkpoint_bytes_per_group", int, "most bytes of checkpoints (set names, 8 "
-            "per index, values) one group may hold; a commit that would hold more is refused "
-            "whole (CHECKPOINT_LIMIT_REACHED); 0 is unlimited", _int_range(0, 2**62)),
-    Setting("max_checkpoint_bytes_per_token", int, "with --auth-tokens: most bytes of "
-            "checkpoints (counted as for --max-checkpoint-bytes-per-group) held in all the "
-            "groups one token created; a commit or reset that would hold more is refused whole "
-            "(CHECKPOINT_LIMIT_REACHED); 0 is unlimited", _int_range(0, 2**62)),
-    Setting("max_checkpoint_value_bytes", int, "largest checkpoint value (bytes of a string's "
-            "UTF-8 or of a byte string; larger: 400); Kafka's offset.metadata.max.bytes; "
-            "0 is unlimited", _int_range(0, 2**31 - 1)),
-    Setting("health_window_ms", int, "window of the STORM and REWIND health rules",
-            _int_range(1_000, MAX_RETENTION_MS)),
-    Setting("health_storm_rebalances", int, "a group is STORM with this many rebalances "
-            "started within --health-window-ms (the rule `groupcoord analyze` uses too; the "
-            "default lets a rolling restart of about 15 members pass); 0: never",
-            _int_range(0, 1_000_000)),
-    Setting("health_stall_ms", int, "a group with members and checkpoints is STALLED after "
-            "this long without a commit; 0: never", _int_range(0, MAX_RETENTION_MS)),
-    Setting("group_metrics", int, "groups that get their own series on /metrics (members, "
-            "generation, state, health), the largest by members first; 0: none (the "
-            "default: per-group series grow with the number of groups)",
-            _int_range(0, 10_000)),
-    Setting("advertised_url", str, "PostgreSQL only: this coordinator's protocol URL as "
-            "members reach it, given out by find_coordinator (empty: http://HOST:PORT as it "
-            "listens)", _url_or_empty),
-    Setting("partitions", int, "PostgreSQL only: partitions the groups are spread over, fixed "
-            "when the database is created (0: the database's, 64 for a new one); another "
-            "value than the database's is refused", _int_range(0, 4096)),
-    Setting("lease_ms", int, "PostgreSQL only: how long a partition lease lasts unless renewed "
-            "(renewed every lease/5); a failover takes about this long, so keep it well "
-            "under the members' session timeout (docs/operations.md)",
-            _int_range(1_000, 600_000)),
-    Setting("console_max_streams", int, "web console: live pages (event streams) open at "
-            "once; one more is refused 503 and shows without live updates",
-            _int_range(1, 10_000)),
-    Setting("console_max_streams_per_client", int, "web console: live pages open at once by "
-            "one client (its token with --auth-tokens, else its address); one more is "
-            "refused 429", _int_range(1, 10_000)),
-    Setting("log_level", str, "DEBUG, INFO, WARNING, ERROR or CRITICAL", _log_level),
-    Setting("auth_tokens", str, "tokens file for bearer authentication (empty: off)", _any),
-    Setting("tls_cert", str, "PEM certificate chain for HTTPS (empty: plain HTTP)", _any),
-    Setting("tls_key", str, "PEM private key of --tls-cert (if not in that file)", _any),
-)
+@dataclass(frozen=True, slots=True)
+class ServerConfig(CoreConfig):
+    """Every setting of ``groupcoord serve``: the core's (:class:`CoreConfig`, declared
+    there) and then the server's own, each declared once here with :func:`setting`."""
+
+    host: str = setting("127.0.0.1", "address to listen on (the protocol listener; the admin "
+                        "listener too unless --admin-host is given)", _non_empty)
+    port: int = setting(9080, "TCP port of the protocol listener (the workers' calls); 0 "
+                        "picks a free one and prints it", between(0, 65535))
+    #: the admin listener (admin JSON, /metrics, /healthz, /readyz); "": the host.
+    admin_host: str = setting("", "address of the admin listener (admin API, /metrics, "
+                              "/healthz, /readyz); empty: the --host value")
+    admin_port: int = setting(9081, "TCP port of the admin listener; 0 picks a free one and "
+                              "prints it", between(0, 65535))
+    #: without auth, more ``Host`` names the admin listener answers to (comma-separated).
+    admin_allowed_hosts: str = setting(
+        "", "without --auth-tokens, more names the admin listener answers to in the Host "
+        "header, comma-separated (it always answers to localhost, IP addresses, --admin-host "
+        "and the --advertised-url host; others get 403, against DNS rebinding); * answers to "
+        "any", _host_names)
+    db: str = setting("./groupcoord.db", "SQLite database file (created if missing), or a "
+                      "postgresql://USER@HOST:PORT/DB URL for several coordinators sharing one "
+                      "database (password from PGPASSWORD or ~/.pgpass, never logged)",
+                      _non_empty)
+    max_body_bytes: int = setting(DEFAULT_MAX_BODY_BYTES, "largest request body accepted "
+                                  "(larger: 413)", between(1024, MAX_COUNT))
+    #: bytes of one protocol's metadata in a join, or one member's assignment in a sync.
+    max_metadata_bytes: int = setting(
+        DEFAULT_MAX_METADATA_BYTES, "largest metadata of one protocol in a join, or "
+        "assignment of one member in a sync (larger: 400)", between(1, MAX_COUNT))
+    #: joins, syncs and waiting heartbeats parked at once; 0: unlimited.
+    max_parked_requests: int = setting(
+        100_000, "most joins, syncs and waiting heartbeats parked at once; 0 is unlimited",
+        between(0, MAX_COUNT))
+    #: joins and syncs parked at once for one token (authentication on); 0: unlimited.
+    max_parked_per_token: int = setting(
+        10_000, "most joins and syncs parked at once for one token (authentication on), so "
+        "one token cannot take the whole of --max-parked-requests; more are answered "
+        "COORDINATOR_NOT_AVAILABLE; must be at least the members of the largest group one "
+        "token runs; 0 is unlimited", between(0, MAX_COUNT))
+    #: groups with their own series on /metrics (the largest first); 0: none.
+    group_metrics: int = setting(
+        0, "groups that get their own series on /metrics (members, generation, state, "
+        "health), the largest by members first; 0: none (the default: per-group series grow "
+        "with the number of groups)", between(0, 10_000))
+    #: several coordinators (``db`` a postgresql:// URL): what find_coordinator gives
+    #: out for this process ("": ``http(s)://HOST:PORT`` as it listens).
+    advertised_url: str = setting(
+        "", "PostgreSQL only: this coordinator's protocol URL as members reach it, given out "
+        "by find_coordinator (empty: http://HOST:PORT as it listens)", _url_or_empty)
+    #: partitions of a new PostgreSQL database (0: 64); must match an existing one.
+    partitions: int = setting(
+        0, "PostgreSQL only: partitions the groups are spread over, fixed when the database "
+        "is created (0: the database's, 64 for a new one); another value than the "
+        "database's is refused", between(0, 4096))
+    #: a partition lease's length (PostgreSQL only).
+    lease_ms: int = setting(
+        5_000, "PostgreSQL only: how long a partition lease lasts unless renewed (renewed "
+        "every lease/5); a failover takes about this long, so keep it well under the "
+        "members' session timeout (docs/operations.md)", between(1_000, 600_000))
+    #: the web console's live pages (event streams) open at once, and of one client.
+    console_max_streams: int = setting(
+        32, "web console: live pages (event streams) open at once; one more is refused 503 "
+        "and shows without live updates", between(1, 10_000))
+    console_max_streams_per_client: int = setting(
+        8, "web console: live pages open at once by one client (its token with "
+        "--auth-tokens, else its address); one more is refused 429", between(1, 10_000))
+    log_level: str = setting("INFO", "DEBUG, INFO, WARNING, ERROR or CRITICAL", _log_level)
+    #: tokens file (coordinator.auth); empty: authentication off.
+    auth_tokens: str = setting("", "tokens file for bearer authentication (empty: off)")
+    #: PEM certificate chain and key (coordinator.tls); empty: plain HTTP.
+    tls_cert: str = setting("", "PEM certificate chain for HTTPS (empty: plain HTTP)")
+    tls_key: str = setting("", "PEM private key of --tls-cert (if not in that file)")
+
+    @property
+    def admin_address(self) -> str:
+        """The admin listener's host: ``admin_host``, else ``host``."""
+        return self.admin_host or self.host
+
+    @property
+    def admin_allowed_host_names(self) -> tuple[str, ...]:
+        """``admin_allowed_hosts`` as a list."""
+        return tuple(n for n in (e.strip() for e in self.admin_allowed_hosts.split(",")) if n)
+
+    def console_limits(self) -> StreamLimits:
+        return StreamLimits(self.console_max_streams, self.console_max_streams_per_client)
+
+    def core_config(self) -> CoreConfig:
+        """The settings the core uses: this configuration's fields of :class:`CoreConfig`."""
+        return CoreConfig(**{f.name: getattr(self, f.name) for f in fields(CoreConfig)})
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One field of :class:`ServerConfig` as ``serve`` takes it: its flag, its
+    environment variable, its TOML key (the name) and its check."""
+
+    name: str
+    kind: type[int] | type[str]
+    default: int | str
+    help: str
+    #: returns a problem description, or None when the value is fine.
+    check: Check
+    #: whether the core uses it (a field of :class:`CoreConfig`), not only the server.
+    core: bool
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+def _settings() -> tuple[Setting, ...]:
+    """:class:`ServerConfig`'s fields as settings, the server's own (listeners and
+    database first) before the core's; a field without a :func:`setting` or of
+    another type than int or str fails at import."""
+    hints = get_type_hints(ServerConfig)
+    core = {f.name for f in fields(CoreConfig)}
+    out = []
+    for f in fields(ServerConfig):
+        kind: type[int] | type[str] = hints[f.name]
+        default = f.default
+        if kind not in (int, str) or type(default) is not kind or HELP not in f.metadata:
+            raise TypeError(f"ServerConfig.{f.name}: not a setting (an int or str field "
+                            f"declared with setting())")
+        assert isinstance(default, int | str)
+        out.append(Setting(f.name, kind, default, f.metadata[HELP], f.metadata[CHECK],
+                           f.name in core))
+    return tuple(sorted(out, key=lambda s: s.core))
+
+
+SETTINGS: tuple[Setting, ...] = _settings()
 
 _BY_NAME = {s.name: s for s in SETTINGS}
-assert set(_BY_NAME) == {f.name for f in fields(ServerConfig)}
 
 
 def _parse(setting: Setting, raw: object, source: str) -> object:
@@ -346,15 +265,14 @@ def resolve(flags: Mapping[str, object | None], env: Mapping[str, str],
     path = config_file or env.get(ENV_PREFIX + "CONFIG") or None
     file_values = read_config_file(path) if path else {}
     values: dict[str, object] = {}
-    for setting in SETTINGS:
-        flag_value = flags.get(setting.name)
+    for s in SETTINGS:
+        flag_value = flags.get(s.name)
         if flag_value is not None:
-            values[setting.name] = _parse(setting, flag_value, setting.flag)
-        elif setting.env in env:
-            values[setting.name] = _parse(setting, env[setting.env], setting.env)
-        elif setting.name in file_values:
-            values[setting.name] = _parse(setting, file_values[setting.name],
-                                          f"key {setting.name} in {path}")
+            values[s.name] = _parse(s, flag_value, s.flag)
+        elif s.env in env:
+            values[s.name] = _parse(s, env[s.env], s.env)
+        elif s.name in file_values:
+            values[s.name] = _parse(s, file_values[s.name], f"key {s.name} in {path}")
     config = ServerConfig(**values)  # type: ignore[arg-type]
     if config.min_session_timeout_ms > config.max_session_timeout_ms:
         raise ConfigError(

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from coordinator.core.records import JournalMember
 from protocol.admin_docs import RebalanceMoves, RebalanceSummary
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import ResourceAssignment
@@ -41,7 +42,8 @@ def owners(row: Mapping[str, Any]) -> dict[Resource, str] | None:
     ``None`` when the row's assignments are not of the resources protocol."""
     if row.get("protocol_type") != RESOURCES:
         return None
-    identity = {m[0]: (m[1] or m[0]) for m in row.get("members", ())}
+    members = map(JournalMember._make, row.get("members", ()))
+    identity = {m.member_id: (m.group_instance_id or m.member_id) for m in members}
     out: dict[Resource, str] = {}
     for member_id, blob in (row.get("assignments") or {}).items():
         try:

@@ -30,12 +30,13 @@ import sqlite3
 from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_type_hints
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from coordinator.core.records import JOURNAL_MEMBER_FIELDS, JournalMember
 from coordinator.storage import pgurl
 from coordinator.storage.pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
 from coordinator.storage.schema import SCHEMA_VERSION
@@ -50,11 +51,19 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 SQLITE_URL = "sqlite:///"
 BATCH_ROWS = 50_000
 
-MEMBER_TYPE = pa.struct([
-    ("member_id", pa.string()),
-    ("group_instance_id", pa.string()),
-    ("client_id", pa.string()),
-])
+
+def _arrow_type(name: str, hint: object) -> pa.DataType:
+    """The Arrow type of a :class:`JournalMember` field: ``str`` or ``int``, maybe ``| None``."""
+    kinds = [k for k in (get_args(hint) or (hint,)) if k is not type(None)]
+    arrow = {str: pa.string(), int: pa.int64()}
+    if len(kinds) != 1 or kinds[0] not in arrow:
+        raise TypeError(f"JournalMember.{name}: no Arrow type for {hint!r}")
+    return arrow[kinds[0]]
+
+
+#: a journal member (coordinator.core.records.JournalMember): its fields, in its order.
+MEMBER_TYPE = pa.struct([(name, _arrow_type(name, hint))
+                         for name, hint in get_type_hints(JournalMember).items()])
 
 JOURNAL_SCHEMA = pa.schema([
     ("source", pa.string()),
@@ -227,14 +236,23 @@ def open_sqlite(path: str | Path, source: str | None = None) -> SqliteJournal:
     return SqliteJournal(p, source or p.stem, version, rows)
 
 
-def _members(raw: str, where: str) -> list[dict[str, Any]]:
+def _members(raw: str, where: str) -> list[tuple[Any, ...]]:
+    """A ``members`` column: a JSON array of :class:`JournalMember` arrays, each as a
+    tuple. Arrow takes a struct's fields by position (:data:`MEMBER_TYPE`'s order,
+    which is :class:`JournalMember`'s) and checks their number and types when the
+    batch is built (:func:`_journal_batch`)."""
     try:
         items = json.loads(raw)
-        return [{"member_id": str(m[0]), "group_instance_id": m[1], "client_id": m[2]}
-                for m in items]
-    except (ValueError, TypeError, IndexError, KeyError) as exc:
-        raise PipelineError(f"{where}: members is not a JSON list of "
-                            f"[member_id, group_instance_id, client_id]: {raw[:80]!r}") from exc
+    except ValueError as exc:
+        raise _bad_members(where, raw) from exc
+    if type(items) is not list or not all(type(m) is list for m in items):
+        raise _bad_members(where, raw)
+    return [tuple(m) for m in items]
+
+
+def _bad_members(where: str, raw: str) -> PipelineError:
+    return PipelineError(f"{where}: members is not a JSON list of "
+                         f"[{', '.join(JOURNAL_MEMBER_FIELDS)}]: {raw[:80]!r}")
 
 
 def _id_list(raw: str, where: str, name: str) -> list[str]:
@@ -270,7 +288,16 @@ def _journal_batch(rows: Sequence[Sequence[Any]], source: str, name: str) -> pa.
         cols["ended_ms"].append(r[12])
         blob = r[13]
         cols["assignments"].append(bytes(blob) if blob is not None else None)
-    return pa.RecordBatch.from_pydict(cols, schema=JOURNAL_SCHEMA)
+    try:
+        return pa.RecordBatch.from_pydict(cols, schema=JOURNAL_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # Find the row: a member of another number or type of fields than JournalMember's.
+        for r, members in zip(rows, cols["members"], strict=True):
+            try:
+                pa.array([members], type=JOURNAL_SCHEMA.field("members").type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                raise _bad_members(f"{name}: rebalance_journal id {r[0]}", r[7]) from exc
+        raise
 
 
 def _generations_table(rows: Sequence[Sequence[Any]], source: str) -> pa.Table:

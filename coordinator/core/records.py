@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import NamedTuple
+from typing import NamedTuple, get_type_hints
 
 from protocol.validate import Scalar
 
 #: field metadata of :class:`MemberRecord` (see its docstring).
 _HIDDEN = {"shown": False}
-_JOURNAL = {"journal": True}
 #: a trailing field storage writes only when set (rows written before it existed lack it).
 _TAIL = {"shown": False, "tail": True}
 
@@ -41,15 +40,15 @@ class MemberRecord:
       eight-field rows have none), and checks
       each field it reads against its type here
       (:func:`coordinator.storage.sqlite.encode_members`, ``decode_members``);
-    - the rebalance journal lists each member by :data:`JOURNAL_MEMBER_FIELDS`
-      (:func:`journal_member`).
+    - the rebalance journal lists each member as a :class:`JournalMember`: some
+      of these fields, by the same names (:func:`journal_member`).
 
     A new field goes at the end with a default, so existing rows still load.
     """
 
-    member_id: str = field(metadata=_JOURNAL)
-    group_instance_id: str | None = field(metadata=_JOURNAL)
-    client_id: str = field(metadata=_JOURNAL)
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
     client_host: str
     session_timeout_ms: int
     rebalance_timeout_ms: int
@@ -71,17 +70,44 @@ class MemberRecord:
 #: the member fields the admin API shows (``GET /v1/groups/{id}``), in record order.
 SHOWN_MEMBER_FIELDS: tuple[str, ...] = tuple(
     f.name for f in fields(MemberRecord) if f.metadata.get("shown", True))
-#: the member fields a journal entry keeps of each member of a generation.
-JOURNAL_MEMBER_FIELDS: tuple[str, ...] = tuple(
-    f.name for f in fields(MemberRecord) if f.metadata.get("journal", False))
 
+
+class JournalMember(NamedTuple):
+    """A member of a generation as the rebalance journal lists it: the one place
+    the journal's member is spelled.
+
+    Storage writes it as a JSON array of these fields in this order
+    (``rebalance_journal.members`` and ``generations.members``:
+    ``[member_id, group_instance_id, client_id]``), the admin API's rebalance
+    history and the Spark pipeline (pipeline/sources.py) read it back by these
+    names. Each field is the :class:`MemberRecord` field of the same name and
+    type (checked at import). A new field goes at the end, and readers must
+    then accept the shorter arrays already written.
+    """
+
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+
+
+#: the member fields a journal entry keeps of each member of a generation.
+JOURNAL_MEMBER_FIELDS: tuple[str, ...] = JournalMember._fields
+
+
+def _check_journal_member() -> None:
+    record, journal = get_type_hints(MemberRecord), get_type_hints(JournalMember)
+    for name in JOURNAL_MEMBER_FIELDS:
+        if record.get(name) != journal[name]:
+            raise TypeError(f"JournalMember.{name}: not a MemberRecord field of its type")
+
+
+_check_journal_member()
 _journal_member = attrgetter(*JOURNAL_MEMBER_FIELDS)
 
 
-def journal_member(member: MemberRecord) -> tuple[str, str | None, str]:
-    """``(member_id, group_instance_id, client_id)``: a member as the journal lists it."""
-    triple: tuple[str, str | None, str] = _journal_member(member)
-    return triple
+def journal_member(member: MemberRecord) -> JournalMember:
+    """A member as the journal lists it."""
+    return JournalMember._make(_journal_member(member))
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +194,8 @@ class JournalEntry:
     protocol_type: str | None
     protocol_name: str | None
     leader: str | None
-    #: every member of the generation as :func:`journal_member` gives it
-    #: (member_id, group_instance_id, client_id).
-    members: tuple[tuple[str, str | None, str], ...]
+    #: every member of the generation as :func:`journal_member` gives it.
+    members: tuple[JournalMember, ...]
     #: member ids new in this generation / gone since the previous one.
     joined: tuple[str, ...]
     left: tuple[str, ...]

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coordinator.core.records import JournalMember
 from coordinator.storage.schema import MIGRATIONS
 from pipeline.ownership import JournalRow
 from protocol.codec import encode
@@ -67,7 +68,7 @@ def write_db(path: Path, rows: Sequence[Row], generations: Sequence[tuple[str, i
             "ended_ms, assignments) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (r.group_id, r.generation_id, r.protocol_type, r.protocol_name,
              ids[0] if ids else None, len(ids),
-             json.dumps([[m, None, "test-client"] for m in ids]),
+             json.dumps([JournalMember(m, None, "test-client") for m in ids]),
              json.dumps(list(r.joined)), json.dumps(list(r.left)), r.reason,
              r.started_ms, r.ended_ms, r.blob()))
     for group_id, generation_id, has_assignments in generations:

@@ -5,17 +5,29 @@ None of these start Spark: inputs are checked before the JVM starts.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from pipeline_journal_builder import COOP, EAGER, write_db
 
+from coordinator import history
 from coordinator.cli import main
+from coordinator.core.records import (
+    JOURNAL_MEMBER_FIELDS,
+    JournalEntry,
+    JournalMember,
+    MemberRecord,
+    journal_member,
+)
 from coordinator.storage.schema import SCHEMA_VERSION
+from coordinator.storage.sqlite import Storage
 from pipeline.analyze import plan_inputs
 from pipeline.errors import PipelineError
-from pipeline.sources import JOURNAL_SCHEMA, export, open_sqlite, read_journal
+from pipeline.sources import JOURNAL_SCHEMA, MEMBER_TYPE, export, open_sqlite, read_journal
+from protocol.resources import PROTOCOL_TYPE as RESOURCES
+from protocol.resources import ResourceAssignment
 
 
 def test_sqlite_journal_reads_into_arrow_with_64_bit_integers(tmp_path: Path) -> None:
@@ -29,6 +41,60 @@ def test_sqlite_journal_reads_into_arrow_with_64_bit_integers(tmp_path: Path) ->
     assert first["joined"] == ["m1", "m2"]
     assert first["members"][0] == {"member_id": "m1", "group_instance_id": None,
                                    "client_id": "test-client"}
+
+
+MEMBERS = (
+    MemberRecord("m-1", None, "c1", "10.0.0.1", 10_000, 30_000, (("range", b""),)),
+    MemberRecord("s-1", "inst", "c2", "10.0.0.2", 10_000, 30_000, (("range", b""),),
+                 owner="team-a", incarnation="i-9", incarnation_ms=5),
+)
+
+
+async def test_a_journal_the_coordinator_wrote_reads_back_member_by_member(
+        tmp_path: Path) -> None:
+    # Storage writes the members, the admin history and the pipeline read them back.
+    assignments = {"m-1": ResourceAssignment({"t": [0]}).encode(),
+                   "s-1": ResourceAssignment({"t": [1]}).encode()}
+    entry = JournalEntry("g", 1, RESOURCES, "range", "m-1",
+                         tuple(journal_member(m) for m in MEMBERS), joined=("m-1", "s-1"),
+                         left=(), reason="initial", started_ms=100, ended_ms=250,
+                         assignments=assignments)
+    db = tmp_path / "c1.db"
+    storage = await Storage.open(db)
+    try:
+        await storage.write([entry])
+        (row,) = await storage.rebalances("g", 10)
+    finally:
+        await storage.close()
+    # The stored format, byte for byte: what every database written so far holds.
+    con = sqlite3.connect(db)
+    try:
+        (raw,) = con.execute("SELECT members FROM rebalance_journal").fetchone()
+    finally:
+        con.close()
+    assert raw == '[["m-1", null, "c1"], ["s-1", "inst", "c2"]]'
+    # The admin API's history: a static member is known by its instance id.
+    assert history.owners(row) == {("t", 0): "m-1", ("t", 1): "inst"}
+    # The pipeline: the same fields, by name.
+    assert MEMBER_TYPE.names == list(JOURNAL_MEMBER_FIELDS)
+    members = read_journal(open_sqlite(db)).column("members").to_pylist()
+    assert members == [[{"member_id": "m-1", "group_instance_id": None, "client_id": "c1"},
+                        {"member_id": "s-1", "group_instance_id": "inst", "client_id": "c2"}]]
+    assert [JournalMember(**m) for m in members[0]] == list(entry.members)
+
+
+@pytest.mark.parametrize("members", ['[["m1", null]]', '[["m1", null, "c", "x"]]',
+                                     '[[1, null, "c"]]', '[["m1", 2, "c"]]', '{"m1": 1}',
+                                     '["m1"]', "not json"])
+def test_a_journal_member_of_another_shape_is_named(tmp_path: Path, members: str) -> None:
+    db = write_db(tmp_path / "c1.db", EAGER[:1])
+    con = sqlite3.connect(db)
+    con.execute("UPDATE rebalance_journal SET members = ?", (members,))
+    con.commit()
+    con.close()
+    with pytest.raises(PipelineError, match=r"c1\.db: rebalance_journal id 1: members is not a "
+                       r"JSON list of \[member_id, group_instance_id, client_id\]"):
+        read_journal(open_sqlite(db))
 
 
 def test_export_writes_parquet_that_keeps_every_column(tmp_path: Path) -> None:

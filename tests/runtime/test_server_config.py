@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from coordinator.config import SETTINGS, ConfigError, ServerConfig, resolve
+from coordinator.core.config import CoreConfig
 
 
 def no_flags() -> dict[str, object | None]:
@@ -112,3 +114,20 @@ def test_bad_config_files(tmp_path: Path) -> None:
         resolve(no_flags(), {}, str(broken))
     with pytest.raises(ConfigError, match="cannot read"):
         resolve(no_flags(), {}, str(tmp_path / "missing.toml"))
+
+
+def test_every_core_setting_reaches_the_core_from_its_variable() -> None:
+    core = [s for s in SETTINGS if s.core]
+    assert {s.name for s in core} == {f.name for f in fields(CoreConfig)}
+    # A value of its own for each (valid: the minimum sits below the maximum).
+    env = {s.env: str(i + 1_000) for i, s in enumerate(core)}
+    config = resolve(no_flags(), env).core_config()
+    assert type(config) is CoreConfig
+    assert {s.name: getattr(config, s.name) for s in core} == {
+        s.name: i + 1_000 for i, s in enumerate(core)}
+
+
+def test_the_core_and_the_server_default_alike() -> None:
+    # One declaration: a core built without the server runs with the server's defaults.
+    assert ServerConfig().core_config() == CoreConfig()
+    assert all(s.default == getattr(ServerConfig(), s.name) for s in SETTINGS)
