@@ -217,7 +217,8 @@ def _live(fragments: Fragments) -> dict[str, Any]:
 
 
 def _overview_fragments(console: Console, base: str, overview: views.Overview) -> Fragments:
-    return {"live-groups": _render(console, "_groups.html", base=base, overview=overview)}
+    return {"live-groups": _render(console, "_groups.html", base=base, overview=overview),
+            "live-catalog": _render(console, "_catalog.html", overview=overview)}
 
 
 def _group_fragments(console: Console, base: str, group_id: str,
