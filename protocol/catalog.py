@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from protocol.limits import MAX_PARTITIONS
@@ -132,33 +133,46 @@ class Placement:
 DEFAULT_PLACEMENT = Placement()
 
 
-def _overrides(value: object, field: str, partitions: int | None) -> list[tuple[int, Any, str]]:
-    """``[[index, x], ...]`` checked as far as the indexes go: ``(index, x, field of x)``."""
+def _overrides(value: object, field: str, partitions: int | None) -> list[tuple[int, Any, int]]:
+    """``[[index, x], ...]`` checked as far as the indexes go: ``(index, x, position)``,
+    by index. Tens of thousands of overrides are read on the server's event loop,
+    so the common case takes a fast path; the checks that name a problem run
+    only once one is found."""
     if not isinstance(value, list):
         raise ValidationError(field, f"expected a list of [index, value] pairs, got "
                                      f"{_kind(value)}")
     if len(value) > MAX_OVERRIDES:
         raise ValidationError(field, f"at most {MAX_OVERRIDES} overrides, got {len(value)}")
-    hi = MAX_PARTITIONS - 1 if partitions is None else partitions - 1
-    out: list[tuple[int, Any, str]] = []
+    limit = MAX_PARTITIONS if partitions is None else partitions
+    out: list[tuple[int, Any, int]] = []
     seen: set[int] = set()
     for n, pair in enumerate(value):
-        where = f"{field}[{n}]"
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise ValidationError(where, f"expected an [index, value] pair, got {_kind(pair)}"
-                                  + (f" of {len(pair)} items" if isinstance(pair, list) else ""))
-        index = pair[0]
-        if partitions is not None and isinstance(index, int) and not isinstance(index, bool) \
-                and index >= partitions:
-            raise ValidationError(f"{where}[0]", f"index {index} is beyond the set's "
-                                                 f"{partitions} partitions (0..{hi})")
-        check_int(index, f"{where}[0]", lo=0, hi=hi)
-        if index in seen:
-            raise ValidationError(f"{where}[0]", f"index {index} is given twice")
-        seen.add(index)
-        out.append((index, pair[1], f"{where}[1]"))
-    out.sort(key=lambda item: item[0])
+        if type(pair) is list and len(pair) == 2:
+            index = pair[0]
+            if type(index) is int and 0 <= index < limit and index not in seen:
+                seen.add(index)
+                out.append((index, pair[1], n))
+                continue
+        _refuse_pair(pair, f"{field}[{n}]", partitions, seen)
+    out.sort(key=itemgetter(0))
     return out
+
+
+def _refuse_pair(pair: object, where: str, partitions: int | None, seen: set[int]) -> None:
+    """Raise what is wrong with one ``[index, x]`` of :func:`_overrides`."""
+    if not isinstance(pair, list) or len(pair) != 2:
+        raise ValidationError(where, f"expected an [index, value] pair, got {_kind(pair)}"
+                              + (f" of {len(pair)} items" if isinstance(pair, list) else ""))
+    index = pair[0]
+    hi = MAX_PARTITIONS - 1 if partitions is None else partitions - 1
+    if partitions is not None and isinstance(index, int) and not isinstance(index, bool) \
+            and index >= partitions:
+        raise ValidationError(f"{where}[0]", f"index {index} is beyond the set's "
+                                             f"{partitions} partitions (0..{hi})")
+    check_int(index, f"{where}[0]", lo=0, hi=hi)
+    if index in seen:
+        raise ValidationError(f"{where}[0]", f"index {index} is given twice")
+    raise AssertionError(f"{where}: refused without a reason")  # pragma: no cover
 
 
 def _object(value: object, field: str, keys: tuple[str, ...]) -> Mapping[str, Any]:
@@ -189,16 +203,29 @@ def parse_weights(value: object, field: str = "weights",
     doc = _object(value, field, ("default", "overrides"))
     default = check_weight(doc.get("default", 1.0), f"{field}.default")
     pairs = _overrides(doc.get("overrides", []), f"{field}.overrides", partitions)
-    return Weights(default, tuple((i, check_weight(w, where)) for i, w, where in pairs))
+    return Weights(default, tuple(
+        (i, w if type(w) is float and 0.0 <= w <= MAX_WEIGHT
+         else check_weight(w, f"{field}.overrides[{n}][1]")) for i, w, n in pairs))
 
 
-def _zone_list(value: object, field: str, known: dict[tuple[str, ...], tuple[str, ...]]
-               ) -> ZoneList:
+def _zone_list(value: object, at: tuple[str, int | None],
+               known: dict[tuple[str, ...], tuple[str, ...]]) -> ZoneList:
+    """One resource's zones (``at``: the field, ``(zones, None)`` for the default,
+    ``(zones, n)`` for the n-th override); ``known`` holds the lists already
+    checked (many resources share a few: each is checked once, kept as one tuple)."""
     if value is None:
         return None
+    if type(value) is list:
+        try:
+            hit = known.get(tuple(value))
+        except TypeError:  # an unhashable item: refused below
+            hit = None
+        if hit is not None:
+            return hit
+    field = f"{at[0]}.default" if at[1] is None else f"{at[0]}.overrides[{at[1]}][1]"
     if not isinstance(value, list) or not value:
         raise ValidationError(field, f"expected null (anywhere) or a non-empty list of zone "
-                                     f"names, got {_kind(value) if value != [] else '[]'}")
+                                       f"names, got {_kind(value) if value != [] else '[]'}")
     if len(value) > MAX_ZONES:
         raise ValidationError(field, f"at most {MAX_ZONES} zones, got {len(value)}")
     names: list[str] = []
@@ -209,8 +236,8 @@ def _zone_list(value: object, field: str, known: dict[tuple[str, ...], tuple[str
             raise ValidationError(f"{field}[{n}]", f"zone {checked!r} is given twice")
         names.append(checked)
     zones = tuple(names)
-    # Many resources share a few zone lists: keep one tuple of each.
-    return known.setdefault(zones, zones)
+    known[zones] = zones
+    return zones
 
 
 def parse_zones(value: object, field: str = "zones", partitions: int | None = None) -> Zones:
@@ -219,9 +246,11 @@ def parse_zones(value: object, field: str = "zones", partitions: int | None = No
     when given."""
     doc = _object(value, field, ("default", "overrides"))
     known: dict[tuple[str, ...], tuple[str, ...]] = {}
-    default = _zone_list(doc.get("default"), f"{field}.default", known)
+    default = _zone_list(doc.get("default"), (field, None), known)
     pairs = _overrides(doc.get("overrides", []), f"{field}.overrides", partitions)
-    return Zones(default, tuple((i, _zone_list(z, where, known)) for i, z, where in pairs))
+    return Zones(default, tuple(
+        (i, _zone_list(z, (field, n), known))
+        for i, z, n in pairs))
 
 
 def put_placement(current: Placement, partitions: int, weights: Weights | None,
