@@ -58,10 +58,6 @@ class Weights:
     def is_default(self) -> bool:
         return self.default == 1.0 and not self.overrides
 
-    def of(self, index: int) -> float:
-        """The weight of one resource."""
-        return dict(self.overrides).get(index, self.default)
-
     def as_dict(self) -> dict[int, float]:
         """The overrides, index -> weight."""
         return dict(self.overrides)
@@ -87,10 +83,6 @@ class Zones:
     @property
     def is_default(self) -> bool:
         return self.default is None and not self.overrides
-
-    def of(self, index: int) -> ZoneList:
-        """The home zones of one resource (``None``: anywhere)."""
-        return dict(self.overrides).get(index, self.default)
 
     def as_dict(self) -> dict[int, ZoneList]:
         """The overrides, index -> zones."""
@@ -268,17 +260,6 @@ def put_placement(current: Placement, partitions: int, weights: Weights | None,
                                                     f"{index}, beyond the new {partitions} "
                                                     f"partitions: send {field} without it")
     return placement
-
-
-def placement_json(placement: Placement) -> dict[str, Any]:
-    """The non-default parts of a placement, as ``GET /v1/resources`` and the console
-    show them: ``{"weights": ..., "zones": ...}``, each only when not the default."""
-    out: dict[str, Any] = {}
-    if not placement.weights.is_default:
-        out["weights"] = placement.weights.to_json()
-    if not placement.zones.is_default:
-        out["zones"] = placement.zones.to_json()
-    return out
 
 
 def catalog_json(catalog: Mapping[str, int], placement: Mapping[str, Placement],
