@@ -243,9 +243,19 @@ class AdminClient:
         doc: dict[str, Any] = self.request("GET", "/v1/resources")
         return doc
 
-    def set_resource(self, name: str, partitions: int) -> dict[str, Any]:
-        doc: dict[str, Any] = self.request("PUT", f"/v1/resources/{_quote(name)}",
-                                           body={"partitions": partitions})
+    def set_resource(self, name: str, partitions: int, *,
+                     weights: Mapping[str, Any] | None = None,
+                     zones: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``PUT /v1/resources/{name}``. ``weights`` (``{"default": W, "overrides":
+        [[index, w], ...]}``) and ``zones`` (``{"default": null | [zone, ...],
+        "overrides": [[index, [zone, ...]], ...]}``) replace the set's own when given;
+        ``None`` keeps them. Answers the set as the catalog then holds it."""
+        body: dict[str, Any] = {"partitions": partitions}
+        if weights is not None:
+            body["weights"] = dict(weights)
+        if zones is not None:
+            body["zones"] = dict(zones)
+        doc: dict[str, Any] = self.request("PUT", f"/v1/resources/{_quote(name)}", body=body)
         return doc
 
     def delete_resource(self, name: str) -> dict[str, Any]:

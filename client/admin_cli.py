@@ -21,12 +21,22 @@ import json
 import os
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from client.admin import DEFAULT_URL, AdminClient, AdminError
 from protocol.admin_docs import RebalanceSummary, checkpoint_bytes_text
+from protocol.catalog import (
+    DEFAULT_PLACEMENT,
+    Placement,
+    Summary,
+    parse_catalog_placement,
+    parse_weights,
+    parse_zones,
+)
+from protocol.validate import ValidationError
 
 __all__ = ["register"]
 
@@ -113,11 +123,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     resources = subparsers.add_parser("resources", help="the resource catalog")
     rsub = resources.add_subparsers(dest="resources_command", metavar="ACTION", required=True)
-    p = rsub.add_parser("list", parents=[common], help="every resource set and its size")
+    p = rsub.add_parser("list", parents=[common],
+                        help="every resource set, its size, weights and zones")
     p.set_defaults(func=_runner(_resources_list))
-    p = rsub.add_parser("set", parents=[common], help="create or resize a resource set")
+    p = rsub.add_parser("set", parents=[common],
+                        help="create or resize a resource set; set its weights and zones",
+                        description="Weights and zones given (by flags or --from-file) "
+                                    "replace the set's own; those not given are kept.")
     p.add_argument("name")
-    p.add_argument("partitions", type=int)
+    p.add_argument("partitions", type=int, nargs="?", help="the set's size (or --partitions)")
+    p.add_argument("--partitions", type=int, dest="partitions_flag", metavar="N",
+                   help="the set's size")
+    p.add_argument("--default-weight", type=float, metavar="W",
+                   help="the weight of every resource without its own (1)")
+    p.add_argument("--weight", action="append", default=[], metavar="INDEX=W",
+                   help="one resource's weight (repeat for more)")
+    p.add_argument("--clear-weights", action="store_true",
+                   help="every resource weighs 1 again")
+    p.add_argument("--default-zone", metavar="ZONE[,ZONE]",
+                   help="the zones of every resource without its own (default: anywhere)")
+    p.add_argument("--zone", action="append", default=[], metavar="INDEX=ZONE[,ZONE]",
+                   help="one resource's home zones (repeat for more)")
+    p.add_argument("--clear-zones", action="store_true",
+                   help="every resource may be served anywhere again")
+    p.add_argument("--from-file", type=Path, metavar="FILE",
+                   help="a JSON or TOML file shaped as the API body ({\"partitions\": N, "
+                        "\"weights\": ..., \"zones\": ...}); flags given too take "
+                        "precedence")
     p.set_defaults(func=_runner(_resources_set))
     p = rsub.add_parser("delete", parents=[common], help="delete a resource set")
     p.add_argument("name")
@@ -464,20 +496,136 @@ def _resources_list(admin: AdminClient, args: argparse.Namespace, out: TextIO) -
     doc = admin.list_resources()
     if args.json:
         return _dump(doc, out)
-    print(table(("SET", "PARTITIONS"), sorted(doc["resources"].items())), file=out)
+    resources: dict[str, int] = doc["resources"]
+    try:
+        placement = parse_catalog_placement(doc, resources)
+    except ValidationError as exc:
+        raise AdminError(0, "BAD_ANSWER", f"the catalog's answer is malformed: {exc}") from None
+    rows = []
+    for name, partitions in sorted(resources.items()):
+        summary = Summary.of(partitions, placement.get(name, DEFAULT_PLACEMENT))
+        rows.append((name, partitions, summary.weights_text(), summary.zones_text()))
+    print(table(("SET", "PARTITIONS", "WEIGHTS", "ZONES"), rows), file=out)
     print(f"resources_epoch {doc['resources_epoch']}", file=out)
     return 0
 
 
 def _resources_set(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
-    if args.partitions < 1:
-        raise UsageError("partitions must be at least 1")
-    doc = admin.set_resource(args.name, args.partitions)
+    body = _resource_body(args)
+    partitions = body.get("partitions")
+    if partitions is None:
+        raise UsageError("the set's size is missing: give PARTITIONS, --partitions or a "
+                         "\"partitions\" in --from-file")
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise UsageError(f"partitions must be an integer of at least 1, got {partitions!r}")
+    doc = admin.set_resource(args.name, partitions, weights=body.get("weights"),
+                             zones=body.get("zones"))
     if args.json:
         return _dump(doc, out)
-    print(f"{args.name}: {args.partitions} partitions (resources_epoch "
-          f"{doc['resources_epoch']})", file=out)
+    summary = Summary.of(partitions, Placement(
+        parse_weights(doc.get("weights", {}), "weights", partitions),
+        parse_zones(doc.get("zones", {}), "zones", partitions)))
+    print(f"{args.name}: {partitions} partitions; weights {summary.weights_text()}; zones "
+          f"{summary.zones_text()} (resources_epoch {doc['resources_epoch']})", file=out)
     return 0
+
+
+def _resource_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``PUT /v1/resources/{name}`` body: the file's, then what the flags say."""
+    body: dict[str, Any] = {} if args.from_file is None else _resource_file(args.from_file)
+    sizes = {n for n in (args.partitions, args.partitions_flag) if n is not None}
+    if len(sizes) > 1:
+        raise UsageError(f"PARTITIONS and --partitions differ ({args.partitions} and "
+                         f"{args.partitions_flag})")
+    if sizes:
+        body["partitions"] = sizes.pop()
+    if args.clear_weights or args.default_weight is not None or args.weight:
+        given = {} if args.clear_weights else body.get("weights", {})
+        if not isinstance(given, dict):
+            raise UsageError("--from-file: \"weights\" must be an object")
+        weights = dict(given)
+        if args.default_weight is not None:
+            weights["default"] = args.default_weight
+        weights["overrides"] = _merged(weights.get("overrides", []), "weights.overrides",
+                                       [_weight_flag(text) for text in args.weight])
+        body["weights"] = weights
+    if args.clear_zones or args.default_zone is not None or args.zone:
+        given = {} if args.clear_zones else body.get("zones", {})
+        if not isinstance(given, dict):
+            raise UsageError("--from-file: \"zones\" must be an object")
+        zones = dict(given)
+        if args.default_zone is not None:
+            zones["default"] = _zone_names(args.default_zone, "--default-zone")
+        zones["overrides"] = _merged(zones.get("overrides", []), "zones.overrides",
+                                     [_zone_flag(text) for text in args.zone])
+        body["zones"] = zones
+    return body
+
+
+def _merged(overrides: object, field: str, flags: list[tuple[int, Any]]) -> list[list[Any]]:
+    """The file's ``[[index, x], ...]`` with the flags' pairs taking the place of those
+    of the same index."""
+    if not isinstance(overrides, list):
+        raise UsageError(f"--from-file: {field} must be a list of [index, value] pairs")
+    given = {i for i, _ in flags}
+    kept = [pair for pair in overrides
+            if not (isinstance(pair, list) and pair and pair[0] in given)]
+    return kept + [[i, x] for i, x in flags]
+
+
+def _index(text: str, flag: str, item: str) -> int:
+    try:
+        index = int(text)
+    except ValueError:
+        raise UsageError(f"{flag}: {item!r}: {text!r} is not an index") from None
+    if index < 0:
+        raise UsageError(f"{flag}: {item!r}: the index must be >= 0")
+    return index
+
+
+def _weight_flag(item: str) -> tuple[int, float]:
+    """``--weight 3=40`` -> ``(3, 40.0)``."""
+    index, sep, value = item.partition("=")
+    if not sep:
+        raise UsageError(f"--weight: {item!r} is not INDEX=WEIGHT")
+    try:
+        weight = float(value)
+    except ValueError:
+        raise UsageError(f"--weight: {item!r}: {value!r} is not a number") from None
+    return _index(index, "--weight", item), weight
+
+
+def _zone_flag(item: str) -> tuple[int, list[str]]:
+    """``--zone 4=eu-1a,eu-1b`` -> ``(4, ["eu-1a", "eu-1b"])``."""
+    index, sep, value = item.partition("=")
+    if not sep:
+        raise UsageError(f"--zone: {item!r} is not INDEX=ZONE[,ZONE]")
+    return _index(index, "--zone", item), _zone_names(value, "--zone")
+
+
+def _zone_names(text: str, flag: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise UsageError(f"{flag}: {text!r}: an empty zone name")
+    return names
+
+
+def _resource_file(path: Path) -> dict[str, Any]:
+    """A JSON or (``.toml``) TOML file shaped as the API body."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--from-file {path}: {exc.strerror or exc}") from None
+    try:
+        doc: object = (tomllib.loads(raw.decode("utf-8")) if path.suffix.lower() == ".toml"
+                       else json.loads(raw))
+    except (ValueError, UnicodeDecodeError) as exc:  # TOMLDecodeError is a ValueError
+        kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
+        raise UsageError(f"--from-file {path}: not {kind} ({exc})") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"--from-file {path}: expected an object with \"partitions\", "
+                         f"\"weights\", \"zones\"")
+    return doc
 
 
 def _resources_delete(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:

@@ -63,6 +63,7 @@ from client.errors import (
     WrongListenerError,
 )
 from client.tls import client_ssl_context
+from protocol.catalog import Placement, parse_catalog_placement
 from protocol.codec import CONTENT_TYPE, DecodeError, decode, encode
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -146,10 +147,15 @@ class CatalogRequest:
 
 @dataclass(frozen=True, slots=True)
 class CatalogResponse:
-    """``{"resources_epoch": E, "resources": {name: partitions}}``."""
+    """``{"resources_epoch": E, "resources": {name: partitions}, "weights"?: ...,
+    "zones"?: ...}``. ``placement`` holds the weights and zones of the sets that
+    have them (docs/protocol.md, v1.2 "Resources that differ"); the leader keeps
+    the whole answer for its assignment (``Syncing.catalog``), and the assignors
+    are given ``resources`` as before."""
 
     resources_epoch: int
     resources: Mapping[str, int] = field(default_factory=dict)
+    placement: Mapping[str, Placement] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, obj: object) -> CatalogResponse:
@@ -166,7 +172,7 @@ class CatalogResponse:
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValidationError(f"resources.{name}", "expected a non-negative integer")
             resources[str(name)] = n
-        return cls(epoch, resources)
+        return cls(epoch, resources, parse_catalog_placement(obj, resources))
 
 
 CallRequest = Request | CatalogRequest

@@ -49,8 +49,14 @@ from coordinator.metrics import Metrics
 from coordinator.runtime.clock import Clock
 from coordinator.runtime.runtime import Core, Runtime
 from coordinator.storage.leases import CoordinatorRow, LeaseRow, Leases, LocalLease, balance
-from coordinator.storage.postgres import FencedError, PostgresStorage, partition_of
+from coordinator.storage.postgres import (
+    CatalogState,
+    FencedError,
+    PostgresStorage,
+    partition_of,
+)
 from coordinator.storage.sqlite import RecordError, StorageError
+from protocol.catalog import Placement
 from protocol.errors import ErrorCode
 from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer
 
@@ -280,6 +286,8 @@ class PartitionHost:
         self.lease_rows: dict[int, LeaseRow] = {}
         self.coordinators: list[CoordinatorRow] = []
         self.catalog: dict[str, int] = {}
+        #: the weights and zones of the catalog's sets that have them.
+        self.placement: dict[str, Placement] = {}
         self.resources_epoch = 0
         #: True once registered and the first round ran; False from stop on.
         self.ready = False
@@ -310,8 +318,8 @@ class PartitionHost:
         """Register, read the catalog and run the first round (acquiring this
         coordinator's share of what is free)."""
         await self.leases.register()
-        self.catalog, self.resources_epoch = await self.read(
-            lambda store: store.catalog_state())
+        state: CatalogState = await self.read(lambda store: store.catalog_state())
+        self.catalog, self.placement, self.resources_epoch = state
         await self._round()
         # Ready once the first share is loaded (a restarted coordinator serves its
         # groups from the first answer on).
@@ -483,7 +491,7 @@ class PartitionHost:
         if partition.leaving or self.partitions.get(partition.number) is not partition:
             await runtime.stop(ErrorCode.NOT_COORDINATOR)
             return
-        runtime.submit(AdoptCatalog(tuple(sorted(self.catalog.items())), self.resources_epoch))
+        runtime.submit(self._adoption())
         partition.runtime = runtime
         partition.tasks.append(asyncio.get_running_loop().create_task(
             self._watch(partition, runtime)))
@@ -563,18 +571,27 @@ class PartitionHost:
     # ------------------------------------------------------------ catalog
 
     async def _adopt_catalog(self) -> None:
-        catalog, epoch = await self.read(lambda store: store.catalog_state())
-        self.adopt_catalog(catalog, epoch)
+        # Only the epoch is read unless it moved.
+        epoch = self.resources_epoch
+        state = await self.read(lambda store: store.catalog_since(epoch))
+        if state is not None:
+            self.adopt_catalog(state)
 
-    def adopt_catalog(self, catalog: dict[str, int], epoch: int) -> None:
+    def adopt_catalog(self, state: CatalogState) -> None:
         """Take the shared catalog if newer and give it to every serving partition."""
-        if epoch <= self.resources_epoch:
+        if state.epoch <= self.resources_epoch:
             return
-        self.catalog, self.resources_epoch = dict(catalog), epoch
-        command = AdoptCatalog(tuple(sorted(catalog.items())), epoch)
+        self.catalog, self.placement = dict(state.catalog), dict(state.placement)
+        self.resources_epoch = state.epoch
+        command = self._adoption()
         for partition in self.partitions.values():
             if partition.runtime is not None:
                 partition.runtime.submit(command)
+
+    def _adoption(self) -> AdoptCatalog:
+        """The catalog held here, as the command a partition's core takes it by."""
+        return AdoptCatalog(tuple(sorted(self.catalog.items())), self.resources_epoch,
+                            tuple(sorted(self.placement.items())))
 
     # ------------------------------------------------------------ routing
 

@@ -35,9 +35,10 @@ from coordinator.runtime.clock import Clock
 from coordinator.runtime.commits import command_group
 from coordinator.runtime.runtime import Answer, Core, Runtime, error_answer
 from coordinator.storage.sqlite import StorageError
+from protocol.catalog import Placement
 from protocol.errors import ErrorCode
 from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer
-from protocol.validate import Scalar
+from protocol.validate import Scalar, ValidationError
 
 log = logging.getLogger("groupcoord.cluster")
 
@@ -91,6 +92,9 @@ class ClusterCore:
 
     def catalog(self) -> Mapping[str, int]:
         return dict(self._host.catalog)
+
+    def catalog_placement(self) -> Mapping[str, Placement]:
+        return dict(self._host.placement)
 
     @property
     def resources_epoch(self) -> int:
@@ -220,12 +224,17 @@ class ClusterService:
         if problem is not None:
             return AdminResult(ErrorCode.INVALID_REQUEST, self.host.resources_epoch,
                                message=problem)
+        weights, zones = ((command.weights, command.zones) if isinstance(command, PutResource)
+                          else (None, None))
         try:
             epoch, found = await self.host.read(
-                lambda store: store.change_catalog(command.name, partitions))
+                lambda store: store.change_catalog(command.name, partitions, weights, zones))
             # The whole catalog as of that epoch (others may have changed other sets).
-            catalog, current = await self.host.read(lambda store: store.catalog_state())
+            state = await self.host.read(lambda store: store.catalog_state())
+        except ValidationError as exc:  # an override the new size leaves outside
+            return AdminResult(ErrorCode.INVALID_REQUEST, self.host.resources_epoch,
+                               message=str(exc))
         except StorageError:
             return AdminResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, self.host.resources_epoch)
-        self.host.adopt_catalog(catalog, current)
+        self.host.adopt_catalog(state)
         return AdminResult(None, epoch, found=found)

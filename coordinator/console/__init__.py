@@ -259,7 +259,8 @@ async def _overview_fragments(console: Console, base: str, overview: views.Overv
         rows.append(console.rows.html(base, overview.has_health, group))
         await pace.step(live.ROW_COST)
     return {"live-groups": _render(console, "_groups.html", base=base, overview=overview,
-                                   rows=rows)}
+                                   rows=rows),
+            "live-catalog": _render(console, "_catalog.html", overview=overview)}
 
 
 async def _overview(console: Console, base: str, entry: auth.TokenEntry | None

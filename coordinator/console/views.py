@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ from coordinator import admin_views, auth, history
 from coordinator.console.live import ROW_COST, Pace
 from coordinator.runtime.service import Service
 from protocol.admin_docs import RebalanceSummary
+from protocol.catalog import DEFAULT_PLACEMENT, Placement, Summary, ZoneList
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 
 #: most groups the overview lists (the admin API's ?state= filter finds the rest).
@@ -99,6 +100,25 @@ class JournalCache:
 # ---------------------------------------------------------------- overview
 
 
+@dataclass(frozen=True, slots=True)
+class CatalogRow:
+    """One resource set of the catalog: its size, weights and zones in short."""
+
+    name: str
+    partitions: int
+    summary: Summary
+
+
+def catalog_rows(runtime: Service, names: set[str] | None = None) -> list[CatalogRow]:
+    """The catalog's sets (those of ``names`` only, when given), by name."""
+    core = runtime.core
+    placement = core.catalog_placement()
+    return [CatalogRow(name, partitions,
+                       Summary.of(partitions, placement.get(name, DEFAULT_PLACEMENT)))
+            for name, partitions in sorted(core.catalog().items())
+            if names is None or name in names]
+
+
 @dataclass(slots=True)
 class Overview:
     groups: list[dict[str, Any]]
@@ -106,6 +126,8 @@ class Overview:
     total: int
     #: a "health" column: only when the group documents carry one.
     has_health: bool
+    #: the resource catalog (every group's leader assigns from it).
+    catalog: list[CatalogRow] = field(default_factory=list)
 
 
 async def overview(runtime: Service, journal: JournalCache, group_ids: Sequence[str],
@@ -138,7 +160,8 @@ async def overview(runtime: Service, journal: JournalCache, group_ids: Sequence[
                                                                summary.generation_id)
         shown.append(group)
         await pace.step(ROW_COST)
-    return Overview(shown, total, any("health" in g for g in shown))
+    return Overview(shown, total, any("health" in g for g in shown),
+                    catalog_rows(runtime))
 
 
 # ---------------------------------------------------------------- one group
@@ -154,6 +177,10 @@ class GridRow:
     moved: bool
     #: who owned it before that rebalance (``None``: nobody).
     moved_from: str | None
+    #: its weight in the catalog, when its set has weights other than the default.
+    weight: float | None = None
+    #: its home zones in the catalog, when its set has zones (``None``: anywhere).
+    zones: ZoneList = None
 
 
 @dataclass(slots=True)
@@ -166,6 +193,8 @@ class Grid:
     #: the generation whose moves are marked; ``None`` when not known yet.
     moves_of: int | None
     moved_count: int
+    #: the group's sets as the catalog has them (size, weights and zones in short).
+    sets: list[CatalogRow] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -193,9 +222,11 @@ def _identity(member: dict[str, Any]) -> str:
 
 
 def assignment_grid(group: dict[str, Any], catalog: dict[str, int],
-                    journal_rows: list[dict[str, Any]]) -> Grid | None:
+                    journal_rows: list[dict[str, Any]],
+                    placement: Mapping[str, Placement] | None = None) -> Grid | None:
     """Resources (rows) by members (columns) of a "resources" group, with the moves
-    of its newest rebalance marked; ``None`` for other protocols."""
+    of its newest rebalance marked, and each resource's weight and zones when its
+    set in the catalog has them (``placement``); ``None`` for other protocols."""
     if group["protocol_type"] != RESOURCES:
         return None
     members = group["members"]
@@ -224,6 +255,10 @@ def assignment_grid(group: dict[str, Any], catalog: dict[str, int],
     ordered = sorted(resources)
     rows: list[GridRow] = []
     moved_count = 0
+    placed = {name: p for name, p in (placement or {}).items() if name in sets}
+    weights = {name: p.weights.as_dict() for name, p in placed.items()
+               if not p.weights.is_default}
+    zones = {name: p.zones.as_dict() for name, p in placed.items() if not p.zones.is_default}
     for resource in ordered:
         column = owner_of.get(resource)
         moved = False
@@ -236,8 +271,17 @@ def assignment_grid(group: dict[str, Any], catalog: dict[str, int],
                 moved_count += 1
                 moved_from = None if previous is None else label_of.get(previous, previous)
         if len(rows) < MAX_GRID_ROWS:
-            rows.append(GridRow(resource[0], resource[1], column, moved, moved_from))
-    return Grid([member_label(m) for m in members], rows, len(ordered), moves_of, moved_count)
+            name, index = resource
+            row = GridRow(name, index, column, moved, moved_from)
+            if name in weights:
+                row.weight = weights[name].get(index, placed[name].weights.default)
+            if name in zones:
+                row.zones = zones[name].get(index, placed[name].zones.default)
+            rows.append(row)
+    return Grid([member_label(m) for m in members], rows, len(ordered), moves_of, moved_count,
+                [CatalogRow(name, catalog[name],
+                            Summary.of(catalog[name], placed.get(name, DEFAULT_PLACEMENT)))
+                 for name in sorted(sets) if name in catalog])
 
 
 async def group_page(runtime: Service, journal: JournalCache, group_id: str
@@ -256,7 +300,8 @@ async def group_page(runtime: Service, journal: JournalCache, group_id: str
         no_grid = (f"The grid is drawn for up to {MAX_GRID_MEMBERS} members; this group has "
                    f"{len(group['members'])}. The members table counts what each owns.")
     elif group["members"]:
-        grid = assignment_grid(group, dict(runtime.core.catalog()), rows)
+        grid = assignment_grid(group, dict(runtime.core.catalog()), rows,
+                               runtime.core.catalog_placement())
         if grid is None:
             no_grid = (f"Assignments of the {group['protocol_type']!r} protocol are opaque "
                        "bytes to the coordinator; the grid is drawn for \"resources\" groups.")

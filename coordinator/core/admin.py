@@ -1,6 +1,7 @@
 """Admin commands: delete a group, and the resource catalog (docs/protocol.md, "Admin (JSON)").
 
-The catalog is one for the whole coordinator; every change bumps
+The catalog is one for the whole coordinator (each set's partitions, and its
+weights and zones when they are not the default); every change bumps
 ``resources_epoch``, which heartbeat and sync responses carry. The coordinator
 never rebalances on a catalog change: the leader rejoins when it sees the
 epoch move. Parked (long-poll) heartbeats are answered at once with the new
@@ -14,9 +15,10 @@ from coordinator.core.effects import AdminResult
 from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel
 from coordinator.core.records import GroupDeleted
+from protocol.catalog import DEFAULT_PLACEMENT, Placement, put_placement
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_NAME_LENGTH, MAX_PARTITIONS
-from protocol.validate import control_character_problem
+from protocol.validate import ValidationError, control_character_problem
 
 
 def unknown_group(k: Kernel, request_id: int) -> None:
@@ -71,8 +73,14 @@ def handle_put_resource(k: Kernel, cmd: PutResource) -> None:
     if problem is not None:
         _invalid(k, cmd.request_id, problem)
         return
-    if k.catalog.get(cmd.name) != cmd.partitions:
-        _change_catalog(k, cmd.name, cmd.partitions)
+    current = k.placement.get(cmd.name, DEFAULT_PLACEMENT)
+    try:
+        placement = put_placement(current, cmd.partitions, cmd.weights, cmd.zones)
+    except ValidationError as exc:
+        _invalid(k, cmd.request_id, str(exc))
+        return
+    if k.catalog.get(cmd.name) != cmd.partitions or placement != current:
+        _change_catalog(k, cmd.name, cmd.partitions, placement)
     # An unchanged PUT is idempotent: same epoch, nothing written.
     k.reply(cmd.request_id, AdminResult(None, k.resources_epoch))
 
@@ -85,8 +93,9 @@ def handle_delete_resource(k: Kernel, cmd: DeleteResource) -> None:
     k.reply(cmd.request_id, AdminResult(None, k.resources_epoch))
 
 
-def _change_catalog(k: Kernel, name: str, partitions: int | None) -> None:
-    k.change_catalog(name, partitions)
+def _change_catalog(k: Kernel, name: str, partitions: int | None,
+                    placement: Placement = DEFAULT_PLACEMENT) -> None:
+    k.change_catalog(name, partitions, placement)
     _wake_parked_heartbeats(k)
 
 
@@ -94,7 +103,7 @@ def handle_adopt_catalog(k: Kernel, cmd: AdoptCatalog) -> None:
     """Several coordinators: take the shared database's catalog if it is newer."""
     if cmd.resources_epoch <= k.resources_epoch:
         return
-    k.set_catalog(dict(cmd.catalog), cmd.resources_epoch)
+    k.set_catalog(dict(cmd.catalog), cmd.resources_epoch, dict(cmd.placement))
     _wake_parked_heartbeats(k)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.catalog import Placement, Weights, Zones
 from protocol.messages import (
     CommitRequest,
     FetchRequest,
@@ -86,11 +87,16 @@ class DeleteGroup:
 
 @dataclass(frozen=True, slots=True)
 class PutResource:
-    """Admin: ``PUT /v1/resources/{name}``; replies an :class:`AdminResult`."""
+    """Admin: ``PUT /v1/resources/{name}``; replies an :class:`AdminResult`.
+
+    ``weights`` and ``zones`` ``None``: not given, the set keeps what it has
+    (:func:`protocol.catalog.put_placement`)."""
 
     request_id: int
     name: str
     partitions: int
+    weights: Weights | None = None
+    zones: Zones | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +180,8 @@ class AdoptCatalog:
 
     catalog: tuple[tuple[str, int], ...]
     resources_epoch: int
+    #: the weights and zones of the sets whose placement is not the default.
+    placement: tuple[tuple[str, Placement], ...] = ()
 
 
 Command = (Join | Sync | Heartbeat | Leave | Commit | Fetch | DeleteGroup | PutResource

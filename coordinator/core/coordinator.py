@@ -47,6 +47,7 @@ from coordinator.core.rebalance import prepare_rebalance
 from coordinator.core.records import CheckpointMeta, Snapshot
 from coordinator.core.states import GroupState
 from coordinator.core.views import GroupSummary, GroupView
+from protocol.catalog import Placement
 from protocol.validate import Scalar
 
 _HANDLERS: dict[type[Any], Callable[[Kernel, Any], None]] = {
@@ -172,7 +173,7 @@ class GroupCoordinator:
         if k.groups or k.catalog or k.checkpoints or k.resources_epoch:
             raise RuntimeError("restore() needs a fresh GroupCoordinator")
         k.begin(now_ms)
-        k.set_catalog(dict(snapshot.catalog), snapshot.resources_epoch)
+        k.set_catalog(dict(snapshot.catalog), snapshot.resources_epoch, dict(snapshot.placement))
         _restore_groups(k, snapshot, now_ms)
         return k.take()
 
@@ -204,6 +205,10 @@ class GroupCoordinator:
 
     def catalog(self) -> dict[str, int]:
         return dict(self._k.catalog)
+
+    def catalog_placement(self) -> dict[str, Placement]:
+        """The weights and zones of the catalog's sets that are not the default."""
+        return dict(self._k.placement)
 
     @property
     def resources_epoch(self) -> int:

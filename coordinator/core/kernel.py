@@ -38,6 +38,7 @@ from coordinator.core.records import (
     Record,
 )
 from coordinator.core.states import GroupState, check_transition
+from protocol.catalog import DEFAULT_PLACEMENT, Placement
 from protocol.errors import ErrorCode
 from protocol.messages import HeartbeatResponse, JoinResponse, Response, SyncResponse
 
@@ -76,6 +77,8 @@ class Kernel:
         #: group id -> its checkpoints (a group without any has no entry).
         self.checkpoints: dict[str, CheckpointStore] = {}
         self.catalog: dict[str, int] = {}
+        #: the weights and zones of the catalog's sets whose placement is not the default.
+        self.placement: dict[str, Placement] = {}
         self.resources_epoch = 0
         self.timers: dict[str, TimerTarget] = {}
         self.parked: dict[int, Parked] = {}
@@ -133,21 +136,30 @@ class Kernel:
 
     # ------------------------------------------------------------ the catalog
 
-    def set_catalog(self, catalog: dict[str, int], resources_epoch: int) -> None:
-        """Take a whole catalog at its epoch (restore, or a newer shared one). The
-        kernel owns ``resources_epoch``: this and :meth:`change_catalog` write it."""
+    def set_catalog(self, catalog: dict[str, int], resources_epoch: int,
+                    placement: dict[str, Placement] | None = None) -> None:
+        """Take a whole catalog at its epoch (restore, or a newer shared one), with the
+        placement of its sets that have one. The kernel owns ``resources_epoch``: this
+        and :meth:`change_catalog` write it."""
         self.catalog = catalog
+        self.placement = {name: p for name, p in (placement or {}).items()
+                          if name in catalog and not p.is_default}
         self.resources_epoch = resources_epoch
 
-    def change_catalog(self, name: str, partitions: int | None) -> None:
-        """Create, resize or (``partitions`` ``None``) delete a resource set: a new epoch,
-        persisted."""
+    def change_catalog(self, name: str, partitions: int | None,
+                       placement: Placement = DEFAULT_PLACEMENT) -> None:
+        """Create, resize, re-weigh or (``partitions`` ``None``) delete a resource set:
+        a new epoch, persisted."""
         self.resources_epoch += 1
         if partitions is None:
             del self.catalog[name]
         else:
             self.catalog[name] = partitions
-        self.persist(CatalogChanged(name, partitions, self.resources_epoch))
+        if partitions is None or placement.is_default:
+            self.placement.pop(name, None)
+        else:
+            self.placement[name] = placement
+        self.persist(CatalogChanged(name, partitions, self.resources_epoch, placement))
 
     # ------------------------------------------------------------ groups
 

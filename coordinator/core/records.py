@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import NamedTuple, get_type_hints
 
+from protocol.catalog import DEFAULT_PLACEMENT, Placement
 from protocol.validate import Scalar
 
 #: field metadata of :class:`MemberRecord` (see its docstring).
@@ -174,11 +175,13 @@ class CheckpointsWritten:
 
 @dataclass(frozen=True, slots=True)
 class CatalogChanged:
-    """A resource set was created, resized (``partitions``) or deleted (``None``)."""
+    """A resource set was created, resized (``partitions``) or deleted (``None``),
+    or its weights or zones changed (``placement``; the default for a delete)."""
 
     name: str
     partitions: int | None
     resources_epoch: int
+    placement: Placement = DEFAULT_PLACEMENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,3 +245,6 @@ class Snapshot:
     #: before schema version 4 have none).
     checkpoint_meta: Mapping[str, Mapping[tuple[str, int], CheckpointMeta]] = field(
         default_factory=dict)
+    #: set name -> its weights and zones, for the sets of ``catalog`` whose
+    #: placement is not the default (docs/protocol.md, v1.2 "Resources that differ").
+    placement: Mapping[str, Placement] = field(default_factory=dict)

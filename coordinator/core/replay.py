@@ -2,7 +2,8 @@
 
 This is the reference for what storage keeps (records.py): the latest
 :class:`GroupRecord` per group, checkpoints with ``None`` deleting, the catalog
-and its epoch, the last commit time of each group holding checkpoints;
+(with the weights and zones of its sets) and its epoch, the last commit time of
+each group holding checkpoints;
 :class:`GroupOwner` records who created a group;
 :class:`GroupDeleted` drops a group, its checkpoints and its owner;
 :class:`JournalEntry` is analysis-only and not part of the snapshot. Storage
@@ -26,6 +27,7 @@ from coordinator.core.records import (
     Record,
     Snapshot,
 )
+from protocol.catalog import Placement
 from protocol.validate import Scalar
 
 
@@ -39,6 +41,7 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
     groups: dict[str, GroupRecord] = {}
     checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
     catalog: dict[str, int] = {}
+    placement: dict[str, Placement] = {}
     epoch = 0
     last_commit: dict[str, int] = {}
     owners: dict[str, str] = {}
@@ -47,6 +50,7 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
         groups = {g.group_id: g for g in base.groups}
         checkpoints = {gid: dict(values) for gid, values in base.checkpoints.items()}
         catalog = dict(base.catalog)
+        placement = dict(base.placement)
         epoch = base.resources_epoch
         last_commit = dict(base.last_commit_ms)
         owners = dict(base.owners)
@@ -89,6 +93,10 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
                 catalog.pop(record.name, None)
             else:
                 catalog[record.name] = record.partitions
+            if record.partitions is None or record.placement.is_default:
+                placement.pop(record.name, None)
+            else:
+                placement[record.name] = record.placement
             epoch = record.resources_epoch
         elif isinstance(record, JournalEntry):
             continue
@@ -97,4 +105,4 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
     # Like storage, a last commit time only for groups that still hold checkpoints.
     return Snapshot(tuple(groups[gid] for gid in sorted(groups)), checkpoints, catalog, epoch,
                     {gid: ms for gid, ms in last_commit.items() if gid in checkpoints},
-                    owners, written)
+                    owners, written, placement)

@@ -57,6 +57,7 @@ from coordinator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from coordinator.metrics import Metrics
 from coordinator.runtime.runtime import Answer
 from coordinator.runtime.service import Service
+from protocol.catalog import DEFAULT_PLACEMENT, parse_weights, parse_zones
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_PARTITIONS
 from protocol.messages import ADMIN_LISTENER, APIS, LISTENER_FIELD, NotCoordinatorAnswer
@@ -275,16 +276,29 @@ async def list_resources(request: web.Request) -> web.StreamResponse:
 
 
 async def put_resource(request: web.Request) -> web.StreamResponse:
+    """``PUT /v1/resources/{name}``: ``partitions``, and optionally ``weights`` and
+    ``zones`` (absent: the set keeps its own; docs/protocol.md, v1.2 "Resources
+    that differ"). Answers the set as the catalog then holds it."""
     name = _path_name(request, "name")
-    doc = await _json_object(request, '{"partitions": N}')
+    doc = await _json_object(request, '{"partitions": N, "weights"?: ..., "zones"?: ...}')
     try:
         partitions = Fields(doc).integer("partitions", lo=1, hi=MAX_PARTITIONS)
+        weights = None if "weights" not in doc else parse_weights(doc["weights"], "weights",
+                                                                   partitions)
+        zones = None if "zones" not in doc else parse_zones(doc["zones"], "zones", partitions)
     except ValidationError as exc:
         raise Refused(400, str(exc)) from None
-    result = await request.app[RUNTIME_KEY].call(lambda rid: PutResource(rid, name, partitions))
-    return _admin_answer(result, lambda r: web.json_response(
-        {"name": name, "partitions": partitions, "resources_epoch": r.resources_epoch}),
-        "UNKNOWN_RESOURCE")
+    runtime = request.app[RUNTIME_KEY]
+    result = await runtime.call(lambda rid: PutResource(rid, name, partitions, weights, zones))
+
+    def answer(r: AdminResult) -> web.StreamResponse:
+        placement = runtime.core.catalog_placement().get(name, DEFAULT_PLACEMENT)
+        return web.json_response({"name": name, "partitions": partitions,
+                                  "resources_epoch": r.resources_epoch,
+                                  "weights": placement.weights.to_json(),
+                                  "zones": placement.zones.to_json()})
+
+    return _admin_answer(result, answer, "UNKNOWN_RESOURCE")
 
 
 async def delete_resource(request: web.Request) -> web.StreamResponse:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,6 +44,7 @@ from coordinator.metrics import Metrics
 from coordinator.runtime.runtime import Answer, error_answer
 from coordinator.runtime.service import Service
 from protocol import codec, json_wire
+from protocol.catalog import catalog_json
 from protocol.errors import ErrorCode
 from protocol.limits import DEFAULT_MAX_METADATA_BYTES
 from protocol.messages import (
@@ -146,8 +148,21 @@ def catalog_answer(runtime: Service) -> Result:
                 else ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
         return 503, json.dumps({"error": code.value}).encode("utf-8")
     core = runtime.core
-    return 200, json.dumps({"resources_epoch": core.resources_epoch,
-                            "resources": dict(core.catalog())}).encode("utf-8")
+    epoch = core.resources_epoch
+    cached = _CATALOG_ANSWERS.get(runtime)
+    if cached is not None and cached[0] == epoch:
+        return 200, cached[1]
+    # Encoded once per epoch: with many weight overrides the body is large, and
+    # every leader of every group reads it after a change.
+    body = json.dumps(catalog_json(core.catalog(), core.catalog_placement(), epoch),
+                      separators=(",", ":")).encode("utf-8")
+    _CATALOG_ANSWERS[runtime] = (epoch, body)
+    return 200, body
+
+
+#: each server's latest ``GET /v1/resources`` body, by the epoch it was made at.
+_CATALOG_ANSWERS: weakref.WeakKeyDictionary[Service, tuple[int, bytes]] = (
+    weakref.WeakKeyDictionary())
 
 
 class Calls:

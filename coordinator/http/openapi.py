@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from protocol.catalog import MAX_OVERRIDES, MAX_WEIGHT, MAX_ZONES
 from protocol.errors import ErrorCode
 from protocol.limits import (
     MAX_FETCH_CHECKPOINTS,
@@ -50,6 +51,29 @@ _RESOURCE: dict[str, Any] = {"type": "array", "prefixItems": [_NAME, _INDEX],
                              "minItems": 2, "maxItems": 2}
 _CHECKPOINT: dict[str, Any] = {"type": "array", "prefixItems": [_NAME, _INDEX, _VALUE],
                                "minItems": 3, "maxItems": 3}
+_ZONE_LIST: dict[str, Any] = {
+    "description": "home zones; null: anywhere",
+    "oneOf": [{"type": "null"},
+              {"type": "array", "items": _NAME, "minItems": 1, "maxItems": MAX_ZONES,
+               "uniqueItems": True}]}
+_OVERRIDE_INDEX: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_PARTITIONS - 1,
+                                   "description": "below the set's partitions, each once"}
+_WEIGHT: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": MAX_WEIGHT}
+#: a set's weights and zones (docs/protocol.md, v1.2 "Resources that differ").
+_WEIGHTS: dict[str, Any] = {
+    "type": "object", "additionalProperties": False,
+    "description": "the load each resource is expected to carry (default 1.0)",
+    "properties": {"default": _WEIGHT, "overrides": {
+        "type": "array", "maxItems": MAX_OVERRIDES,
+        "items": {"type": "array", "prefixItems": [_OVERRIDE_INDEX, _WEIGHT],
+                  "minItems": 2, "maxItems": 2}}}}
+_ZONES: dict[str, Any] = {
+    "type": "object", "additionalProperties": False,
+    "description": "where each resource is best served (default: anywhere)",
+    "properties": {"default": _ZONE_LIST, "overrides": {
+        "type": "array", "maxItems": MAX_OVERRIDES,
+        "items": {"type": "array", "prefixItems": [_OVERRIDE_INDEX, _ZONE_LIST],
+                  "minItems": 2, "maxItems": 2}}}}
 _ERROR_CODE: dict[str, Any] = {"type": ["string", "null"],
                                "enum": [*(code.value for code in ErrorCode), None]}
 
@@ -238,11 +262,20 @@ def _admin_paths() -> dict[str, Any]:
         "/v1/resources/{name}": {
             "parameters": [name],
             "put": {"operationId": "putResource", "tags": ["admin"],
-                    "summary": "create or resize a resource set (admin of every group)",
+                    "summary": "create or resize a resource set, set its weights and zones "
+                               "(admin of every group)",
+                    "description": "weights or zones absent: the set keeps its own; given: "
+                                   "they replace them ({} is the default again). A size that "
+                                   "would leave a kept override outside is refused (400).",
                     "requestBody": {"required": True, "content": {"application/json": {
                         "schema": _object(["partitions"], partitions={
-                            "type": "integer", "minimum": 1, "maximum": MAX_PARTITIONS})}}},
-                    "responses": {"200": _json({"type": "object"}, "the new epoch"),
+                            "type": "integer", "minimum": 1, "maximum": MAX_PARTITIONS},
+                            weights=_WEIGHTS, zones=_ZONES)}}},
+                    "responses": {"200": _json(_object(
+                        ["name", "partitions", "resources_epoch", "weights", "zones"],
+                        name=_NAME, partitions={"type": "integer"},
+                        resources_epoch={"type": "integer"}, weights=_WEIGHTS, zones=_ZONES),
+                        "the set as the catalog then holds it, and the epoch"),
                                   **_errors(400, 401, 403, 415)}},
             "delete": {"operationId": "deleteResource", "tags": ["admin"],
                        "summary": "delete a resource set (admin of every group)",
@@ -308,7 +341,13 @@ def description() -> dict[str, Any]:
         paths[f"/v1/{api}"] = {**_protocol_call(api),
                                "x-groupcoord-listener": PROTOCOL_LISTENER}
     catalog = _object(["resources_epoch", "resources"], resources_epoch={"type": "integer"},
-                      resources={"type": "object", "additionalProperties": {"type": "integer"}})
+                      resources={"type": "object", "additionalProperties": {"type": "integer"}},
+                      weights={"type": "object", "additionalProperties": _WEIGHTS,
+                               "description": "v1.2: the sets whose weights are not the "
+                                              "default; absent when none"},
+                      zones={"type": "object", "additionalProperties": _ZONES,
+                             "description": "v1.2: the sets whose zones are not the "
+                                            "default; absent when none"})
     paths["/v1/resources"] = {
         "get": _get("listResources", "the catalog (any valid token; both listeners)",
                     _json(catalog), 401, 503),

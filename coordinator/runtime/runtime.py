@@ -117,6 +117,7 @@ from coordinator.metrics import Metrics
 from coordinator.runtime.clock import Clock, TimerHandle
 from coordinator.runtime.commits import Batch, Commits, record_group
 from coordinator.storage.sqlite import RecordError
+from protocol.catalog import Placement
 from protocol.errors import ErrorCode
 from protocol.messages import (
     CommitResponse,
@@ -164,6 +165,9 @@ class CoreView(Protocol):
     def health(self, group_id: str, now_ms: int) -> Health: ...
 
     def catalog(self) -> Mapping[str, int]: ...
+
+    def catalog_placement(self) -> Mapping[str, Placement]:
+        """The weights and zones of the catalog's sets that are not the default."""
 
     def checkpoints(self, group_id: str) -> Mapping[tuple[str, int], Scalar]: ...
 

@@ -8,7 +8,8 @@ transaction under an advisory lock, so coordinators started together against
 an empty database migrate it once.
 
 The tables, columns and encodings are those of the SQLite schema
-(``coordinator/storage/schema.py``, version 2), so both stores hold the same
+(``coordinator/storage/schema.py``, version 2; ``catalog.weights`` and
+``catalog.zones`` as its version 5 has them), so both stores hold the same
 bytes: ``members``, ``assignments`` and checkpoint ``value`` are the same
 msgpack blobs (``BYTEA``), the journal's ``members``/``joined``/``left`` and
 ``generations.members`` the same JSON text. JSON stays ``TEXT``, not
@@ -131,6 +132,12 @@ MIGRATIONS: tuple[str, ...] = (
         started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         last_seen TIMESTAMPTZ NOT NULL DEFAULT now()
     )
+    """,
+    # 2: the weights and home zones of the catalog's sets (v1.2), as in the SQLite
+    # schema's version 5: JSON text, NULL for the default.
+    """
+    ALTER TABLE catalog ADD COLUMN weights TEXT;
+    ALTER TABLE catalog ADD COLUMN zones TEXT
     """,
 )
 

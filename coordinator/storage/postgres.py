@@ -42,7 +42,7 @@ import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from coordinator import offload
 from coordinator.core.records import (
@@ -69,6 +69,7 @@ from coordinator.storage.pg_schema import (
 # The record encodings and row decoders are the SQLite store's, so both stores
 # hold and accept the same bytes.
 from coordinator.storage.sqlite import (
+    CATALOG_COLUMNS,
     RESOURCES_EPOCH_KEY,
     BadValue,
     CorruptDatabaseError,
@@ -85,10 +86,12 @@ from coordinator.storage.sqlite import (
     decode_owner_row,
     decode_problem,
     encode_members,
+    encode_placement,
     encode_value,
     member_triples,
     record_statements,
 )
+from protocol.catalog import DEFAULT_PLACEMENT, Placement, Weights, Zones, put_placement
 from protocol.codec import DecodeError, decode, encode
 from protocol.validate import Scalar
 
@@ -104,6 +107,15 @@ CONNECT_TIMEOUT_S = 10.0
 def partition_of(group_id: str, partitions: int) -> int:
     """The partition of a group: zlib's crc32 of the utf-8 group id, modulo ``P``."""
     return zlib.crc32(group_id.encode("utf-8")) % partitions
+
+
+class CatalogState(NamedTuple):
+    """The shared catalog as one snapshot read it: set name -> partitions, the
+    placement of the sets that have one, and the ``resources_epoch``."""
+
+    catalog: dict[str, int]
+    placement: dict[str, Placement]
+    epoch: int
 
 
 class FencedError(StorageError):
@@ -253,8 +265,9 @@ ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value
 """
 
 _UPSERT_CATALOG = """
-INSERT INTO catalog (name, partitions) VALUES ($1, $2)
-ON CONFLICT (name) DO UPDATE SET partitions = EXCLUDED.partitions
+INSERT INTO catalog (name, partitions, weights, zones) VALUES ($1, $2, $3, $4)
+ON CONFLICT (name) DO UPDATE SET partitions = EXCLUDED.partitions,
+                                 weights = EXCLUDED.weights, zones = EXCLUDED.zones
 """
 
 _GROUP_TABLES = ("groups", "generations", "checkpoints", "last_commits", "group_owners")
@@ -322,7 +335,8 @@ def statements(record: Record, partitions: int) -> list[Statement]:
             change: Statement = (
                 ("DELETE FROM catalog WHERE name = $1", (record.name,))
                 if record.partitions is None else
-                (_UPSERT_CATALOG, (record.name, record.partitions)))
+                (_UPSERT_CATALOG, (record.name, record.partitions,
+                                   *encode_placement(record.placement))))
             return [change, (_SET_META, (RESOURCES_EPOCH_KEY, record.resources_epoch))]
         case JournalEntry():
             return [(_INSERT_JOURNAL, (
@@ -581,9 +595,13 @@ class PostgresStorage:
             if written is not None:
                 checkpoint_meta.setdefault(group_id, {})[(resource_set, idx)] = written
         catalog: dict[str, int] = {}
-        for row in await self._rows("catalog", ("name", "partitions"), "name", None):
-            name, count = self._decoded("catalog", f"name={row[0]!r}", decode_catalog_row, row)
+        placement: dict[str, Placement] = {}
+        for row in await self._rows("catalog", CATALOG_COLUMNS, "name", None):
+            name, count, placed = self._decoded("catalog", f"name={row[0]!r}",
+                                                decode_catalog_row, row)
             catalog[name] = count
+            if not placed.is_default:
+                placement[name] = placed
         epoch = 0
         for row in await self._rows("meta", ("key", "value"), "key", None):
             if row[0] == RESOURCES_EPOCH_KEY:
@@ -603,7 +621,7 @@ class PostgresStorage:
             owners[group_id] = owner
         return Snapshot(groups=tuple(groups), checkpoints=checkpoints, catalog=catalog,
                         resources_epoch=epoch, last_commit_ms=last_commit, owners=owners,
-                        checkpoint_meta=checkpoint_meta)
+                        checkpoint_meta=checkpoint_meta, placement=placement)
 
     async def _rows(self, table: str, columns: Sequence[str], order: str,
                     partition: int | None, group_id: str | None = None
@@ -774,26 +792,49 @@ class PostgresStorage:
 
     # ------------------------------------------------------------ several coordinators
 
-    async def catalog_state(self) -> tuple[dict[str, int], int]:
-        """The shared catalog and its ``resources_epoch``, read in one snapshot."""
+    async def catalog_state(self) -> CatalogState:
+        """The shared catalog (each row checked as :meth:`load` checks it) and its
+        ``resources_epoch``, read in one snapshot."""
+        state = await self.catalog_since(-1)
+        assert state is not None  # every epoch is past -1
+        return state
+
+    async def catalog_since(self, since: int) -> CatalogState | None:
+        """:meth:`catalog_state`, or ``None`` when the epoch is not past ``since`` (the
+        rows are then not read: a coordinator's round costs one small read)."""
         try:
             conn = await self._connection()
             async with conn.transaction(isolation="repeatable_read", readonly=True):
-                rows = await conn.fetch("SELECT name, partitions FROM catalog")
-                epoch = await conn.fetchval("SELECT value FROM meta WHERE key = $1",
-                                            RESOURCES_EPOCH_KEY)
+                epoch = int(await conn.fetchval("SELECT value FROM meta WHERE key = $1",
+                                                RESOURCES_EPOCH_KEY) or 0)
+                if epoch <= since:
+                    return None
+                rows = await conn.fetch(f"SELECT {', '.join(CATALOG_COLUMNS)} FROM catalog "
+                                        f"ORDER BY name")
         except database_errors() as exc:
             raise StorageError(f"database {self.path}: cannot read the catalog: "
                                f"{describe_error(exc, self._url)}") from None
-        return {str(r[0]): int(r[1]) for r in rows}, int(epoch or 0)
+        catalog: dict[str, int] = {}
+        placement: dict[str, Placement] = {}
+        for row in rows:
+            name, count, placed = self._decoded("catalog", f"name={row[0]!r}",
+                                                decode_catalog_row, tuple(row))
+            catalog[name] = count
+            if not placed.is_default:
+                placement[name] = placed
+        return CatalogState(catalog, placement, epoch)
 
-    async def change_catalog(self, name: str, partitions: int | None) -> tuple[int, bool]:
-        """Put (``partitions``) or delete (``None``) one resource set of the shared
-        catalog, bumping ``resources_epoch`` when it changes, in one transaction
-        that holds the epoch's row: changes made through different coordinators are
-        ordered by the database. Returns the epoch after it, and whether the set
-        existed (for a delete; always True for a put). An unchanged put or the
-        delete of an unknown set writes nothing."""
+    async def change_catalog(self, name: str, partitions: int | None,
+                             weights: Weights | None = None,
+                             zones: Zones | None = None) -> tuple[int, bool]:
+        """Put (``partitions``, with ``weights`` and ``zones``: ``None`` keeps the set's)
+        or delete (``None``) one resource set of the shared catalog, bumping
+        ``resources_epoch`` when it changes, in one transaction that holds the
+        epoch's row: changes made through different coordinators are ordered by
+        the database. Returns the epoch after it, and whether the set existed (for a
+        delete; always True for a put). An unchanged put or the delete of an
+        unknown set writes nothing. A put that would keep an override beyond the
+        new size raises :class:`~protocol.validate.ValidationError`, writing nothing."""
         try:
             conn = await self._connection()
             async with conn.transaction():
@@ -801,14 +842,23 @@ class PostgresStorage:
                                    "ON CONFLICT (key) DO NOTHING", RESOURCES_EPOCH_KEY)
                 epoch = int(await conn.fetchval(
                     "SELECT value FROM meta WHERE key = $1 FOR UPDATE", RESOURCES_EPOCH_KEY))
-                current = await conn.fetchval("SELECT partitions FROM catalog WHERE name = $1",
-                                              name)
-                if partitions is None and current is None:
+                row = await conn.fetchrow(f"SELECT {', '.join(CATALOG_COLUMNS)} FROM catalog "
+                                          f"WHERE name = $1", name)
+                if partitions is None and row is None:
                     return epoch, False
-                if partitions is not None and current == partitions:
-                    return epoch, True
-                for sql, args in statements(CatalogChanged(name, partitions, epoch + 1),
-                                            self.partitions):
+                current: tuple[int, Placement] | None = None
+                if row is not None:
+                    _, count, placed = self._decoded("catalog", f"name={name!r}",
+                                                     decode_catalog_row, tuple(row))
+                    current = count, placed
+                placement = DEFAULT_PLACEMENT
+                if partitions is not None:
+                    placement = put_placement(DEFAULT_PLACEMENT if current is None
+                                              else current[1], partitions, weights, zones)
+                    if current == (partitions, placement):
+                        return epoch, True
+                for sql, args in statements(CatalogChanged(name, partitions, epoch + 1,
+                                                           placement), self.partitions):
                     await conn.execute(sql, *args)
         except database_errors() as exc:
             raise StorageError(f"write to {self.path} failed: "

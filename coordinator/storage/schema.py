@@ -46,6 +46,14 @@ Version 4 adds to ``checkpoints``:
     generation; ``member_id`` NULL for an operator's reset), shown by
     ``GET /v1/groups/{id}/checkpoints``. Rows written before version 4 hold NULLs.
 
+Version 5 adds to ``catalog``:
+
+``weights``, ``zones``
+    the set's weights and home zones as JSON text, the shape of
+    ``PUT /v1/resources/{name}`` (``{"default": ..., "overrides": [[index, ...],
+    ...]}``; docs/protocol.md, v1.2 "Resources that differ"); NULL for the
+    default (every resource weighs 1.0, anywhere).
+
 The ``groups.members`` blob holds each member as an array; a ninth field, the
 owner of a static instance (:attr:`MemberRecord.owner`), is written when set and
 read when present (eight-field members, as written before, have no owner), so
@@ -138,6 +146,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE checkpoints ADD COLUMN committed_ms INTEGER;
     ALTER TABLE checkpoints ADD COLUMN member_id TEXT;
     ALTER TABLE checkpoints ADD COLUMN generation_id INTEGER;
+    """,
+    # 5: the weights and home zones of the catalog's sets (v1.2). Rows of earlier
+    # versions keep NULLs: every resource weighs 1.0 and may be served anywhere.
+    """
+    ALTER TABLE catalog ADD COLUMN weights TEXT;
+    ALTER TABLE catalog ADD COLUMN zones TEXT;
     """,
 )
 

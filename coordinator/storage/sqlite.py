@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, TypeVar, get_args, get_type_hints
+from typing import Any, TypeVar, cast, get_args, get_type_hints
 
 import aiosqlite
 
@@ -68,9 +68,10 @@ from coordinator.core.records import (
 )
 from coordinator.core.states import GroupState
 from coordinator.storage.schema import MIGRATIONS, SCHEMA_VERSION
+from protocol.catalog import Placement, Weights, Zones, parse_weights, parse_zones
 from protocol.codec import DecodeError, decode, encode
 from protocol.limits import MAX_PARTITIONS
-from protocol.validate import Scalar, value_problem
+from protocol.validate import Scalar, ValidationError, value_problem
 
 RESOURCES_EPOCH_KEY = "resources_epoch"
 
@@ -385,9 +386,10 @@ def _statements(record: Record) -> list[tuple[str, tuple[Any, ...]]]:
             change: tuple[str, tuple[Any, ...]] = (
                 ("DELETE FROM catalog WHERE name = ?", (record.name,))
                 if record.partitions is None else
-                ("INSERT INTO catalog (name, partitions) VALUES (?, ?) ON CONFLICT (name) "
-                 "DO UPDATE SET partitions = excluded.partitions",
-                 (record.name, record.partitions)))
+                ("INSERT INTO catalog (name, partitions, weights, zones) VALUES (?, ?, ?, ?) "
+                 "ON CONFLICT (name) DO UPDATE SET partitions = excluded.partitions, "
+                 "weights = excluded.weights, zones = excluded.zones",
+                 (record.name, record.partitions, *encode_placement(record.placement))))
             return [change, (_SET_META, (RESOURCES_EPOCH_KEY, record.resources_epoch))]
         case JournalEntry():
             return [(_INSERT_JOURNAL, (
@@ -416,6 +418,7 @@ def _runs(path: str, records: Sequence[Record]) -> list[tuple[str, list[tuple[An
 # ---------------------------------------------------------------- loading
 
 _T = TypeVar("_T")
+_P = TypeVar("_P")
 
 _GROUP_COLUMNS = ("group_id", "state", "generation_id", "protocol_type", "protocol_name",
                   "leader", "state_timestamp_ms", "members")
@@ -511,13 +514,44 @@ def decode_checkpoint_meta(row: Any) -> CheckpointMeta | None:
     return CheckpointMeta(committed_ms, member_id, generation_id)
 
 
-def decode_catalog_row(row: Any) -> tuple[str, int]:
-    name, partitions = row
+#: the columns of a ``catalog`` row, as :func:`decode_catalog_row` reads them.
+CATALOG_COLUMNS = ("name", "partitions", "weights", "zones")
+
+
+def encode_placement(placement: Placement) -> tuple[str | None, str | None]:
+    """The ``weights`` and ``zones`` columns of a catalog row: JSON text, NULL for
+    the default."""
+    weights, zones = placement.weights, placement.zones
+    return (None if weights.is_default else json.dumps(weights.to_json(), separators=(",", ":")),
+            None if zones.is_default else json.dumps(zones.to_json(), separators=(",", ":")))
+
+
+def _placement_column(name: str, text: object, partitions: int,
+                      parse: Callable[[object, str, int], _P]) -> _P | None:
+    _column(name, text, str, nullable=True)
+    if text is None:
+        return None
+    try:
+        doc = json.loads(cast(str, text))
+    except ValueError as exc:
+        raise BadValue(f"column {name}: not JSON ({exc})") from None
+    try:
+        return parse(doc, f"column {name}", partitions)
+    except ValidationError as exc:
+        raise BadValue(str(exc)) from None
+
+
+def decode_catalog_row(row: Any) -> tuple[str, int, Placement]:
+    """A catalog row (:data:`CATALOG_COLUMNS`): the set's name, partitions and
+    placement, checked as a ``PUT`` checks them."""
+    name, partitions, weights, zones = row
     _column("name", name, str)
     _column("partitions", partitions, int)
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise BadValue(f"column partitions: {partitions} is outside 1..{MAX_PARTITIONS}")
-    return name, partitions
+    return name, partitions, Placement(
+        _placement_column("weights", weights, partitions, parse_weights) or Weights(),
+        _placement_column("zones", zones, partitions, parse_zones) or Zones())
 
 
 def decode_last_commit_row(row: Any) -> tuple[str, int]:
@@ -749,9 +783,13 @@ class Storage:
             if written is not None:
                 checkpoint_meta.setdefault(group_id, {})[(resource_set, idx)] = written
         catalog: dict[str, int] = {}
-        for row in await self._rows("catalog", ("name", "partitions"), "name"):
-            name, partitions = self._decoded("catalog", f"name={row[0]!r}", decode_catalog_row, row)
+        placement: dict[str, Placement] = {}
+        for row in await self._rows("catalog", CATALOG_COLUMNS, "name"):
+            name, partitions, placed = self._decoded("catalog", f"name={row[0]!r}",
+                                                     decode_catalog_row, row)
             catalog[name] = partitions
+            if not placed.is_default:
+                placement[name] = placed
         epoch = 0
         for row in await self._rows("meta", ("key", "value"), "key"):
             if row[0] == RESOURCES_EPOCH_KEY:
@@ -773,7 +811,7 @@ class Storage:
             owners[group_id] = owner
         return Snapshot(groups=tuple(groups), checkpoints=checkpoints, catalog=catalog,
                         resources_epoch=epoch, last_commit_ms=last_commit, owners=owners,
-                        checkpoint_meta=checkpoint_meta)
+                        checkpoint_meta=checkpoint_meta, placement=placement)
 
     async def _rows(self, table: str, columns: Sequence[str], order: str,
                     group_id: str | None = None) -> list[Any]:

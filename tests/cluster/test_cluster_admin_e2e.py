@@ -154,6 +154,17 @@ def test_every_coordinator_routes_and_answers_for_every_group(two: list[ServerPr
             return json.loads(resp.read())
     wait_until(lambda: catalog_of(b.url) == {"resources_epoch": 1,
                                              "resources": {"orders": 4}}, 5)
+    # So do its weights and zones; a resize through the other keeps them.
+    weights = {"default": 1.0, "overrides": [[3, 40.0]]}
+    zones = {"default": ["eu-1a"], "overrides": [[2, None]]}
+    status, put = admin(a.admin_url, "/v1/resources/orders", "PUT",
+                        {"partitions": 4, "weights": weights, "zones": zones})
+    assert status == 200 and put["resources_epoch"] == 2
+    status, put = admin(b.admin_url, "/v1/resources/orders", "PUT", {"partitions": 6})
+    assert status == 200 and (put["weights"], put["zones"]) == (weights, zones)
+    wait_until(lambda: catalog_of(a.url) == {"resources_epoch": 3, "resources": {"orders": 6},
+                                             "weights": {"orders": weights},
+                                             "zones": {"orders": zones}}, 5)
     # A one-group admin call at the coordinator that does not own the group is
     # forwarded: removing the member rebalances the group at its owner.
     group = GROUPS[0]

@@ -34,6 +34,7 @@ from coordinator.core.commands import PutResource
 from coordinator.core.effects import AdminResult
 from coordinator.storage.leases import LocalLease
 from coordinator.storage.postgres import PostgresStorage, connect, partition_of
+from protocol.catalog import Placement, Weights, Zones
 from protocol.errors import ErrorCode
 from protocol.messages import CommitResponse, FetchResponse, NotCoordinatorAnswer
 
@@ -242,11 +243,69 @@ async def test_a_catalog_change_through_one_coordinator_reaches_the_others(pg_ur
         assert isinstance(bad, AdminResult) and bad.error is ErrorCode.INVALID_REQUEST
         store = await PostgresStorage.open(pg_url)
         try:
-            assert await store.catalog_state() == ({"orders": 4, "users": 2}, 2)
+            assert await store.catalog_state() == ({"orders": 4, "users": 2}, {}, 2)
         finally:
             await store.close()
     finally:
         await stop_all(a, b)
+
+
+async def test_weights_and_zones_changed_through_one_coordinator_reach_the_others(
+        pg_url: str) -> None:
+    a = await Node.start(pg_url, "a", partitions=P)
+    b = await Node.start(pg_url, "b", partitions=P)
+    hot = Placement(Weights(1.0, ((3, 40.0), (7, 12.5))), Zones(None, ((3, ("eu-1a",)),)))
+    try:
+        await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
+        put = await a.service.call(lambda rid: PutResource(rid, "orders", 8, hot.weights,
+                                                           hot.zones))
+        assert put == AdminResult(None, 1)
+        # b learns it from the database at its next round, and so do its partitions.
+        await wait_for(lambda: b.host.resources_epoch == 1, 5, "b adopts epoch 1")
+        for node in (a, b):
+            assert dict(node.service.core.catalog_placement()) == {"orders": hot}
+            for number in node.owned():
+                core = node.host.partitions[number].runtime.core  # type: ignore[union-attr]
+                assert core.catalog_placement() == {"orders": hot}
+        # A PUT through b without them keeps them (b read the row in its transaction);
+        # a shrink that leaves index 7 outside is refused, through either.
+        grown = await b.service.call(lambda rid: PutResource(rid, "orders", 16))
+        assert grown == AdminResult(None, 2)
+        refused = await a.service.call(lambda rid: PutResource(rid, "orders", 5))
+        assert isinstance(refused, AdminResult) and refused.error is ErrorCode.INVALID_REQUEST
+        assert refused.message.startswith("weights.overrides: the set has an override for "
+                                          "index 7")
+        await wait_for(lambda: a.host.resources_epoch == 2, 5, "a adopts epoch 2")
+        assert a.host.catalog == {"orders": 16} and a.host.placement == {"orders": hot}
+        store = await PostgresStorage.open(pg_url)
+        try:
+            assert await store.catalog_state() == ({"orders": 16}, {"orders": hot}, 2)
+            # A coordinator's round reads only the epoch while it has not moved.
+            assert await store.catalog_since(2) is None
+        finally:
+            await store.close()
+        # The weights cleared through a: b's partitions serve the default weights.
+        cleared = await a.service.call(lambda rid: PutResource(rid, "orders", 16, Weights()))
+        assert cleared == AdminResult(None, 3)
+        zoned = Placement(zones=hot.zones)
+        await wait_for(lambda: b.host.resources_epoch == 3, 5, "b adopts epoch 3")
+        for number in b.owned():
+            core = b.host.partitions[number].runtime.core  # type: ignore[union-attr]
+            assert core.catalog_placement() == {"orders": zoned}
+    finally:
+        await stop_all(a, b)
+    # Every coordinator restarted: the catalog is the database's.
+    c = await Node.start(pg_url, "c", partitions=P)
+    try:
+        assert (c.host.catalog, c.host.placement, c.host.resources_epoch) == (
+            {"orders": 16}, {"orders": zoned}, 3)
+        await wait_for(lambda: all(c.host.partitions[n].runtime is not None
+                                   for n in c.owned()), 10, "c serves its partitions")
+        for number in c.owned():
+            core = c.host.partitions[number].runtime.core  # type: ignore[union-attr]
+            assert core.catalog_placement() == {"orders": zoned}
+    finally:
+        await stop_all(c)
 
 
 async def test_after_a_postgresql_restart_the_coordinator_serves_its_groups_again(

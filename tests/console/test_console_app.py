@@ -40,6 +40,7 @@ from coordinator.metrics import Metrics
 from coordinator.runtime.clock import WallClock
 from coordinator.runtime.runtime import Runtime
 from coordinator.storage.sqlite import Storage
+from protocol.catalog import Placement, Weights, Zones
 from protocol.resources import ResourceAssignment
 
 MSGPACK = {"Content-Type": "application/msgpack"}
@@ -236,6 +237,33 @@ async def test_pages_escape_what_clients_send(open_console: Console) -> None:
     assert 'href="/console/groups/%3Cb%3Ex%3C%2Fb%3E"' in html
     page = await open_console.page("/console/groups/%3Cb%3Ex%3C%2Fb%3E")
     assert "<i>c</i>" not in page and "&lt;i&gt;c&lt;/i&gt;" in page
+
+
+async def test_the_catalog_shows_each_sets_weights_and_zones(open_console: Console) -> None:
+    c = open_console
+    hot = Placement(Weights(1.0, ((1, 40.0), (3, 12.5))),
+                    Zones(None, ((1, ("eu-1a",)), (2, ("eu-1a", "<b>eu-1b</b>")))))
+    await c.runtime.call(lambda rid: PutResource(rid, "orders", 4, hot.weights, hot.zones))
+    await c.runtime.call(lambda rid: PutResource(rid, "users", 6, zones=Zones(("eu-1c",))))
+    await c.stable("orders-eu", {"a": {"orders": [0, 1]}, "b": {"orders": [2, 3]}})
+    html = await c.page("/console/")
+    catalog = _text(html[html.index('<table class="catalog">'):])
+    assert ("orders 4 default 1, 2 overrides, load 54.5 default anywhere; 2 overrides "
+            "(eu-1a, &lt;b&gt;eu-1b&lt;/b&gt;)") in catalog
+    assert "users 6 default 1, 0 overrides, load 6 default eu-1c" in catalog
+    assert "<b>eu-1b</b>" not in html
+    # The group page: its sets in short, and each resource's weight and zones.
+    page = await c.page("/console/groups/orders-eu")
+    text = _text(page)
+    assert ("orders : 4 resources; weights default 1, 2 overrides, load 54.5; zones default "
+            "anywhere; 2 overrides") in text
+    assert "users :" not in text                    # not a set of this group
+    grid = _text(page[page.index('<table class="grid">'):])
+    assert "orders[0] w 1 " in grid and "orders[1] w 40 eu-1a " in grid
+    assert "orders[2] w 1 eu-1a, &lt;b&gt;eu-1b&lt;/b&gt; " in grid
+    assert "orders[3] w 12.5 " in grid
+    # The live stream renders the same catalog fragment.
+    assert 'id="live-catalog"' in html
 
 
 async def test_unknown_group_is_a_404_page(open_console: Console) -> None:
@@ -571,7 +599,7 @@ async def test_open_overviews_list_the_groups_once_and_render_only_what_changed(
         got = await _events(page, lambda e: any(
             "orders-new" in m["html"] and "Stable" in m["html"].split("orders-new")[-1]
             for _, m in e), 5.0)
-        seen.append({m["digest"] for _, m in got})
+        seen.append({m["digest"] for _, m in got if m["id"] == "live-groups"})
     # (A version the pages see is one rendering; one more may have found nothing new.)
     assert len(seen[0]) <= renders["_groups.html"] <= 3, (renders, seen)
     assert all(digests == seen[0] for digests in seen)

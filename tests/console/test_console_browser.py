@@ -349,3 +349,24 @@ def test_a_page_over_the_live_page_limit_says_updates_are_off(
     second.reload()
     second.locator("#live-status[data-state='on']").wait_for()
     second.close()
+
+
+def test_the_catalog_shows_weights_and_zones_and_follows_a_change(
+        start_server: StartServer, browser: Browser, tmp_path: Path) -> None:
+    server = start_server()
+    _request(server, "PUT", "/v1/resources/orders", json.dumps({
+        "partitions": 8, "weights": {"overrides": [[3, 40], [7, 12.5]]},
+        "zones": {"overrides": [[3, ["eu-1a"]]]}}).encode())
+    _simple_commit(server, GROUP, [["orders", 0, 7]])
+    page = browser.page
+    page.goto(f"{server.admin_url}/console/")
+    assert _rows(page, "table.catalog") == [
+        "orders\t8\tdefault 1, 2 overrides, load 58.5\tdefault anywhere; 1 override (eu-1a)"]
+    page.locator("#live-status[data-state='on']").wait_for()
+    browser.screenshot(tmp_path, "console-catalog.png", docs=False)
+    # Changed through the API: the open page follows (its live stream).
+    _request(server, "PUT", "/v1/resources/orders", json.dumps({
+        "partitions": 8, "zones": {"default": ["eu-1b"]}}).encode())
+    page.locator("table.catalog", has_text="default eu-1b").wait_for()
+    assert _rows(page, "table.catalog") == [
+        "orders\t8\tdefault 1, 2 overrides, load 58.5\tdefault eu-1b"]

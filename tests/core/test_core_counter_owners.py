@@ -18,6 +18,7 @@ OWNERS = {
     "static_members": "group.py",
     "resources_epoch": "kernel.py",     # Kernel.set_catalog, change_catalog
     "catalog": "kernel.py",
+    "placement": "kernel.py",           # Kernel.set_catalog, change_catalog
     "owned_groups": "kernel.py",        # Kernel.add_group, drop_group
     "owned_bytes": "kernel.py",         # Kernel.add_group, write_checkpoints, drop_group
     "retention": "kernel.py",           # Kernel.arm/renew/extend/disarm_retention

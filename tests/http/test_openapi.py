@@ -76,3 +76,33 @@ def test_every_error_code_is_in_the_schema() -> None:
     join = description()["paths"]["/v1/join"]["post"]["responses"]["200"]
     codes = join["content"]["application/json"]["schema"]["properties"]["error"]["enum"]
     assert set(codes) == {c.value for c in ErrorCode} | {None}
+
+
+async def test_the_catalog_with_weights_and_zones_is_as_described(server: InProcess) -> None:
+    """What ``PUT`` and ``GET /v1/resources`` send and answer fits the described schemas;
+    a body the server refuses does not."""
+    from jsonschema import Draft202012Validator
+
+    from coordinator.http.openapi import description
+    paths = description()["paths"]
+    put = paths["/v1/resources/{name}"]["put"]
+    request_schema = put["requestBody"]["content"]["application/json"]["schema"]
+    answer_schema = put["responses"]["200"]["content"]["application/json"]["schema"]
+    list_schema = (paths["/v1/resources"]["get"]["responses"]["200"]["content"]
+                   ["application/json"]["schema"])
+    body = {"partitions": 1000, "weights": {"default": 0.5, "overrides": [[3, 40], [7, 12.5]]},
+            "zones": {"default": None, "overrides": [[3, ["eu-1a"]], [4, None]]}}
+    Draft202012Validator(request_schema).validate(body)
+    resp = await server.put("/v1/resources/shards", json=body)
+    assert resp.status == 200
+    Draft202012Validator(answer_schema).validate(await resp.json())
+    resp = await server.get("/v1/resources")
+    listed = await resp.json()
+    assert set(listed) == {"resources_epoch", "resources", "weights", "zones"}
+    Draft202012Validator(list_schema).validate(listed)
+    for refused in ({"partitions": 4, "weights": {"default": -1}},
+                    {"partitions": 4, "zones": {"default": []}},
+                    {"partitions": 4, "weights": {"heavy": 2}}):
+        assert not Draft202012Validator(request_schema).is_valid(refused)
+        resp = await server.put("/v1/resources/other", json=refused)
+        assert resp.status == 400

@@ -29,7 +29,8 @@ from coordinator.core.records import (
 )
 from coordinator.core.replay import fold
 from coordinator.storage.postgres import PostgresStorage
-from coordinator.storage.sqlite import Storage, StorageError
+from coordinator.storage.sqlite import CorruptDatabaseError, Storage, StorageError
+from protocol.catalog import Placement, Weights, Zones
 
 AnyStore = Storage | PostgresStorage
 Opener = Callable[[], Awaitable[AnyStore]]
@@ -123,6 +124,62 @@ async def test_catalog_changes_and_epoch(opener: Opener) -> None:
     snapshot = await storage.load()
     assert snapshot.catalog == {"orders": 24}
     assert snapshot.resources_epoch == 4
+
+
+HOT = Placement(Weights(0.5, ((3, 40.0), (7, 12.5))),
+                Zones(("eu-1a", "eu-1b"), ((3, ("eu-1a",)), (5, None))))
+
+
+async def test_catalog_weights_and_zones_round_trip_and_survive_a_reopen(
+        opener: Opener) -> None:
+    storage = await opener()
+    records: list[Record] = [
+        CatalogChanged("orders", 12, 1, HOT),
+        CatalogChanged("users", 4, 2, Placement(zones=Zones(("eu-1c",)))),
+        CatalogChanged("plain", 2, 3),
+        CatalogChanged("users", 4, 4),                # back to the default
+        CatalogChanged("orders", 24, 5, HOT),         # resized, kept
+    ]
+    await storage.write(records)
+    loads = [await storage.load()]
+    if isinstance(storage, PostgresStorage):
+        # Another coordinator's store reads it too (SQLite's restart is in
+        # tests/admin/test_catalog_placement.py: one server per file).
+        loads.append(await (await opener()).load())
+    for snapshot in loads:
+        assert snapshot.catalog == {"orders": 24, "plain": 2, "users": 4}
+        assert snapshot.placement == {"orders": HOT}
+        assert snapshot.placement == fold(records).placement
+        assert snapshot.resources_epoch == 5
+    await storage.write([CatalogChanged("orders", None, 6)])
+    assert (await storage.load()).placement == {}
+
+
+@pytest.mark.parametrize(("column", "value", "problem"), [
+    ("weights", '{"default": -2}', "column weights.default: must be a finite number >= 0"),
+    ("zones", '{"overrides": [[30, ["eu-1a"]]]}',
+     "column zones.overrides[0][0]: index 30 is beyond the set's 12 partitions"),
+])
+async def test_a_damaged_catalog_row_is_named_and_nothing_is_loaded(
+        opener: Opener, request: pytest.FixtureRequest, tmp_path: Path, column: str,
+        value: str, problem: str) -> None:
+    storage = await opener()
+    await storage.write([CatalogChanged("orders", 12, 1, HOT)])
+    sql = f"UPDATE catalog SET {column} = '{value}'"
+    if isinstance(storage, Storage):
+        with sqlite3.connect(tmp_path / "g.db") as con:
+            con.execute(sql)
+    else:
+        conn = await asyncpg.connect(request.getfixturevalue("pg_url"))
+        await conn.execute(sql)
+        await conn.close()
+    with pytest.raises(CorruptDatabaseError) as caught:
+        await storage.load()
+    assert f"table catalog, row name='orders': {problem}" in str(caught.value)
+    if isinstance(storage, PostgresStorage):   # the cluster's catalog read checks it too
+        with pytest.raises(CorruptDatabaseError) as caught:
+            await storage.catalog_state()
+        assert f"table catalog, row name='orders': {problem}" in str(caught.value)
 
 
 async def test_group_deleted_removes_group_checkpoints_and_generations(opener: Opener) -> None:
@@ -249,7 +306,7 @@ async def test_the_two_stores_hold_the_same_bytes(pg_url: str, tmp_path: Path) -
         group("g1", "Stable", 3, member("m1", b"a1"), member("m2", b"", instance="i2")),
         CheckpointsWritten("g1", (("orders", 0, 17), ("orders", 1, b"\x00"), ("u", 2, "s"),
                                   ("u", 3, 1.5)), committed_ms=99),
-        CatalogChanged("orders", 12, 1), JOURNAL,
+        CatalogChanged("orders", 12, 1, HOT), JOURNAL,
     ]
     lite = await Storage.open(tmp_path / "g.db")
     pg = await PostgresStorage.open(pg_url, partitions=8)
@@ -262,7 +319,7 @@ async def test_the_two_stores_hold_the_same_bytes(pg_url: str, tmp_path: Path) -
             "SELECT group_id, generation_id, protocol_type, protocol_name, leader, formed_ms, "
             "member_count, members, assignments FROM generations ORDER BY group_id",
             "SELECT group_id, resource_set, idx, value FROM checkpoints ORDER BY idx",
-            "SELECT name, partitions FROM catalog",
+            "SELECT name, partitions, weights, zones FROM catalog",
             "SELECT group_id, committed_ms FROM last_commits",
             'SELECT group_id, generation_id, protocol_type, protocol_name, leader, '
             'member_count, members, joined, "left", reason, started_ms, ended_ms, assignments '

@@ -19,6 +19,7 @@ from test_storage_both import JOURNAL
 from test_storage_sqlite import group, member
 
 from coordinator.core.records import CatalogChanged, CheckpointsWritten, Snapshot
+from coordinator.storage.pg_schema import MIGRATIONS as PG_MIGRATIONS
 from coordinator.storage.pg_schema import SCHEMA_VERSION
 from coordinator.storage.postgres import (
     DEFAULT_PARTITIONS,
@@ -27,6 +28,7 @@ from coordinator.storage.postgres import (
     partition_of,
 )
 from coordinator.storage.sqlite import CorruptDatabaseError, StorageError
+from protocol.catalog import Placement, Zones
 
 
 async def _sql(url: str, sql: str, *args: object) -> list[asyncpg.Record]:
@@ -290,4 +292,26 @@ async def test_a_load_that_fails_on_the_server_is_not_called_a_damaged_database(
             await store.load()
     finally:
         await locker.close()
+        await store.close()
+
+
+async def test_a_version_1_catalog_is_migrated_with_the_default_weights_and_zones(
+        pg_url: str) -> None:
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute(PG_MIGRATIONS[0])
+        await conn.execute("INSERT INTO meta VALUES ('schema_version', 1), "
+                           "('resources_epoch', 3)")
+        await conn.execute("INSERT INTO catalog VALUES ('orders', 12)")
+    finally:
+        await conn.close()
+    store = await PostgresStorage.open(pg_url, partitions=8)
+    try:
+        snapshot = await store.load()
+        assert (snapshot.catalog, snapshot.placement, snapshot.resources_epoch) == (
+            {"orders": 12}, {}, 3)
+        hot = Placement(zones=Zones(("eu-1a",)))
+        await store.write([CatalogChanged("orders", 12, 4, hot)])
+        assert await store.catalog_state() == ({"orders": 12}, {"orders": hot}, 4)
+    finally:
         await store.close()

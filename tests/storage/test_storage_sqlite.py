@@ -18,8 +18,9 @@ from coordinator.core.records import (
     MemberRecord,
     Snapshot,
 )
-from coordinator.storage.schema import SCHEMA_VERSION
+from coordinator.storage.schema import MIGRATIONS, SCHEMA_VERSION
 from coordinator.storage.sqlite import Storage, StorageError, encode_members
+from protocol.catalog import Placement, Weights
 from protocol.codec import encode
 
 
@@ -174,3 +175,27 @@ async def test_a_committed_write_survives_without_close(tmp_path: Path) -> None:
         await storage.close()
 
 
+
+
+async def test_a_version_4_catalog_is_migrated_with_the_default_weights_and_zones(
+        tmp_path: Path) -> None:
+    path = tmp_path / "v4.db"
+    con = sqlite3.connect(path)
+    for script in MIGRATIONS[:4]:
+        con.executescript(script)
+    con.execute("PRAGMA user_version = 4")
+    con.execute("INSERT INTO catalog VALUES ('orders', 12)")
+    con.execute("INSERT INTO meta VALUES ('resources_epoch', 3)")
+    con.commit()
+    con.close()
+    storage = await Storage.open(path)
+    try:
+        assert await storage.schema_version() == SCHEMA_VERSION >= 5
+        snapshot = await storage.load()
+        assert (snapshot.catalog, snapshot.placement, snapshot.resources_epoch) == (
+            {"orders": 12}, {}, 3)
+        hot = Placement(Weights(1.0, ((3, 40.0),)))
+        await storage.write([CatalogChanged("orders", 12, 4, hot)])
+        assert (await storage.load()).placement == {"orders": hot}
+    finally:
+        await storage.close()
