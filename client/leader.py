@@ -39,9 +39,11 @@ from client.assignors import (
     Assignor,
     RebalanceProtocol,
     Resources,
+    ResourceSet,
     Subscription,
     validate_assignment,
 )
+from protocol.catalog import Placement
 from protocol.messages import JoinMember
 from protocol.resources import MemberMetadata, ResourceAssignment
 from protocol.validate import ValidationError
@@ -118,13 +120,42 @@ def hold_back_moving(subscriptions: Mapping[str, Subscription],
     return out
 
 
+def catalog_resources(catalog: Mapping[str, int],
+                      placement: Mapping[str, Placement]) -> dict[str, int | ResourceSet]:
+    """What the assignor is given: each set's partition count, or, for a set whose
+    weights or home zones the catalog gives (``GET /v1/resources``), a
+    :class:`ResourceSet` carrying them (a default zone list is every index's)."""
+    out: dict[str, int | ResourceSet] = {}
+    for name, partitions in catalog.items():
+        place = placement.get(name)
+        if place is None or place.is_default:
+            out[name] = partitions
+            continue
+        zones: dict[int, tuple[str, ...]] = {}
+        if place.zones.default is not None:
+            zones = dict.fromkeys(range(partitions), tuple(place.zones.default))
+        for index, home in place.zones.overrides:
+            if home is None:
+                zones.pop(index, None)
+            else:
+                zones[index] = tuple(home)
+        out[name] = ResourceSet(partitions, weights=dict(place.weights.overrides),
+                                zones=zones, default_weight=place.weights.default)
+    return out
+
+
 def perform_assignment(assignor: Assignor, catalog: Mapping[str, int],
                        members: Sequence[JoinMember], *,
-                       now_ms: int | None = None) -> LeaderResult:
+                       now_ms: int | None = None,
+                       placement: Mapping[str, Placement] | None = None) -> LeaderResult:
     """Assign ``catalog`` over ``members``; raise :class:`AssignmentFailed`.
 
-    ``now_ms`` is passed to assignors whose ``assign`` declares it (see
-    :func:`accepts_now`); the others are called without it."""
+    ``placement``: the catalog's weights and home zones by set (absent: every
+    resource weighs 1.0, anywhere); the assignor gets them as
+    a :class:`ResourceSet` each (:func:`catalog_resources`). ``now_ms`` is passed to
+    assignors whose ``assign`` declares it (see :func:`accepts_now`); the others
+    are called without it."""
+    resources: Resources = catalog_resources(catalog, placement) if placement else catalog
     subscriptions: dict[str, Subscription] = {}
     undecodable: dict[str, str] = {}
     for m in members:
@@ -147,9 +178,10 @@ def perform_assignment(assignor: Assignor, catalog: Mapping[str, int],
         )
     try:
         if now_ms is not None and accepts_now(assignor):
-            result = cast(TimedAssignor, assignor).assign(catalog, subscriptions, now_ms=now_ms)
+            result = cast(TimedAssignor, assignor).assign(resources, subscriptions,
+                                                          now_ms=now_ms)
         else:
-            result = assignor.assign(catalog, subscriptions)
+            result = assignor.assign(resources, subscriptions)
     except Exception as exc:  # an assignor bug must fail the rebalance, not the member
         raise AssignmentFailed(f"assignor {assignor.name!r} raised {exc!r}") from exc
     cooperative = RebalanceProtocol.COOPERATIVE in assignor.protocols

@@ -150,8 +150,9 @@ class CatalogResponse:
     """``{"resources_epoch": E, "resources": {name: partitions}, "weights"?: ...,
     "zones"?: ...}``. ``placement`` holds the weights and zones of the sets that
     have them (docs/protocol.md, v1.2 "Resources that differ"); the leader keeps
-    the whole answer for its assignment (``Syncing.catalog``), and the assignors
-    are given ``resources`` as before."""
+    the whole answer for its assignment (``Syncing.catalog``), and a set with a
+    placement is given to the assignor as a ``ResourceSet``
+    (:func:`client.leader.catalog_resources`)."""
 
     resources_epoch: int
     resources: Mapping[str, int] = field(default_factory=dict)

@@ -935,7 +935,8 @@ class MemberStateMachine:
             try:
                 clock = self._assignor_clock
                 result = perform_assignment(assignor, catalog.resources, members,
-                                            now_ms=now_ms if clock is None else clock())
+                                            now_ms=now_ms if clock is None else clock(),
+                                            placement=catalog.placement)
             except AssignmentFailed as exc:
                 failure = str(exc)
                 assignments = {m.member_id: ResourceAssignment(error=failure)

@@ -35,6 +35,7 @@ from coordinator.core.commands import (
 )
 from coordinator.core.records import Record, Snapshot
 from coordinator.runtime.runtime import Runtime
+from protocol.catalog import Weights, Zones
 from protocol.messages import (
     CommitRequest,
     FetchRequest,
@@ -64,8 +65,9 @@ class InProcessCoordinator:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
-    async def put_resource(self, name: str, partitions: int) -> None:
-        await self.runtime.call(lambda rid: PutResource(rid, name, partitions))
+    async def put_resource(self, name: str, partitions: int, weights: Weights | None = None,
+                           zones: Zones | None = None) -> None:
+        await self.runtime.call(lambda rid: PutResource(rid, name, partitions, weights, zones))
 
     def transport(self) -> InProcessTransport:
         return InProcessTransport(self)
@@ -88,7 +90,8 @@ class InProcessTransport:
             raise CoordinatorUnavailableError(f"{api}: partitioned (test)")
         runtime = self.coordinator.runtime
         if api == CATALOG_API:
-            return CatalogResponse(runtime.core.resources_epoch, dict(runtime.core.catalog()))
+            return CatalogResponse(runtime.core.resources_epoch, dict(runtime.core.catalog()),
+                                   dict(runtime.core.catalog_placement()))
         if isinstance(request, JoinRequest):
             return await runtime.call(
                 lambda rid: Join(rid, request, "127.0.0.1", f"m-{uuid.uuid4().hex}"))

@@ -16,6 +16,7 @@ from client_harness import InProcessCoordinator, Ledger, eventually, owners
 from virtual_time import loop_ms, loop_s, run_with_coordinator
 
 from client import GroupMember
+from protocol.catalog import Weights, Zones
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,3 +65,29 @@ async def _join_then_restart(coordinator: InProcessCoordinator) -> None:
             assert ledger.count("a", "assigned", since) == 0
             assert ledger.count("a", "revoked", since) == 0
         ledger.check()
+
+
+def test_the_catalogs_weights_and_home_zones_reach_the_balanced_assignor() -> None:
+    """Weights and zones set in the catalog (as ``PUT /v1/resources`` sets them) are
+    what the leader's ``balanced`` assignor places by: the heavy resource is alone
+    on one member, and each resource homed in a zone goes to that zone's member."""
+    run_with_coordinator(_weights_and_zones)
+
+
+async def _weights_and_zones(coordinator: InProcessCoordinator) -> None:
+    # 0 weighs as much as 1..5 together; 1 and 2 live in zone z-b.
+    await coordinator.put_resource(
+        "s", 6, Weights(1.0, ((0, 5.0),)), Zones(None, ((1, ("z-b",)), (2, ("z-b",)))))
+    ledger = Ledger(clock=loop_s)
+    a = GroupMember(coordinator.transport(), "g", ["s"], client_id="a", rack="z-a",
+                    assignors=["balanced"], listener=ledger.listener("a"), **SLOW_SESSION)
+    b = GroupMember(coordinator.transport(), "g", ["s"], client_id="b", rack="z-b",
+                    assignors=["balanced"], listener=ledger.listener("b"), **SLOW_SESSION)
+    async with a, b:
+        await eventually(lambda: len(owners([a, b])) == 6, timeout_s=10)
+        await asyncio.sleep(1.0)  # settled
+        heavy_owner, other = (a, b) if ("s", 0) in a.assignment else (b, a)
+        assert heavy_owner.assignment == {("s", 0)}
+        assert {("s", 1), ("s", 2)} <= b.assignment
+        assert other.assignment == {("s", i) for i in range(1, 6)}
+    ledger.check()
