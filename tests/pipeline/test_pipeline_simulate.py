@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from client.assignors import get_assignor
+from client.assignors import ASSIGNOR_NAMES, get_assignor
 from pipeline.errors import PipelineError
 from pipeline.simcell import churn_timeline, names, simulate, subscriptions_for
 from pipeline.simulate import CELL_FIGURES, CELL_KEYS, load_sweep, run_cell, simulate_sweep
@@ -110,10 +110,11 @@ def test_sweep_file_errors_name_the_problem(tmp_path: Path) -> None:
 def test_sweep_on_spark(spark: Any, tmp_path: Path) -> None:
     sweep = load_sweep(SWEEPS / "tiny.toml")
     res = simulate_sweep(spark, sweep, tmp_path, progress=False)
-    assert (res.cells, res.failed) == (30, 0)
+    cells = len(ASSIGNOR_NAMES) * 2 * 3  # every assignor x 2 subscriptions x 3 churns
+    assert (res.cells, res.failed) == (cells, 0)
     rows = {(r["assignor"], r["subscription"], r["churn"]): r.asDict()
             for r in spark.read.parquet(str(tmp_path / "cells")).collect()}
-    assert len(rows) == 30
+    assert len(rows) == cells
     assert all(r["valid"] and r["converged"] for r in rows.values())
     leave = rows["cooperative-sticky", "uniform", "one_leaves"]
     assert (leave["moved"], leave["min_moves"], leave["unavailable_ms"]) == (3, 3, 600)
