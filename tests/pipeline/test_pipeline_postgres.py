@@ -24,6 +24,7 @@ from pipeline_journal_builder import COOP, EAGER, T0, Row
 
 from coordinator.cli import main
 from coordinator.core.records import GroupRecord, JournalEntry, MemberRecord, Record
+from coordinator.storage.pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
 from coordinator.storage.postgres import PostgresStorage
 from coordinator.storage.sqlite import Storage
 from pipeline.analyze import AnalyzeOptions, analyze, plan_inputs
@@ -111,7 +112,7 @@ def journal(postgres_server: PostgresServer,
 def test_open_names_the_source_and_hides_the_password(journal: dict[str, Any]) -> None:
     pg = open_database(journal["url"])
     assert (pg.source, pg.rows, pg.schema_version) == (
-        journal["source"], len(EAGER + UMLAUT + COOP), 1)
+        journal["source"], len(EAGER + UMLAUT + COOP), PG_SCHEMA_VERSION)
     assert PASSWORD not in pg.name and PASSWORD not in repr(pg)
     assert pg.name.startswith("postgresql://postgres:***@127.0.0.1:")
     assert open_database(journal["db"]).source == journal["source"]
@@ -234,7 +235,8 @@ def test_a_newer_schema_version_is_refused(
     server.psql(f"UPDATE {schema}.meta SET value = 99 WHERE key = 'schema_version'",
                 "groupcoord")
     line = one_error_line(["journal", "export", url], tmp_path, capsys)
-    assert "schema version 99 is newer than this groupcoord reads (1)" in line
+    assert (f"schema version 99 is newer than this groupcoord reads ({PG_SCHEMA_VERSION})"
+            in line)
 
 
 def test_an_empty_sqlite_url_is_refused() -> None:
