@@ -576,10 +576,10 @@ class GroupMember:
         with a callback running it only runs the side channel (KIP-62)."""
         driver = self._driver
         while True:
+            await self._apply(driver.step(self._clock()))
             side = self._calls.get(Channel.SIDE)
             await self._first_of(set() if side is None else {side}, driver.wake_at)
             self._report_calls((Channel.SIDE,))
-            await self._apply(driver.step(self._clock()))
 
     async def _first_of(self, waiters: set[asyncio.Future[Any]],
                         until_ms: int | None) -> set[asyncio.Future[Any]]:

@@ -16,8 +16,11 @@ effect             the runtime
 :class:`Cancel`    stops waiting for the call on ``channel``; ``timed_out``:
                    it got no answer within its timeout (a router looks for
                    the coordinator again)
-``InvokeListener`` runs that listener callback and reports its return with
-                   :meth:`MemberDriver.callback_returned`
+``InvokeListener`` runs that listener callback (always the last effect of a
+                   step) and reports its return with
+                   :meth:`MemberDriver.callback_returned`; while a callback
+                   that awaits runs, it steps the driver at once, then at
+                   each ``wake_at`` and side-channel answer
 :class:`Stopped`   the member stopped (``error``: the fatal one)
 =================  ==========================================================
 
@@ -27,8 +30,9 @@ poke (``close``, ``subscribe``, a commit's answer), whichever comes first,
 and steps again. Two runtimes use it: ``GroupMember`` (:mod:`client.member`,
 asyncio) and the deterministic simulator (``tests/sim/member.py``).
 
-While a callback runs, only the side channel runs (its heartbeat, in every
-state, closing included): an ``async`` callback keeps the member's session.
+While a callback runs, a step runs only the side channel (its heartbeat, in
+every state, closing included): an ``async`` callback keeps the member's
+session; a plain-function one blocks its runtime, and the heartbeats with it.
 """
 
 from __future__ import annotations
@@ -224,9 +228,14 @@ class MemberDriver:
                 effects.append(Send(Channel.MAIN, action))
                 continue
             if isinstance(action, InvokeListener):
+                # Last: the runtime runs it; a callback that awaits (a coroutine)
+                # has the runtime step the driver meanwhile, at once and then
+                # at each wake_at (the side channel only); a plain function
+                # blocks, and steps nothing until it returns.
                 self._callback = action
+                self.wake_at = None
                 effects.append(action)
-                continue  # the side channel, as it stands with the callback running
+                return effects
             if isinstance(action, Wait):
                 self._wake(now_ms, _earliest(action.until_ms, side_due))
                 return effects

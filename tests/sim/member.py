@@ -145,7 +145,12 @@ class SimMember:
         if self.state != UP:
             return
         driver = self.driver
-        self._apply(driver.step(self.local()))
+        effects = driver.step(self.local())
+        self._apply(effects)
+        if effects and isinstance(effects[-1], InvokeListener):
+            # The callback started; it is a coroutine, so the driver is stepped
+            # at once while it runs (the side channel).
+            self._apply(driver.step(self.local()))
         if driver.stopped:
             return
         self._wake_at(driver.wake_at)
