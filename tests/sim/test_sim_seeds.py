@@ -249,6 +249,7 @@ CLUSTER_REGRESSION_SEEDS = {
     87: "a group left Empty keeps its checkpoints when another coordinator takes its "
         "partition over: the coordinators' wall clocks are modelled within a minute of "
         "one another (days apart, the new owner counted the group's retention as over)",
+    10884: "the same: the group left Empty kept its checkpoints across the takeover",
 }
 
 
