@@ -462,8 +462,10 @@ class GroupMember:
                 # Cleared before the driver is stepped: whatever poked us
                 # changed the machine first, so no wake-up is lost.
                 self._wakeup.clear()
-                self._report_calls((Channel.SIDE, Channel.MAIN))
-                callback = await self._apply(driver.step(self._clock()))
+                if self._calls:
+                    self._report_calls((Channel.SIDE, Channel.MAIN))
+                effects = driver.step(self._clock())
+                callback = await self._apply(effects) if effects else None
                 self._drain_events()
                 if callback is not None:
                     await self._invoke(callback)
@@ -471,10 +473,9 @@ class GroupMember:
                 elif driver.stopped:
                     break
                 else:
-                    waiters: set[asyncio.Future[Any]] = set(self._calls.values())
                     poke = asyncio.ensure_future(self._wakeup.wait())
                     try:
-                        await self._first_of(waiters | {poke}, driver.wake_at)
+                        await self._first_of({poke, *self._calls.values()}, driver.wake_at)
                     finally:
                         poke.cancel()
         except asyncio.CancelledError:
