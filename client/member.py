@@ -545,41 +545,45 @@ class GroupMember:
         started = time.perf_counter()
         failed = False
         keeper: asyncio.Future[None] | None = None
+        done: asyncio.Future[None] | None = None
         try:
             result = method(set(action.resources))
             if inspect.isawaitable(result):
                 # The callback runs in this task; a second one runs the side
                 # channel meanwhile (a plain function blocks the loop, and
                 # heartbeats with it).
-                keeper = asyncio.ensure_future(self._side_during_callback())
+                done = asyncio.get_running_loop().create_future()
+                keeper = asyncio.ensure_future(self._side_during_callback(done))
                 await result
-        except asyncio.CancelledError:
-            raise
         except Exception:
             failed = True
             log.exception("member %s: on_%s raised; the member carries on", self.client_id,
                           name)
-        finally:
+        except BaseException:  # cancelled (the member stops: the driver is abandoned), ...
             if keeper is not None:
                 await _cancel(keeper)
-        if keeper is not None and not keeper.cancelled():
-            error = keeper.exception()
-            if error is not None:
-                raise error  # a bug in the library: the driver stops loudly
+            raise
+        if keeper is not None and done is not None:
+            # Told to stop, not cancelled: it ends between two steps, never
+            # with a step's effects half performed.
+            done.set_result(None)
+            await keeper  # an error in it is a bug in the library: the driver stops loudly
         self.metrics.callback(name, time.perf_counter() - started, failed)
         self._driver.callback_returned(self._clock())
         self.metrics.owned(len(self._machine.owned))
         if action.kind is CallbackKind.ASSIGNED:
             self._assigned_once.set()
 
-    async def _side_during_callback(self) -> None:
-        """Step the driver while a listener callback awaits (until cancelled):
+    async def _side_during_callback(self, done: asyncio.Future[None]) -> None:
+        """Step the driver while a listener callback awaits (until ``done``):
         with a callback running it only runs the side channel (KIP-62)."""
         driver = self._driver
         while True:
             await self._apply(driver.step(self._clock()))
             side = self._calls.get(Channel.SIDE)
-            await self._first_of(set() if side is None else {side}, driver.wake_at)
+            await self._first_of({done} if side is None else {done, side}, driver.wake_at)
+            if done.done():
+                return  # a side-channel answer is reported by the main loop
             self._report_calls((Channel.SIDE,))
 
     async def _first_of(self, waiters: set[asyncio.Future[Any]],
