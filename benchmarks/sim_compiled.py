@@ -61,6 +61,7 @@ COMPILED: tuple[str, ...] = (
     "coordinator.runtime.commits",
     "client.member_state.actions",
     "client.member_state.config",
+    "client.member_state.driver",
     "client.member_state.heartbeat",
     "client.member_state.lease",
     "client.member_state.machine",

@@ -1,8 +1,11 @@
 """``GroupMember``: the asyncio driver of the member state machine.
 
-One driver task per member (docs/architecture.md practice 7): it asks the sans-IO
-:class:`~client.member_state.MemberStateMachine` for the next action, performs
-it through the one-method transport, and reports the outcome. There is no
+One driver task per member (docs/architecture.md practice 7), the asyncio
+runtime of the sans-IO :class:`~client.member_state.driver.MemberDriver`
+(which decides around the :class:`~client.member_state.MemberStateMachine`:
+what to send on which channel, when to give a call up, which callback to
+run, when to look again): it performs the driver's effects through the
+one-method transport, and reports the outcomes. There is no
 lock: the machine is only touched from the event loop, and no lock is ever
 held across a listener callback. Callbacks run *in the driver task*, so the
 next protocol step (a join after an eager ``on_revoked``, the follow-up
@@ -57,12 +60,10 @@ from client.errors import (
     CoordinatorUnavailableError,
     FatalMemberError,
     GroupCoordError,
-    NotOwnedError,
 )
 from client.listener import RebalanceListener
 from client.member_state import (
     ERROR_ACTIONS,
-    Call,
     CallbackKind,
     ErrorAction,
     InvokeListener,
@@ -73,10 +74,9 @@ from client.member_state import (
     RebalanceFailed,
     RebalanceStarted,
     Resource,
-    Stop,
     UnknownSets,
-    Wait,
 )
+from client.member_state.driver import Cancel, Channel, DriverEffect, MemberDriver, Send
 from client.metrics import MemberMetrics
 from client.retry_log import RetryLog
 from client.transport import (
@@ -198,10 +198,10 @@ class GroupMember:
         self._stopped = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
-        #: the side channel's heartbeat in flight (see _background), and when
-        #: it times out (on the member's clock).
-        self._bg: asyncio.Future[Any] | None = None
-        self._bg_deadline = 0
+        #: the driver's decisions (sans-IO); this class performs them.
+        self._driver = MemberDriver(self._machine)
+        #: the call in flight on each channel of the driver.
+        self._calls: dict[Channel, asyncio.Future[Any]] = {}
         #: one commit at a time, in call order (asyncio.Lock wakes waiters FIFO).
         self._commit_lock = asyncio.Lock()
 
@@ -394,24 +394,10 @@ class GroupMember:
         # Built now, not at call time: ownership and generation are checked
         # as of sending, after any commit queued ahead of this one.
         self._raise_failure()
-        request = self._machine.build_commit(checkpoints)
-        # The safety rule bounds a commit too: past the member's safety
-        # deadline the coordinator may have handed the resources on, so a
-        # commit (e.g. the final one in on_revoked) must not keep the caller
-        # believing it owns them any longer.
-        timeout_ms = self.config.request_timeout_ms
-        deadline = self._machine.safety_deadline_ms()
-        if deadline is not None:
-            now = self._clock()
-            timeout_ms = min(timeout_ms, deadline - now)
-            if timeout_ms <= 0:
-                # Nothing is sent: by the safety rule it no longer owns them.
-                raise NotOwnedError(sorted(checkpoints), (
-                    f"its safety deadline passed {now - deadline} ms ago: "
-                    f"{self._machine.lease_expiry(now)}, so the group may have given "
-                    f"them to another member; nothing was sent"))
+        request, timeout_ms = self._driver.commit_call(self._clock(), checkpoints,
+                                                       self.config.request_timeout_ms)
         response = await self._user_call("commit", request, timeout_ms)
-        error = self._machine.commit_result(self._clock(), request, response.error)
+        error = self._driver.commit_answered(self._clock(), request, response.error)
         self._wakeup.set()
         if error is not None:
             raise error
@@ -467,24 +453,31 @@ class GroupMember:
     # ------------------------------------------------------------ the driver task
 
     async def _run(self) -> None:
-        machine = self._machine
+        """The asyncio runtime of :class:`~client.member_state.driver.MemberDriver`:
+        report what finished, step it, perform its effects, wait for the
+        next thing (an answer, a poke, its ``wake_at``)."""
+        driver = self._driver
         try:
             while True:
+                # Cleared before the driver is stepped: whatever poked us
+                # changed the machine first, so no wake-up is lost.
                 self._wakeup.clear()
-                action = machine.next_action(self._clock())
+                if self._calls:
+                    self._report_calls((Channel.SIDE, Channel.MAIN))
+                effects = driver.step(self._clock())
+                callback = await self._apply(effects) if effects else None
                 self._drain_events()
-                if isinstance(action, Call):
-                    await self._perform(action)
-                elif isinstance(action, InvokeListener):
-                    await self._invoke(action)
-                elif isinstance(action, Wait):
-                    await self._sleep(action.until_ms)
-                elif isinstance(action, Stop):
-                    self._failure = action.error
-                    if action.error is not None:
-                        log.error("member %s stopped: %s", self.client_id, action.error)
+                if callback is not None:
+                    await self._invoke(callback)
+                    self._drain_events()
+                elif driver.stopped:
                     break
-                self._drain_events()
+                else:
+                    poke = asyncio.ensure_future(self._wakeup.wait())
+                    try:
+                        await self._first_of({poke, *self._calls.values()}, driver.wake_at)
+                    finally:
+                        poke.cancel()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in the library: stop loudly, never silently
@@ -492,56 +485,59 @@ class GroupMember:
             self._failure = FatalMemberError(f"internal error in the member driver: {exc!r}",
                                              ErrorCode.UNKNOWN_SERVER_ERROR)
         finally:
-            await self._stop_background()
+            await self._apply(driver.abandon(self._clock()))
             self._drain_events()
-            self.metrics.owned(len(machine.owned))
+            self.metrics.owned(len(self._machine.owned))
             self._stopped.set()
             await self._close_transport()
 
-    async def _perform(self, action: Call) -> None:
-        machine = self._machine
-        call = asyncio.ensure_future(self._transport.call(action.api, action.request))
-        deadline = self._clock() + action.timeout_ms
-        try:
-            while not call.done():
-                # Cleared before the machine is consulted: whatever poked us
-                # changed the machine first, so no wake-up is lost.
-                self._wakeup.clear()
-                bg_due = self._background()
-                now = self._clock()
-                if call.done():
-                    break
-                if machine.wants_interrupt(now):
-                    # Poked (close, a revocation, a rejoin), a side-channel
-                    # answer that reset the member, or the safety deadline.
-                    await _cancel(call)
-                    machine.call_abandoned(self._clock())
-                    return
-                if now >= deadline:
-                    await _cancel(call)
-                    self._timed_out(action.api)
-                    machine.call_failed(self._clock(), CoordinatorUnavailableError(
-                        f"{action.api}: no answer within {action.timeout_ms} ms"))
-                    return
-                await self._wait(call, _earliest(deadline, bg_due,
-                                                 machine.safety_deadline_ms()))
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-        try:
-            response = call.result()
-        except GroupCoordError as exc:
-            log.debug("member %s: %s failed: %s", self.client_id, action.api, exc)
-            if isinstance(exc, CoordinatorUnavailableError):
-                self._unreachable(str(exc), exc.url)
-            machine.call_failed(self._clock(), exc)
-            return
-        except Exception as exc:  # a transport that broke its contract: retry, loudly
-            log.warning("member %s: %s raised %r", self.client_id, action.api, exc)
-            machine.call_failed(self._clock(), CoordinatorUnavailableError(repr(exc)))
-            return
-        self._answered(action.api, response)
-        machine.receive(self._clock(), response)
+    async def _apply(self, effects: list[DriverEffect]) -> InvokeListener | None:
+        """Perform the driver's effects; returns the callback to run, if any."""
+        callback: InvokeListener | None = None
+        for effect in effects:
+            if isinstance(effect, Send):
+                call = effect.call
+                self._calls[effect.channel] = asyncio.ensure_future(
+                    self._transport.call(call.api, call.request))
+            elif isinstance(effect, Cancel):
+                future = self._calls.pop(effect.channel, None)
+                if future is not None:
+                    await _cancel(future)
+                if effect.timed_out:
+                    self._timed_out(effect.api)
+                    if effect.channel is Channel.SIDE:
+                        self._unreachable("heartbeat: no answer in time", self._given_up_url())
+            elif isinstance(effect, InvokeListener):
+                callback = effect
+            else:
+                self._failure = effect.error
+                if effect.error is not None:
+                    log.error("member %s stopped: %s", self.client_id, effect.error)
+        return callback
+
+    def _report_calls(self, channels: Iterable[Channel]) -> None:
+        """Tell the driver about each call on ``channels`` that finished."""
+        for channel in channels:
+            future = self._calls.get(channel)
+            if future is None or not future.done():
+                continue
+            del self._calls[channel]
+            call = self._driver.in_flight(channel)
+            api = "call" if call is None else call.api
+            error: BaseException | None = (asyncio.CancelledError() if future.cancelled()
+                                           else future.exception())
+            now = self._clock()
+            if error is None:
+                self._answered(api, future.result())
+                self._driver.answered(channel, now, future.result())
+            elif isinstance(error, GroupCoordError):
+                log.debug("member %s: %s failed: %s", self.client_id, api, error)
+                if isinstance(error, CoordinatorUnavailableError):
+                    self._unreachable(str(error), error.url)
+                self._driver.failed(channel, now, error)
+            else:  # a transport that broke its contract: retry, loudly
+                log.warning("member %s: %s raised %r", self.client_id, api, error)
+                self._driver.failed(channel, now, CoordinatorUnavailableError(repr(error)))
 
     async def _invoke(self, action: InvokeListener) -> None:
         name = action.kind.value
@@ -549,126 +545,46 @@ class GroupMember:
         started = time.perf_counter()
         failed = False
         keeper: asyncio.Future[None] | None = None
+        done: asyncio.Future[None] | None = None
         try:
             result = method(set(action.resources))
             if inspect.isawaitable(result):
-                # The callback runs in this task; a second one keeps heartbeating
-                # meanwhile (a plain function blocks the loop, and heartbeats with it).
-                keeper = asyncio.ensure_future(self._heartbeat_during_callback())
+                # The callback runs in this task; a second one runs the side
+                # channel meanwhile (a plain function blocks the loop, and
+                # heartbeats with it).
+                done = asyncio.get_running_loop().create_future()
+                keeper = asyncio.ensure_future(self._side_during_callback(done))
                 await result
-        except asyncio.CancelledError:
-            raise
         except Exception:
             failed = True
             log.exception("member %s: on_%s raised; the member carries on", self.client_id,
                           name)
-        finally:
+        except BaseException:  # cancelled (the member stops: the driver is abandoned), ...
             if keeper is not None:
                 await _cancel(keeper)
-        if keeper is not None and not keeper.cancelled():
-            error = keeper.exception()
-            if error is not None:
-                raise error  # a bug in the library: the driver stops loudly
+            raise
+        if keeper is not None and done is not None:
+            # Told to stop, not cancelled: it ends between two steps, never
+            # with a step's effects half performed.
+            done.set_result(None)
+            await keeper  # an error in it is a bug in the library: the driver stops loudly
         self.metrics.callback(name, time.perf_counter() - started, failed)
-        self._machine.listener_done(self._clock())
+        self._driver.callback_returned(self._clock())
         self.metrics.owned(len(self._machine.owned))
         if action.kind is CallbackKind.ASSIGNED:
             self._assigned_once.set()
 
-    async def _sleep(self, until_ms: int | None) -> None:
-        """Wait until ``until_ms``, a poke, or a side-channel answer (which
-        may have changed what the machine wants next)."""
+    async def _side_during_callback(self, done: asyncio.Future[None]) -> None:
+        """Step the driver while a listener callback awaits (until ``done``):
+        with a callback running it only runs the side channel (KIP-62)."""
+        driver = self._driver
         while True:
-            bg_due = self._background()
-            if self._wakeup.is_set() or (until_ms is not None and self._clock() >= until_ms):
-                return
-            bg = self._bg
-            await self._wait(None, _earliest(until_ms, bg_due))
-            if bg is not None and (bg.done() or self._clock() >= self._bg_deadline):
-                self._background()  # report it now; the main loop asks what is next
-                return
-
-    # ------------------------------------------------------------ the side channel (KIP-62)
-
-    async def _heartbeat_during_callback(self) -> None:
-        """Run the side channel while a listener callback awaits (until
-        cancelled): the machine says whether a heartbeat applies and when."""
-        while True:
-            due = self._background()
-            if due is None:
-                # Nothing applies now (no generation to heartbeat with); look
-                # again an interval later.
-                due = self._clock() + self.config.timing.heartbeat_interval_ms
-            bg = self._bg
-            await self._first_of(set() if bg is None else {bg}, due)
-
-    def _background(self) -> int | None:
-        """Report a finished side-channel heartbeat (or one past its timeout),
-        send the next one if it is due; returns when to look again: the next
-        one is due, or the one in flight times out (None: nothing scheduled)."""
-        machine = self._machine
-        bg = self._bg
-        if bg is not None:
-            now = self._clock()
-            exc: BaseException | None
-            if not bg.done():
-                if now < self._bg_deadline:
-                    return self._bg_deadline
-                bg.cancel()  # no answer within its timeout
-                exc = TimeoutError()
-            elif bg.cancelled():
-                exc = asyncio.CancelledError()
-            else:
-                exc = bg.exception()
-            self._bg = None
-            if exc is None:
-                self._answered("heartbeat", bg.result())
-                machine.background_received(now, bg.result())
-            elif isinstance(exc, GroupCoordError):
-                if isinstance(exc, CoordinatorUnavailableError):
-                    self._unreachable(str(exc), exc.url)
-                machine.background_failed(now, exc)
-            elif isinstance(exc, TimeoutError):
-                self._timed_out("heartbeat")
-                self._unreachable("heartbeat: no answer in time", self._given_up_url())
-                machine.background_failed(now, CoordinatorUnavailableError(
-                    "heartbeat: no answer in time"))
-            else:
-                log.warning("member %s: background heartbeat raised %r", self.client_id, exc)
-                machine.background_failed(now, CoordinatorUnavailableError(repr(exc)))
-        now = self._clock()
-        action = machine.background_heartbeat(now)
-        if isinstance(action, Call):
-            self._bg = asyncio.ensure_future(self._transport.call(action.api, action.request))
-            self._bg_deadline = now + action.timeout_ms
-            return self._bg_deadline
-        if isinstance(action, Wait):
-            return action.until_ms
-        return None
-
-    async def _stop_background(self) -> None:
-        bg, self._bg = self._bg, None
-        if bg is not None:
-            await _cancel(bg)
-            self._machine.background_abandoned(self._clock())
-
-    async def _wait(self, call: asyncio.Future[Any] | None, until_ms: int | None) -> None:
-        """Wait for the first of: ``call`` done, a poke, the side channel's
-        heartbeat done, ``until_ms``."""
-        waiters: set[asyncio.Future[Any]] = set()
-        poke = asyncio.ensure_future(self._wakeup.wait())
-        waiters.add(poke)
-        if call is not None:
-            waiters.add(call)
-        if self._bg is not None:
-            waiters.add(self._bg)
-        # At least 1 ms: a deadline already due is handled by the caller's
-        # next check, never by spinning here.
-        until = None if until_ms is None else max(until_ms, self._clock() + 1)
-        try:
-            await self._first_of(waiters, until)
-        finally:
-            poke.cancel()
+            await self._apply(driver.step(self._clock()))
+            side = self._calls.get(Channel.SIDE)
+            await self._first_of({done} if side is None else {done, side}, driver.wake_at)
+            if done.done():
+                return  # a side-channel answer is reported by the main loop
+            self._report_calls((Channel.SIDE,))
 
     async def _first_of(self, waiters: set[asyncio.Future[Any]],
                         until_ms: int | None) -> set[asyncio.Future[Any]]:
@@ -803,11 +719,6 @@ def _resolver(future: asyncio.Future[None]) -> Callable[[], None]:
         if not future.done():
             future.set_result(None)
     return resolve
-
-
-def _earliest(*times: int | None) -> int | None:
-    known = [t for t in times if t is not None]
-    return min(known) if known else None
 
 
 async def _cancel(task: asyncio.Future[Any]) -> None:

@@ -1,9 +1,11 @@
 """The group member as a sans-IO state machine (docs/architecture.md practice 7).
 
-The driver (``client/member.py``, and the simulator's ``tests/sim/member.py``)
-asks :meth:`MemberStateMachine.next_action` what to do at time ``now_ms``,
-does it and reports back; see :mod:`client.member_state.machine`. The
-package:
+The driver (:class:`~client.member_state.driver.MemberDriver`, itself sans-IO,
+run by ``client/member.py`` on asyncio and by the simulator's
+``tests/sim/member.py`` on simulated events) asks
+:meth:`MemberStateMachine.next_action` what to do at time ``now_ms``, turns
+it into effects for its runtime and reports the outcomes back; see
+:mod:`client.member_state.machine`. The package:
 
 =================  ==========================================================
 module             holds
@@ -24,6 +26,9 @@ module             holds
 ``states``         ``Joining``, ``Syncing``, ``Stable``: one object per
                    state, holding only what that state means
 ``machine``        ``MemberStateMachine``: the transitions
+``driver``         ``MemberDriver``: the decisions around the machine (the
+                   main call and the side channel's heartbeat, their
+                   timeouts, the callbacks, when to look again) as effects
 =================  ==========================================================
 """
 

@@ -17,7 +17,13 @@ import logging
 from typing import Any
 
 import pytest
-from client_harness import InProcessCoordinator, InProcessTransport, Ledger, MemoryStore
+from client_harness import (
+    InProcessCoordinator,
+    InProcessTransport,
+    Ledger,
+    LedgerListener,
+    MemoryStore,
+)
 from virtual_time import LoopClock, loop_ms, run_virtual
 
 from client.errors import CoordinatorUnavailableError, NotCoordinatorError
@@ -125,7 +131,10 @@ class World:
         return self.ledger.count("w1", "assigned")
 
 
-async def _world(bootstrap: list[str], owner: str, **modes: str) -> World:
+async def _start_world(bootstrap: list[str], owner: str, modes: dict[str, str],
+                       listener: LedgerListener | None = None) -> World:
+    """The coordinator, the cluster in front of it, and member w1 started
+    (``listener``: its listener, on a ledger of its own)."""
     runtime = Runtime(GroupCoordinator(CoreConfig(min_session_timeout_ms=100,
                                                   initial_rebalance_delay_ms=0)),
                       MemoryStore(), LoopClock())
@@ -134,17 +143,23 @@ async def _world(bootstrap: list[str], owner: str, **modes: str) -> World:
     await coordinator.put_resource("shards", SHARDS)
     cluster = Cluster(coordinator)
     cluster.move(owner, **modes)
-    ledger = Ledger()
+    listener = listener or Ledger().listener("w1")
     router = CoordinatorRouter(bootstrap, "g", cluster.connect, find_timeout_ms=500, name="w1")
-    member = GroupMember(router, "g", ["shards"], listener=ledger.listener("w1"),
+    member = GroupMember(router, "g", ["shards"], listener=listener,
                          client_id="w1", session_timeout_ms=SESSION_MS, clock=loop_ms)
     assert member.config.heartbeat_interval_ms == 1_000
     assert member.config.timing.reply_ms == 500
     member.start()
-    await member.wait_assigned(30)
+    return World(runtime, cluster, member, listener.ledger)
+
+
+async def _world(bootstrap: list[str], owner: str, **modes: str) -> World:
+    """``_start_world``, once w1 owns every resource."""
+    w = await _start_world(bootstrap, owner, modes)
+    await w.member.wait_assigned(30)
     await asyncio.sleep(1)
-    assert len(member.assignment) == SHARDS
-    return World(runtime, cluster, member, ledger)
+    assert len(w.member.assignment) == SHARDS
+    return w
 
 
 async def _stop(world: World) -> None:
@@ -491,5 +506,43 @@ def test_a_call_timed_out_gives_its_coordinator_up_even_after_other_answers() ->
             await held
         router.timed_out("heartbeat")
         assert router.current_url is None
+
+    run_virtual(main)
+
+
+class _HoldsAssigned(LedgerListener):
+    """``on_assigned`` awaits ``hold_s`` (virtual) seconds, ``started`` set meanwhile."""
+
+    def __init__(self, ledger: Ledger, member: str, hold_s: float) -> None:
+        super().__init__(ledger, member)
+        self.hold_s = hold_s
+        self.started = asyncio.Event()
+
+    async def on_assigned(self, resources: set[tuple[str, int]]) -> None:
+        self.started.set()
+        await asyncio.sleep(self.hold_s)
+        await super().on_assigned(resources)
+
+
+def test_a_side_heartbeat_timed_out_during_a_callback_gives_its_coordinator_up() -> None:
+    """The owner stops answering (SIGSTOP) while ``on_assigned`` awaits for
+    three sessions: the side channel's heartbeat times out, the router forgets
+    that coordinator, the next heartbeat finds the new owner and renews the
+    lease, so the member comes out of the callback owning everything. (Before,
+    a side heartbeat's time-out never reached the router: every later one went
+    to the paused owner, the lease ran out during the callback and the member
+    lost everything.)"""
+
+    async def main() -> None:
+        listener = _HoldsAssigned(Ledger(), "w1", hold_s=3 * SESSION_MS / 1000)
+        w = await _start_world([A, B], A, {"a": "serve", "b": "redirect"}, listener)
+        await asyncio.wait_for(listener.started.wait(), 30)
+        w.cluster.move(B, a="silent", b="serve")
+        await w.member.wait_assigned(30)
+        await asyncio.sleep(1)
+        assert w.member.coordinator_url == B
+        assert w.lost() == 0, w.ledger.events
+        assert len(w.member.assignment) == SHARDS
+        await _stop(w)
 
     run_virtual(main)

@@ -88,6 +88,9 @@ NODE_UP, NODE_PAUSED, NODE_DOWN = "up", "paused", "down"
 EXPIRY_MARGIN_MS = 20
 #: a read (a partition's load) is given up after this (host.READ_TIMEOUT_S).
 READ_TIMEOUT_MS = 30_000
+#: how far apart the coordinators' wall clocks are at most (docs/operations.md,
+#: "Clocks"): a minute, hundreds of leases.
+WALL_SKEW_MS = 60_000
 
 
 class StatementFailed(Exception):
@@ -822,8 +825,13 @@ class Cluster:
         self.db = SimDatabase(sim, random.Random(seed * 89 + 29), partitions, db_ms, catalog)
         self.db.idle_timeout_ms = lease_ms
         self.group_partition = partition_of(group, partitions)
+        # The coordinators' wall clocks: NTP keeps them within WALL_SKEW_MS of one
+        # another (far more than a lease, far less than a group's retention, which
+        # one coordinator counts from the time another wrote).
         clock_rng = random.Random(seed * 83 + 31)
-        self.nodes = [SimNode(self, i, DriftClock(clock_rng.randint(0, 10**9), drift_ppm[i]))
+        wall = clock_rng.randint(0, 10**9)
+        self.nodes = [SimNode(self, i, DriftClock(wall + clock_rng.randint(0, WALL_SKEW_MS),
+                                                  drift_ppm[i]))
                       for i in range(coordinators)]
         self.db.nodes = self.nodes
         self.urls = tuple(n.url for n in self.nodes)

@@ -1,38 +1,30 @@
-"""A member under simulation: the real machine, a driver that decides as
-``client/member.py`` does, and an application that acts on ``assignment``.
+"""A member under simulation: the real machine and the real driver
+(:class:`~client.member_state.driver.MemberDriver`, the step object
+``GroupMember`` runs on asyncio) on simulation events, and an application
+that acts on ``assignment``.
 
-The driver is a transcription of ``GroupMember._run`` / ``_perform`` /
-``_sleep`` / ``_background`` / ``_invoke`` onto simulation events (the
-asyncio driver awaits futures; here each wake-up is an event):
+What is simulation here, and only that:
 
-- ask ``next_action(now)``; a ``Call`` opens a connection and is awaited
-  until its answer, its ``timeout_ms``, ``wants_interrupt(now)`` (checked on
-  every wake-up: an answer on the side channel, a poke, the safety
-  deadline), exactly the checks of ``_perform`` in its order;
-- while a call or a ``Wait`` is outstanding the side channel runs
-  (``background_heartbeat``; its answer is awaited ``timeout_ms``, as
-  ``asyncio.wait_for`` does);
-- an ``InvokeListener`` runs the application's callback, which takes
-  simulated time (``on_revoked`` commits the final checkpoints first, as the
-  chaos worker does); meanwhile only the side channel runs, its answers read
-  as they come (``GroupMember._heartbeat_during_callback``: the callbacks
-  simulated are coroutines);
-- ``Stop`` ends the driver (the side channel is abandoned).
-
-Time is the member's own :class:`~sim.events.DriftClock`. The application
-ticks every ``commit_interval_ms``: it acts on ``machine.owned_at(now)`` (the
-``assignment`` property of ``GroupMember``) and commits a checkpoint for each
-resource it acts on, one commit at a time, bounded by the safety deadline
-the way ``GroupMember._commit_locked`` bounds it.
-
-A paused process (the zombie) runs nothing: every event addressed to it is
-kept and replayed in order when it resumes; its clock keeps running, so its
-``owned_at`` still empties at its safety deadline.
+- the runtime around the driver: each wake-up is an event at the driver's
+  ``wake_at`` (on the member's own :class:`~sim.events.DriftClock`), its
+  ``Send`` effects open connections on the simulated network, answers and
+  failures come back as events, a ``Cancel`` closes the connection;
+- the listener callbacks, which take simulated time (``on_revoked`` commits
+  the final checkpoints first, as the chaos worker does); they are
+  coroutines, so the driver runs the side channel meanwhile;
+- the application: it ticks every ``commit_interval_ms``, acts on
+  ``machine.owned_at(now)`` (the ``assignment`` property of ``GroupMember``)
+  and commits a checkpoint for each resource it acts on, one commit at a
+  time, built and bounded by ``MemberDriver.commit_call`` as
+  ``GroupMember.commit`` does;
+- faults: a crash closes every connection and runs nothing more; a paused
+  process (the zombie) runs nothing: every event addressed to it is kept and
+  replayed in order when it resumes; its clock keeps running, so its
+  ``owned_at`` still empties at its safety deadline.
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -48,8 +40,14 @@ from client.member_state import (
     MemberConfig,
     MemberStateMachine,
     Resource,
-    Stop,
-    Wait,
+)
+from client.member_state.driver import (
+    Cancel,
+    Channel,
+    DriverEffect,
+    MemberDriver,
+    Send,
+    Stopped,
 )
 from protocol.messages import CommitRequest, JoinRequest, SyncResponse
 from protocol.resources import MemberMetadata, ResourceAssignment
@@ -64,11 +62,6 @@ if TYPE_CHECKING:
 __all__ = ["SimMember"]
 
 UP, PAUSED, DEAD, STOPPED = "up", "paused", "dead", "stopped"
-
-
-def _earliest(*times: int | None) -> int | None:
-    known = [t for t in times if t is not None]
-    return min(known) if known else None
 
 
 class SimMember:
@@ -89,12 +82,11 @@ class SimMember:
         self.state = UP
         self.commit_interval_ms = commit_interval_ms
         self.listener_ms = listener_ms
+        #: the connection of the call in flight on each of the driver's channels.
         self.main: Conn | None = None
-        self.main_deadline = 0
         self.bg: Conn | None = None
-        self.bg_deadline = 0
-        #: a side-channel answer read when the running listener returns.
-        self.listener: InvokeListener | None = None
+        #: the driver GroupMember runs; this class is its runtime.
+        self.driver = MemberDriver(self.machine)
         self.commit_conn: Conn | None = None
         self.commit_request: CommitRequest | None = None
         self.commit_value = 0
@@ -149,91 +141,51 @@ class SimMember:
         self._schedule_tick()
 
     def run(self) -> None:
+        """Step the driver now and perform what it decides."""
         if self.state != UP:
             return
-        m = self.machine
-        if self.listener is not None:
-            self._bg_during_listener()
+        driver = self.driver
+        effects = driver.step(self.local())
+        self._apply(effects)
+        if effects and isinstance(effects[-1], InvokeListener):
+            # The callback started; it is a coroutine, so the driver is stepped
+            # at once while it runs (the side channel).
+            self._apply(driver.step(self.local()))
+        if driver.stopped:
             return
-        for _ in range(10_000):
-            now = self.local()
-            if self.main is not None:
-                bg_due = self._service_bg(now)
-                if m.wants_interrupt(now):
-                    self._close_main()
-                    m.call_abandoned(now)
-                    continue
-                if now >= self.main_deadline:
-                    api = self.main.api
-                    self._timed_out(self.main)
-                    self._close_main()
-                    m.call_failed(now, CoordinatorUnavailableError(
-                        f"{api}: no answer within the call's timeout"))
-                    continue
-                self._wake_at(_earliest(self.main_deadline, bg_due, m.safety_deadline_ms()))
-                return
-            action = m.next_action(now)
-            if isinstance(action, Call):
-                if self.sim.verbose:
-                    self.sim.log(f"{self.tag} send {action.api} {_brief(action.request)}")
-                if isinstance(action.request, JoinRequest):
-                    self.world.on_join_sent(self, action.request)
-                    self.join_claims = _claims(action.request)
-                self.main = self.world.net.open(self, action.api, action.request)
-                self.main_deadline = now + action.timeout_ms
-                continue
-            if isinstance(action, InvokeListener):
-                self._start_listener(action)
-                if self.listener is not None:
-                    self._bg_during_listener()
-                return
-            if isinstance(action, Wait):
-                bg_due = self._service_bg(now)
-                until = action.until_ms
-                if until is not None and until <= now:
-                    until = now + 1
-                self._wake_at(_earliest(until, bg_due))
-                return
-            assert isinstance(action, Stop)
-            self._stop(action)
-            return
-        raise RuntimeError(f"{self.tag}: the driver loop did not settle")
+        self._wake_at(driver.wake_at)
 
-    def _bg_during_listener(self) -> None:
-        """``GroupMember._heartbeat_during_callback``: while a listener runs only
-        the side channel does, looked at again an interval later when nothing
-        applies."""
-        now = self.local()
-        due = self._service_bg(now)
-        self._wake_at(due if due is not None
-                      else now + self.machine.config.timing.heartbeat_interval_ms)
+    def _apply(self, effects: list[DriverEffect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Send):
+                self._send(effect.channel, effect.call)
+            elif isinstance(effect, Cancel):
+                conn = self.main if effect.channel is Channel.MAIN else self.bg
+                if effect.channel is Channel.MAIN:
+                    self.main = None
+                else:
+                    self.bg = None
+                if conn is not None:
+                    if effect.timed_out:
+                        self._timed_out(conn)
+                    self.world.net.close(conn)
+            elif isinstance(effect, InvokeListener):
+                self._start_listener(effect)
+            else:
+                self._stop(effect)
 
-    def _close_main(self) -> None:
-        conn, self.main = self.main, None
-        if conn is not None:
-            self.world.net.close(conn)
-
-    def _service_bg(self, now: int) -> int | None:
-        """``GroupMember._background``: time out the side channel's heartbeat,
-        send the next one when due; returns when to look again."""
-        m = self.machine
-        if self.bg is not None:
-            if now < self.bg_deadline:
-                return self.bg_deadline
-            conn, self.bg = self.bg, None
-            self._timed_out(conn)
-            self.world.net.close(conn)
-            m.background_failed(now, CoordinatorUnavailableError("heartbeat: no answer in time"))
-        action = m.background_heartbeat(now)
-        if isinstance(action, Call):
+    def _send(self, channel: Channel, call: Call) -> None:
+        if channel is Channel.SIDE:
             if self.sim.verbose:
-                self.sim.log(f"{self.tag} send bg-heartbeat {_brief(action.request)}")
-            self.bg = self.world.net.open(self, "heartbeat", action.request)
-            self.bg_deadline = now + action.timeout_ms
-            return self.bg_deadline
-        if isinstance(action, Wait):
-            return action.until_ms
-        return None
+                self.sim.log(f"{self.tag} send bg-heartbeat {_brief(call.request)}")
+            self.bg = self.world.net.open(self, call.api, call.request)
+            return
+        if self.sim.verbose:
+            self.sim.log(f"{self.tag} send {call.api} {_brief(call.request)}")
+        if isinstance(call.request, JoinRequest):
+            self.world.on_join_sent(self, call.request)
+            self.join_claims = _claims(call.request)
+        self.main = self.world.net.open(self, call.api, call.request)
 
     def on_answer(self, arg: tuple[Conn, Any, int]) -> None:
         if self._defer(self.on_answer, arg):
@@ -251,32 +203,28 @@ class SimMember:
     def _deliver(self, conn: Conn, response: Any) -> None:
         if not self.world.config.faulty:
             self.world.on_response(self, conn, response)
-        m = self.machine
         now = self.local()
         if self.sim.verbose:
             self.sim.log(f"{self.tag} recv {conn.api} {_brief(response)}")
         if conn is self.main:
             self.main = None
             if isinstance(response, Exception):
-                m.call_failed(now, response)
+                self.driver.failed(Channel.MAIN, now, response)
             else:
                 if isinstance(response, SyncResponse) and response.error is None:
                     self._note_sync(response)
-                m.receive(now, response)
+                self.driver.answered(Channel.MAIN, now, response)
             self.run()
         elif conn is self.bg:
             self.bg = None
-            self._bg_result(now, response)
+            if isinstance(response, Exception):
+                self.driver.failed(Channel.SIDE, now, response)
+            else:
+                self.driver.answered(Channel.SIDE, now, response)
             self.run()
         elif conn is self.commit_conn:
             self._commit_done(now, response)
         self.world.touched(self)
-
-    def _bg_result(self, now: int, response: Any) -> None:
-        if isinstance(response, Exception):
-            self.machine.background_failed(now, response)
-        else:
-            self.machine.background_received(now, response)
 
     def _note_sync(self, response: SyncResponse) -> None:
         try:
@@ -289,20 +237,20 @@ class SimMember:
         self.last_assigned = assigned
         self.planned_revoke = self.join_claims - assigned
 
-    def _stop(self, action: Stop) -> None:
+    def _stop(self, stopped: Stopped) -> None:
         self.state = STOPPED
         self._wake_token += 1
-        if self.bg is not None:
-            conn, self.bg = self.bg, None
-            self.world.net.close(conn)
-            self.machine.background_abandoned(self.local())
-        self.sim.log(f"{self.tag} stopped error={action.error!r}")
-        self.world.member_stopped(self, action.error)
+        self.sim.log(f"{self.tag} stopped error={stopped.error!r}")
+        self.world.member_stopped(self, stopped.error)
 
     # ------------------------------------------------------------ listeners
 
+    @property
+    def listener(self) -> InvokeListener | None:
+        """The listener callback running."""
+        return self.driver.callback
+
     def _start_listener(self, action: InvokeListener) -> None:
-        self.listener = action
         self.sim.log(f"{self.tag} on_{action.kind.value} {sorted(action.resources)}")
         self.world.on_listener(self, action)
         if action.kind is CallbackKind.REVOKED and action.resources:
@@ -319,10 +267,8 @@ class SimMember:
     def _listener_end(self, _: int) -> None:
         if self._defer(self._listener_end, _):
             return
-        action, self.listener = self.listener, None
-        assert action is not None
-        now = self.local()
-        self.machine.listener_done(now)
+        assert self.driver.callback is not None
+        self.driver.callback_returned(self.local())
         self.run()
         self.world.touched(self)
 
@@ -345,17 +291,12 @@ class SimMember:
     def _commit(self, resources: frozenset[Resource]) -> None:
         if self.commit_conn is not None:
             return  # the listener's commit waits for the one in flight (the commit lock)
-        m = self.machine
         now = self.local()
         value = self.world.next_value()
-        request: CommitRequest | None = None
-        with contextlib.suppress(GroupCoordError):  # not owned, closed, no generation
-            request = m.build_commit({r: value for r in resources})
-        timeout = self.config.request_timeout_ms
-        deadline = m.safety_deadline_ms()
-        if request is not None and deadline is not None:
-            timeout = min(timeout, deadline - now)
-        if request is None or timeout <= 0:
+        try:  # not owned (or no longer, by the safety deadline), closed, no generation
+            request, timeout = self.driver.commit_call(now, {r: value for r in resources},
+                                                       self.config.request_timeout_ms)
+        except GroupCoordError:
             self._commit_finished()
             return
         self.world.on_commit_sent(self, request, now)
@@ -385,7 +326,7 @@ class SimMember:
         assert request is not None
         if not isinstance(response, Exception):
             code = response.error
-            self.machine.commit_result(now, request, code)
+            self.driver.commit_answered(now, request, code)
             if code is None:
                 self.world.on_commit_acked(self, request, self.commit_value)
         self._commit_finished()

@@ -1,0 +1,288 @@
+"""The member's driver as a sans-IO step object.
+
+:class:`MemberDriver` decides what the member does around its state machine:
+which call to send on which channel, when a call in flight is given up (its
+timeout, or the machine wanting it interrupted), when the side channel's
+heartbeat is due (KIP-62), which listener callback to run, when to look
+again, when to stop. It reads no clock and awaits nothing: its runtime feeds
+it the time and what happened (a call answered or failed, a callback
+returned, a wake-up) and performs the effects it returns, in order:
+
+=================  ==========================================================
+effect             the runtime
+=================  ==========================================================
+:class:`Send`      sends ``call`` on ``channel`` (the main call, or the side
+                   channel's heartbeat; at most one of each is in flight)
+:class:`Cancel`    stops waiting for the call on ``channel``; ``timed_out``:
+                   it got no answer within its timeout (a router looks for
+                   the coordinator again)
+``InvokeListener`` runs that listener callback (always the last effect of a
+                   step) and reports its return with
+                   :meth:`MemberDriver.callback_returned`; while a callback
+                   that awaits runs, it steps the driver at once, then at
+                   each ``wake_at`` and side-channel answer
+:class:`Stopped`   the member stopped (``error``: the fatal one)
+=================  ==========================================================
+
+After each step the runtime waits until :attr:`MemberDriver.wake_at` (on
+the member's clock; ``None``: no deadline), an answer on a channel, or a
+poke (``close``, ``subscribe``, a commit's answer), whichever comes first,
+and steps again. Two runtimes use it: ``GroupMember`` (:mod:`client.member`,
+asyncio) and the deterministic simulator (``tests/sim/member.py``).
+
+While a callback runs, a step runs only the side channel (its heartbeat, in
+every state, closing included): an ``async`` callback keeps the member's
+session; a plain-function one blocks its runtime, and the heartbeats with it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from client.errors import (
+    CommitFailedError,
+    CoordinatorUnavailableError,
+    FatalMemberError,
+    NotOwnedError,
+)
+from client.member_state.actions import Call, InvokeListener, Resource, Stop, Wait
+from client.member_state.machine import MemberStateMachine
+from protocol.errors import ErrorCode
+from protocol.messages import CommitRequest, Scalar
+
+__all__ = ["Cancel", "Channel", "DriverEffect", "MemberDriver", "Send", "Stopped"]
+
+#: steps of one wake-up before the driver calls it a livelock (each one sends,
+#: gives up or answers something; a handful is the most a real wake-up takes).
+_MAX_STEPS = 1_000
+
+
+class Channel(enum.Enum):
+    #: the machine's own call: join, sync, heartbeat when stable, leave, ...
+    MAIN = "main"
+    #: the side channel's heartbeat while the member rebalances or a callback runs.
+    SIDE = "side"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    channel: Channel
+    call: Call
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    channel: Channel
+    api: str
+    #: no answer within the call's timeout (else: the machine abandoned it).
+    timed_out: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    error: FatalMemberError | None
+
+
+DriverEffect = Send | Cancel | InvokeListener | Stopped
+
+
+class MemberDriver:
+    """One member's driver decisions (see the module docstring)."""
+
+    __slots__ = ("_callback", "_main", "_main_deadline", "_side", "_side_deadline",
+                 "_stopped", "machine", "wake_at")
+
+    def __init__(self, machine: MemberStateMachine) -> None:
+        self.machine = machine
+        #: the latest the runtime steps again (the member's clock; None: never).
+        self.wake_at: int | None = None
+        self._main: Call | None = None
+        self._main_deadline = 0
+        self._side: Call | None = None
+        self._side_deadline = 0
+        self._callback: InvokeListener | None = None
+        self._stopped = False
+
+    @property
+    def callback(self) -> InvokeListener | None:
+        """The listener callback running (its return not reported yet)."""
+        return self._callback
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def in_flight(self, channel: Channel) -> Call | None:
+        return self._main if channel is Channel.MAIN else self._side
+
+    # ------------------------------------------------------------ what happened
+
+    def answered(self, channel: Channel, now_ms: int, response: object) -> None:
+        """The call on ``channel`` was answered."""
+        if channel is Channel.MAIN:
+            self._main = None
+            self.machine.receive(now_ms, response)
+        else:
+            self._side = None
+            self.machine.background_received(now_ms, response)
+
+    def failed(self, channel: Channel, now_ms: int, error: Exception) -> None:
+        """The call on ``channel`` failed (``GroupCoordError``; a runtime
+        turns anything else a transport raised into a
+        ``CoordinatorUnavailableError``)."""
+        if channel is Channel.MAIN:
+            self._main = None
+            self.machine.call_failed(now_ms, error)
+        else:
+            self._side = None
+            self.machine.background_failed(now_ms, error)
+
+    def callback_returned(self, now_ms: int) -> None:
+        """The callback of the latest ``InvokeListener`` returned (or raised)."""
+        self._callback = None
+        self.machine.listener_done(now_ms)
+
+    def abandon(self, now_ms: int) -> list[DriverEffect]:
+        """The runtime goes away (its task cancelled, a crash): stop waiting
+        for whatever is in flight."""
+        effects: list[DriverEffect] = []
+        if self._main is not None:
+            effects.append(Cancel(Channel.MAIN, self._main.api, timed_out=False))
+            self._main = None
+        self._abandon_side(now_ms, effects)
+        self._stopped = True
+        self.wake_at = None
+        return effects
+
+    # ------------------------------------------------------------ commits
+
+    def commit_call(self, now_ms: int, checkpoints: Mapping[Resource, Scalar],
+                    timeout_ms: int) -> tuple[CommitRequest, int]:
+        """The commit of ``checkpoints`` to send now and how long to wait for
+        its answer: ``timeout_ms``, bounded by the safety deadline (past it
+        the coordinator may have handed the resources on, so a commit, e.g.
+        the final one in ``on_revoked``, must not keep the caller believing
+        it owns them any longer). Built at sending time, so ownership and
+        generation are those of now. Raises what ``build_commit`` raises, or
+        ``NotOwnedError`` (nothing is to be sent) once the deadline has
+        passed."""
+        request = self.machine.build_commit(checkpoints)
+        deadline = self.machine.safety_deadline_ms()
+        if deadline is not None:
+            timeout_ms = min(timeout_ms, deadline - now_ms)
+            if timeout_ms <= 0:
+                raise NotOwnedError(sorted(checkpoints), (
+                    f"its safety deadline passed {now_ms - deadline} ms ago: "
+                    f"{self.machine.lease_expiry(now_ms)}, so the group may have given "
+                    f"them to another member; nothing was sent"))
+        return request, timeout_ms
+
+    def commit_answered(self, now_ms: int, request: CommitRequest,
+                        code: ErrorCode | None) -> CommitFailedError | None:
+        """A commit's answer (its error code, or None); returns the error the
+        committer gets. The runtime steps the driver next: the answer may
+        have changed what the machine wants (a rejoin)."""
+        return self.machine.commit_result(now_ms, request, code)
+
+    # ------------------------------------------------------------ deciding
+
+    def step(self, now_ms: int) -> list[DriverEffect]:
+        """What to do at ``now_ms``; sets :attr:`wake_at`."""
+        effects: list[DriverEffect] = []
+        if self._stopped:
+            self.wake_at = None
+            return effects
+        machine = self.machine
+        for _ in range(_MAX_STEPS):
+            side_due = self._service_side(now_ms, effects)
+            if self._callback is not None:
+                # Only the side channel runs; when nothing applies to it, it
+                # looks again an interval later.
+                self._wake(now_ms, side_due if side_due is not None
+                           else now_ms + machine.config.timing.heartbeat_interval_ms)
+                return effects
+            main = self._main
+            if main is not None:
+                if machine.wants_interrupt(now_ms):
+                    # A poke (close, a revocation, a rejoin), a side-channel
+                    # answer that reset the member, or the safety deadline.
+                    self._main = None
+                    effects.append(Cancel(Channel.MAIN, main.api, timed_out=False))
+                    machine.call_abandoned(now_ms)
+                    continue
+                if now_ms >= self._main_deadline:
+                    self._main = None
+                    effects.append(Cancel(Channel.MAIN, main.api, timed_out=True))
+                    machine.call_failed(now_ms, CoordinatorUnavailableError(
+                        f"{main.api}: no answer within {main.timeout_ms} ms"))
+                    continue
+                self._wake(now_ms, _earliest(self._main_deadline, side_due,
+                                             machine.safety_deadline_ms()))
+                return effects
+            action = machine.next_action(now_ms)
+            if isinstance(action, Call):
+                self._main = action
+                self._main_deadline = now_ms + action.timeout_ms
+                effects.append(Send(Channel.MAIN, action))
+                continue
+            if isinstance(action, InvokeListener):
+                # Last: the runtime runs it; a callback that awaits (a coroutine)
+                # has the runtime step the driver meanwhile, at once and then
+                # at each wake_at (the side channel only); a plain function
+                # blocks, and steps nothing until it returns.
+                self._callback = action
+                self.wake_at = None
+                effects.append(action)
+                return effects
+            if isinstance(action, Wait):
+                self._wake(now_ms, _earliest(action.until_ms, side_due))
+                return effects
+            assert isinstance(action, Stop)
+            self._abandon_side(now_ms, effects)
+            self._stopped = True
+            self.wake_at = None
+            effects.append(Stopped(action.error))
+            return effects
+        raise RuntimeError(f"the member driver did not settle in {_MAX_STEPS} steps at "
+                           f"{now_ms} ms (state {machine.state.value})")
+
+    def _wake(self, now_ms: int, at_ms: int | None) -> None:
+        # At least 1 ms on: a deadline already due is handled by the next
+        # step, never by spinning.
+        self.wake_at = None if at_ms is None else max(at_ms, now_ms + 1)
+
+    def _service_side(self, now_ms: int, effects: list[DriverEffect]) -> int | None:
+        """Give up the side channel's heartbeat past its timeout, send the
+        next one when due; returns when to look again (None: nothing is
+        scheduled)."""
+        machine = self.machine
+        side = self._side
+        if side is not None:
+            if now_ms < self._side_deadline:
+                return self._side_deadline
+            self._side = None
+            effects.append(Cancel(Channel.SIDE, side.api, timed_out=True))
+            machine.background_failed(now_ms, CoordinatorUnavailableError(
+                "heartbeat: no answer in time"))
+        action = machine.background_heartbeat(now_ms)
+        if isinstance(action, Call):
+            self._side = action
+            self._side_deadline = now_ms + action.timeout_ms
+            effects.append(Send(Channel.SIDE, action))
+            return self._side_deadline
+        if isinstance(action, Wait):
+            return action.until_ms
+        return None
+
+    def _abandon_side(self, now_ms: int, effects: list[DriverEffect]) -> None:
+        side, self._side = self._side, None
+        if side is not None:
+            effects.append(Cancel(Channel.SIDE, side.api, timed_out=False))
+            self.machine.background_abandoned(now_ms)
+
+
+def _earliest(*times: int | None) -> int | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
