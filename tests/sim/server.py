@@ -58,26 +58,8 @@ from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.effects import Effect, GroupStateChanged
 from coordinator.core.records import Record
 from coordinator.core.replay import fold
+from coordinator.runtime import machine as rm
 from coordinator.runtime.commits import record_group
-from coordinator.runtime.machine import (
-    Answer,
-    Answered,
-    Applied,
-    ArmTimer,
-    CheckStorage,
-    CoreRaised,
-    DisarmTimer,
-    DisarmTimers,
-    GroupEvicted,
-    GroupReloaded,
-    LoadGroup,
-    MachineEffect,
-    RuntimeMachine,
-    ServingStopped,
-    Stopped,
-    WriteDue,
-    WriteRecords,
-)
 from protocol.errors import ErrorCode
 from protocol.messages import CommitRequest, HeartbeatRequest, JoinRequest, LeaveRequest
 
@@ -97,12 +79,9 @@ _DEFAULTS = ServerConfig()
 class SimCoordinator:
     def __init__(self, sim: Sim, net: Network, rng: random.Random, config: CoreConfig, *,
                  disk_ms: tuple[int, int], clock: DriftClock | None = None) -> None:
-        self.sim = sim
+        self.sim, self.net, self.rng, self.config = sim, net, rng, config
         #: the process's monotonic clock (None: the global one, a single coordinator).
         self.clock = clock
-        self.net = net
-        self.rng = rng
-        self.config = config
         #: (min, max) commit latency of one batch.
         self.disk_ms = disk_ms
         self.slow_disk_until = -1
@@ -115,7 +94,7 @@ class SimCoordinator:
         self.epoch = 0
         self.core: GroupCoordinator | None = None
         #: the runtime's machine; kept after an abandon until its write returns.
-        self.machine: RuntimeMachine | None = None
+        self.machine: rm.RuntimeMachine | None = None
         self.durable: list[Record] = []
         self._rid = 0
         self._member_ids = 0
@@ -129,7 +108,7 @@ class SimCoordinator:
         self.on_effects: Callable[[Command, list[Effect], Conn | None], None] | None = None
         self.on_restored: Callable[[], None] | None = None
         #: an answer sent (several coordinators: a commit's checks wait for this).
-        self.on_resolved: Callable[[int, Answer], None] | None = None
+        self.on_resolved: Callable[[int, rm.Answer], None] | None = None
         self.crashes = 0
         self.core_errors: list[str] = []
         #: several coordinators: records go to the database through this (the
@@ -155,7 +134,7 @@ class SimCoordinator:
 
     def start(self) -> None:
         self.core = GroupCoordinator(self.config)
-        machine = self.machine = RuntimeMachine(
+        machine = self.machine = rm.RuntimeMachine(
             self.core, max_parked_requests=_DEFAULTS.max_parked_requests,
             max_parked_per_token=_DEFAULTS.max_parked_per_token)
         machine.trace = True
@@ -248,7 +227,7 @@ class SimCoordinator:
         machine.caller_gone(self.now(), rid)
         self._perform(machine)
 
-    def _answer(self, rid: int, answer: Answer) -> None:
+    def _answer(self, rid: int, answer: rm.Answer) -> None:
         conn = self._conns.pop(rid, None)
         if conn is None:
             return
@@ -260,7 +239,7 @@ class SimCoordinator:
 
     # ------------------------------------------------------------ the machine's effects
 
-    def _perform(self, machine: RuntimeMachine) -> None:
+    def _perform(self, machine: rm.RuntimeMachine) -> None:
         while machine.pending:
             for effect in machine.take():
                 self._carry_out(machine, effect)
@@ -269,43 +248,43 @@ class SimCoordinator:
             self.sim.log(f"coord exits epoch={self.epoch}")
             self._gone()
 
-    def _carry_out(self, machine: RuntimeMachine, effect: MachineEffect) -> None:
+    def _carry_out(self, machine: rm.RuntimeMachine, effect: rm.MachineEffect) -> None:
         match effect:
-            case Answered(request_id=rid, answer=answer):
+            case rm.Answered(request_id=rid, answer=answer):
                 self._answer(rid, answer)
-            case Applied(command=command, effects=effects):
+            case rm.Applied(command=command, effects=effects):
                 if self.on_effects is not None:
                     of = getattr(command, "request_id", None)
                     conn = self._conns.get(of) if isinstance(of, int) else None
                     self.on_effects(command, list(effects), conn)
-            case ArmTimer(key=key, deadline_ms=deadline_ms):
+            case rm.ArmTimer(key=key, deadline_ms=deadline_ms):
                 self._timers[key] = deadline_ms
                 when = deadline_ms if self.clock is None else self.clock.global_at(deadline_ms)
                 self.sim.at(when, self._fire, (self.epoch, key, deadline_ms))
-            case DisarmTimer(key=key):
+            case rm.DisarmTimer(key=key):
                 self._timers.pop(key, None)
-            case DisarmTimers():
+            case rm.DisarmTimers():
                 self._timers.clear()
-            case WriteDue():
+            case rm.WriteDue():
                 # At once: the simulated process has no loop iteration to wait for.
                 machine.begin_write(self.now())
-            case WriteRecords(records=records):
+            case rm.WriteRecords(records=records):
                 self._start_write(records)
-            case LoadGroup(group_id=group_id):
+            case rm.LoadGroup(group_id=group_id):
                 self.sim.after(self._disk_latency(), self._loaded, (self.epoch, group_id))
-            case CheckStorage():
+            case rm.CheckStorage():
                 machine.storage_checked(self.now())
-            case CoreRaised(command=name, error=error):
+            case rm.CoreRaised(command=name, error=error):
                 self.core_errors.append(f"core raised {error!r} on {name}")
                 self.sim.log(f"coord CORE ERROR {error!r}")
-            case GroupEvicted(group_id=group_id, why=why):
+            case rm.GroupEvicted(group_id=group_id, why=why):
                 self.sim.log(f"coord evicted {group_id}: {why}")
-            case GroupReloaded(group_id=group_id, found=found):
+            case rm.GroupReloaded(group_id=group_id, found=found):
                 self.sim.log(f"coord reloaded {group_id}: {found}")
-            case ServingStopped(why=why):
+            case rm.ServingStopped(why=why):
                 self.core_errors.append(f"stopped serving: {why}")
                 self.sim.log(f"coord STOPPED SERVING {why}")
-            case Stopped():
+            case rm.Stopped():
                 self._stop_done()
             case GroupStateChanged():
                 self.sim.log(f"coord group {effect.old_state}->{effect.new_state} "
