@@ -595,8 +595,7 @@ class RuntimeMachine:
 
     def storage_failed(self, now_ms: int, error: str) -> None:
         """Storage failed outside a write (the check): stop serving."""
-        if not self.failed:
-            self._stop_serving(f"storage failed: {error}", storage=True)
+        self._stop_serving(f"storage failed: {error}", storage=True)
 
     # ------------------------------------------------------------ apply step
 
@@ -773,8 +772,7 @@ class RuntimeMachine:
             self._write_over()
             return
         self._write = None
-        if not self.failed:
-            self._stop_serving(f"storage failed: {error}", storage=True)
+        self._stop_serving(f"storage failed: {error}", storage=True)
 
     def write_cancelled(self, now_ms: int) -> None:
         """The outstanding write will not report (its task was cancelled: the loop is
@@ -894,12 +892,13 @@ class RuntimeMachine:
 
     def group_load_failed(self, now_ms: int, group_id: str, error: str) -> None:
         """The :class:`LoadGroup` of ``group_id`` failed: a storage failure."""
-        if self._reloading.get(group_id) is not None and not self.failed:
+        if self._reloading.get(group_id) is not None:
             self._stop_serving(f"storage failed: {error}", storage=True)
 
     # ------------------------------------------------------------ stopping
 
     def _stop_serving(self, why: str, *, storage: bool) -> None:
+        """Stop serving on a failure, once (:class:`ServingStopped`)."""
         if self.failed:
             return
         self.failed = True
