@@ -5,7 +5,8 @@ decides; it never awaits, reads a clock or touches storage. Every input is a
 method call carrying ``now_ms`` (a request arrives, its caller went away, a
 timer is due, a write finished or was refused or failed, a group's snapshot
 loaded, the storage check passed or failed, stop); every output is a frozen
-value appended to an outbox the caller takes with :meth:`RuntimeMachine.take`
+value (``coordinator/runtime/effects.py``) appended to an outbox the caller
+takes with :meth:`RuntimeMachine.take`
 and carries out in order (answer request N, write these records, arm the loop
 timer of a key, load a group, log or count something). Two drivers run the
 same machine: :class:`~coordinator.runtime.runtime.Runtime` (asyncio, SQLite or
@@ -44,7 +45,7 @@ The rules (the module docs of ``runtime.py`` say what each costs a user):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol
 
 from coordinator.core.commands import (
@@ -82,6 +83,29 @@ from coordinator.core.health import Health
 from coordinator.core.records import CheckpointMeta, Record, Snapshot
 from coordinator.core.views import GroupSummary, GroupView
 from coordinator.runtime.commits import Batch, Commits, record_group
+from coordinator.runtime.effects import (
+    Answer,
+    Answered,
+    Applied,
+    ArmStorageCheck,
+    ArmTimer,
+    BatchCommitted,
+    CheckStorage,
+    CoreRaised,
+    DisarmStorageCheck,
+    DisarmTimer,
+    DisarmTimers,
+    GroupEvicted,
+    GroupReloaded,
+    LimitRefused,
+    Loaded,
+    LoadGroup,
+    MachineEffect,
+    ServingStopped,
+    Stopped,
+    WriteDue,
+    WriteRecords,
+)
 from protocol.errors import ErrorCode
 from protocol.messages import (
     CommitResponse,
@@ -89,12 +113,9 @@ from protocol.messages import (
     HeartbeatResponse,
     JoinResponse,
     LeaveResponse,
-    Response,
     SyncResponse,
 )
 from protocol.validate import Scalar
-
-Answer = Response | AdminResult
 
 #: A refused request is logged at most this often per limit (the metric counts every one).
 REFUSAL_LOG_INTERVAL_MS = 60_000
@@ -159,169 +180,6 @@ def error_answer(command: Command, code: ErrorCode) -> Answer:
                 | ResetCheckpoints():
             return AdminResult(code)
     raise TypeError(f"{type(command).__name__} has no answer")
-
-
-# ---------------------------------------------------------------- effects
-
-
-@dataclass(frozen=True, slots=True)
-class Answered:
-    """Send ``answer`` to the caller of request ``request_id`` (it waits for it)."""
-
-    request_id: int
-    answer: Answer
-
-
-@dataclass(frozen=True, slots=True)
-class WriteDue:
-    """Records wait to be written: call :meth:`RuntimeMachine.begin_write` when
-    ready to write (every record collected until then shares the transaction)."""
-
-
-@dataclass(frozen=True, slots=True)
-class WriteRecords:
-    """Write ``records`` in one storage transaction and report the outcome with
-    :meth:`RuntimeMachine.write_done`, :meth:`~RuntimeMachine.write_refused` or
-    :meth:`~RuntimeMachine.write_failed`. One is outstanding at a time."""
-
-    records: tuple[Record, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ArmTimer:
-    """Set the loop timer of ``key`` for ``deadline_ms``, replacing the one it had;
-    when it goes off call :meth:`RuntimeMachine.timer_due`."""
-
-    key: str
-    deadline_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class DisarmTimer:
-    """Cancel the loop timer of ``key``."""
-
-    key: str
-
-
-@dataclass(frozen=True, slots=True)
-class DisarmTimers:
-    """Cancel every loop timer (stopped serving)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ArmStorageCheck:
-    """Call :meth:`RuntimeMachine.storage_check_due` at ``deadline_ms``."""
-
-    deadline_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class DisarmStorageCheck:
-    """Cancel the armed storage check."""
-
-
-@dataclass(frozen=True, slots=True)
-class CheckStorage:
-    """Check that what is open is what the next start would load; report with
-    :meth:`RuntimeMachine.storage_checked` or :meth:`~RuntimeMachine.storage_failed`."""
-
-
-@dataclass(frozen=True, slots=True)
-class LoadGroup:
-    """Read one group's durable state; report with :meth:`RuntimeMachine.group_loaded`
-    or :meth:`~RuntimeMachine.group_load_failed`."""
-
-    group_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    """The snapshot is restored and serving began."""
-
-    groups: int
-    checkpoint_groups: int
-    resource_sets: int
-
-
-@dataclass(frozen=True, slots=True)
-class BatchCommitted:
-    """A batch is durable (its replies follow as :class:`Answered`)."""
-
-    seconds: float
-    records: int
-
-
-@dataclass(frozen=True, slots=True)
-class LimitRefused:
-    """A request refused by a limit (``reason``: its setting). Count every one; log
-    when ``logged`` (at most once per :data:`REFUSAL_LOG_INTERVAL_MS` per limit),
-    saying ``earlier`` more were refused since the last such line."""
-
-    reason: str
-    group_id: str
-    logged: bool
-    earlier: int
-
-
-@dataclass(frozen=True, slots=True)
-class CoreRaised:
-    """The core raised on ``command`` (a bug in it). ``group_id``: the one group whose
-    state it was changing (it is evicted and reloaded), ``None``: serving stops."""
-
-    command: str
-    error: Exception
-    group_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class GroupEvicted:
-    """A failure confined to one group: it is evicted and will be reloaded."""
-
-    group_id: str
-    #: ``"core"`` or ``"storage"`` (the label of ``groupcoord_reloaded_groups_total``).
-    cause: str
-    why: str
-
-
-@dataclass(frozen=True, slots=True)
-class GroupReloaded:
-    """An evicted group is back, from what is durable."""
-
-    group_id: str
-    took_ms: int
-    #: what was found, for the log line.
-    found: str
-
-
-@dataclass(frozen=True, slots=True)
-class ServingStopped:
-    """Memory may be ahead of what is durable, or half-changed: nothing more is
-    served (every waiting call was answered); the process or partition should go."""
-
-    why: str
-    #: a storage failure (rather than the core failing over no one group).
-    storage: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Stopped:
-    """:meth:`RuntimeMachine.stop` is done: writes finished, waiting calls answered."""
-
-
-@dataclass(frozen=True, slots=True)
-class Applied:
-    """``command`` was applied and the core emitted ``effects`` (only with
-    :attr:`RuntimeMachine.trace` set: the simulator's invariant checks)."""
-
-    command: Command
-    effects: tuple[Effect, ...]
-
-
-MachineEffect = (Answered | WriteDue | WriteRecords | ArmTimer | DisarmTimer | DisarmTimers
-                 | ArmStorageCheck | DisarmStorageCheck | CheckStorage | LoadGroup | Loaded
-                 | BatchCommitted | LimitRefused | CoreRaised | GroupEvicted | GroupReloaded
-                 | ServingStopped | Stopped | Applied | GroupStateChanged | RebalanceCompleted
-                 | MemberExpired)
 
 
 class _RecordRefused(Protocol):

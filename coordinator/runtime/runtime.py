@@ -84,8 +84,7 @@ from coordinator.core.effects import GroupStateChanged, MemberExpired, Rebalance
 from coordinator.core.records import REBALANCE_REASONS, Record, Snapshot
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import Clock, TimerHandle
-from coordinator.runtime.machine import (
-    REFUSAL_LOG_INTERVAL_MS,
+from coordinator.runtime.effects import (
     Answer,
     Answered,
     Applied,
@@ -93,9 +92,7 @@ from coordinator.runtime.machine import (
     ArmTimer,
     BatchCommitted,
     CheckStorage,
-    Core,
     CoreRaised,
-    CoreView,
     DisarmStorageCheck,
     DisarmTimer,
     DisarmTimers,
@@ -105,11 +102,16 @@ from coordinator.runtime.machine import (
     Loaded,
     LoadGroup,
     MachineEffect,
-    RuntimeMachine,
     ServingStopped,
     Stopped,
     WriteDue,
     WriteRecords,
+)
+from coordinator.runtime.machine import (
+    REFUSAL_LOG_INTERVAL_MS,
+    Core,
+    CoreView,
+    RuntimeMachine,
     error_answer,
 )
 from coordinator.storage.sqlite import RecordError

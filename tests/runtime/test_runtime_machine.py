@@ -18,7 +18,7 @@ from coordinator.core.commands import Commit, Heartbeat, Join, Sync
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.records import CheckpointsWritten, Record, Snapshot
-from coordinator.runtime.machine import (
+from coordinator.runtime.effects import (
     Answer,
     Answered,
     ArmTimer,
@@ -28,11 +28,11 @@ from coordinator.runtime.machine import (
     GroupReloaded,
     LoadGroup,
     MachineEffect,
-    RuntimeMachine,
     Stopped,
     WriteDue,
     WriteRecords,
 )
+from coordinator.runtime.machine import RuntimeMachine
 from coordinator.storage.sqlite import RecordError
 from protocol.errors import ErrorCode
 from protocol.messages import (

@@ -58,6 +58,7 @@ from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.effects import Effect, GroupStateChanged
 from coordinator.core.records import Record
 from coordinator.core.replay import fold
+from coordinator.runtime import effects as fx
 from coordinator.runtime import machine as rm
 from coordinator.runtime.commits import record_group
 from protocol.errors import ErrorCode
@@ -108,7 +109,7 @@ class SimCoordinator:
         self.on_effects: Callable[[Command, list[Effect], Conn | None], None] | None = None
         self.on_restored: Callable[[], None] | None = None
         #: an answer sent (several coordinators: a commit's checks wait for this).
-        self.on_resolved: Callable[[int, rm.Answer], None] | None = None
+        self.on_resolved: Callable[[int, fx.Answer], None] | None = None
         self.crashes = 0
         self.core_errors: list[str] = []
         #: several coordinators: records go to the database through this (the
@@ -227,7 +228,7 @@ class SimCoordinator:
         machine.caller_gone(self.now(), rid)
         self._perform(machine)
 
-    def _answer(self, rid: int, answer: rm.Answer) -> None:
+    def _answer(self, rid: int, answer: fx.Answer) -> None:
         conn = self._conns.pop(rid, None)
         if conn is None:
             return
@@ -248,43 +249,43 @@ class SimCoordinator:
             self.sim.log(f"coord exits epoch={self.epoch}")
             self._gone()
 
-    def _carry_out(self, machine: rm.RuntimeMachine, effect: rm.MachineEffect) -> None:
+    def _carry_out(self, machine: rm.RuntimeMachine, effect: fx.MachineEffect) -> None:
         match effect:
-            case rm.Answered(request_id=rid, answer=answer):
+            case fx.Answered(request_id=rid, answer=answer):
                 self._answer(rid, answer)
-            case rm.Applied(command=command, effects=effects):
+            case fx.Applied(command=command, effects=effects):
                 if self.on_effects is not None:
                     of = getattr(command, "request_id", None)
                     conn = self._conns.get(of) if isinstance(of, int) else None
                     self.on_effects(command, list(effects), conn)
-            case rm.ArmTimer(key=key, deadline_ms=deadline_ms):
+            case fx.ArmTimer(key=key, deadline_ms=deadline_ms):
                 self._timers[key] = deadline_ms
                 when = deadline_ms if self.clock is None else self.clock.global_at(deadline_ms)
                 self.sim.at(when, self._fire, (self.epoch, key, deadline_ms))
-            case rm.DisarmTimer(key=key):
+            case fx.DisarmTimer(key=key):
                 self._timers.pop(key, None)
-            case rm.DisarmTimers():
+            case fx.DisarmTimers():
                 self._timers.clear()
-            case rm.WriteDue():
+            case fx.WriteDue():
                 # At once: the simulated process has no loop iteration to wait for.
                 machine.begin_write(self.now())
-            case rm.WriteRecords(records=records):
+            case fx.WriteRecords(records=records):
                 self._start_write(records)
-            case rm.LoadGroup(group_id=group_id):
+            case fx.LoadGroup(group_id=group_id):
                 self.sim.after(self._disk_latency(), self._loaded, (self.epoch, group_id))
-            case rm.CheckStorage():
+            case fx.CheckStorage():
                 machine.storage_checked(self.now())
-            case rm.CoreRaised(command=name, error=error):
+            case fx.CoreRaised(command=name, error=error):
                 self.core_errors.append(f"core raised {error!r} on {name}")
                 self.sim.log(f"coord CORE ERROR {error!r}")
-            case rm.GroupEvicted(group_id=group_id, why=why):
+            case fx.GroupEvicted(group_id=group_id, why=why):
                 self.sim.log(f"coord evicted {group_id}: {why}")
-            case rm.GroupReloaded(group_id=group_id, found=found):
+            case fx.GroupReloaded(group_id=group_id, found=found):
                 self.sim.log(f"coord reloaded {group_id}: {found}")
-            case rm.ServingStopped(why=why):
+            case fx.ServingStopped(why=why):
                 self.core_errors.append(f"stopped serving: {why}")
                 self.sim.log(f"coord STOPPED SERVING {why}")
-            case rm.Stopped():
+            case fx.Stopped():
                 self._stop_done()
             case GroupStateChanged():
                 self.sim.log(f"coord group {effect.old_state}->{effect.new_state} "
