@@ -571,13 +571,21 @@ class RuntimeMachine:
         batch = write.batch = self.commits.start_commit()
         self._out.append(WriteRecords(tuple(batch.records)))
 
-    def write_done(self, now_ms: int, seconds: float) -> None:
-        """The outstanding :class:`WriteRecords` committed in ``seconds``."""
+    def _reported(self) -> _Write | None:
+        """The outstanding write an outcome is about; None when there is nothing to
+        act on (none outstanding, or a void one, which is over now)."""
         write = self._write
         if write is None or write.batch is None:
-            return
+            return None
         if write.void:
             self._write_over()
+            return None
+        return write
+
+    def write_done(self, now_ms: int, seconds: float) -> None:
+        """The outstanding :class:`WriteRecords` committed in ``seconds``."""
+        write = self._reported()
+        if write is None:
             return
         if write.units is None:
             self._committed(now_ms, write, seconds)
@@ -591,11 +599,8 @@ class RuntimeMachine:
         could say. That group's records are left out and the rest written again;
         when the store could not say, each group's records are written apart so
         the refused ones fail alone. The catalog's records refused stop serving."""
-        write = self._write
-        if write is None or write.batch is None:
-            return
-        if write.void:
-            self._write_over()
+        write = self._reported()
+        if write is None:
             return
         group_id = error.group_id
         if write.units is None:
@@ -623,11 +628,8 @@ class RuntimeMachine:
     def write_failed(self, now_ms: int, error: str) -> None:
         """The outstanding write failed otherwise (the database gone, full, fenced):
         memory is ahead of disk for every group; serving stops."""
-        write = self._write
-        if write is None or write.batch is None:
-            return
-        if write.void:
-            self._write_over()
+        write = self._reported()
+        if write is None:
             return
         self._write = None
         self._stop_serving(f"storage failed: {error}", storage=True)

@@ -83,30 +83,9 @@ from coordinator.core.commands import Command
 from coordinator.core.effects import GroupStateChanged, MemberExpired, RebalanceCompleted
 from coordinator.core.records import REBALANCE_REASONS, Record, Snapshot
 from coordinator.metrics import Metrics
+from coordinator.runtime import effects as fx
 from coordinator.runtime.clock import Clock, TimerHandle
-from coordinator.runtime.effects import (
-    Answer,
-    Answered,
-    Applied,
-    ArmStorageCheck,
-    ArmTimer,
-    BatchCommitted,
-    CheckStorage,
-    CoreRaised,
-    DisarmStorageCheck,
-    DisarmTimer,
-    DisarmTimers,
-    GroupEvicted,
-    GroupReloaded,
-    LimitRefused,
-    Loaded,
-    LoadGroup,
-    MachineEffect,
-    ServingStopped,
-    Stopped,
-    WriteDue,
-    WriteRecords,
-)
+from coordinator.runtime.effects import Answer
 from coordinator.runtime.machine import (
     REFUSAL_LOG_INTERVAL_MS,
     Core,
@@ -329,33 +308,33 @@ class Runtime:
             for effect in machine.take():
                 self._carry_out(effect)
 
-    def _carry_out(self, effect: MachineEffect) -> None:
+    def _carry_out(self, effect: fx.MachineEffect) -> None:
         match effect:
-            case Answered(request_id=request_id, answer=answer):
+            case fx.Answered(request_id=request_id, answer=answer):
                 future = self._futures.pop(request_id, None)
                 if future is not None and not future.done():
                     future.set_result(answer)
-            case ArmTimer(key=key, deadline_ms=deadline_ms):
+            case fx.ArmTimer(key=key, deadline_ms=deadline_ms):
                 handle = self._loop_timers.get(key)
                 if handle is not None:
                     handle.cancel()
                 self._loop_timers[key] = self.clock.call_at(
                     deadline_ms, functools.partial(self._timer_due, key))
-            case DisarmTimer(key=key):
+            case fx.DisarmTimer(key=key):
                 handle = self._loop_timers.pop(key, None)
                 if handle is not None:
                     handle.cancel()
-            case DisarmTimers():
+            case fx.DisarmTimers():
                 for handle in self._loop_timers.values():
                     handle.cancel()
                 self._loop_timers.clear()
-            case WriteDue():
+            case fx.WriteDue():
                 # As late as the loop allows: whatever else is applied meanwhile
                 # shares the transaction (group commit).
                 self._running_loop().call_soon(self._begin_write)
-            case WriteRecords(records=records):
+            case fx.WriteRecords(records=records):
                 self._writer = self._running_loop().create_task(self._write(records))
-            case BatchCommitted(seconds=seconds, records=count):
+            case fx.BatchCommitted(seconds=seconds, records=count):
                 if self.metrics is not None:
                     self.metrics.observe_commit(seconds, count)
             case GroupStateChanged():
@@ -369,51 +348,51 @@ class Runtime:
                          effect.group_id, effect.member_id)
                 if self.metrics is not None:
                     self.metrics.session_expiries.inc()
-            case ArmStorageCheck(deadline_ms=deadline_ms):
+            case fx.ArmStorageCheck(deadline_ms=deadline_ms):
                 self._cancel_storage_check()
                 self._storage_check = self.clock.call_at(deadline_ms, self._storage_check_due)
-            case DisarmStorageCheck():
+            case fx.DisarmStorageCheck():
                 self._cancel_storage_check()
-            case CheckStorage():
+            case fx.CheckStorage():
                 try:
                     self.storage.check()
                 except Exception as exc:
                     self.machine.storage_failed(self.clock.now_ms(), str(exc))
                 else:
                     self.machine.storage_checked(self.clock.now_ms())
-            case LoadGroup(group_id=group_id):
+            case fx.LoadGroup(group_id=group_id):
                 task = self._running_loop().create_task(self._load_group(group_id))
                 self._loads.add(task)
                 task.add_done_callback(self._loads.discard)
-            case LimitRefused():
+            case fx.LimitRefused():
                 self._refused(effect)
-            case CoreRaised(command=name, error=error, group_id=group_id):
+            case fx.CoreRaised(command=name, error=error, group_id=group_id):
                 if group_id is None:
                     log.error("core failed", exc_info=error)
                 else:
                     # The traceback is for whoever debugs the core; the operator's
                     # line is GroupEvicted's.
                     log.debug("core failed on %s", name, exc_info=error)
-            case GroupEvicted(group_id=group_id, cause=cause, why=why):
+            case fx.GroupEvicted(group_id=group_id, cause=cause, why=why):
                 log.error("group %r: %s; it is reloaded from storage (its calls are answered "
                           "COORDINATOR_LOAD_IN_PROGRESS meanwhile; other groups are not "
                           "affected)", group_id, why)
                 if self.metrics is not None:
                     self.metrics.group_reloads.labels(cause).inc()
-            case GroupReloaded(group_id=group_id, took_ms=took_ms, found=found):
+            case fx.GroupReloaded(group_id=group_id, took_ms=took_ms, found=found):
                 log.warning("group %r: reloaded from storage in %d ms (%s)", group_id,
                             took_ms, found)
-            case ServingStopped(why=why, storage=storage):
+            case fx.ServingStopped(why=why, storage=storage):
                 self._serving_stopped(why, storage)
-            case Stopped():
+            case fx.Stopped():
                 self._stopped.set()
-            case Loaded(groups=groups, checkpoint_groups=checkpoints,
+            case fx.Loaded(groups=groups, checkpoint_groups=checkpoints,
                         resource_sets=resource_sets):
                 # A partition's runtime: its host says it once for all its partitions.
                 log.log(logging.INFO if self.partition is None else logging.DEBUG,
                         "loaded %d group(s), %d checkpoint group(s), %d resource set(s)",
                         groups, checkpoints, resource_sets)
-            case Applied():
+            case fx.Applied():
                 pass  # only asked for by the simulator
 
     def _begin_write(self) -> None:
@@ -468,7 +447,7 @@ class Runtime:
 
     # ------------------------------------------------------------ logs and metrics
 
-    def _refused(self, refusal: LimitRefused) -> None:
+    def _refused(self, refusal: fx.LimitRefused) -> None:
         """Count a request refused by a limit; log it when the machine says so."""
         if self.metrics is not None:
             self.metrics.requests_refused.labels(refusal.reason).inc()
