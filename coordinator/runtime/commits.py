@@ -1,8 +1,9 @@
 """Group commit and reply after commit, as bookkeeping: which batch a reply waits for.
 
-Pure: no I/O, no clock, no event loop. :class:`Runtime` (``runtime.py``) and
-the simulator's coordinator (``tests/sim/server.py``) drive the same object,
-so the simulator checks the rule the server runs rather than a copy of it.
+Pure: no I/O, no clock, no event loop. The runtime's machine
+(``machine.py``) holds one; :class:`Runtime` (``runtime.py``) and the
+simulator's coordinator (``tests/sim/server.py``) drive that same machine, so
+the simulator checks the rule the server runs rather than a copy of it.
 
 - ``Persist`` records are collected into the *open* batch (:meth:`Commits.write`).
   One batch commits at a time: :meth:`Commits.start_commit` makes the open

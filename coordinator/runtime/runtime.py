@@ -61,6 +61,13 @@ docs/architecture.md practices 4 and 5, after Kafka's group coordinator runtime:
   over state of no one group (the catalog) is handled the same way. A
   partition's runtime among several coordinators (``partition`` set) does the
   same, and its host drops the partition.
+
+Every rule above is decided by :class:`~coordinator.runtime.machine.RuntimeMachine`,
+which does no I/O; :class:`Runtime` is its asyncio shell: it gives the machine
+the clock's time and each call a request id, turns the machine's effects into
+futures answered, storage writes and loads run as tasks (their outcome fed back),
+loop timers on the :class:`~coordinator.runtime.clock.Clock`, log lines and
+metrics. The simulator (tests/sim/server.py) drives the same machine.
 """
 
 from __future__ import annotations
@@ -69,128 +76,38 @@ import asyncio
 import functools
 import itertools
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from coordinator.core.commands import (
-    Cancelled,
-    Command,
-    Commit,
-    DeleteGroup,
-    DeleteResource,
-    Fetch,
-    Heartbeat,
-    Join,
-    Leave,
-    PutResource,
-    ReleaseHeartbeat,
-    RemoveMember,
-    ResetCheckpoints,
-    Sync,
-    TimerFired,
-    command_group,
-)
-from coordinator.core.coordinator import CoreFailure
-from coordinator.core.effects import (
-    AdminResult,
-    CancelTimer,
-    Effect,
-    GroupStateChanged,
-    MemberExpired,
-    Persist,
-    RebalanceCompleted,
-    Reply,
-    RequestRefused,
-    ScheduleTimer,
-)
-from coordinator.core.health import Health
-from coordinator.core.records import (
-    REBALANCE_REASONS,
-    CheckpointMeta,
-    Record,
-    Snapshot,
-)
-from coordinator.core.views import GroupSummary, GroupView
+from coordinator.core.commands import Command
+from coordinator.core.effects import GroupStateChanged, MemberExpired, RebalanceCompleted
+from coordinator.core.records import REBALANCE_REASONS, Record, Snapshot
 from coordinator.metrics import Metrics
+from coordinator.runtime import effects as fx
 from coordinator.runtime.clock import Clock, TimerHandle
-from coordinator.runtime.commits import Batch, Commits, record_group
-from coordinator.storage.sqlite import RecordError
-from protocol.catalog import Placement
-from protocol.errors import ErrorCode
-from protocol.messages import (
-    CommitResponse,
-    FetchResponse,
-    FindCoordinatorResponse,
-    HeartbeatResponse,
-    JoinResponse,
-    LeaveResponse,
-    Response,
-    SyncResponse,
+from coordinator.runtime.effects import Answer
+from coordinator.runtime.machine import (
+    REFUSAL_LOG_INTERVAL_MS,
+    Core,
+    CoreView,
+    RuntimeMachine,
+    error_answer,
 )
-from protocol.validate import Scalar
+from coordinator.storage.sqlite import RecordError
+from protocol.errors import ErrorCode
+from protocol.messages import FindCoordinatorResponse
+
+__all__ = ["REFUSAL_LOG_INTERVAL_MS", "STORAGE_CHECK_INTERVAL_MS", "Answer", "Core", "CoreView",
+           "Runtime", "Store", "error_answer"]
 
 log = logging.getLogger("groupcoord.runtime")
 
-Answer = Response | AdminResult
-
-#: A refused request is logged at most this often per limit (the metric counts every one).
-REFUSAL_LOG_INTERVAL_MS = 60_000
 #: how often an idle runtime checks that its database file is still the one open
 #: (``Store.check``: three stat calls, a few microseconds).
 STORAGE_CHECK_INTERVAL_MS = 1_000
 _LIMIT_FLAGS = {"max_groups": "--max-groups", "max_groups_per_token": "--max-groups-per-token",
                 "max_parked_requests": "--max-parked-requests",
                 "max_parked_per_token": "--max-parked-per-token"}
-
-
-class CoreView(Protocol):
-    """The read-only views of the groups held in memory (the admin API, the console,
-    metrics): one core's, or every partition's of a coordinator among several."""
-
-    def state_counts(self) -> Mapping[str, int]: ...
-
-    def member_count(self) -> int: ...
-
-    def list_groups(self) -> Sequence[GroupSummary]: ...
-
-    def group_ids(self) -> Sequence[str]:
-        """Every group's id, sorted (cheaper than :meth:`list_groups`: no summaries)."""
-
-    def group_summary(self, group_id: str) -> GroupSummary | None: ...
-
-    def describe_group(self, group_id: str) -> GroupView | None: ...
-
-    def health(self, group_id: str, now_ms: int) -> Health: ...
-
-    def catalog(self) -> Mapping[str, int]: ...
-
-    def catalog_placement(self) -> Mapping[str, Placement]:
-        """The weights and zones of the catalog's sets that are not the default."""
-
-    def checkpoints(self, group_id: str) -> Mapping[tuple[str, int], Scalar]: ...
-
-    def checkpoint_meta(self, group_id: str) -> Mapping[tuple[str, int], CheckpointMeta]: ...
-
-    @property
-    def resources_epoch(self) -> int: ...
-
-    def parked_request_count(self) -> int: ...
-
-    def parked_by(self, principal: str) -> int: ...
-
-
-class Core(CoreView, Protocol):
-    """What the runtime needs of ``coordinator.core.GroupCoordinator``."""
-
-    def handle(self, now_ms: int, command: Command) -> list[Effect]: ...
-
-    def restore(self, snapshot: Snapshot, now_ms: int) -> list[Effect]: ...
-
-    def evict_group(self, group_id: str, now_ms: int) -> list[Effect]: ...
-
-    def restore_group(self, snapshot: Snapshot, now_ms: int) -> list[Effect]: ...
 
 
 class Store(Protocol):
@@ -210,65 +127,17 @@ class Store(Protocol):
         (the database file deleted or replaced); no I/O, called on the loop."""
 
 
-def error_answer(command: Command, code: ErrorCode) -> Answer:
-    """The answer to ``command`` carrying only an error code."""
-    match command:
-        case Join():
-            return JoinResponse(code, member_id=command.request.member_id)
-        case Sync():
-            return SyncResponse(code)
-        case Heartbeat():
-            return HeartbeatResponse(code)
-        case Leave():
-            return LeaveResponse(code)
-        case Commit():
-            return CommitResponse(code)
-        case Fetch():
-            return FetchResponse(code)
-        case DeleteGroup() | PutResource() | DeleteResource() | RemoveMember() \
-                | ResetCheckpoints():
-            return AdminResult(code)
-    raise TypeError(f"{type(command).__name__} has no answer")
-
-
-@dataclass(slots=True, eq=False)
-class _Timer:
-    """One armed key: the deadline the core asked for and the loop timer serving it.
-
-    ``handle_deadline_ms`` (when the loop timer fires) is never later than
-    ``deadline_ms``: an earlier deadline replaces the loop timer, a later one
-    is only recorded (see the module docs).
-    """
-
-    deadline_ms: int
-    handle_deadline_ms: int
-    handle: TimerHandle | None = None
-
-
-@dataclass(slots=True)
-class _Waiter:
-    command: Command
-    #: made only for a call that waits (parked, or its reply held for a commit).
-    future: asyncio.Future[Answer] | None = None
-    #: the answer of a call resolved within its own apply step (no future needed).
-    answer: Answer | None = None
-    #: True until the core emitted the Reply (it may still wait for a commit).
-    in_core: bool = True
-
-
 class Runtime:
+    """The asyncio shell of a :class:`RuntimeMachine` (module docs)."""
+
     def __init__(self, core: Core, storage: Store, clock: Clock,
                  metrics: Metrics | None = None, *, max_parked_requests: int = 0,
                  max_parked_per_token: int = 0,
                  storage_check_interval_ms: int = STORAGE_CHECK_INTERVAL_MS,
                  partition: int | None = None) -> None:
-        if max_parked_requests < 0:
-            raise ValueError(f"max_parked_requests: must be >= 0, got {max_parked_requests}")
-        if max_parked_per_token < 0:
-            raise ValueError(f"max_parked_per_token: must be >= 0, got {max_parked_per_token}")
-        if storage_check_interval_ms < 0:
-            raise ValueError(f"storage_check_interval_ms: must be >= 0, "
-                             f"got {storage_check_interval_ms}")
+        self.machine = RuntimeMachine(core, max_parked_requests=max_parked_requests,
+                                      max_parked_per_token=max_parked_per_token,
+                                      storage_check_interval_ms=storage_check_interval_ms)
         self.core = core
         self.storage = storage
         #: the protocol URL ``find_coordinator`` gives out for this one-process server
@@ -282,48 +151,50 @@ class Runtime:
         self._owns_readiness = partition is None
         self.clock = clock
         self.metrics = metrics
-        #: True once state is loaded and until stop or a storage failure.
-        self.ready = False
         #: set when a storage write or check failed; the server should exit.
         self.failed = asyncio.Event()
-        #: 0: only the check after each commit.
-        self.storage_check_interval_ms = storage_check_interval_ms
-        self._storage_check: TimerHandle | None = None
-        self._stopping = False
+        #: set when a stop is over (its writes done, its calls answered).
+        self._stopped = asyncio.Event()
         #: the loop serving this runtime, kept at the first call: asyncio.get_running_loop()
         #: costs a getpid() system call per call in CPython (its fork check).
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count(1)
-        self._waiters: dict[int, _Waiter] = {}
-        self._timers: dict[str, _Timer] = {}
-        #: 0: unlimited.
-        self.max_parked_requests = max_parked_requests
-        #: parked joins and syncs of one token (authentication on); 0: unlimited.
-        self.max_parked_per_token = max_parked_per_token
-        #: the open batch, the one in flight, and which one each reply waits for.
-        self._commits = Commits()
-        self._flusher: asyncio.Task[None] | None = None
-        #: per limit: when a refusal was last logged, and refusals since then.
-        self._refusal_logged_ms: dict[str, int] = {}
-        self._refusals_unlogged: dict[str, int] = {}
-        #: groups evicted after a failure confined to them, until reloaded from
-        #: storage: their reload task, ``None`` while a write of theirs is uncommitted.
-        self._reloading: dict[str, asyncio.Task[None] | None] = {}
+        #: the calls waiting for an Answered effect.
+        self._futures: dict[int, asyncio.Future[Answer]] = {}
+        self._loop_timers: dict[str, TimerHandle] = {}
+        self._storage_check: TimerHandle | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._loads: set[asyncio.Task[None]] = set()
+
+    @property
+    def ready(self) -> bool:
+        """True once state is loaded and until stop or a storage failure."""
+        return self.machine.ready
+
+    @property
+    def max_parked_requests(self) -> int:
+        """``--max-parked-requests`` (0: unlimited)."""
+        return self.machine.max_parked_requests
+
+    @property
+    def max_parked_per_token(self) -> int:
+        """``--max-parked-per-token`` (0: unlimited)."""
+        return self.machine.max_parked_per_token
+
+    @property
+    def storage_check_interval_ms(self) -> int:
+        """How often an idle runtime checks its database (0: only after commits)."""
+        return self.machine.storage_check_interval_ms
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         """Load the snapshot, rebuild the core, then serve."""
         snapshot = await self.storage.load()
-        self._execute(self.core.restore(snapshot, self.clock.now_ms()))
-        self.ready = True
+        self.machine.start(self.clock.now_ms(), snapshot)
         if self.metrics is not None and self._owns_readiness:
             self.metrics.ready.set(1)
-        self._arm_storage_check()
-        # A partition's runtime: its host says it once for all its partitions.
-        log.log(logging.INFO if self.partition is None else logging.DEBUG,
-                "loaded %d group(s), %d checkpoint group(s), %d resource set(s)",
-                len(snapshot.groups), len(snapshot.checkpoints), len(snapshot.catalog))
+        self._perform()
 
     async def stop(self, code: ErrorCode = ErrorCode.COORDINATOR_NOT_AVAILABLE) -> None:
         """Stop serving: cancel timers, let pending writes commit, answer the rest.
@@ -332,15 +203,11 @@ class Runtime:
         handed to another coordinator: ``NOT_COORDINATOR``) so their callers retry
         against the next instance; nothing is written on their behalf.
         """
-        self._stopping = True
-        self.ready = False
-        if self.metrics is not None and self._owns_readiness:
-            self.metrics.ready.set(0)
-        self._cancel_timers()
-        self._cancel_storage_check()
-        while self._flusher is not None:
-            await asyncio.shield(self._flusher)
-        self._fail_waiters(code)
+        self._not_ready()
+        self._stopped.clear()
+        self.machine.stop(self.clock.now_ms(), code)
+        self._perform()
+        await asyncio.shield(self._stopped.wait())
 
     def abandon(self) -> None:
         """Stop serving at once, without waiting for anything (a partition whose lease
@@ -349,12 +216,13 @@ class Runtime:
         ``COORDINATOR_NOT_AVAILABLE`` (not ``NOT_COORDINATOR``, which says nothing
         changed: a write in flight may still commit). That write finishes on its own;
         its replies are already answered."""
-        self._stopping = True
-        self._halt()
+        self._not_ready()
+        self.machine.abandon(self.clock.now_ms())
+        self._perform()
 
     def submit(self, command: Command) -> None:
         """Apply a command that answers nothing (``AdoptCatalog``), if serving."""
-        if self.ready:
+        if self.machine.ready:
             self._apply(command)
 
     # ------------------------------------------------------------ routing (v1.1)
@@ -385,7 +253,11 @@ class Runtime:
     @property
     def pending_writes(self) -> int:
         """Records collected or in flight (for tests and diagnostics)."""
-        return self._commits.pending_writes
+        return self.machine.commits.pending_writes
+
+    def timer_keys(self) -> list[str]:
+        """Keys of the armed timers (for tests and diagnostics)."""
+        return self.machine.timer_keys()
 
     # ------------------------------------------------------------ requests
 
@@ -397,61 +269,22 @@ class Runtime:
         core, the core is told with ``Cancelled(request_id)``.
         """
         request_id = next(self._ids)
-        command = make(request_id)
-        if not self.ready:
-            code = (ErrorCode.COORDINATOR_NOT_AVAILABLE if self._stopping or self.failed.is_set()
-                    else ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-            return error_answer(command, code)
-        if self._reloading and command_group(command) in self._reloading:
-            # Being reloaded after a failure of its own: as Kafka answers while it
-            # loads a group, the caller retries.
-            return error_answer(command, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-        if self.max_parked_per_token and isinstance(command, (Join, Sync)) \
-                and command.principal is not None \
-                and self.core.parked_by(command.principal) >= self.max_parked_per_token:
-            # The token's share of the parked requests is full: refused before the
-            # core, like the global limit below, so one token's parked joins and
-            # syncs leave the rest of the limit to the others. Its own parked calls
-            # drain within their rebalance timeouts (--max-rebalance-timeout-ms).
-            self._refused("max_parked_per_token", command_group(command) or "")
-            return error_answer(command, ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        if self.max_parked_requests and isinstance(command, (Join, Sync, Heartbeat)) \
-                and self.core.parked_request_count() >= self.max_parked_requests:
-            if isinstance(command, Heartbeat):
-                # At the limit a long-poll heartbeat is answered at once, as if
-                # wait_ms were 0: it still renews the session (docs/protocol.md,
-                # "POST /v1/heartbeat").
-                if command.request.wait_ms > 0:
-                    command = Heartbeat(command.request_id, replace(command.request, wait_ms=0))
-            else:
-                # A parked long-poll heartbeat is only a wait: answer the oldest one
-                # now to make room, so heartbeats (one parked per member at most)
-                # can never starve joins and syncs of other groups.
-                self._apply(ReleaseHeartbeat())
-            if not isinstance(command, Heartbeat) \
-                    and self.core.parked_request_count() >= self.max_parked_requests:
-                # Whether a join or sync would park depends on the group's state and
-                # changing that state is what parking does; deciding it without
-                # applying would duplicate the core. So when joins and syncs alone
-                # fill the limit every join and sync is refused before it reaches
-                # the core (it changes nothing); the client retries
-                # COORDINATOR_NOT_AVAILABLE with backoff, and the parked requests
-                # drain within their rebalance timeouts.
-                self._refused("max_parked_requests", command_group(command) or "")
-                return error_answer(command, ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        waiter = _Waiter(command)
-        self._waiters[request_id] = waiter
-        self._apply(command)
-        if waiter.answer is not None:
+        machine = self.machine
+        answer = machine.request(self.clock.now_ms(), request_id, make(request_id))
+        if machine.pending:
+            self._perform()
+        if answer is not None:
             # Answered within the apply step (a heartbeat of a Stable group with no
             # write of its group or the catalog pending, most fetches): no future.
-            return waiter.answer
+            return answer
         future: asyncio.Future[Answer] = self._running_loop().create_future()
-        waiter.future = future
+        self._futures[request_id] = future
         try:
             return await future
         except asyncio.CancelledError:
-            self._abandon(request_id)
+            if self._futures.pop(request_id, None) is not None:
+                machine.caller_gone(self.clock.now_ms(), request_id)
+                self._perform()
             raise
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
@@ -460,115 +293,170 @@ class Runtime:
             loop = self._loop = asyncio.get_running_loop()
         return loop
 
-    def _abandon(self, request_id: int) -> None:
-        waiter = self._waiters.pop(request_id, None)
-        if waiter is not None and waiter.in_core and self.ready:
-            self._apply(Cancelled(request_id))
-
-    # ------------------------------------------------------------ apply step
-
     def _apply(self, command: Command) -> None:
+        """Apply ``command`` whose answer no caller waits for."""
+        self.machine.apply(self.clock.now_ms(), command)
+        self._perform()
+
+    # ------------------------------------------------------------ effects
+
+    def _perform(self) -> None:
+        """Carry out the machine's effects, in order, until it has none (carrying one
+        out may feed the machine an outcome, which emits more)."""
+        machine = self.machine
+        while machine.pending:
+            for effect in machine.take():
+                self._carry_out(effect)
+
+    def _carry_out(self, effect: fx.MachineEffect) -> None:
+        match effect:
+            case fx.Answered(request_id=request_id, answer=answer):
+                future = self._futures.pop(request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(answer)
+            case fx.ArmTimer(key=key, deadline_ms=deadline_ms):
+                handle = self._loop_timers.get(key)
+                if handle is not None:
+                    handle.cancel()
+                self._loop_timers[key] = self.clock.call_at(
+                    deadline_ms, functools.partial(self._timer_due, key))
+            case fx.DisarmTimer(key=key):
+                handle = self._loop_timers.pop(key, None)
+                if handle is not None:
+                    handle.cancel()
+            case fx.DisarmTimers():
+                for handle in self._loop_timers.values():
+                    handle.cancel()
+                self._loop_timers.clear()
+            case fx.WriteDue():
+                # As late as the loop allows: whatever else is applied meanwhile
+                # shares the transaction (group commit).
+                self._running_loop().call_soon(self._begin_write)
+            case fx.WriteRecords(records=records):
+                self._writer = self._running_loop().create_task(self._write(records))
+            case fx.BatchCommitted(seconds=seconds, records=count):
+                if self.metrics is not None:
+                    self.metrics.observe_commit(seconds, count)
+            case GroupStateChanged():
+                self._state_changed(effect)
+            case RebalanceCompleted():
+                if self.metrics is not None:
+                    self.metrics.rebalances_completed.inc()
+                    self.metrics.rebalance_seconds.observe(effect.duration_ms / 1000)
+            case MemberExpired():
+                log.info("group %r: member %r expired (session timeout)",
+                         effect.group_id, effect.member_id)
+                if self.metrics is not None:
+                    self.metrics.session_expiries.inc()
+            case fx.ArmStorageCheck(deadline_ms=deadline_ms):
+                self._cancel_storage_check()
+                self._storage_check = self.clock.call_at(deadline_ms, self._storage_check_due)
+            case fx.DisarmStorageCheck():
+                self._cancel_storage_check()
+            case fx.CheckStorage():
+                try:
+                    self.storage.check()
+                except Exception as exc:
+                    self.machine.storage_failed(self.clock.now_ms(), str(exc))
+                else:
+                    self.machine.storage_checked(self.clock.now_ms())
+            case fx.LoadGroup(group_id=group_id):
+                task = self._running_loop().create_task(self._load_group(group_id))
+                self._loads.add(task)
+                task.add_done_callback(self._loads.discard)
+            case fx.LimitRefused():
+                self._refused(effect)
+            case fx.CoreRaised(command=name, error=error, group_id=group_id):
+                if group_id is None:
+                    log.error("core failed", exc_info=error)
+                else:
+                    # The traceback is for whoever debugs the core; the operator's
+                    # line is GroupEvicted's.
+                    log.debug("core failed on %s", name, exc_info=error)
+            case fx.GroupEvicted(group_id=group_id, cause=cause, why=why):
+                log.error("group %r: %s; it is reloaded from storage (its calls are answered "
+                          "COORDINATOR_LOAD_IN_PROGRESS meanwhile; other groups are not "
+                          "affected)", group_id, why)
+                if self.metrics is not None:
+                    self.metrics.group_reloads.labels(cause).inc()
+            case fx.GroupReloaded(group_id=group_id, took_ms=took_ms, found=found):
+                log.warning("group %r: reloaded from storage in %d ms (%s)", group_id,
+                            took_ms, found)
+            case fx.ServingStopped(why=why, storage=storage):
+                self._serving_stopped(why, storage)
+            case fx.Stopped():
+                self._stopped.set()
+            case fx.Loaded(groups=groups, checkpoint_groups=checkpoints,
+                        resource_sets=resource_sets):
+                # A partition's runtime: its host says it once for all its partitions.
+                log.log(logging.INFO if self.partition is None else logging.DEBUG,
+                        "loaded %d group(s), %d checkpoint group(s), %d resource set(s)",
+                        groups, checkpoints, resource_sets)
+            case fx.Applied():
+                pass  # only asked for by the simulator
+
+    def _begin_write(self) -> None:
+        self.machine.begin_write(self.clock.now_ms())
+        self._perform()
+
+    def _timer_due(self, key: str) -> None:
+        self._loop_timers.pop(key, None)
+        self.machine.timer_due(self.clock.now_ms(), key)
+        self._perform()
+
+    def _storage_check_due(self) -> None:
+        self._storage_check = None
+        self.machine.storage_check_due(self.clock.now_ms())
+        self._perform()
+
+    def _cancel_storage_check(self) -> None:
+        if self._storage_check is not None:
+            self._storage_check.cancel()
+            self._storage_check = None
+
+    async def _write(self, records: Sequence[Record]) -> None:
+        """One :class:`WriteRecords`: its outcome goes back to the machine."""
+        machine = self.machine
         try:
-            effects = self.core.handle(self.clock.now_ms(), command)
+            seconds = await self.storage.write(records)
+        except RecordError as exc:
+            self._writer = None
+            machine.write_refused(self.clock.now_ms(), exc)
+        except asyncio.CancelledError:
+            # The loop shutting down: nothing is in flight any more.
+            self._writer = None
+            machine.write_cancelled(self.clock.now_ms())
+            self._perform()
+            raise
         except Exception as exc:
-            # A bug in the core. It may have changed part of the state it was
-            # changing before it raised, and serving from a half-changed state is
-            # what a storage failure is also kept from. This request is answered
-            # UNKNOWN_SERVER_ERROR. The core names whose state that was: one group's
-            # is evicted and reloaded from what is durable while every other group
-            # keeps serving (Kafka reverts one group when its write fails); state of
-            # no one group (the catalog) stops serving as a storage failure does.
-            request_id = getattr(command, "request_id", None)
-            if isinstance(request_id, int) and request_id in self._waiters:
-                self._resolve(request_id, error_answer(self._waiters[request_id].command,
-                                                       ErrorCode.UNKNOWN_SERVER_ERROR))
-            group_id = exc.group_id if isinstance(exc, CoreFailure) else None
-            if group_id is None:
-                log.error("core failed", exc_info=exc)
-                self._stop_serving(f"the core failed on {type(command).__name__}: {exc!r}")
-                return
-            # The traceback is for whoever debugs the core; the operator's line is
-            # the one below.
-            log.debug("core failed on %s", type(command).__name__, exc_info=exc)
-            cause = exc.cause if isinstance(exc, CoreFailure) else exc
-            self._isolate(group_id, "core",
-                          f"the core failed on {type(command).__name__}: {cause!r}")
-            return
-        self._execute(effects)
-
-    def _execute(self, effects: list[Effect]) -> None:
-        #: this command emitted a write (into the open batch) before the current effect.
-        wrote = False
-        commits = self._commits
-        for effect in effects:
-            # The effects of a heartbeat (a session re-arm and a reply) are matched first.
-            match effect:
-                case ScheduleTimer(key=key, deadline_ms=deadline_ms):
-                    self._arm(key, deadline_ms)
-                case Reply():
-                    self._route_reply(effect, wrote)
-                case Persist(record=record):
-                    commits.write(record)
-                    wrote = True
-                case CancelTimer(key=key):
-                    timer = self._timers.pop(key, None)
-                    if timer is not None and timer.handle is not None:
-                        timer.handle.cancel()
-                case GroupStateChanged():
-                    self._state_changed(effect)
-                case RebalanceCompleted():
-                    if self.metrics is not None:
-                        self.metrics.rebalances_completed.inc()
-                        self.metrics.rebalance_seconds.observe(effect.duration_ms / 1000)
-                case MemberExpired():
-                    log.info("group %r: member %r expired (session timeout)",
-                             effect.group_id, effect.member_id)
-                    if self.metrics is not None:
-                        self.metrics.session_expiries.inc()
-                case RequestRefused(group_id=group_id, reason=reason):
-                    self._refused(reason, group_id)
-        if commits.open.records and self._flusher is None:
-            self._flusher = self._running_loop().create_task(self._flush())
-
-    def _route_reply(self, reply: Reply, wrote: bool) -> None:
-        waiter = self._waiters.get(reply.request_id)
-        if waiter is None:
-            return  # the caller went away: nothing to release
-        waiter.in_core = False
-        # Reply after commit, per group: wait for the latest uncommitted batch
-        # holding a write this reply depends on (Commits.wait_for). With nothing
-        # uncommitted, the steady state of heartbeats, the tracker says so in
-        # one attribute and the reply goes now without a call.
-        commits = self._commits
-        if not wrote and commits.idle:
-            self._resolve(reply.request_id, reply.response)
-            return
-        batch = commits.wait_for(waiter.command, wrote)
-        if batch is None:
-            self._resolve(reply.request_id, reply.response)
+            self._writer = None
+            machine.write_failed(self.clock.now_ms(), str(exc))
         else:
-            batch.replies.append(reply)
+            self._writer = None
+            machine.write_done(self.clock.now_ms(), seconds)
+        self._perform()
 
-    def _refused(self, reason: str, group_id: str) -> None:
-        """Count a request refused by a limit; log it at most once per interval per limit."""
+    async def _load_group(self, group_id: str) -> None:
+        try:
+            snapshot = await self.storage.load_group(group_id)
+        except Exception as exc:
+            self.machine.group_load_failed(self.clock.now_ms(), group_id, str(exc))
+        else:
+            self.machine.group_loaded(self.clock.now_ms(), group_id, snapshot)
+        self._perform()
+
+    # ------------------------------------------------------------ logs and metrics
+
+    def _refused(self, refusal: fx.LimitRefused) -> None:
+        """Count a request refused by a limit; log it when the machine says so."""
         if self.metrics is not None:
-            self.metrics.requests_refused.labels(reason).inc()
-        now = self.clock.now_ms()
-        last = self._refusal_logged_ms.get(reason)
-        if last is not None and now - last < REFUSAL_LOG_INTERVAL_MS:
-            self._refusals_unlogged[reason] = self._refusals_unlogged.get(reason, 0) + 1
-            return
-        earlier = self._refusals_unlogged.pop(reason, 0)
-        self._refusal_logged_ms[reason] = now
-        log.warning("%s reached: refused a request for group %r with COORDINATOR_NOT_AVAILABLE "
-                    "(%d more refused since the last such warning; "
-                    "groupcoord_requests_refused_total counts them all)",
-                    _LIMIT_FLAGS.get(reason, reason), group_id, earlier)
-
-    def _resolve(self, request_id: int, answer: Answer) -> None:
-        waiter = self._waiters.pop(request_id, None)
-        if waiter is not None:
-            _settle(waiter, answer)
+            self.metrics.requests_refused.labels(refusal.reason).inc()
+        if refusal.logged:
+            log.warning("%s reached: refused a request for group %r with "
+                        "COORDINATOR_NOT_AVAILABLE (%d more refused since the last such "
+                        "warning; groupcoord_requests_refused_total counts them all)",
+                        _LIMIT_FLAGS.get(refusal.reason, refusal.reason), refusal.group_id,
+                        refusal.earlier)
 
     def _state_changed(self, change: GroupStateChanged) -> None:
         log.info("group %r: %s -> %s (generation %d): %s", change.group_id,
@@ -579,229 +467,11 @@ class Runtime:
             reason = change.reason if change.reason in REBALANCE_REASONS else "other"
             self.metrics.rebalances_started.labels(reason).inc()
 
-    # ------------------------------------------------------------ timers
-
-    def _arm(self, key: str, deadline_ms: int) -> None:
-        timer = self._timers.get(key)
-        if timer is not None and timer.handle_deadline_ms <= deadline_ms:
-            # Lazy re-arm (a heartbeat pushing its session deadline later): the
-            # loop timer fires first and re-schedules itself for this deadline.
-            timer.deadline_ms = deadline_ms
-            return
-        if timer is not None and timer.handle is not None:
-            timer.handle.cancel()
-        timer = _Timer(deadline_ms, deadline_ms)
-        timer.handle = self.clock.call_at(deadline_ms, functools.partial(self._fire, key, timer))
-        self._timers[key] = timer
-
-    def _fire(self, key: str, timer: _Timer) -> None:
-        if self._timers.get(key) is not timer or not self.ready:
-            return  # cancelled, replaced or stopped since: a stale firing
-        if self.clock.now_ms() < timer.deadline_ms:
-            # Re-armed for later since this loop timer was set: wait for that.
-            timer.handle_deadline_ms = timer.deadline_ms
-            timer.handle = self.clock.call_at(timer.deadline_ms,
-                                              functools.partial(self._fire, key, timer))
-            return
-        del self._timers[key]
-        self._apply(TimerFired(key))
-
-    def _cancel_timers(self) -> None:
-        for timer in self._timers.values():
-            if timer.handle is not None:
-                timer.handle.cancel()
-        self._timers.clear()
-
-    def timer_keys(self) -> list[str]:
-        """Keys of the armed timers (for tests and diagnostics)."""
-        return sorted(self._timers)
-
-    # ------------------------------------------------------------ group commit
-
-    async def _flush(self) -> None:
-        commits = self._commits
-        try:
-            while commits.open.records:
-                batch = commits.start_commit()
-                written = await self._write(batch)
-                if written is None:
-                    return  # storage failed: stopped serving
-                seconds, refused = written
-                commits.committed(batch)
-                if self.metrics is not None:
-                    self.metrics.observe_commit(seconds, len(batch.records))
-                for reply in batch.replies:
-                    if refused and self._request_group(reply.request_id) in refused:
-                        # Its group's writes were not made durable.
-                        self._resolve(reply.request_id, error_answer(
-                            self._waiters[reply.request_id].command,
-                            ErrorCode.UNKNOWN_SERVER_ERROR))
-                    else:
-                        self._resolve(reply.request_id, reply.response)
-                for group_id, problem in refused.items():
-                    self._isolate(group_id, "storage", f"the store refused its records: {problem}")
-                self._reload_committed()
-        finally:
-            self._flusher = None
-            # Cancelled mid-write (the loop shutting down): nothing is in flight.
-            commits.inflight = None
-
-    async def _write(self, batch: Batch) -> tuple[float, dict[str, str]] | None:
-        """Make ``batch`` durable; returns the seconds it took and the groups whose
-        records the store refused (:class:`RecordError`), with why. Those records
-        are left out and everything else is written. ``None``: the storage failed
-        (the database gone, full, fenced): serving has stopped.
-
-        A store that names the group of the record it refused has that group's
-        records left out and the rest written again; one that does not (the
-        database refused a value) has each group's records written apart, so the
-        refused ones fail alone. The catalog's records refused stop serving."""
-        records = batch.records
-        refused: dict[str, str] = {}
-        while True:
-            try:
-                return await self.storage.write(records), refused
-            except RecordError as exc:
-                if exc.group_id is None or exc.group_id in refused:
-                    break
-                refused[exc.group_id] = exc.problem
-                records = [r for r in records if record_group(r) not in refused]
-                if not records:
-                    return 0.0, refused
-            except Exception as exc:
-                self._storage_failed(exc)
-                return None
-        units: dict[str | None, list[Record]] = {}
-        for record in records:
-            units.setdefault(record_group(record), []).append(record)
-        seconds = 0.0
-        for group_id, unit in units.items():
-            try:
-                seconds += await self.storage.write(unit)
-            except RecordError as exc:
-                if group_id is None:
-                    self._storage_failed(exc)
-                    return None
-                refused[group_id] = exc.problem
-            except Exception as exc:
-                self._storage_failed(exc)
-                return None
-        return seconds, refused
-
-    def _request_group(self, request_id: int) -> str | None:
-        waiter = self._waiters.get(request_id)
-        return None if waiter is None else command_group(waiter.command)
-
-    # ------------------------------------------------------------ one group's failure
-
-    def _isolate(self, group_id: str, cause: str, why: str) -> None:
-        """A failure confined to one group: memory may be ahead of what is durable
-        for it, or half-changed. Evict it from the core, answer its parked calls
-        ``COORDINATOR_LOAD_IN_PROGRESS``, and reload it from storage once no write
-        of it is uncommitted; until then its calls get the same answer. Every
-        other group keeps serving."""
-        if not self.ready:
-            return
-        first = group_id not in self._reloading
-        if first:
-            self._reloading[group_id] = None
-            log.error("group %r: %s; it is reloaded from storage (its calls are answered "
-                      "COORDINATOR_LOAD_IN_PROGRESS meanwhile; other groups are not "
-                      "affected)", group_id, why)
-            if self.metrics is not None:
-                self.metrics.group_reloads.labels(cause).inc()
-        self._execute(self.core.evict_group(group_id, self.clock.now_ms()))
-        # Its parked calls are no longer in the core.
-        for request_id, waiter in list(self._waiters.items()):
-            if waiter.in_core and command_group(waiter.command) == group_id:
-                self._resolve(request_id, error_answer(
-                    waiter.command, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
-        if cause == "storage":
-            # What it wrote since the refused batch was built on what is not durable.
-            self._drop_open_writes(group_id)
-        self._reload_committed()
-
-    def _drop_open_writes(self, group_id: str) -> None:
-        opened = self._commits.open
-        self._commits.drop_group(group_id)
-        kept = []
-        for reply in opened.replies:
-            if self._request_group(reply.request_id) == group_id:
-                self._resolve(reply.request_id, error_answer(
-                    self._waiters[reply.request_id].command, ErrorCode.UNKNOWN_SERVER_ERROR))
-            else:
-                kept.append(reply)
-        opened.replies = kept
-
-    def _reload_committed(self) -> None:
-        """Start the reload of every evicted group none of whose writes is uncommitted
-        (what is durable is then all it wrote)."""
-        if not self._reloading:
-            return
-        for group_id, task in self._reloading.items():
-            if task is None and not self._commits.holds(group_id):
-                self._reloading[group_id] = self._running_loop().create_task(
-                    self._reload(group_id))
-
-    async def _reload(self, group_id: str) -> None:
-        started = time.perf_counter()
-        try:
-            snapshot = await self.storage.load_group(group_id)
-        except Exception as exc:
-            self._storage_failed(exc)
-            return
-        if not self.ready or group_id not in self._reloading:
-            return
-        del self._reloading[group_id]
-        try:
-            effects = self.core.restore_group(snapshot, self.clock.now_ms())
-        except Exception as exc:
-            self._stop_serving(f"group {group_id!r}: reloading it from storage failed: {exc!r}")
-            return
-        self._execute(effects)
-        record = next((r for r in snapshot.groups if r.group_id == group_id), None)
-        log.warning("group %r: reloaded from storage in %.0f ms (%s)", group_id,
-                    (time.perf_counter() - started) * 1000,
-                    "nothing durable: it starts anew" if record is None and group_id
-                    not in snapshot.checkpoints else
-                    f"generation {record.generation_id}, {len(record.members)} member(s)"
-                    if record is not None else "checkpoints only")
-
-    def _arm_storage_check(self) -> None:
-        if self.storage_check_interval_ms and self.ready:
-            self._storage_check = self.clock.call_at(
-                self.clock.now_ms() + self.storage_check_interval_ms, self._check_storage)
-
-    def _cancel_storage_check(self) -> None:
-        if self._storage_check is not None:
-            self._storage_check.cancel()
-            self._storage_check = None
-
-    def _check_storage(self) -> None:
-        """The idle check: with no write in flight (a write checks after its commit)."""
-        self._storage_check = None
-        if not self.ready:
-            return
-        if self._flusher is None:
-            try:
-                self.storage.check()
-            except Exception as exc:
-                self._storage_failed(exc)
-                return
-        self._arm_storage_check()
-
-    def _storage_failed(self, exc: Exception) -> None:
-        if self.failed.is_set():
-            return
-        if self.metrics is not None:
+    def _serving_stopped(self, why: str, storage: bool) -> None:
+        """Memory may be ahead of what is durable, or half-changed: the machine stopped
+        serving it (module docs); set :attr:`failed`."""
+        if storage and self.metrics is not None:
             self.metrics.storage_failures.inc()
-        self._stop_serving(f"storage failed: {exc}")
-
-    def _stop_serving(self, why: str) -> None:
-        """Memory may be ahead of what is durable, or half-changed: stop serving it
-        (module docs) and set :attr:`failed`."""
-        if self.failed.is_set():
-            return
         if self.partition is None:
             log.critical("%s; memory is now ahead of disk: stopping service (restart to "
                          "reload from disk)", why)
@@ -809,36 +479,11 @@ class Runtime:
             log.warning("partition %d: %s; memory may be ahead of the database: the "
                         "partition is dropped (reloaded from the database by its next "
                         "owner)", self.partition, why)
-        self._halt()
+        self._not_ready()
+        for task in self._loads:
+            task.cancel()
         self.failed.set()
 
-    def _halt(self) -> None:
-        """Serve nothing more from memory: not ready, timers and the storage check
-        cancelled, uncommitted writes dropped, every waiting call answered
-        ``COORDINATOR_NOT_AVAILABLE`` (its outcome unknown)."""
-        self.ready = False
+    def _not_ready(self) -> None:
         if self.metrics is not None and self._owns_readiness:
             self.metrics.ready.set(0)
-        self._cancel_timers()
-        self._cancel_storage_check()
-        self._commits.clear()
-        for task in self._reloading.values():
-            if task is not None:
-                task.cancel()
-        self._reloading.clear()
-        self._fail_waiters(ErrorCode.COORDINATOR_NOT_AVAILABLE)
-
-    def _fail_waiters(self, code: ErrorCode) -> None:
-        waiters, self._waiters = self._waiters, {}
-        for waiter in waiters.values():
-            _settle(waiter, error_answer(waiter.command, code))
-
-
-def _settle(waiter: _Waiter, answer: Answer) -> None:
-    """Give a waiter its answer: to its future if it is awaiting one, else to
-    :meth:`Runtime.call` still in its apply step."""
-    future = waiter.future
-    if future is None:
-        waiter.answer = answer
-    elif not future.done():
-        future.set_result(answer)

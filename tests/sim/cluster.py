@@ -68,7 +68,6 @@ from coordinator.cluster.host import TICKS_PER_LEASE
 from coordinator.core.commands import AdoptCatalog
 from coordinator.core.config import CoreConfig
 from coordinator.core.records import Record
-from coordinator.runtime.commits import Batch
 from coordinator.storage.leases import LocalLease, balance
 from coordinator.storage.postgres import partition_of
 from protocol.errors import ErrorCode
@@ -650,16 +649,16 @@ class SimNode:
                  f"({len(records)} records)")
         runtime.start()
         if runtime.core is not None:
-            runtime._apply(AdoptCatalog(tuple(sorted(self.catalog.items())),
+            runtime.submit(AdoptCatalog(tuple(sorted(self.catalog.items())),
                                         self.resources_epoch))
 
-    def write(self, part: Part, runtime: SimCoordinator, batch: Batch) -> None:
+    def write(self, part: Part, runtime: SimCoordinator, batch: tuple[Record, ...]) -> None:
         """PartitionStore.write: checked against the lease by this clock, then
         fenced by the epoch at the database (timeout: a lease)."""
         if not part.lease.valid(self.local() / 1000):
             self._failed(part, runtime, "its lease ran out by this coordinator's clock")
             return
-        records = list(batch.records)
+        records = list(batch)
         epoch = part.lease.epoch
 
         def done(result: Any) -> None:
@@ -745,7 +744,7 @@ class SimNode:
             runtime = part.runtime
             if runtime is not None and runtime.up and runtime.core is not None \
                     and not part.leaving:
-                runtime._apply(command)
+                runtime.submit(command)
 
     # ------------------------------------------------------------ routing (host.route)
 

@@ -1,35 +1,39 @@
-"""The coordinator under simulation: the real core behind the runtime's rules.
+"""The coordinator under simulation: the runtime's own machine, on simulated I/O.
 
-:class:`SimCoordinator` does what ``coordinator/runtime/runtime.py`` does,
-with the simulation's clock, network and disk instead of asyncio and SQLite:
+:class:`SimCoordinator` drives the same
+:class:`coordinator.runtime.machine.RuntimeMachine` that
+``coordinator/runtime/runtime.py`` drives with asyncio, with the simulation's
+clock, network and disk instead: admission and the parked-request limits,
+every request and timer firing as one ``core.handle(now, command)``, group
+commit and reply after commit, lazy timers, one group's failure evicting and
+reloading it, stop and abandon are the machine's. What is left here is I/O:
 
-- every request and timer firing is one ``core.handle(now, command)``;
-- ``Persist`` records collect in an open batch; one batch commits at a time
-  (group commit), taking a drawn disk latency (slower while a *slow disk*
-  fault lasts);
-- a reply waits for the latest uncommitted batch holding a write it depends
-  on (its own command's earlier writes, its group's writes, catalog writes):
-  the batches and that rule are the runtime's own
-  :class:`coordinator.runtime.commits.Commits`, not a copy;
-- timers are data: key -> deadline, re-arming replaces, a firing whose key
-  was re-armed or cancelled since is dropped;
-- a closed connection of a request still parked in the core becomes
-  ``Cancelled(request_id)``;
-- a crash loses the open and the in-flight batch (what was not committed),
-  every timer and every waiting reply (their connections reset); a restart
-  folds the committed records (``coordinator.core.replay.fold``, the
-  reference for what storage keeps) and calls ``GroupCoordinator.restore``.
+- a request gets a request id mapped to its connection; an ``Answered``
+  effect is sent on that connection, and a closed connection is
+  ``caller_gone`` (the machine cancels a request still parked in the core);
+- a ``WriteRecords`` takes a drawn disk latency (slower while a *slow disk*
+  fault lasts) and then ``write_done``; one batch is written at a time;
+- an ``ArmTimer`` is an event at its deadline (re-arming a key replaces it:
+  the older event is dropped when it comes), delivered as ``timer_due``;
+- a ``LoadGroup`` reads the group's committed records
+  (``coordinator.core.replay.fold``) and delivers ``group_loaded``;
+- a crash loses the machine: the open and the in-flight batch (what was not
+  committed), every timer and every waiting reply (their connections reset);
+  a restart folds the committed records (the reference for what storage
+  keeps) into a new core and a new machine (``RuntimeMachine.start``).
 
 The catalog read (``GET /v1/resources``) is answered from memory at once,
-as the HTTP layer does.
+as the HTTP layer does. Anything the core raises is recorded as a finding
+(``core_errors``), after the machine handled it as the runtime does.
 
 With several coordinators (:mod:`sim.cluster`) one of these is the runtime
 of one partition a coordinator owns: its clock is the coordinator's drifting
-clock, its batches are fenced writes to the simulated database (``write``),
-its events wait while the coordinator is paused (``gate``), and it can be
-abandoned (a lease run out, a fenced or failed write) or stopped for a
-hand-off (writes finished, parked calls answered ``NOT_COORDINATOR``), as
-``Runtime.abandon`` and ``Runtime.stop`` do.
+clock, its writes are fenced writes to the simulated database (``write``, the
+owner reporting with :meth:`write_result`), its timers wait while the
+coordinator is paused (``gate``), and it can be abandoned (a lease run out, a
+fenced or failed write) or stopped for a hand-off (writes finished, parked
+calls answered ``NOT_COORDINATOR``), as ``Runtime.abandon`` and
+``Runtime.stop`` do.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from client.transport import CATALOG_API, CatalogResponse
+from coordinator.config import ServerConfig
 from coordinator.core.commands import (
-    Cancelled,
     Command,
     Commit,
     Heartbeat,
@@ -48,22 +52,15 @@ from coordinator.core.commands import (
     Leave,
     PutResource,
     Sync,
-    TimerFired,
 )
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.core.effects import (
-    CancelTimer,
-    Effect,
-    GroupStateChanged,
-    Persist,
-    Reply,
-    ScheduleTimer,
-)
+from coordinator.core.effects import Effect, GroupStateChanged
 from coordinator.core.records import Record
 from coordinator.core.replay import fold
-from coordinator.runtime.commits import Batch, Commits
-from coordinator.runtime.runtime import error_answer
+from coordinator.runtime import effects as fx
+from coordinator.runtime import machine as rm
+from coordinator.runtime.commits import record_group
 from protocol.errors import ErrorCode
 from protocol.messages import CommitRequest, HeartbeatRequest, JoinRequest, LeaveRequest
 
@@ -76,29 +73,16 @@ __all__ = ["SimCoordinator"]
 _COMMANDS: dict[type, Callable[[int, Any], Command]] = {
     HeartbeatRequest: Heartbeat, LeaveRequest: Leave, CommitRequest: Commit,
 }
-
-
-class _Waiter:
-    # A plain class, not a dataclass: mypyc (benchmarks/build_sim_mypyc.py)
-    # evaluates a compiled dataclass's annotations at import, and ``Conn``
-    # exists only for the type checker here (sim.network imports this module).
-    __slots__ = ("command", "conn", "in_core")
-
-    def __init__(self, conn: Conn, command: Command, in_core: bool = True) -> None:
-        self.conn = conn
-        self.command = command
-        self.in_core = in_core
+#: the limits ``groupcoord serve`` runs with by default.
+_DEFAULTS = ServerConfig()
 
 
 class SimCoordinator:
     def __init__(self, sim: Sim, net: Network, rng: random.Random, config: CoreConfig, *,
                  disk_ms: tuple[int, int], clock: DriftClock | None = None) -> None:
-        self.sim = sim
+        self.sim, self.net, self.rng, self.config = sim, net, rng, config
         #: the process's monotonic clock (None: the global one, a single coordinator).
         self.clock = clock
-        self.net = net
-        self.rng = rng
-        self.config = config
         #: (min, max) commit latency of one batch.
         self.disk_ms = disk_ms
         self.slow_disk_until = -1
@@ -106,25 +90,31 @@ class SimCoordinator:
         #: when the batch being written commits (a slow write outlasts its fault).
         self.inflight_done_at = 0
         self.up = False
-        #: bumped by every crash: events of an older incarnation are dropped.
+        #: bumped by every crash, abandon and stop: events of an older incarnation
+        #: are dropped.
         self.epoch = 0
         self.core: GroupCoordinator | None = None
+        #: the runtime's machine; kept after an abandon until its write returns.
+        self.machine: rm.RuntimeMachine | None = None
         self.durable: list[Record] = []
         self._rid = 0
         self._member_ids = 0
-        self._waiters: dict[int, _Waiter] = {}
+        #: request id -> the connection waiting for its answer.
+        self._conns: dict[int, Conn] = {}
+        #: key -> the deadline of the latest ArmTimer (an older event is dropped).
         self._timers: dict[str, int] = {}
-        self.commits = Commits()
+        #: the records of the outstanding WriteRecords.
+        self._writing: tuple[Record, ...] | None = None
         #: hooks of the invariant checker.
         self.on_effects: Callable[[Command, list[Effect], Conn | None], None] | None = None
         self.on_restored: Callable[[], None] | None = None
-        #: a reply sent (several coordinators: a commit's checks wait for this).
-        self.on_resolved: Callable[[Reply], None] | None = None
+        #: an answer sent (several coordinators: a commit's checks wait for this).
+        self.on_resolved: Callable[[int, fx.Answer], None] | None = None
         self.crashes = 0
         self.core_errors: list[str] = []
-        #: several coordinators: a batch goes to the database through this (the
-        #: owner calls :meth:`write_done`); None: the simulated disk.
-        self.write: Callable[[Batch], None] | None = None
+        #: several coordinators: records go to the database through this (the
+        #: owner calls :meth:`write_result`); None: the simulated disk.
+        self.write: Callable[[tuple[Record, ...]], None] | None = None
         #: several coordinators: True when the event must wait (the process is
         #: paused; it is kept and replayed) or must not run (it is gone).
         self.gate: Callable[[Callable[[Any], None], Any], bool] | None = None
@@ -133,13 +123,11 @@ class SimCoordinator:
         #: a hand-off in progress: called once the writes are done and the
         #: parked calls answered.
         self._stopped: Callable[[], None] | None = None
-        self._stop_code = ErrorCode.NOT_COORDINATOR
-        #: a hand-off abandoned while a write was in flight: ends with that write.
-        self._stop_waits_for: Batch | None = None
-        self._stopped_late: Callable[[], None] | None = None
+        #: inside abandon(): a hand-off it ends is told after it (as a later event).
+        self._abandoning = False
 
     def now(self) -> int:
-        """The time the core is given: the process's own clock."""
+        """The time the machine is given: the process's own clock."""
         clock = self.clock
         return self.sim.now if clock is None else clock.local(self.sim.now)
 
@@ -147,10 +135,15 @@ class SimCoordinator:
 
     def start(self) -> None:
         self.core = GroupCoordinator(self.config)
-        effects = self.core.restore(fold(self.durable), self.now())
+        machine = self.machine = rm.RuntimeMachine(
+            self.core, max_parked_requests=_DEFAULTS.max_parked_requests,
+            max_parked_per_token=_DEFAULTS.max_parked_per_token)
+        machine.trace = True
+        self._writing = None
         self.up = True
         self.sim.log(f"coord up epoch={self.epoch} records={len(self.durable)}")
-        self._execute(effects)
+        machine.start(self.now(), fold(self.durable))
+        self._perform(machine)
         if self.on_restored is not None:
             self.on_restored()
 
@@ -158,31 +151,45 @@ class SimCoordinator:
         if not self.up:
             return
         self.crashes += 1
-        lost = self.commits.pending_writes
+        machine = self.machine
+        lost = machine.commits.pending_writes if machine is not None else 0
         self.sim.log(f"coord CRASH epoch={self.epoch} uncommitted={lost}")
+        self._gone()
+        conns, self._conns = self._conns, {}
+        for rid in sorted(conns):
+            conn = conns[rid]
+            if not conn.closed:
+                self.net.reset(conn, "connection reset (coordinator crashed)")
+
+    def _gone(self) -> None:
+        """This incarnation is over: nothing it armed or started counts any more."""
         self.up = False
         self.epoch += 1
         self.core = None
+        self.machine = None
         self._timers.clear()
-        self.commits.clear()
-        waiters, self._waiters = self._waiters, {}
-        for rid in sorted(waiters):
-            conn = waiters[rid].conn
-            if not conn.closed:
-                self.net.reset(conn, "connection reset (coordinator crashed)")
+        self._writing = None
 
     def admin(self, command_of: Callable[[int], Command]) -> bool:
         """An admin call (catalog change) applied here; its answer is not awaited."""
         if not self.up:
             return False
         self._rid += 1
-        self._apply(command_of(self._rid))
+        self.submit(command_of(self._rid))
         return True
+
+    def submit(self, command: Command) -> None:
+        """``Runtime.submit``: a command whose answer nobody waits for."""
+        machine = self.machine
+        if self.up and machine is not None and machine.ready:
+            machine.apply(self.now(), command)
+            self._perform(machine)
 
     # ------------------------------------------------------------ the network side
 
     def on_request(self, conn: Conn) -> None:
-        if not self.up:
+        machine = self.machine
+        if not self.up or machine is None:
             self.net.reset(conn, "connection refused (coordinator down)")
             return
         core = self.core
@@ -206,183 +213,195 @@ class SimCoordinator:
             command = Sync(rid, request)
         else:
             command = _COMMANDS[type(request)](rid, request)
-        self._waiters[rid] = _Waiter(conn, command)
-        self._apply(command)
+        self._conns[rid] = conn
+        answer = machine.request(self.now(), rid, command)
+        self._perform(machine)
+        if answer is not None:
+            self._answer(rid, answer)
 
     def on_close(self, conn: Conn) -> None:
         rid = conn.rid
-        if rid is None or not self.up or self._stopped is not None:
+        machine = self.machine
+        if rid is None or not self.up or machine is None or self._conns.get(rid) is not conn:
             return
-        waiter = self._waiters.get(rid)
-        if waiter is None or waiter.conn is not conn:
-            return
-        del self._waiters[rid]
-        if waiter.in_core:
-            self._apply(Cancelled(rid))
+        del self._conns[rid]
+        machine.caller_gone(self.now(), rid)
+        self._perform(machine)
 
-    # ------------------------------------------------------------ apply step
-
-    def _apply(self, command: Command) -> None:
-        core = self.core
-        assert core is not None
-        try:
-            effects = core.handle(self.now(), command)
-        except Exception as exc:  # the runtime answers UNKNOWN_SERVER_ERROR; here it is a finding
-            self.core_errors.append(f"core raised {exc!r} on {command!r}")
-            self.sim.log(f"coord CORE ERROR {exc!r}")
-            rid = getattr(command, "request_id", None)
-            waiter = self._waiters.pop(rid, None) if isinstance(rid, int) else None
-            if waiter is not None:
-                self.net.answer(waiter.conn, error_answer(command, ErrorCode.UNKNOWN_SERVER_ERROR))
-            return
-        if self.on_effects is not None:
-            rid = getattr(command, "request_id", None)
-            waiter = self._waiters.get(rid) if isinstance(rid, int) else None
-            self.on_effects(command, effects, waiter.conn if waiter is not None else None)
-        self._execute(effects)
-
-    def _execute(self, effects: list[Effect]) -> None:
-        wrote = False
-        commits = self.commits
-        for effect in effects:
-            if isinstance(effect, ScheduleTimer):
-                self._arm(effect.key, effect.deadline_ms)
-            elif isinstance(effect, Reply):
-                self._route_reply(effect, wrote)
-            elif isinstance(effect, Persist):
-                commits.write(effect.record)
-                wrote = True
-            elif isinstance(effect, CancelTimer):
-                self._timers.pop(effect.key, None)
-            elif isinstance(effect, GroupStateChanged):
-                self.sim.log(f"coord group {effect.old_state}->{effect.new_state} "
-                             f"gen={effect.generation_id} {effect.reason}")
-        if commits.open.records and commits.inflight is None:
-            self._start_commit()
-
-    def _route_reply(self, reply: Reply, wrote: bool) -> None:
-        # As Runtime._route_reply, through the same Commits.
-        waiter = self._waiters.get(reply.request_id)
-        if waiter is None:
-            return
-        waiter.in_core = False
-        batch = self.commits.wait_for(waiter.command, wrote)
-        if batch is None:
-            self._resolve(reply)
-        else:
-            batch.replies.append(reply)
-
-    def _resolve(self, reply: Reply) -> None:
-        waiter = self._waiters.pop(reply.request_id, None)
-        if waiter is None:
+    def _answer(self, rid: int, answer: fx.Answer) -> None:
+        conn = self._conns.pop(rid, None)
+        if conn is None:
             return
         # Sent even if the member gave up meanwhile (its close is still on the
         # way): the member drops an answer on a connection it closed.
-        self.net.answer(waiter.conn, reply.response)
+        self.net.answer(conn, answer)
         if self.on_resolved is not None:
-            self.on_resolved(reply)
+            self.on_resolved(rid, answer)
 
-    # ------------------------------------------------------------ timers
+    # ------------------------------------------------------------ the machine's effects
 
-    def _arm(self, key: str, deadline_ms: int) -> None:
-        self._timers[key] = deadline_ms
-        when = deadline_ms if self.clock is None else self.clock.global_at(deadline_ms)
-        self.sim.at(when, self._fire, (self.epoch, key, deadline_ms))
+    def _perform(self, machine: rm.RuntimeMachine) -> None:
+        while machine.pending:
+            for effect in machine.take():
+                self._carry_out(machine, effect)
+        if machine.failed and self.machine is machine:
+            # The server exits on a failure (a supervisor restarts it).
+            self.sim.log(f"coord exits epoch={self.epoch}")
+            self._gone()
+
+    def _carry_out(self, machine: rm.RuntimeMachine, effect: fx.MachineEffect) -> None:
+        match effect:
+            case fx.Answered(request_id=rid, answer=answer):
+                self._answer(rid, answer)
+            case fx.Applied(command=command, effects=effects):
+                if self.on_effects is not None:
+                    of = getattr(command, "request_id", None)
+                    conn = self._conns.get(of) if isinstance(of, int) else None
+                    self.on_effects(command, list(effects), conn)
+            case fx.ArmTimer(key=key, deadline_ms=deadline_ms):
+                self._timers[key] = deadline_ms
+                when = deadline_ms if self.clock is None else self.clock.global_at(deadline_ms)
+                self.sim.at(when, self._fire, (self.epoch, key, deadline_ms))
+            case fx.DisarmTimer(key=key):
+                self._timers.pop(key, None)
+            case fx.DisarmTimers():
+                self._timers.clear()
+            case fx.WriteDue():
+                # At once: the simulated process has no loop iteration to wait for.
+                machine.begin_write(self.now())
+            case fx.WriteRecords(records=records):
+                self._start_write(records)
+            case fx.LoadGroup(group_id=group_id):
+                self.sim.after(self._disk_latency(), self._loaded, (self.epoch, group_id))
+            case fx.CheckStorage():
+                machine.storage_checked(self.now())
+            case fx.CoreRaised(command=name, error=error):
+                self.core_errors.append(f"core raised {error!r} on {name}")
+                self.sim.log(f"coord CORE ERROR {error!r}")
+            case fx.GroupEvicted(group_id=group_id, why=why):
+                self.sim.log(f"coord evicted {group_id}: {why}")
+            case fx.GroupReloaded(group_id=group_id, found=found):
+                self.sim.log(f"coord reloaded {group_id}: {found}")
+            case fx.ServingStopped(why=why):
+                self.core_errors.append(f"stopped serving: {why}")
+                self.sim.log(f"coord STOPPED SERVING {why}")
+            case fx.Stopped():
+                self._stop_done()
+            case GroupStateChanged():
+                self.sim.log(f"coord group {effect.old_state}->{effect.new_state} "
+                             f"gen={effect.generation_id} {effect.reason}")
+            case _:
+                pass  # metrics and log lines of the real runtime
 
     def _fire(self, arg: tuple[int, str, int]) -> None:
         if self.gate is not None and self.gate(self._fire, arg):
             return
         epoch, key, deadline = arg
-        if epoch != self.epoch or self._timers.get(key) != deadline:
+        machine = self.machine
+        if epoch != self.epoch or machine is None or self._timers.get(key) != deadline:
             return  # re-armed, cancelled, or from before a crash
         del self._timers[key]
-        self._apply(TimerFired(key))
+        machine.timer_due(self.now(), key)
+        self._perform(machine)
 
-    # ------------------------------------------------------------ group commit
+    # ------------------------------------------------------------ storage
 
-    def _start_commit(self) -> None:
-        batch = self.commits.start_commit()
-        if self.write is not None:
-            self.write(batch)
-            return
+    def _disk_latency(self) -> int:
         lo, hi = self.disk_ms
         ms = self.rng.randint(lo, hi)
         if self.sim.now < self.slow_disk_until:
             ms *= self.slow_disk_factor
-        self.inflight_done_at = self.sim.now + ms
-        self.sim.after(ms, self._committed, (self.epoch, batch))
+        return ms
 
-    def _committed(self, arg: tuple[int, Batch]) -> None:
-        epoch, batch = arg
-        if epoch != self.epoch:
+    def _start_write(self, records: tuple[Record, ...]) -> None:
+        self._writing = records
+        if self.write is not None:
+            self.write(records)
+            return
+        ms = self._disk_latency()
+        self.inflight_done_at = self.sim.now + ms
+        self.sim.after(ms, self._written, (self.epoch, records, ms))
+
+    def _written(self, arg: tuple[int, tuple[Record, ...], int]) -> None:
+        epoch, records, ms = arg
+        machine = self.machine
+        if epoch != self.epoch or machine is None or self._writing is not records:
             return  # the crash lost it
-        self.durable.extend(batch.records)
-        self.commits.committed(batch)
-        for reply in batch.replies:
-            self._resolve(reply)
-        if self.commits.open.records:
-            self._start_commit()
-        elif self._stopped is not None and self.commits.inflight is None:
-            self._finish_stop()
+        self._writing = None
+        self.durable.extend(records)
+        machine.write_done(self.now(), ms / 1000)
+        self._perform(machine)
+
+    def _loaded(self, arg: tuple[int, str]) -> None:
+        epoch, group_id = arg
+        machine = self.machine
+        if epoch != self.epoch or machine is None:
+            return
+        machine.group_loaded(self.now(), group_id,
+                             fold([r for r in self.durable if record_group(r) == group_id]))
+        self._perform(machine)
 
     # ------------------------------------------------------------ several coordinators
 
-    def write_result(self, batch: Batch, ok: bool) -> None:
-        """The database answered the write of ``batch``: committed (``ok``) or not
-        (the owner drops the partition). A hand-off abandoned meanwhile goes on
-        now: ``Runtime.stop`` waits for the write in flight, whatever happened."""
-        if ok and self.up and self.commits.inflight is batch:
-            self._committed((self.epoch, batch))
+    def write_result(self, records: tuple[Record, ...], ok: bool) -> None:
+        """The database answered the write of ``records``: committed (``ok``) or not
+        (the owner drops the partition first). A hand-off abandoned meanwhile goes
+        on now: ``Runtime.stop`` waits for the write in flight, whatever happened."""
+        machine = self.machine
+        if machine is None or self._writing is not records:
             return
-        if self._stop_waits_for is batch:
-            done, self._stopped_late = self._stopped_late, None
-            self._stop_waits_for = None
-            if done is not None:
-                done()
+        self._writing = None
+        if ok:
+            if self.up:
+                self.durable.extend(records)
+            machine.write_done(self.now(), 0.0)
+        else:
+            machine.write_failed(self.now(), "the database did not take the write")
+        self._perform(machine)
 
-    def abandon(self, code: ErrorCode = ErrorCode.COORDINATOR_NOT_AVAILABLE) -> None:
-        """``Runtime.abandon``/``_halt``: serve nothing more from memory at once --
-        timers and uncommitted writes dropped, every waiting call answered
-        ``code`` (its outcome unknown: a write in flight may still commit)."""
-        if not self.up:
+    def abandon(self) -> None:
+        """``Runtime.abandon``: serve nothing more from memory at once -- timers and
+        uncommitted writes dropped, every waiting call answered
+        ``COORDINATOR_NOT_AVAILABLE`` (its outcome unknown: a write in flight may
+        still commit). A hand-off in progress ends when that write returns."""
+        machine = self.machine
+        if not self.up or machine is None:
             return
+        self._abandoning = True
+        machine.abandon(self.now())
+        self._perform(machine)
+        self._abandoning = False
         self.up = False
         self.epoch += 1
         self.core = None
         self._timers.clear()
-        inflight = self.commits.inflight
-        self.commits.clear()
-        stopping, self._stopped = self._stopped, None
-        if stopping is not None:
-            # Abandoned in the middle of a hand-off: it ends when the write in
-            # flight returns (at once if none is).
-            if inflight is None:
-                self.sim.after(0, lambda _: stopping())
-            else:
-                self._stop_waits_for, self._stopped_late = inflight, stopping
-        waiters, self._waiters = self._waiters, {}
-        for rid in sorted(waiters):
-            waiter = waiters[rid]
-            if not waiter.conn.closed:
-                self.net.answer(waiter.conn, error_answer(waiter.command, code))
+        if not machine.writing:
+            self.machine = None
 
     def stop(self, done: Callable[[], None]) -> None:
         """``Runtime.stop(NOT_COORDINATOR)``, a hand-off: timers cancelled, the
         pending writes committed, then every call still waiting answered
         ``NOT_COORDINATOR`` (nothing was done for it); then ``done()``."""
-        if not self.up:
+        machine = self.machine
+        if not self.up or machine is None:
             done()
             return
-        self._timers.clear()
         self._stopped = done
-        if self.commits.inflight is None and not self.commits.open.records:
-            self._finish_stop()
+        machine.stop(self.now(), ErrorCode.NOT_COORDINATOR)
+        self._perform(machine)
 
-    def _finish_stop(self) -> None:
+    def _stop_done(self) -> None:
         done, self._stopped = self._stopped, None
-        assert done is not None
-        self.abandon(self._stop_code)
-        done()
+        if self.up:
+            self._gone()
+        else:
+            self.machine = None
+        if done is None:
+            return
+        if self._abandoning:
+            self.sim.after(0, lambda _: done())
+        else:
+            done()
 
     # ------------------------------------------------------------ admin helpers
 

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.core.commands import Command, Commit
+from coordinator.core.coordinator import CoreFailure, GroupCoordinator
+from coordinator.core.effects import Effect
 from sim import SeedResult, report, run_seed
 from sim.cluster import SimDatabase, Statement
 from sim.world import World
@@ -181,6 +184,32 @@ def test_a_rebalance_after_every_worker_settled_is_still_a_violation(
     monkeypatch.setattr(World, "run", run_with_a_spurious_rejoin)
     result = run_seed(LATE_WORKER_SEED)
     assert any("after the group settled" in v for v in result.violations), result.violations
+
+
+def test_a_core_failure_over_the_group_evicts_and_reloads_it_as_the_server_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulated coordinator is the runtime's own machine: the core raising over
+    one group (once, on its first commit) is still a finding, and the group is
+    evicted and reloaded from what was committed while the coordinator keeps
+    serving, as ``Runtime`` does -- not just recorded."""
+    original = GroupCoordinator.handle
+    raised: list[Command] = []
+
+    def fail_once(self: GroupCoordinator, now_ms: int, command: Command) -> list[Effect]:
+        if isinstance(command, Commit) and not raised:
+            raised.append(command)
+            raise CoreFailure(command.request.group_id, command, RuntimeError("injected"))
+        return original(self, now_ms, command)
+
+    monkeypatch.setattr(GroupCoordinator, "handle", fail_once)
+    result = run_seed(LATE_WORKER_SEED, keep_trace=True)
+    assert raised, "the seed commits"
+    assert [e for e in result.core_errors if "injected" in e], result.core_errors
+    evicted = [i for i, line in enumerate(result.trace) if "coord evicted g:" in line]
+    reloaded = [i for i, line in enumerate(result.trace) if "coord reloaded g:" in line]
+    assert len(evicted) == 1 and len(reloaded) == 1 and evicted[0] < reloaded[0]
+    assert not any("coord exits" in line for line in result.trace)
+    assert result.settled_at_ms is not None, "the group formed again after the reload"
 
 
 #: Seeds that found a bug, each failing on the code before its fix

@@ -610,11 +610,11 @@ class World:
         runtime.on_effects = lambda command, effects, conn: self._on_effects(
             command, effects, conn, runtime)
         runtime.on_restored = lambda: self._check_durable(runtime.core)
-        runtime.on_resolved = lambda reply: self._resolved(runtime, reply)
+        runtime.on_resolved = lambda rid, answer: self._resolved(runtime, rid, answer)
 
-    def _resolved(self, runtime: SimCoordinator, reply: Reply) -> None:
-        pending = self._pending_commits.pop((runtime, reply.request_id), None)
-        if pending is not None and getattr(reply.response, "error", 1) is None:
+    def _resolved(self, runtime: SimCoordinator, request_id: int, answer: Any) -> None:
+        pending = self._pending_commits.pop((runtime, request_id), None)
+        if pending is not None and getattr(answer, "error", 1) is None:
             request, sender, stale, overlaps = pending
             self._commit_applied(request, sender, stale, overlaps)
 
