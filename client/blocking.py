@@ -115,6 +115,12 @@ class BlockingGroupMember:
     def subscribe(self, sets: Iterable[str]) -> None:
         self._run(self._member.subscribe(list(sets)), None)
 
+    def report_load(self, loads: Mapping[Resource, float]) -> bool:
+        """:meth:`GroupMember.report_load`, from any thread."""
+        async def report() -> bool:
+            return self._member.report_load(dict(loads))
+        return self._run(report(), None)
+
     def wait_closed(self, timeout_s: float | None = None) -> None:
         self._run(self._member.wait_closed(), timeout_s)
 

@@ -139,6 +139,8 @@ class GroupMember:
         retry_backoff_max_ms: int = 1_000,
         request_timeout_ms: int = 30_000,
         assignor_settings: Mapping[str, Mapping[str, object]] | None = None,
+        capacity: float | None = None,
+        load_rejoin_interval_ms: int = 30_000,
         wall_clock: Callable[[], int] | None = None,
         ca_file: str | Path | None = None,
         ssl_context: ssl.SSLContext | None = None,
@@ -157,6 +159,7 @@ class GroupMember:
             user_data=user_data, retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms, request_timeout_ms=request_timeout_ms,
             leave_on_close=leave_on_close, assignor_settings=dict(assignor_settings or {}),
+            capacity=capacity, load_rejoin_interval_ms=load_rejoin_interval_ms,
         )
         time_source = as_member_clock(clock)
         if wall_clock is None:
@@ -362,6 +365,20 @@ class GroupMember:
         self._raise_failure()
         if self._machine.subscribe(self._clock(), list(sets)):
             self._wakeup.set()
+
+    def report_load(self, loads: Mapping[Resource, float]) -> bool:
+        """The load the application measured on resources it owns (requests/s,
+        bytes/s, a CPU share: one unit per group), for a load-aware assignor
+        (``balanced``); sent with the next join. When every owned resource has a
+        load and their sum has left the band the leader gave this member, the
+        member rejoins (cooperatively: nothing stops), at most once per
+        ``load_rejoin_interval_ms`` (30 s). Returns whether it rejoins now.
+        Call it as often as you measure; a resource not owned is ignored."""
+        self._raise_failure()
+        rejoin = self._machine.report_load(self._clock(), loads)
+        if rejoin:
+            self._wakeup.set()
+        return rejoin
 
     async def commit(self, checkpoints: Mapping[Resource, Scalar]) -> None:
         """Store ``checkpoints`` (resource -> value) for owned resources; fenced

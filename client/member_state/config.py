@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +34,13 @@ class MemberConfig:
     #: member's restart within the session timeout causes no rebalance).
     leave_on_close: bool | None = None
     assignor_settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    #: this member's share relative to the others (a host with twice the cores
+    #: says 2.0), sent in its metadata for load-aware assignors (``balanced``);
+    #: None: not sent (1.0 to such an assignor).
+    capacity: float | None = None
+    #: a load report outside the band the leader gave makes the member rejoin at
+    #: most this often, so noise in the measurements does not cause churn.
+    load_rejoin_interval_ms: int = 30_000
     #: the timing rule applied to these settings (client/lease.py).
     timing: LeaseTiming = field(init=False, repr=False, compare=False)
 
@@ -58,6 +66,12 @@ class MemberConfig:
             raise ValueError("need 0 < retry_backoff_ms <= retry_backoff_max_ms")
         if self.group_instance_id == "":
             raise ValueError("group_instance_id must be None or a non-empty string")
+        if self.capacity is not None and (
+                isinstance(self.capacity, bool) or not isinstance(self.capacity, int | float)
+                or not math.isfinite(self.capacity) or self.capacity <= 0):
+            raise ValueError(f"capacity must be a finite number > 0, got {self.capacity!r}")
+        if self.load_rejoin_interval_ms < 0:
+            raise ValueError("load_rejoin_interval_ms must be >= 0")
 
 
 def choose_protocol(assignors: Iterable[Assignor]) -> RebalanceProtocol:

@@ -52,6 +52,7 @@ flight is one the coordinator is done with, and is sent again).
 
 from __future__ import annotations
 
+import math
 import random
 import secrets
 from collections import deque
@@ -197,6 +198,13 @@ class MemberStateMachine:
         #: a rejoin asked for (subscription change, catalog change, a delayed
         #: rebalance, a hand-over): not before ``at_ms``, for ``reason``.
         self._rejoin: tuple[int, str] | None = None
+        #: the application's measured load per owned resource (report_load); what
+        #: the member no longer owns is dropped with each new assignment.
+        self._loads: dict[Resource, float] = {}
+        #: the load range the leader last gave (Assignment.band), None: none given.
+        self._band: tuple[float, float] | None = None
+        #: when a load report last made the member rejoin.
+        self._load_rejoin_ms: int | None = None
         self._rebalance = RebalanceLog()
         #: set names already reported missing from the catalog (UnknownSets).
         self._unknown_sets_reported: set[str] = set()
@@ -377,6 +385,47 @@ class MemberStateMachine:
                 self._callbacks.append(InvokeListener(CallbackKind.REVOKED, gone))
         self._request_rejoin(now_ms, "subscription changed")
         return True
+
+    def report_load(self, now_ms: int, loads: Mapping[Resource, float]) -> bool:
+        """The load the application measured on resources it owns (any one unit per
+        group: requests/s, bytes/s, a CPU share), sent with the member's next join
+        for load-aware assignors (docs/protocol.md, "What a member reports"). A
+        report replaces the earlier one of each resource named; one of a resource
+        not owned is ignored. When every owned resource has a load and their sum is
+        outside the band the leader last gave (``Assignment.band``), the member
+        rejoins, cooperatively, at most once per ``load_rejoin_interval_ms``.
+        Returns whether it asked to rejoin."""
+        self._check_open()
+        for resource, load in loads.items():
+            if isinstance(load, bool) or not isinstance(load, int | float) \
+                    or not math.isfinite(load) or load < 0:
+                raise ValueError(f"load of {resource}: expected a finite number >= 0, "
+                                 f"got {load!r}")
+        for resource, load in loads.items():
+            if resource in self._owned:
+                self._loads[resource] = float(load)
+        band = self._band
+        if band is None or self._rejoin is not None or not self._owned \
+                or any(r not in self._loads for r in self._owned):
+            return False
+        total = sum(self._loads[r] for r in self._owned)
+        if band[0] <= total <= band[1]:
+            return False
+        last = self._load_rejoin_ms
+        if last is not None and now_ms - last < self.config.load_rejoin_interval_ms:
+            return False
+        self._load_rejoin_ms = now_ms
+        self._request_rejoin(now_ms, f"measured load {total:g} outside the band "
+                                     f"[{band[0]:g}, {band[1]:g}]")
+        return True
+
+    def _reported_load(self) -> dict[str, dict[int, float]]:
+        """The measured loads of what the member owns, by set, for its metadata."""
+        out: dict[str, dict[int, float]] = {}
+        for (name, index), load in self._loads.items():
+            if (name, index) in self._owned:
+                out.setdefault(name, {})[index] = load
+        return out
 
     def request_rejoin(self, now_ms: int, reason: str) -> None:
         self._check_open()
@@ -884,6 +933,8 @@ class MemberStateMachine:
                 generation=self._owned_generation if self._owned else -1,
                 rack=self.config.rack,
                 user_data=user_data,
+                capacity=self.config.capacity,
+                load=self._reported_load(),
             ).encode()
 
         plain = metadata(self.config.user_data)
@@ -1062,6 +1113,8 @@ class MemberStateMachine:
             # (docs/client.md): echoed at the next join.
             self._echo = (self.protocol_name, assignment.user_data)
         new = from_index_map(assignment.assigned)
+        self._band = assignment.band
+        self._loads = {r: v for r, v in self._loads.items() if r in new}
         revoked = frozenset(self._owned - new)
         added = frozenset(new - self._owned)
         if self._closing:

@@ -91,3 +91,40 @@ async def _weights_and_zones(coordinator: InProcessCoordinator) -> None:
         assert {("s", 1), ("s", 2)} <= b.assignment
         assert other.assignment == {("s", i) for i in range(1, 6)}
     ledger.check()
+
+
+def test_a_member_whose_measured_load_leaves_its_band_rejoins_and_is_rebalanced() -> None:
+    """``report_load``: the loads go to the leader with the next join; a member whose
+    measured total leaves the band the leader gave it rejoins (cooperatively), at
+    most once per ``load_rejoin_interval_ms``, and ``balanced`` moves by the loads."""
+    run_with_coordinator(_load_report)
+
+
+async def _load_report(coordinator: InProcessCoordinator) -> None:
+    await coordinator.put_resource("s", 4)
+    ledger = Ledger(clock=loop_s)
+    a = GroupMember(coordinator.transport(), "g", ["s"], client_id="a", capacity=1.0,
+                    assignors=["balanced"], listener=ledger.listener("a"), **SLOW_SESSION)
+    b = GroupMember(coordinator.transport(), "g", ["s"], client_id="b", capacity=1.0,
+                    assignors=["balanced"], listener=ledger.listener("b"), **SLOW_SESSION)
+    async with a, b:
+        await eventually(lambda: len(a.assignment) == 2 and len(b.assignment) == 2,
+                         timeout_s=10)
+        await asyncio.sleep(1.0)  # settled
+        generation = a.generation_id
+        with pytest.raises(ValueError, match="finite number"):
+            a.report_load({next(iter(a.assignment)): float("nan")})
+        hot, cold = sorted(a.assignment)
+        # Within its band (2 resources of weight 1): nothing happens.
+        assert a.report_load({hot: 1.0, cold: 1.1}) is False
+        assert a.generation_id == generation
+        # One of its resources is now ten times as busy: out of the band, it rejoins.
+        assert a.report_load({hot: 10.0, cold: 1.0}) is True
+        # A second report at once does not make it rejoin again (rate-limited).
+        assert a.report_load({hot: 12.0, cold: 1.0}) is False
+        # balanced places by the measured load: the hot resource ends up alone.
+        await eventually(lambda: any(m.assignment == {hot} for m in (a, b)), timeout_s=10)
+        other = b if a.assignment == {hot} else a
+        assert other.assignment == {("s", i) for i in range(4)} - {hot}
+        assert a.generation_id > generation
+    ledger.check()
