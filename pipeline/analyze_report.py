@@ -67,6 +67,9 @@ class ReportData:
     starters: list[dict[str, Any]] = field(default_factory=list)
     #: aggregates.generations: the worst groups' rebalances in time order
     timelines: list[dict[str, Any]] = field(default_factory=list)
+    #: :func:`cause_figures`: moves per (bucket of ``cause_bucket_ms``, cause)
+    causes: list[dict[str, Any]] = field(default_factory=list)
+    cause_bucket_ms: int = HOUR_MS
 
 
 #: Groups whose generation timeline the report draws (the worst ones).
@@ -74,6 +77,29 @@ TIMELINE_GROUPS = 5
 
 
 # ---------------------------------------------------------------- the figures
+
+#: Rows of the report's table of moves by cause, at most (wider buckets than
+#: the trend's: ``move_causes/`` holds hours, and the table is read, not drawn).
+CAUSE_ROWS = 24
+
+#: The bucket widths of that table.
+CAUSE_BUCKETS_MS = (HOUR_MS, 6 * HOUR_MS, 24 * HOUR_MS, 7 * 24 * HOUR_MS)
+
+
+def cause_figures(move_causes: Any, first_ms: int, last_ms: int
+                  ) -> tuple[list[dict[str, Any]], int]:
+    """``move_causes/`` summed per (bucket, cause), the bucket the first of
+    :data:`CAUSE_BUCKETS_MS` that gives at most :data:`CAUSE_ROWS` buckets
+    over the journal's span; and that width."""
+    from pyspark.sql import functions as F
+    span = max(0, int(last_ms) - int(first_ms))
+    width = next((w for w in CAUSE_BUCKETS_MS if span // w + 1 <= CAUSE_ROWS),
+                 CAUSE_BUCKETS_MS[-1])
+    bucket = (F.col("hour_start_ms") - F.pmod(F.col("hour_start_ms"), F.lit(width)))
+    rows = move_causes.groupBy(bucket.alias("bucket_ms"), "cause") \
+        .agg(F.sum("moves").alias("moves")).collect()
+    return sorted((r.asDict() for r in rows), key=lambda r: (r["bucket_ms"], r["cause"])), width
+
 
 
 def duration_figures(rebalances: Any) -> dict[str, Any]:
@@ -172,10 +198,12 @@ def series(rebalances: Any, hours: Any, fleet: list[dict[str, Any]], width_ms: i
 
 def report_figures(fleet: list[dict[str, Any]], rebalances: Any, hours: Any, groups: Any,
                    journal: Any, *, top: int, storm: StormRule,
-                   inputs: Sequence[str] = ()) -> ReportData:
+                   inputs: Sequence[str] = (), move_causes: Any = None) -> ReportData:
     """Everything report.html shows, from the tables phase 2 wrote
     (``fleet`` is fleet_hours' rows with the FACT_COUNTS) and, for what no
-    table holds, ``rebalances/`` and the journal (who joined and left)."""
+    table holds, ``rebalances/`` and the journal (who joined and left);
+    ``move_causes`` is that table (none: the report leaves the moves by
+    cause out)."""
     from pyspark.sql import functions as F
     tot = totals(fleet, groups, duration_figures(rebalances))
     worst = [r.asDict() for r in groups.orderBy(
@@ -198,10 +226,14 @@ def report_figures(fleet: list[dict[str, Any]], rebalances: Any, hours: Any, gro
     starters = attribution(journal, top)
     timelines = generations(rebalances, {(w["source"], w["group_id"])
                                          for w in worst[:TIMELINE_GROUPS]})
+    causes, cause_width = cause_figures(move_causes, tot["first_started_ms"],
+                                        tot["last_ended_ms"]) \
+        if move_causes is not None and tot["rebalances"] else ([], HOUR_MS)
     return ReportData(
         totals=tot, fleet_hours=fleet, worst_groups=worst, heat=heat,
         histogram=histogram(rebalances), series=rows, bucket_ms=width, starters=starters,
-        timelines=timelines, storm=storm, inputs=list(inputs))
+        timelines=timelines, storm=storm, inputs=list(inputs), causes=causes,
+        cause_bucket_ms=cause_width)
 
 
 def bucket_name(width_ms: int) -> str:
@@ -517,6 +549,7 @@ def render(data: ReportData) -> str:
     body.append(table(["reason", "rebalances", "share"],
                       [[esc(r.replace("_", " ")), num(c), f"{100 * c / n:.1f}%"]
                        for r, c in sorted(reasons, key=lambda x: -x[1]) if c]))
+    body.append(_moves_by_cause(data.causes, data.cause_bucket_ms))
     body.append("<h2>Who started them</h2>")
     if data.starters:
         kinds = ("join", "static_change", "leave", "session_expiry", "join_timeout",
@@ -554,8 +587,32 @@ def render(data: ReportData) -> str:
           amount(int(g["unavailable_ms"] or 0) / 1000), num(g["follow_up_rebalances"]),
           num(g.get("generations_without_assignment"))] for g in worst], left=2))
     body.append("<h2>Tables</h2><p class='note'>Parquet beside this file: rebalances/ (one row "
-                "per rebalance), group_hours/, groups/, fleet_hours/ (docs/pipeline.md).</p>")
+                "per rebalance), group_hours/, move_causes/, groups/, fleet_hours/ "
+                "(docs/pipeline.md).</p>")
     return page("groupcoord rebalance report", body)
+
+
+def _moves_by_cause(rows: list[dict[str, Any]], width: int) -> str:
+    """The moves per bucket and cause (``move_causes/``), a column per cause,
+    the most frequent first."""
+    head = f"<h2>Moves by cause (per {esc(bucket_name(width))})</h2>"
+    if not rows:
+        return head + empty("No resource moved.")
+    total: dict[str, int] = {}
+    cells: dict[int, dict[str, int]] = {}
+    for r in rows:
+        total[r["cause"]] = total.get(r["cause"], 0) + int(r["moves"])
+        cells.setdefault(int(r["bucket_ms"]), {})[r["cause"]] = int(r["moves"])
+    causes = sorted(total, key=lambda c: (-total[c], c))
+    note = ("<p class='note'>A move counts once, in the generation where its new owner "
+            "gains it, under the cause the leader's assignor gave (the assignment's "
+            "\"why\"); \"unknown\": moves in generations whose assignments say no "
+            "why (an assignor that does not give causes).</p>")
+    return head + note + table(
+        [f"{bucket_name(width)} from (UTC)", *causes, "all"],
+        [[esc(utc(b)), *(num(c.get(k, 0)) for k in causes), num(sum(c.values()))]
+         for b, c in sorted(cells.items())]
+        + [["all", *(num(total[k]) for k in causes), num(sum(total.values()))]])
 
 
 def write_report(path: Path, data: ReportData) -> Path:

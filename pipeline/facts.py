@@ -416,6 +416,20 @@ def _bucket_width(width: int) -> int:
     return max(8, 1 << max(0, int(width) - 1).bit_length())
 
 
+def distinct_rows(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    """The rows of ``table`` (whole groups, each group's rows contiguous and
+    in journal order; one chunk per column) that facts are made of, a row
+    given twice kept once, and each row's group number in the table."""
+    new_group = _shift_differs(table["source"]) | _shift_differs(table["group_id"])
+    group = np.cumsum(new_group) - 1
+    ids = _np(table["id"])
+    keep = np.ones(len(ids), dtype=bool)
+    keep[1:] = (group[1:] != group[:-1]) | (ids[1:] != ids[:-1])
+    if not keep.all():
+        return table.filter(pa.array(keep)), group[keep]
+    return table, group
+
+
 def facts_for_chunk(table: pa.Table, is_cooperative: Callable[[str | None], bool],
                     window_ms: int) -> pa.Table:
     """The facts (:func:`facts_schema`) of every journal row in ``table``,
@@ -427,14 +441,8 @@ def facts_for_chunk(table: pa.Table, is_cooperative: Callable[[str | None], bool
     table = table.combine_chunks()
     if table.num_rows == 0:
         return facts_schema().empty_table()
-    new_group = _shift_differs(table["source"]) | _shift_differs(table["group_id"])
-    group = np.cumsum(new_group) - 1
-    ids = _np(table["id"])
-    keep = np.ones(len(ids), dtype=bool)
-    keep[1:] = (group[1:] != group[:-1]) | (ids[1:] != ids[:-1])
-    if not keep.all():
-        table, group, ids = table.filter(pa.array(keep)), group[keep], ids[keep]
-    rows = table
+    rows, group = distinct_rows(table)
+    ids = _np(rows["id"])
     n = rows.num_rows
     groups = int(group[-1]) + 1
 

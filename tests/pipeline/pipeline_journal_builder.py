@@ -27,8 +27,13 @@ HOUR = 3_600_000
 T0 = 1_795_000_000_000 - (1_795_000_000_000 % HOUR)  # an hour boundary in 2026
 
 
-def assignments_blob(owned: Owned) -> bytes:
-    return encode({m: ResourceAssignment(assigned=sets).encode() for m, sets in owned.items()})
+Why = Mapping[str, Sequence[tuple[str, int, str]]]  # member -> [(set, index, cause)]
+
+
+def assignments_blob(owned: Owned, why: Why | None = None) -> bytes:
+    said = why or {}
+    return encode({m: ResourceAssignment(assigned=sets, why=tuple(said.get(m, ()))).encode()
+                   for m, sets in owned.items()})
 
 
 @dataclass
@@ -45,13 +50,15 @@ class Row:
     left: Sequence[str] = ()
     members: Sequence[str] = field(default_factory=list)
     raw_assignments: bytes | None = None  # overrides ``owned`` (corrupt-bytes tests)
+    #: the leader's ``why`` entries per member (docs/protocol.md), if any
+    why: Why = field(default_factory=dict)
 
     def member_ids(self) -> list[str]:
         return list(self.members) or sorted(self.owned)
 
     def blob(self) -> bytes:
         return self.raw_assignments if self.raw_assignments is not None \
-            else assignments_blob(self.owned)
+            else assignments_blob(self.owned, self.why)
 
 
 def write_db(path: Path, rows: Sequence[Row], generations: Sequence[tuple[str, int, bool]] = (),
