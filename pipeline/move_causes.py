@@ -9,7 +9,10 @@ under the cause the leader gave for that gain. Losses are not counted again:
 the gain at the new owner is the same move, and a resource that leaves the
 catalog was not moved.
 
-A generation none of whose assignments carries a ``why`` (an assignor that
+A generation whose assignment bytes are those of the group's generation
+before (a leader that synced without assigning hands the last assignment
+out again) moved nothing and counts nothing. A generation none of whose
+assignments carries a ``why`` (an assignor that
 does not say why, or an older client) counts the resources the accounting
 found moved on that row (``rebalances.moved``) under the cause ``unknown``.
 
@@ -97,6 +100,11 @@ def move_cause_rows(chunk: pa.Table, facts: pa.Table) -> pa.Table:
             said[int(d)] = found
     moved = np.asarray(pc.fill_null(facts["moved"], 0).to_numpy(zero_copy_only=False), np.int64)
     has_why = np.isin(row_blob, np.fromiter(said, np.int64, len(said)))
+    # The same bytes as the group's row before (a leader that synced without
+    # assigning, KIP-814, hands the last assignment out again): nothing moved.
+    repeat = np.zeros(len(row_blob), bool)
+    repeat[1:] = (row_blob[1:] == row_blob[:-1]) & (group[1:] == group[:-1])
+    has_why &= ~repeat
     # Rows without a why: their moved resources, as one cause.
     (unknown,) = np.nonzero(~has_why & (moved > 0))
     at: list[np.ndarray] = [unknown]

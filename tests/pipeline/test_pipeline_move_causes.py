@@ -64,6 +64,18 @@ def test_moves_are_counted_by_the_cause_of_the_gain() -> None:
     assert {r["source"] for r in got} == {"db"}
 
 
+def test_the_same_assignment_again_counts_no_cause_twice() -> None:
+    """A generation whose assignments are byte for byte the previous one's
+    (why included: a leader that synced without assigning hands them out
+    again) moved nothing."""
+    again = Row("bal", 7, "rejoin", T0 + 2 * HOUR, T0 + 2 * HOUR + 10, WHY[4].owned,
+                protocol_name=BAL, why=WHY[4].why)
+    rows = journal_rows([*WHY[:5], again])
+    tables = list(partition_tables(input_table(rows).to_batches(), (), 600_000, 3))
+    got = _cells([r for t in tables for r in t["move_causes"].to_pylist()])
+    assert got == {("bal", T0, "join"): 6, ("bal", T0 + HOUR, "load"): 1}
+
+
 def test_an_unreadable_why_gives_no_cause() -> None:
     """A generation whose why cannot be read (``why`` not a list) adds no
     cause; the others' counts stand."""
