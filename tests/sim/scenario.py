@@ -51,6 +51,8 @@ class LoadChange:
     factor: float
 
 
+#: ``BalancedAssignor.round_delay_ms`` (the default the seeds run with).
+BALANCED_ROUND_DELAY_MS = 1_000
 #: the zones of a placement seed (members get one as their ``rack``).
 ZONES = ("za", "zb", "zc")
 
@@ -132,8 +134,14 @@ class SimConfig:
         # back (a hand-off, a load, the members' find_coordinator), a failover
         # costs up to a lease and a round.
         cluster = 3 * self.lease_ms if self.coordinators > 1 else 0
+        # balanced with max_moves: a plan of many moves takes a round per
+        # max_moves of them, and each hand-over leaves its resources unowned
+        # for a moment (the follow-up's rejoin, or the leader's round delay).
+        moves = math.ceil(sum(n for _, n in self.catalog) / self.max_moves) \
+            if self.placed and self.max_moves else 0
+        paced = moves * (BALANCED_ROUND_DELAY_MS + self.rebalance_timeout_ms)
         return (2 * self.session_timeout_ms + self.rebalance_timeout_ms
-                + self.initial_rebalance_delay_ms + extra + cluster)
+                + self.initial_rebalance_delay_ms + extra + cluster + paced)
 
     def describe(self) -> str:
         interval = (f"{self.heartbeat_interval_ms}" if self.heartbeat_interval_ms is not None

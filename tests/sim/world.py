@@ -59,7 +59,14 @@ from sim.cluster import NODE_DOWN, NODE_PAUSED, Cluster, SimNode
 from sim.events import DriftClock, Sim
 from sim.member import DEAD, PAUSED, STOPPED, UP, SimMember
 from sim.network import Link, Network
-from sim.scenario import UPGRADE_STEPS, Fault, LoadChange, SimConfig, last_fault_end
+from sim.scenario import (
+    BALANCED_ROUND_DELAY_MS,
+    UPGRADE_STEPS,
+    Fault,
+    LoadChange,
+    SimConfig,
+    last_fault_end,
+)
 from sim.server import SimCoordinator
 
 if TYPE_CHECKING:
@@ -68,8 +75,6 @@ if TYPE_CHECKING:
 __all__ = ["GROUP", "World"]
 
 GROUP = "g"
-#: ``BalancedAssignor.round_delay_ms`` (the default the seeds run with).
-BALANCED_ROUND_DELAY_MS = 1_000
 WALL_BASE_MS = 1_700_000_000_000
 MAX_VIOLATIONS = 10
 
