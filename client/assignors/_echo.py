@@ -11,9 +11,12 @@ nothing itself). JSON, keys sorted, so equal inputs give equal bytes:
                                             # get it, and its measured load (or
                                             # null): nobody reports a resource
                                             # while it changes hands
-     "standby": [[set, index, since_ms], ...]}   # what it was asked to warm up
+     "standby": [[set, index, since_ms], ...],   # what it was asked to warm up
+     "carried": [[set, index, load], ...]}  # the measured load of what it was
+                                            # handed, until it measures it
 
-Only a member with something in flight (a revocation, a standby) gets it; a
+Only a member with something in flight (a revocation, a standby, a load it has
+not measured yet) gets it; a
 settled member gets no ``user_data``, so a static member that restarts
 (without its echo) rejoins unchanged (KIP-345). Everything here only
 explains or steadies the next round (``why`` causes, the receiver of a
@@ -42,6 +45,8 @@ class Echo:
     revoked: dict[Key, tuple[str, str | None, float | None]] = field(default_factory=dict)
     #: (set, index) -> when the standby was first offered (ms), if known
     standby: dict[Key, int | None] = field(default_factory=dict)
+    #: (set, index) -> the load measured before it was handed to this member
+    carried: dict[Key, float] = field(default_factory=dict)
 
 
 def read_echo(data: bytes | None) -> Echo | None:
@@ -64,9 +69,14 @@ def read_echo(data: bytes | None) -> Echo | None:
             (str(s), int(i)): None if since is None else int(since)
             for s, i, since in doc.get("standby", ())
         }
+        carried = {
+            (str(s), int(i)): x
+            for s, i, load in doc.get("carried", ())
+            if (x := _load(load)) is not None
+        }
     except (ValueError, TypeError, AttributeError):
         return None
-    return Echo(sizes, capacity, revoked, standby)
+    return Echo(sizes, capacity, revoked, standby, carried)
 
 
 def _load(value: object) -> float | None:
@@ -82,10 +92,13 @@ def encode_echo(
     capacity: float,
     revoked: Sequence[tuple[str, int, str, str | None, float | None]],
     standby: Sequence[tuple[str, int, int | None]],
+    carried: Sequence[tuple[str, int, float]] = (),
 ) -> bytes:
     doc: dict[str, Any] = {"balanced": 1, "capacity": capacity, "sizes": dict(sizes)}
     if revoked:
         doc["revoked"] = [list(r) for r in revoked]
     if standby:
         doc["standby"] = [list(s) for s in standby]
+    if carried:
+        doc["carried"] = [list(c) for c in carried]
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()

@@ -163,6 +163,8 @@ class _Planner:
                 w += [1.0] * n
         self.base: list[float] | None = None
         owner = claims.owner
+        #: resources whose owner measured them (the rest may carry a load).
+        self.reported: set[int] = set()
         for m, sub in enumerate(subs):
             for name, loads in sub.load.items():
                 pos = layout.position.get(name)
@@ -174,6 +176,7 @@ class _Planner:
                 for i, x in loads.items():
                     if 0 <= i < n and owner[o + i] == m:
                         w[o + i] = float(x)
+                        self.reported.add(o + i)
         # A resource changing hands has no owner to report it: its load is
         # the one its last owner measured (kept in that owner's echo).
         for echo in self.echo:
@@ -185,6 +188,22 @@ class _Planner:
                     continue
                 g = layout.offsets[pos] + i
                 if owner[g] < 0:
+                    if self.base is None:
+                        self.base = list(w)
+                    w[g] = carried
+        # A resource handed over weighs what it was measured at until its new
+        # owner measures it (carried in that owner's echo): planned at its
+        # catalog weight meanwhile, a hot resource would be handed on to a
+        # member it overloads, which rejoins on its load, and so on.
+        for m, echo in enumerate(self.echo):
+            if echo is None or not echo.carried:
+                continue
+            for (name, i), carried in echo.carried.items():
+                pos = layout.position.get(name)
+                if pos is None or not 0 <= i < layout.sizes[pos]:
+                    continue
+                g = layout.offsets[pos] + i
+                if owner[g] == m and g not in self.reported:
                     if self.base is None:
                         self.base = list(w)
                     w[g] = carried
@@ -354,7 +373,7 @@ class _Planner:
     # ------------------------------------------------------------ passes
 
     def plan(self) -> None:
-        pool = self._drain()
+        pool = self._handovers(self._drain())
         if self.home:
             self._build_heaps(zoned=True)
             self._zones()
@@ -432,19 +451,25 @@ class _Planner:
         m = best[2]
         return m if self.load[m] + self.w[g] <= self.high[m] else None
 
+    def _handovers(self, pool: list[int]) -> list[int]:
+        """A hand-over under way goes to the member it was meant for, before
+        any other pass judges room: the zone pass would otherwise fill that
+        member with another resource and push this one elsewhere (one move
+        home per round, each undoing the last). Returns the rest of ``pool``."""
+        meant = self._meant_receivers()
+        if not meant:
+            return pool
+        rest: list[int] = []
+        for g in pool:
+            m = meant.get(g)
+            if m is not None and self._may_hold(m, self._set_of(g)):
+                self._add(m, g)
+            else:
+                rest.append(g)
+        return rest
+
     def _fill(self, pool: list[int]) -> None:
         w = self.w
-        # A hand-over under way goes to the member it was meant for.
-        meant = self._meant_receivers()
-        if meant:
-            rest: list[int] = []
-            for g in pool:
-                m = meant.get(g)
-                if m is not None and self._may_hold(m, self._set_of(g)):
-                    self._add(m, g)
-                else:
-                    rest.append(g)
-            pool = rest
         # Weightless resources are dealt out by count: by load they would
         # all go to the same member.
         weightless = [g for g in pool if w[g] <= 0.0]
@@ -908,8 +933,9 @@ class _Planner:
             # State only while a hand-over is under way: a settled member
             # echoes nothing, so a static member that restarts (and so has
             # no echo) rejoins with unchanged metadata and no rebalance.
+            carried = self._carried(held)
             echo = None
-            if revoked or standby:
+            if revoked or standby or carried:
                 echo = encode_echo(
                     sizes,
                     self.cap[m],
@@ -919,6 +945,7 @@ class _Planner:
                         for mv in revoked
                     ],
                     [(*self._key_of(g), since) for g, since in sorted(standby)],
+                    carried,
                 )
             band = self._band(m) if self.sharing[m] else None
             out[member] = Assignment(
@@ -942,6 +969,22 @@ class _Planner:
         if x > high:
             high = x / margin
         return low, high
+
+    def _carried(self, held: Mapping[int, list[int]]) -> list[tuple[str, int, float]]:
+        """What a member is given (or keeps) whose load was measured by someone
+        else, or by nobody but carried so far: that load, until it reports its own."""
+        base = self.base
+        if base is None:
+            return []
+        w, offsets, reported = self.w, self.layout.offsets, self.reported
+        out: list[tuple[str, int, float]] = []
+        for t in sorted(held):
+            o = offsets[t]
+            for i in held[t]:
+                g = o + i
+                if g not in reported and w[g] != base[g]:
+                    out.append((*self._key_of(g), w[g]))
+        return out
 
     def _measured(self, g: int) -> float | None:
         base = self.base

@@ -614,3 +614,55 @@ def test_a_settled_member_echoes_nothing_so_a_static_restart_is_no_change() -> N
     group = {**base, "new": M()}
     _, r1 = step(get_assignor("balanced"), res, group)
     assert any(a.user_data for a in r1.values())
+
+
+def test_a_hand_over_is_placed_before_a_resource_goes_home_so_the_group_rests() -> None:
+    """Resource 0 (home zone a) is revoked from m0 for m2, the member of zone
+    a. In the follow-up round resource 3 (home a too) is still away from
+    home: were it sent home first, m2 would have no room left for 0, which
+    would go back to m0, and the next round would start over, for ever."""
+    res = {S: ResourceSet(6, weights={2: 5.0, 4: 5.0, 5: 10.0},
+                          zones={0: ("a",), 3: ("a",)})}
+    group = {"m0": M(rack="c"), "m1": M(rack="b"), "m2": M(rack="a", capacity=2.0),
+             "m3": M(rack="c", capacity=4.0)}
+    final, results = settle(get_assignor("balanced"), res, group, rounds=10)
+    assert final["m2"].owned[S] == (0, 4)  # the hand-over arrived
+    assert len(results) <= 4
+
+
+def test_a_resource_handed_over_keeps_its_measured_load_until_its_new_owner_measures_it() -> None:
+    """A draining member hands over a hot resource (measured 10, catalog 1),
+    one move a round. Its receiver has not measured it yet when the next
+    rounds are planned: they still count it at 10, so nothing more lands on
+    the receiver, no member's actual load goes over the band it is given, and
+    the group ends inside its bands."""
+    measured = {0: 10.0}
+    actual = [measured.get(i, 1.0) for i in range(6)]
+    group = {"a": M(owned={S: (0, 1, 2, 3)}, generation=1, draining=True),
+             "b": M(owned={S: (4,)}, generation=1), "c": M(owned={S: (5,)}, generation=1)}
+    #: what each member has measured: what it owned at the start, only.
+    knows = {m: set(x.owned.get(S, ())) for m, x in group.items()}
+    assignor = BalancedAssignor(max_moves=1)
+    for _ in range(6):
+        subs = {m: Subscription(sets=[S], owned={S: list(x.owned[S])} if x.owned.get(S) else {},
+                                generation=x.generation, user_data=x.user_data,
+                                draining=x.draining,
+                                load={S: {i: actual[i] for i in x.owned.get(S, ())
+                                          if i in knows[m]}})
+                for m, x in group.items()}
+        result = assignor.assign({S: 6}, subs)
+        validate_assignment({S: 6}, subs, result, cooperative=True)
+        group = {m: replace(x, owned={S: tuple(result[m].assigned.get(S, []))},
+                            user_data=result[m].user_data, generation=x.generation + 1)
+                 for m, x in group.items()}
+        for m in ("b", "c"):
+            band = result[m].band
+            assert band is not None
+            load = math.fsum(actual[i] for i in group[m].owned[S])
+            # Never over it (below it only while a hand-over to it is under way).
+            assert load <= band[1], (m, load, band, group)
+    assert not group["a"].owned[S]
+    for m in ("b", "c"):
+        band = result[m].band
+        assert band is not None
+        assert band[0] <= math.fsum(actual[i] for i in group[m].owned[S]) <= band[1]

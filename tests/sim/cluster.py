@@ -70,6 +70,7 @@ from coordinator.core.config import CoreConfig
 from coordinator.core.records import Record
 from coordinator.storage.leases import LocalLease, balance
 from coordinator.storage.postgres import partition_of
+from protocol.catalog import Placement
 from protocol.errors import ErrorCode
 from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer
 from sim.events import DriftClock, Sim
@@ -135,6 +136,8 @@ class SimDatabase:
         self.records: dict[int, list[Record]] = {p: [] for p in range(partitions)}
         self.catalog = dict(catalog)
         self.catalog_epoch = 1
+        #: the sets' weights and zones (those not the default).
+        self.placement: dict[str, Placement] = {}
         #: coordinators cut off from the database, and what their cut holds.
         self.cut: set[str] = set()
         self.held: dict[str, list[tuple[Callable[[Any], None], Any]]] = {}
@@ -260,7 +263,8 @@ class SimDatabase:
         live = sorted(cid for cid, (_, seen) in self.seen.items() if seen > now - live_window_ms)
         rows = {p: (r.owner, r.url, r.epoch, r.expires_at - now if r.expires_at >= 0 else -1)
                 for p, r in self.leases.items()}
-        return renewed, live, rows, (dict(self.catalog), self.catalog_epoch)
+        return renewed, live, rows, (dict(self.catalog), self.catalog_epoch,
+                                     dict(self.placement))
 
     def acquire(self, node: SimNode, partition: int, lease_ms: int) -> int | None:
         if partition in self.locks:
@@ -388,8 +392,14 @@ class SimDatabase:
                               f"{self.written_epoch[partition]}")
         self.written_epoch[partition] = max(self.written_epoch.get(partition, 0), epoch)
 
-    def change_catalog(self, name: str, partitions: int) -> None:
+    def change_catalog(self, name: str, partitions: int,
+                       placement: Placement | None = None) -> None:
         self.catalog[name] = partitions
+        if placement is not None:
+            if placement.is_default:
+                self.placement.pop(name, None)
+            else:
+                self.placement[name] = placement
         self.catalog_epoch += 1
 
 
@@ -429,7 +439,8 @@ class SimNode:
         self._round_token = 0
         #: the global time of the armed expiry event (None: none armed).
         self._expiry_at: int | None = None
-        self._pending_catalog: tuple[dict[str, int], int] = ({}, 0)
+        self._pending_catalog: tuple[dict[str, int], int, dict[str, Placement]] = ({}, 0, {})
+        self.placement: dict[str, Placement] = {}
         #: a pause armed for the next write's COMMIT (its duration; 0: none).
         self.pause_mid_write = 0
 
@@ -566,7 +577,7 @@ class SimNode:
                 self.log(f"round failed: {result}")
             self._end_round()
             return
-        renewed, live, rows, (catalog, catalog_epoch) = result
+        renewed, live, rows, (catalog, catalog_epoch, placement) = result
         for number in held:
             part = self.partitions.get(number)
             if part is None or part.leaving:
@@ -578,7 +589,7 @@ class SimNode:
         self._arm_expiry()
         self.live = live
         self.lease_rows = rows
-        self._pending_catalog = (catalog, catalog_epoch)
+        self._pending_catalog = (catalog, catalog_epoch, placement)
         owners = {p: str(owner) for p, (owner, _, _, left) in rows.items()
                   if owner is not None and left > 0
                   and (owner != self.id or p in self.partitions)}
@@ -606,8 +617,8 @@ class SimNode:
                                                         releases, acquires),
                            self._statement_timeout())
             return
-        catalog, epoch = self._pending_catalog
-        self.adopt_catalog(catalog, epoch)
+        catalog, epoch, placement = self._pending_catalog
+        self.adopt_catalog(catalog, epoch, placement)
         self._end_round()
 
     def _acquired(self, token: int, number: int, sent_at: float, epoch: Any,
@@ -650,7 +661,8 @@ class SimNode:
         runtime.start()
         if runtime.core is not None:
             runtime.submit(AdoptCatalog(tuple(sorted(self.catalog.items())),
-                                        self.resources_epoch))
+                                        self.resources_epoch,
+                                        tuple(sorted(self.placement.items()))))
 
     def write(self, part: Part, runtime: SimCoordinator, batch: tuple[Record, ...]) -> None:
         """PartitionStore.write: checked against the lease by this clock, then
@@ -735,11 +747,14 @@ class SimNode:
             self._expiry_at = None
             self._expire()
 
-    def adopt_catalog(self, catalog: dict[str, int], epoch: int) -> None:
+    def adopt_catalog(self, catalog: dict[str, int], epoch: int,
+                      placement: dict[str, Placement]) -> None:
         if epoch <= self.resources_epoch:
             return
         self.catalog, self.resources_epoch = dict(catalog), epoch
-        command = AdoptCatalog(tuple(sorted(catalog.items())), epoch)
+        self.placement = dict(placement)
+        command = AdoptCatalog(tuple(sorted(catalog.items())), epoch,
+                               tuple(sorted(placement.items())))
         for part in self.partitions.values():
             runtime = part.runtime
             if runtime is not None and runtime.up and runtime.core is not None \
@@ -783,7 +798,8 @@ class SimNode:
                 None if url else ErrorCode.COORDINATOR_NOT_AVAILABLE, url, number))
             return
         if conn.api == CATALOG_API:
-            net.answer(conn, CatalogResponse(self.resources_epoch, dict(self.catalog)))
+            net.answer(conn, CatalogResponse(self.resources_epoch, dict(self.catalog),
+                                             dict(self.placement)))
             return
         part = self.partitions.get(number)
         if part is None or part.leaving:
@@ -815,7 +831,8 @@ class Cluster:
 
     def __init__(self, sim: Sim, net: Network, *, coordinators: int, partitions: int,
                  lease_ms: int, drift_ppm: tuple[int, ...], seed: int, core: CoreConfig,
-                 db_ms: tuple[int, int], catalog: dict[str, int], group: str) -> None:
+                 db_ms: tuple[int, int], catalog: dict[str, int], group: str,
+                 placement: dict[str, Placement] | None = None) -> None:
         self.sim = sim
         self.net = net
         self.core_config = core
@@ -823,6 +840,7 @@ class Cluster:
         self.rng = random.Random(seed * 97 + 13)
         self.db = SimDatabase(sim, random.Random(seed * 89 + 29), partitions, db_ms, catalog)
         self.db.idle_timeout_ms = lease_ms
+        self.db.placement = dict(placement or {})
         self.group_partition = partition_of(group, partitions)
         # The coordinators' wall clocks: NTP keeps them within WALL_SKEW_MS of one
         # another (far more than a lease, far less than a group's retention, which
@@ -893,13 +911,15 @@ class Cluster:
                 return node
         return None
 
-    def change_catalog(self, name: str, partitions: int) -> None:
+    def change_catalog(self, name: str, partitions: int,
+                       placement: Placement | None = None) -> None:
         """An admin's catalog change, through the first coordinator up (it adopts
-        it at once; the others at their next round)."""
-        self.db.change_catalog(name, partitions)
+        it at once; the others at their next round); ``placement`` None: the set
+        keeps its weights and zones."""
+        self.db.change_catalog(name, partitions, placement)
         for node in self.nodes:
             if node.state == NODE_UP:
-                node.adopt_catalog(self.db.catalog, self.db.catalog_epoch)
+                node.adopt_catalog(self.db.catalog, self.db.catalog_epoch, self.db.placement)
                 break
 
 

@@ -284,6 +284,11 @@ class SimMember:
         now = self.local()
         owned = self.machine.owned_at(now)
         self.world.on_act(self, owned, now)
+        # What the application measured (placement seeds); a load outside the
+        # band the leader gave asks for a rejoin.
+        if (owned and self.world.config.placed and not self.machine.closing
+                and self.machine.report_load(now, self.world.true_loads(owned))):
+            self.run()
         if owned and self.commit_conn is None and self.listener_commit is None:
             self._commit(owned)
         self._schedule_tick()

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from client.lease import HEARTBEATS_PER_LEASE
+from protocol.catalog import Placement, Weights, Zones
 
-__all__ = ["Fault", "SimConfig", "draw_config", "draw_faults"]
+__all__ = ["Fault", "LoadChange", "SimConfig", "draw_config", "draw_faults"]
 
 EAGER_ASSIGNORS = ("range", "roundrobin", "sticky")
 COOPERATIVE_ASSIGNORS = ("cooperative-sticky", "incremental-cooperative")
@@ -37,6 +38,23 @@ class Fault:
         target = f" {self.slot}" if self.slot else ""
         dur = f" for {self.duration}ms" if self.duration else ""
         return f"t={self.at}ms {self.kind}{target}{dur}{extra}"
+
+
+@dataclass(frozen=True)
+class LoadChange:
+    """From ``at`` on, resource ``(name, index)`` carries ``factor`` times its
+    catalog weight (the application reports what it measures)."""
+
+    at: int
+    name: str
+    index: int
+    factor: float
+
+
+#: ``BalancedAssignor.round_delay_ms`` (the default the seeds run with).
+BALANCED_ROUND_DELAY_MS = 1_000
+#: the zones of a placement seed (members get one as their ``rack``).
+ZONES = ("za", "zb", "zc")
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,32 @@ class SimConfig:
     partitions: int = 1
     lease_ms: int = 0
     coord_drift_ppm: tuple[int, ...] = ()
+    #: placement seeds (assignor ``balanced``): each set's weights and zones,
+    #: each slot's capacity and rack, the assignor's ``max_moves``, the load
+    #: changes the application reports, and its rejoin interval on load.
+    placement: tuple[tuple[str, Placement], ...] = ()
+    capacities: tuple[float, ...] = ()
+    racks: tuple[str | None, ...] = ()
+    max_moves: int | None = None
+    loads: tuple[LoadChange, ...] = ()
+    load_rejoin_interval_ms: int = 30_000
+
+    @property
+    def placed(self) -> bool:
+        return "balanced" in self.assignors
+
+    @property
+    def round_bound(self) -> int:
+        """Rebalance rounds after the last change within which a balanced group
+        is where its plan wants it: every resource may have to move once, at
+        most ``max_moves`` a round, and each move takes a revoking round and a
+        handing round; each worker (those of the run and the two a fault may
+        add) may join once more (restarted at the end of the faults) and rejoin
+        once on the load it then measures (nobody measured what it was handed);
+        plus a few for the rounds a change itself starts."""
+        total = sum(n for _, n in self.catalog)
+        moves = math.ceil(total / self.max_moves) if self.max_moves else 1
+        return 2 * moves + 2 * (self.members + 2) + 4
 
     @property
     def warmup_ms(self) -> int:
@@ -90,8 +134,14 @@ class SimConfig:
         # back (a hand-off, a load, the members' find_coordinator), a failover
         # costs up to a lease and a round.
         cluster = 3 * self.lease_ms if self.coordinators > 1 else 0
+        # balanced with max_moves: a plan of many moves takes a round per
+        # max_moves of them, and each hand-over leaves its resources unowned
+        # for a moment (the follow-up's rejoin, or the leader's round delay).
+        moves = math.ceil(sum(n for _, n in self.catalog) / self.max_moves) \
+            if self.placed and self.max_moves else 0
+        paced = moves * (BALANCED_ROUND_DELAY_MS + self.rebalance_timeout_ms)
         return (2 * self.session_timeout_ms + self.rebalance_timeout_ms
-                + self.initial_rebalance_delay_ms + extra + cluster)
+                + self.initial_rebalance_delay_ms + extra + cluster + paced)
 
     def describe(self) -> str:
         interval = (f"{self.heartbeat_interval_ms}" if self.heartbeat_interval_ms is not None
@@ -107,7 +157,12 @@ class SimConfig:
                 f"faulty={self.faulty} fault_ms={self.fault_ms} upgrade={self.upgrade}"
                 + (f" coordinators={self.coordinators} partitions={self.partitions} "
                    f"lease={self.lease_ms} coord_drift_ppm={list(self.coord_drift_ppm)}"
-                   if self.coordinators > 1 else ""))
+                   if self.coordinators > 1 else "")
+                + (f" placement={dict(self.placement)} capacities={list(self.capacities)} "
+                   f"racks={list(self.racks)} max_moves={self.max_moves} "
+                   f"loads={list(self.loads)} "
+                   f"load_rejoin_interval={self.load_rejoin_interval_ms}"
+                   if self.placed else ""))
 
 
 def _log_uniform(rng: random.Random, lo: int, hi: int) -> int:
@@ -185,6 +240,14 @@ def draw_config(seed: int, profile: str = "space") -> SimConfig:
     coord_drift = tuple(crng.randint(-MAX_DRIFT_PPM, MAX_DRIFT_PPM) for _ in range(coordinators))
     if coordinators == 1:
         partitions, lease_ms, coord_drift = 1, 0, ()
+    # A quarter of the seeds place by load (``balanced``), drawn apart too: the
+    # other seeds are as they were; an upgrade keeps its own assignors.
+    prng = random.Random(seed * 2_000_029 + 41)
+    placed = prng.random() < 0.25 and not upgrade
+    extra: dict[str, Any] = {}
+    if placed:
+        assignors = ("balanced",)
+        extra = _draw_placement(prng, catalog, members + 2, session)
     return SimConfig(
         seed=seed, members=members, static=static, assignors=assignors,
         session_timeout_ms=session, rebalance_timeout_ms=rebalance,
@@ -201,8 +264,41 @@ def draw_config(seed: int, profile: str = "space") -> SimConfig:
         fault_ms=rng.randint(2, 5) * session,
         upgrade=upgrade,
         coordinators=coordinators, partitions=partitions, lease_ms=lease_ms,
-        coord_drift_ppm=coord_drift, profile=profile,
+        coord_drift_ppm=coord_drift, profile=profile, **extra,
     )
+
+
+def _draw_placement(rng: random.Random, catalog: tuple[tuple[str, int], ...], slots: int,
+                    session: int) -> dict[str, Any]:
+    """Weights (some heavy resources), zones (some resources homed), each slot's
+    capacity and rack, ``max_moves`` (sometimes), and load changes (sometimes one
+    resource much hotter) while the faults run (they run two sessions at least)."""
+    placement: list[tuple[str, Placement]] = []
+    for name, n in catalog:
+        weights = Weights()
+        zones = Zones()
+        if rng.random() < 0.6:
+            heavy = sorted(rng.sample(range(n), rng.randint(1, max(1, n // 3))))
+            weights = Weights(rng.choice([1.0, 1.0, 0.5, 2.0]),
+                              tuple((i, float(rng.choice([3, 5, 10]))) for i in heavy))
+        if rng.random() < 0.5:
+            homed = sorted(rng.sample(range(n), rng.randint(1, n)))
+            zones = Zones(None, tuple((i, (rng.choice(ZONES),)) for i in homed))
+        p = Placement(weights, zones)
+        if not p.is_default:
+            placement.append((name, p))
+    capacities = tuple(float(rng.choice([1, 1, 1, 2, 4])) for _ in range(slots))
+    racks = tuple(rng.choice(ZONES) if rng.random() < 0.8 else None for _ in range(slots))
+    max_moves = rng.choice([None, None, 1, 2, 3])
+    loads: list[LoadChange] = []
+    for _ in range(rng.choice([0, 1, 1, 2, 3])):
+        name, n = rng.choice(catalog)
+        loads.append(LoadChange(session + rng.randint(0, 2 * session), name, rng.randrange(n),
+                                float(rng.choice([0.2, 2, 5, 20]))))
+    loads.sort(key=lambda c: c.at)
+    return {"placement": tuple(placement), "capacities": capacities, "racks": racks,
+            "max_moves": max_moves, "loads": tuple(loads),
+            "load_rejoin_interval_ms": rng.randint(max(1, session // 2), 2 * session)}
 
 
 #: the chaos harness's own fault kinds and weights (its proxy never loses a message).

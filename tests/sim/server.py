@@ -61,6 +61,7 @@ from coordinator.core.replay import fold
 from coordinator.runtime import effects as fx
 from coordinator.runtime import machine as rm
 from coordinator.runtime.commits import record_group
+from protocol.catalog import Weights, Zones
 from protocol.errors import ErrorCode
 from protocol.messages import CommitRequest, HeartbeatRequest, JoinRequest, LeaveRequest
 
@@ -195,7 +196,8 @@ class SimCoordinator:
         core = self.core
         assert core is not None
         if conn.api == CATALOG_API:
-            self.net.answer(conn, CatalogResponse(core.resources_epoch, dict(core.catalog())))
+            self.net.answer(conn, CatalogResponse(core.resources_epoch, dict(core.catalog()),
+                                                  dict(core.catalog_placement())))
             return
         self._rid += 1
         rid = self._rid
@@ -405,5 +407,6 @@ class SimCoordinator:
 
     # ------------------------------------------------------------ admin helpers
 
-    def put_resource(self, name: str, partitions: int) -> bool:
-        return self.admin(lambda rid: PutResource(rid, name, partitions))
+    def put_resource(self, name: str, partitions: int, weights: Weights | None = None,
+                     zones: Zones | None = None) -> bool:
+        return self.admin(lambda rid: PutResource(rid, name, partitions, weights, zones))

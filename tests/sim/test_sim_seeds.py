@@ -18,16 +18,22 @@ from __future__ import annotations
 import os
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from client.assignors import Assignment
+from client.assignors.balanced import BalancedAssignor
+from client.member_state import MemberConfig
 from coordinator.core.commands import Command, Commit
 from coordinator.core.coordinator import CoreFailure, GroupCoordinator
 from coordinator.core.effects import Effect
 from sim import SeedResult, report, run_seed
 from sim.cluster import SimDatabase, Statement
-from sim.world import World
+from sim.run import make_config
+from sim.world import Slot, World
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -186,6 +192,53 @@ def test_a_rebalance_after_every_worker_settled_is_still_a_violation(
     assert any("after the group settled" in v for v in result.violations), result.violations
 
 
+#: No fault; balanced with max_moves=1 over 16 resources, two workers, load changes.
+PLACEMENT_SEED = 40
+
+
+def test_a_placement_seed_runs_balanced_with_its_drawn_weights_zones_and_loads() -> None:
+    """A quarter of the seeds or so place by load: drawn weights, zones,
+    capacities, racks, max_moves and load changes the application reports."""
+    config = make_config(PLACEMENT_SEED)
+    assert config.placed and config.max_moves == 1 and config.loads and config.placement
+    result = run_seed(PLACEMENT_SEED, keep_trace=True)
+    assert result.ok, report(result)
+    assert sum(" LOAD " in line for line in result.trace) == len(config.loads)
+
+
+def test_a_round_that_moves_more_than_max_moves_is_a_violation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker's teeth: the members' assignor runs without the seed's
+    ``max_moves`` (1), so its first round after the second worker joins
+    revokes several resources at once."""
+    original = World._member_config
+
+    def without_max_moves(self: World, slot: Slot) -> MemberConfig:
+        config = original(self, slot)
+        return replace(config, assignor_settings={})
+
+    monkeypatch.setattr(World, "_member_config", without_max_moves)
+    result = run_seed(PLACEMENT_SEED)
+    assert any("over max_moves=1" in v for v in result.violations), result.violations
+
+
+def test_a_balanced_group_that_never_rests_is_a_violation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker's teeth: a leader whose every round asks for another one
+    (``delay_ms``) never reaches its plan."""
+    original = BalancedAssignor.assign
+
+    def restless(self: BalancedAssignor, *args: Any, **kwargs: Any) -> dict[str, Assignment]:
+        return {m: replace(a, delay_ms=a.delay_ms or 500)
+                for m, a in original(self, *args, **kwargs).items()}
+
+    monkeypatch.setattr(BalancedAssignor, "assign", restless)
+    result = run_seed(PLACEMENT_SEED)
+    assert any("rounds after the last change" in v for v in result.violations), \
+        result.violations
+    assert any("is not balanced at the end" in v for v in result.violations), result.violations
+
+
 def test_a_core_failure_over_the_group_evicts_and_reloads_it_as_the_server_does(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The simulated coordinator is the runtime's own machine: the core raising over
@@ -254,6 +307,12 @@ REGRESSION_SEEDS = {
     217816: "a lost heartbeat verifying a late sync answer is retried soon",
     415932: "a join that timed out is sent again at once: the backoff counts from the "
             "call's start",
+    300: "balanced places a hand-over under way before sending kept resources home "
+         "(else the receiver's room went to another, and every round undid the last)",
+    22: "balanced carries a handed-over resource's measured load until its new owner "
+        "measures it (else planned at its catalog weight, a hot resource went on to a "
+        "member it overloaded, which rejoined on its load, and so on; found once the "
+        "hand-over fix of seed 300 was in)",
 }
 
 

@@ -39,7 +39,8 @@ cooperative
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from client.assignors import RebalanceProtocol
@@ -49,6 +50,7 @@ from coordinator.core.commands import Command, Commit, Sync
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.effects import Effect, GroupStateChanged, MemberExpired, Reply
+from protocol.catalog import Placement, Weights, Zones
 from protocol.errors import ErrorCode
 from protocol.messages import CommitRequest, JoinRequest
 from protocol.resources import MemberMetadata, ResourceAssignment
@@ -57,7 +59,14 @@ from sim.cluster import NODE_DOWN, NODE_PAUSED, Cluster, SimNode
 from sim.events import DriftClock, Sim
 from sim.member import DEAD, PAUSED, STOPPED, UP, SimMember
 from sim.network import Link, Network
-from sim.scenario import UPGRADE_STEPS, Fault, SimConfig, last_fault_end
+from sim.scenario import (
+    BALANCED_ROUND_DELAY_MS,
+    UPGRADE_STEPS,
+    Fault,
+    LoadChange,
+    SimConfig,
+    last_fault_end,
+)
 from sim.server import SimCoordinator
 
 if TYPE_CHECKING:
@@ -68,6 +77,22 @@ __all__ = ["GROUP", "World"]
 GROUP = "g"
 WALL_BASE_MS = 1_700_000_000_000
 MAX_VIOLATIONS = 10
+
+
+@dataclass(frozen=True)
+class _Round:
+    """One completed round of ``balanced``, as the coordinator handed it out:
+    per member id, what it was assigned, its band and the ``delay_ms`` asked;
+    and what the round revoked from the members' honoured claims."""
+
+    assigned: dict[str, frozenset[Resource]]
+    bands: dict[str, tuple[float, float] | None]
+    delays: dict[str, int]
+    revoked: dict[str, frozenset[Resource]]
+
+    @property
+    def moves(self) -> int:
+        return sum(len(r) for r in self.revoked.values())
 
 
 class Slot:
@@ -100,7 +125,8 @@ class World:
                 self.sim, self.net, coordinators=config.coordinators,
                 partitions=config.partitions, lease_ms=config.lease_ms,
                 drift_ppm=config.coord_drift_ppm, seed=seed, core=core,
-                db_ms=config.disk_ms, catalog=dict(config.catalog), group=GROUP)
+                db_ms=config.disk_ms, catalog=dict(config.catalog), group=GROUP,
+                placement=dict(config.placement))
             self.cluster.on_runtime = self._wire_runtime
             self.cluster.db.on_violation = self.violation
         else:
@@ -144,6 +170,15 @@ class World:
         #: generation with their member in it (the id of their connection).
         self._raced_rejoin: set[int] = set()
         self.rebalances_after_settle = 0
+        #: placement seeds: each resource's load as a multiple of its catalog
+        #: weight (the load changes), when the last one happened, and each
+        #: balanced round completed: (time, generation, its plan).
+        self.load_factor: dict[Resource, float] = {}
+        self.loads_changed_at = 0
+        self.rounds: list[tuple[int, int, _Round]] = []
+        if config.placed:
+            # Rounds after the last change: each a round delay and a hand-over.
+            self.end += config.round_bound * (BALANCED_ROUND_DELAY_MS + config.session_timeout_ms)
 
     # ------------------------------------------------------------ plumbing
 
@@ -169,8 +204,13 @@ class World:
         if "incremental-cooperative" in slot.assignors:
             settings["incremental-cooperative"] = {
                 "scheduled_rebalance_max_delay_ms": c.incremental_delay_ms}
+        if c.placed and c.max_moves is not None:
+            settings["balanced"] = {"max_moves": c.max_moves}
         return MemberConfig(
             group_id=GROUP, sets=c.sets, assignors=slot.assignors,
+            capacity=c.capacities[slot.index] if c.capacities else None,
+            rack=c.racks[slot.index] if c.racks else None,
+            load_rejoin_interval_ms=c.load_rejoin_interval_ms,
             group_instance_id=slot.name if static else None,
             session_timeout_ms=c.session_timeout_ms,
             rebalance_timeout_ms=c.rebalance_timeout_ms,
@@ -218,8 +258,11 @@ class World:
         c = self.config
         if self.server is not None:
             self.server.start()
+            placement = dict(c.placement)
             for name, partitions in c.catalog:
-                self.server.put_resource(name, partitions)
+                p = placement.get(name)
+                self.server.put_resource(name, partitions, p.weights if p else None,
+                                         p.zones if p else None)
         else:
             assert self.cluster is not None
             self.cluster.start()
@@ -230,6 +273,8 @@ class World:
             self.sim.at(t0 + self.member_rng.randint(0, 20), self._spawn_event, slot)
         for fault in c.faults:
             self.sim.at(t0 + fault.at, self._apply, fault)
+        for change in c.loads:
+            self.sim.at(t0 + change.at, self._load_change, change)
         if c.faults:
             self.sim.at(self.t_end, self._end_faults)
         while self.sim.now < self.end:
@@ -281,8 +326,12 @@ class World:
             for link in self.links.values():
                 self.net.partition(link, fault.duration, False)
         elif kind == "catalog":
+            placement = self._placement_for(params["set"], params["partitions"])
             applied = (self.server is not None
-                       and self.server.put_resource(params["set"], params["partitions"]))
+                       and self.server.put_resource(
+                           params["set"], params["partitions"],
+                           placement.weights if placement else None,
+                           placement.zones if placement else None))
         elif kind == "join":
             new = self.add_slot(fault.slot)
             self.spawn(new)
@@ -305,6 +354,40 @@ class World:
         else:
             self.skipped += 1
 
+    def _placement_for(self, name: str, partitions: int) -> Placement | None:
+        """What an admin sends with a catalog change of a placement seed: the
+        drawn weights and zones of the set, without the overrides beyond its
+        new size (the coordinator refuses a PUT that would keep one)."""
+        drawn = dict(self.config.placement).get(name)
+        if drawn is None:
+            return None
+        w, z = drawn.weights, drawn.zones
+        return Placement(Weights(w.default, tuple(o for o in w.overrides if o[0] < partitions)),
+                         Zones(z.default, tuple(o for o in z.overrides if o[0] < partitions)))
+
+    def _load_change(self, change: LoadChange) -> None:
+        self.sim.log(f"LOAD {change.name}/{change.index} x{change.factor}")
+        self.load_factor[(change.name, change.index)] = change.factor
+        self.loads_changed_at = self.sim.now
+        self.settled_at = None  # a change: the group may rebalance again
+
+    def _placement(self) -> Mapping[str, Placement]:
+        if self.cluster is not None:
+            return self.cluster.db.placement
+        core = self.group_core()
+        return core.catalog_placement() if core is not None else {}
+
+    def true_loads(self, resources: Iterable[Resource]) -> dict[Resource, float]:
+        """What the application measures on ``resources``: catalog weight times
+        the load change's factor."""
+        placement = self._placement()
+        out: dict[Resource, float] = {}
+        for r in resources:
+            p = placement.get(r[0])
+            weight = 1.0 if p is None else p.weights.as_dict().get(r[1], p.weights.default)
+            out[r] = weight * self.load_factor.get(r, 1.0)
+        return out
+
     def _apply_cluster(self, fault: Fault) -> bool:
         """A fault of several coordinators (or of their database)."""
         cluster = self.cluster
@@ -316,7 +399,8 @@ class World:
             cluster.db.slow_factor = params["factor"]
             return True
         if kind == "catalog":
-            cluster.change_catalog(params["set"], params["partitions"])
+            cluster.change_catalog(params["set"], params["partitions"],
+                                   self._placement_for(params["set"], params["partitions"]))
             return True
         node = cluster.node(fault.slot)
         if kind == "coord_pause" and params.get("owner"):
@@ -517,6 +601,11 @@ class World:
                     or machine.generation_id != view.generation_id
                     or machine.rejoin_requested or m.listener is not None):
                 return False
+        if self.config.placed and (not self.rounds or self._out_of_band(self.rounds[-1][2])):
+            # Balanced: settled once its newest round moves nothing, asks for no
+            # follow-up and leaves every member's measured load inside its band
+            # (until then a member rejoins on its load, or the leader's delay).
+            return False
         return self._exactly_once()
 
     def on_listener(self, member: SimMember, action: InvokeListener) -> None:
@@ -720,9 +809,11 @@ class World:
             return
         group = core._k.groups.get(GROUP)
         if group is None or group.protocol_name not in ("cooperative-sticky",
-                                                        "incremental-cooperative"):
+                                                        "incremental-cooperative", "balanced"):
             return
         protocol = group.protocol_name
+        if protocol == "balanced":
+            self._check_round(group, core)
         claims: dict[Resource, list[tuple[int, str]]] = {}
         for member in group.members.values():
             try:
@@ -749,10 +840,91 @@ class World:
                             f"cooperative: generation {group.generation_id} gives {(name, i)} "
                             f"to {member.member_id} while {holders} still claim it")
 
+    def _check_round(self, group: Any, core: GroupCoordinator) -> None:
+        """A round of ``balanced``: recorded for the band check at the end, and
+        no more than ``max_moves`` of the members' honoured claims revoked (a
+        claim is honoured when made at the newest generation claimed, by one
+        member only, of a resource in the catalog; docs/assignors.md)."""
+        catalog = dict(core.catalog())
+        metas: dict[str, MemberMetadata] = {}
+        for member in group.members.values():
+            try:
+                metas[member.member_id] = MemberMetadata.decode(member.metadata_for("balanced"))
+            except (ValidationError, KeyError):
+                continue
+        top = max((m.generation for m in metas.values() if m.owned), default=-1)
+        claimers: dict[Resource, list[str]] = {}
+        for mid, meta in metas.items():
+            if meta.generation != top:
+                continue
+            for name, indexes in meta.owned.items():
+                for i in indexes:
+                    if name in self.config.sets and 0 <= i < catalog.get(name, 0):
+                        claimers.setdefault((name, i), []).append(mid)
+        rnd = _Round({}, {}, {}, {})
+        for member in group.members.values():
+            mid = member.member_id
+            try:
+                a = ResourceAssignment.decode(member.assignment or b"")
+            except ValidationError:
+                continue
+            assigned = frozenset((n, i) for n, idx in a.assigned.items() for i in idx)
+            rnd.assigned[mid] = assigned
+            rnd.bands[mid] = a.band
+            rnd.delays[mid] = a.delay_ms
+            honoured = {r for r, who in claimers.items() if who == [mid]}
+            if honoured - assigned:
+                rnd.revoked[mid] = frozenset(honoured - assigned)
+        self.rounds.append((self.sim.now, group.generation_id, rnd))
+        limit = self.config.max_moves
+        if limit is not None and rnd.moves > limit:
+            self.violation(f"placement: generation {group.generation_id} revokes {rnd.moves} "
+                           f"resources, over max_moves={limit}: "
+                           f"{ {m: sorted(r) for m, r in sorted(rnd.revoked.items())} }")
+
+    def _out_of_band(self, rnd: _Round) -> list[str]:
+        """Why a round is not where the plan wants the group: it moves something,
+        asks for a follow-up, or leaves a member's measured load outside its band."""
+        why = [f"revokes {sorted(r)} from {m}" for m, r in sorted(rnd.revoked.items())]
+        why += [f"asks {m} for a round in {d}ms" for m, d in sorted(rnd.delays.items()) if d]
+        for m, band in sorted(rnd.bands.items()):
+            if band is None:
+                continue
+            load = sum(self.true_loads(rnd.assigned.get(m, frozenset())).values())
+            low, high = band
+            slack = 1e-6 * max(1.0, high)
+            if not low - slack <= load <= high + slack:
+                why.append(f"{m} carries {load:g} outside its band [{low:g}, {high:g}]")
+        return why
+
+    def _check_placement(self) -> None:
+        """After the last change (faults over, loads changed), the group's rounds
+        reach its plan within :attr:`SimConfig.round_bound` rounds: the newest round
+        moves nothing, asks for no follow-up, and every member's measured load
+        is inside the band it was given; and rounds not there are at most the bound."""
+        c = self.config
+        since = max(self.quiet_at, self.t0 + max((x.at for x in c.loads), default=0))
+        if not self.rounds:
+            self.violation("placement: no balanced round completed")
+            return
+        _, generation, last = self.rounds[-1]
+        why = self._out_of_band(last)
+        if why:
+            self.violation(f"placement: the last round (generation {generation}) is not "
+                           f"balanced at the end: {'; '.join(why)}")
+        after = [(t, g, r) for t, g, r in self.rounds if t >= since]
+        unsettled = [g for _, g, r in after if self._out_of_band(r)]
+        if len(unsettled) > c.round_bound:
+            self.violation(f"placement: {len(unsettled)} rounds after the last change at "
+                           f"{since}ms were not balanced, over the bound of {c.round_bound}: "
+                           f"generations {unsettled[:5]}...{unsettled[-3:]}")
+
     def _final_checks(self) -> None:
         c = self.config
         if self.group_core() is not None:
             self._check_durable()
+        if c.placed:
+            self._check_placement()
         if not c.faulty:
             if self.settled_at is None:
                 self.violation("liveness: the group never settled without any fault")
