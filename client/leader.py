@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, cast
 
 from client.assignors import (
@@ -38,6 +38,7 @@ from client.assignors import (
     AssignmentError,
     Assignor,
     RebalanceProtocol,
+    Resources,
     Subscription,
     validate_assignment,
 )
@@ -59,7 +60,7 @@ class TimedAssignor(Protocol):
     """An assignor whose ``assign`` takes the time explicitly (e.g.
     ``incremental-cooperative``; without it that assignor reads the wall clock)."""
 
-    def assign(self, resources: Mapping[str, int], subscriptions: Mapping[str, Subscription],
+    def assign(self, resources: Resources, subscriptions: Mapping[str, Subscription],
                now_ms: int | None = None) -> dict[str, Assignment]: ...
 
 
@@ -113,7 +114,7 @@ def hold_back_moving(subscriptions: Mapping[str, Subscription],
             keep = [i for i in indexes if claimed.get((name, i), member) == member]
             if keep:
                 kept[name] = keep
-        out[member] = Assignment(kept, assignment.user_data, assignment.delay_ms)
+        out[member] = replace(assignment, assigned=kept)
     return out
 
 
@@ -139,6 +140,10 @@ def perform_assignment(assignor: Assignor, catalog: Mapping[str, int],
             rack=meta.rack,
             user_data=meta.user_data,
             group_instance_id=m.group_instance_id,
+            capacity=1.0 if meta.capacity is None else meta.capacity,
+            load=meta.load,
+            warm=meta.warm,
+            draining=meta.draining,
         )
     try:
         if now_ms is not None and accepts_now(assignor):
@@ -157,7 +162,8 @@ def perform_assignment(assignor: Assignor, catalog: Mapping[str, int],
         raise AssignmentFailed(f"assignor {assignor.name!r} broke a rule: {exc}") from exc
     out = {
         member: ResourceAssignment(assigned=a.assigned, user_data=a.user_data,
-                                   delay_ms=max(0, a.delay_ms))
+                                   delay_ms=max(0, a.delay_ms), standby=a.standby,
+                                   why=a.why, band=a.band)
         for member, a in result.items()
     }
     for member, reason in undecodable.items():

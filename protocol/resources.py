@@ -7,13 +7,14 @@ decodes assignments only to show them in the admin API.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.codec import DecodeError, decode, encode
 from protocol.limits import MAX_RESOURCE_INDEX
-from protocol.validate import Fields, ValidationError, check_int, check_string
+from protocol.validate import Fields, ValidationError, check_int, check_pair, check_string
 
 PROTOCOL_TYPE = "resources"
 VERSION = 1
@@ -32,6 +33,67 @@ def _index_map(value: object, path: str) -> dict[str, list[int]]:
         out[key] = sorted(check_int(i, f"{path}.{key}[]", lo=0, hi=MAX_RESOURCE_INDEX)
                           for i in indexes)
     return out
+
+
+def _number(value: object, path: str, *, positive: bool) -> float:
+    """A finite number, > 0 (``positive``) or >= 0, as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValidationError(path, "expected a number")
+    x = float(value)
+    if not math.isfinite(x) or x < 0 or (positive and x == 0):
+        raise ValidationError(path, f"expected a finite number {'>' if positive else '>='} 0")
+    return x
+
+
+def _load_map(value: object, path: str) -> dict[str, dict[int, float]]:
+    """``{set: [[index, load], ...]}`` (v1.2 ``load``) as ``{set: {index: load}}``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValidationError(path, "expected a map of set name to [index, load] pairs")
+    out: dict[str, dict[int, float]] = {}
+    for name, pairs in value.items():
+        key = check_string(name, f"{path} key") or ""
+        if not isinstance(pairs, list):
+            raise ValidationError(f"{path}.{key}", "expected a list of [index, load] pairs")
+        loads: dict[int, float] = {}
+        for n, pair in enumerate(pairs):
+            where = f"{path}.{key}[{n}]"
+            index, load = check_pair(pair, where, 2)
+            loads[check_int(index, where, lo=0, hi=MAX_RESOURCE_INDEX)] = _number(
+                load, where, positive=False
+            )
+        out[key] = loads
+    return out
+
+
+def _why_list(value: object, path: str) -> tuple[tuple[str, int, str], ...]:
+    """``[[set, index, cause], ...]`` (v1.2 ``why``). A cause this version does
+    not know is kept as sent (a later version may add causes)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ValidationError(path, "expected a list of [set, index, cause]")
+    out: list[tuple[str, int, str]] = []
+    for n, entry in enumerate(value):
+        where = f"{path}[{n}]"
+        name, index, cause = check_pair(entry, where, 3)
+        out.append((
+            check_string(name, where) or "",
+            check_int(index, where, lo=0, hi=MAX_RESOURCE_INDEX),
+            check_string(cause, where, max_len=64) or "",
+        ))
+    return tuple(out)
+
+
+def _band(value: object, path: str) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    low, high = check_pair(value, path, 2)
+    lo, hi = _number(low, path, positive=False), _number(high, path, positive=False)
+    if lo > hi:
+        raise ValidationError(path, f"low {lo} is above high {hi}")
+    return lo, hi
 
 
 def _opt_bytes(f: Fields, key: str) -> bytes | None:
@@ -60,7 +122,12 @@ def _opt_flag(f: Fields, key: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class MemberMetadata:
-    """What a member tells the leader: its subscription and what it owns (KIP-429)."""
+    """What a member tells the leader: its subscription and what it owns
+    (KIP-429); since v1.2 also, all optional (docs/protocol.md, "What a member
+    reports"), its ``capacity``, the ``load`` it measured on what it owns,
+    the standby resources it has ``warm`` and whether it is ``draining``.
+    Absent fields are left out of the bytes, so an older leader reads the
+    same map as before."""
 
     sets: tuple[str, ...]
     owned: Mapping[str, Sequence[int]] = field(default_factory=dict)
@@ -68,6 +135,10 @@ class MemberMetadata:
     rack: str | None = None
     user_data: bytes | None = None
     v: int = VERSION
+    capacity: float | None = None
+    load: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    warm: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    draining: bool = False
 
     def encode(self) -> bytes:
         doc: dict[str, Any] = {
@@ -80,6 +151,16 @@ class MemberMetadata:
             doc["rack"] = self.rack
         if self.user_data is not None:
             doc["user_data"] = self.user_data
+        if self.capacity is not None:
+            doc["capacity"] = self.capacity
+        load = {k: [[i, x] for i, x in sorted(v.items())] for k, v in self.load.items() if v}
+        if load:
+            doc["load"] = load
+        warm = {k: sorted(v) for k, v in self.warm.items() if v}
+        if warm:
+            doc["warm"] = warm
+        if self.draining:
+            doc["draining"] = True
         return encode(doc)
 
     @classmethod
@@ -99,6 +180,13 @@ class MemberMetadata:
             rack=f.opt_string("rack"),
             user_data=_opt_bytes(f, "user_data"),
             v=f.integer("v", lo=0, hi=2**31 - 1, required=False, default=VERSION),
+            capacity=(
+                None if f.raw("capacity") is None
+                else _number(f.raw("capacity"), "metadata.capacity", positive=True)
+            ),
+            load=_load_map(f.raw("load"), "metadata.load"),
+            warm=_index_map(f.raw("warm"), "metadata.warm"),
+            draining=_opt_flag(f, "draining"),
         )
 
 
@@ -121,6 +209,13 @@ class ResourceAssignment:
     #: assigning (KIP-814) starts that follow-up itself, since the revoker may
     #: have been its own earlier process. Absent (false) from older leaders'.
     followup: bool = False
+    #: v1.2 (docs/protocol.md, "What the leader hands out"), all optional:
+    #: what to warm up without owning, why each resource was gained or lost
+    #: (``(set, index, cause)``), and the load range the leader considers
+    #: balanced for this member.
+    standby: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    why: Sequence[tuple[str, int, str]] = ()
+    band: tuple[float, float] | None = None
 
     def encode(self) -> bytes:
         doc: dict[str, Any] = {
@@ -137,6 +232,13 @@ class ResourceAssignment:
             doc["resources_epoch"] = self.resources_epoch
         if self.followup:
             doc["followup"] = True
+        standby = {k: sorted(v) for k, v in self.standby.items() if v}
+        if standby:
+            doc["standby"] = standby
+        if self.why:
+            doc["why"] = [[s, i, cause] for s, i, cause in self.why]
+        if self.band is not None:
+            doc["band"] = [self.band[0], self.band[1]]
         return encode(doc)
 
     @classmethod
@@ -158,4 +260,7 @@ class ResourceAssignment:
             v=f.integer("v", lo=0, hi=2**31 - 1, required=False, default=VERSION),
             resources_epoch=_opt_epoch(f),
             followup=_opt_flag(f, "followup"),
+            standby=_index_map(f.raw("standby"), "assignment.standby"),
+            why=_why_list(f.raw("why"), "assignment.why"),
+            band=_band(f.raw("band"), "assignment.band"),
         )

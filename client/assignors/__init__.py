@@ -10,14 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .balanced import BalancedAssignor
 from .cooperative_sticky import CooperativeStickyAssignor
 from .incremental_cooperative import IncrementalCooperativeAssignor
 from .model import (
+    CAUSES,
     Assignment,
     Assignor,
     RebalanceProtocol,
+    Resources,
+    ResourceSet,
     Subscription,
     UnknownAssignorError,
+    Why,
 )
 from .range_assignor import RangeAssignor
 from .roundrobin import RoundRobinAssignor
@@ -26,12 +31,16 @@ from .validate import AssignmentError, validate_assignment
 
 __all__ = [
     "ASSIGNOR_NAMES",
+    "CAUSES",
     "Assignment",
     "AssignmentError",
     "Assignor",
     "RebalanceProtocol",
+    "ResourceSet",
+    "Resources",
     "Subscription",
     "UnknownAssignorError",
+    "Why",
     "get_assignor",
     "validate_assignment",
 ]
@@ -42,6 +51,7 @@ _FACTORIES: dict[str, Callable[..., Assignor]] = {
     "sticky": StickyAssignor,
     "cooperative-sticky": CooperativeStickyAssignor,
     "incremental-cooperative": IncrementalCooperativeAssignor,
+    "balanced": BalancedAssignor,
 }
 
 ASSIGNOR_NAMES: tuple[str, ...] = tuple(_FACTORIES)
@@ -49,8 +59,8 @@ ASSIGNOR_NAMES: tuple[str, ...] = tuple(_FACTORIES)
 
 def get_assignor(name: str, **settings: Any) -> Assignor:
     """The assignor registered as protocol ``name``, configured by
-    ``settings`` (only incremental-cooperative has any); an unknown setting
-    is a ``TypeError`` naming it."""
+    ``settings`` (incremental-cooperative and balanced have some); an unknown
+    setting is a ``TypeError`` naming it."""
     factory = _FACTORIES.get(name)
     if factory is None:
         raise UnknownAssignorError(name, ASSIGNOR_NAMES)

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
-from .model import Assignment, Subscription
+from .model import Assignment, Resources, ResourceSet, Subscription
 
 __all__ = [
     "Layout",
@@ -31,14 +31,17 @@ __all__ = [
 ]
 
 
-def clean_catalog(resources: Mapping[str, int]) -> dict[str, int]:
-    """The sets that have something to assign: a count that is not a
+def clean_catalog(resources: Resources) -> dict[str, int]:
+    """The sets that have something to assign, with their partition counts
+    (a ``ResourceSet`` counts its ``partitions``): a count that is not a
     positive ``int`` (``bool`` excluded) means no resources."""
-    return {
-        name: n
-        for name, n in resources.items()
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0
-    }
+    out: dict[str, int] = {}
+    for name, n in resources.items():
+        if isinstance(n, ResourceSet):
+            n = n.partitions
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            out[name] = n
+    return out
 
 
 @dataclass(frozen=True)

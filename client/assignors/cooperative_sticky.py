@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .model import Assignment, RebalanceProtocol, Subscription
+from .model import Assignment, RebalanceProtocol, Resources, Subscription
 from .sticky import sticky_plan
 
 __all__ = ["CooperativeStickyAssignor"]
@@ -27,6 +27,6 @@ class CooperativeStickyAssignor:
     )
 
     def assign(
-        self, resources: Mapping[str, int], subscriptions: Mapping[str, Subscription]
+        self, resources: Resources, subscriptions: Mapping[str, Subscription]
     ) -> dict[str, Assignment]:
         return sticky_plan(resources, subscriptions, cooperative=True)

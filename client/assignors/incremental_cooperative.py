@@ -45,7 +45,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .model import Assignment, RebalanceProtocol, Subscription
+from ._layout import clean_catalog
+from .model import Assignment, RebalanceProtocol, Resources, Subscription
 from .sticky import sticky_plan
 
 __all__ = ["IncrementalCooperativeAssignor", "State"]
@@ -204,9 +205,17 @@ class IncrementalCooperativeAssignor:
 
     def assign(
         self,
-        resources: Mapping[str, int],
+        resources: Resources,
         subscriptions: Mapping[str, Subscription],
         now_ms: int | None = None,
+    ) -> dict[str, Assignment]:
+        return self._assign(clean_catalog(resources), subscriptions, now_ms)
+
+    def _assign(
+        self,
+        resources: Mapping[str, int],
+        subscriptions: Mapping[str, Subscription],
+        now_ms: int | None,
     ) -> dict[str, Assignment]:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         if not subscriptions:

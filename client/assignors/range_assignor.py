@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ._gc import paused_gc
 from ._layout import clean_catalog, read_members
-from .model import Assignment, RebalanceProtocol, Subscription
+from .model import Assignment, RebalanceProtocol, Resources, Subscription
 
 __all__ = ["RangeAssignor", "member_order"]
 
@@ -33,7 +33,7 @@ class RangeAssignor:
     protocols: tuple[RebalanceProtocol, ...] = (RebalanceProtocol.EAGER,)
 
     def assign(
-        self, resources: Mapping[str, int], subscriptions: Mapping[str, Subscription]
+        self, resources: Resources, subscriptions: Mapping[str, Subscription]
     ) -> dict[str, Assignment]:
         catalog = clean_catalog(resources)
         with paused_gc(sum(catalog.values())):

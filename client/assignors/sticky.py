@@ -17,13 +17,13 @@ from ._gc import paused_gc
 from ._general import general_plan
 from ._layout import Layout, build_result, clean_catalog, read_members
 from ._plan import Plan, cooperative_cut, merge
-from .model import Assignment, RebalanceProtocol, Subscription
+from .model import Assignment, RebalanceProtocol, Resources, Subscription
 
 __all__ = ["StickyAssignor", "sticky_plan"]
 
 
 def sticky_plan(
-    resources: Mapping[str, int],
+    resources: Resources,
     subscriptions: Mapping[str, Subscription],
     cooperative: bool,
 ) -> dict[str, Assignment]:
@@ -59,6 +59,6 @@ class StickyAssignor:
     protocols: tuple[RebalanceProtocol, ...] = (RebalanceProtocol.EAGER,)
 
     def assign(
-        self, resources: Mapping[str, int], subscriptions: Mapping[str, Subscription]
+        self, resources: Resources, subscriptions: Mapping[str, Subscription]
     ) -> dict[str, Assignment]:
         return sticky_plan(resources, subscriptions, cooperative=False)

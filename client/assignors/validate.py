@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ._layout import clean_catalog
-from .model import Assignment, Subscription
+from .model import Assignment, Resources, Subscription
 
 __all__ = ["AssignmentError", "validate_assignment"]
 
@@ -26,7 +26,7 @@ class AssignmentError(ValueError):
 
 
 def validate_assignment(
-    resources: Mapping[str, int],
+    resources: Resources,
     subscriptions: Mapping[str, Subscription],
     result: Mapping[str, Assignment],
     cooperative: bool,

@@ -16,7 +16,7 @@ Owned = dict[str, list[int]]
 
 EAGER_FULL = ("range", "roundrobin", "sticky")
 STICKY = ("sticky", "cooperative-sticky")
-COOPERATIVE = ("cooperative-sticky", "incremental-cooperative")
+COOPERATIVE = ("cooperative-sticky", "incremental-cooperative", "balanced")
 
 
 def flat(assignment: Assignment) -> set[Resource]:

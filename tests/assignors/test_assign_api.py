@@ -29,6 +29,7 @@ def test_names_and_protocols() -> None:
         "sticky",
         "cooperative-sticky",
         "incremental-cooperative",
+        "balanced",
     )
     expected = {
         "range": (EAGER,),
@@ -36,6 +37,7 @@ def test_names_and_protocols() -> None:
         "sticky": (EAGER,),
         "cooperative-sticky": (COOP, EAGER),
         "incremental-cooperative": (COOP,),
+        "balanced": (COOP,),
     }
     for name in ASSIGNOR_NAMES:
         assignor = get_assignor(name)

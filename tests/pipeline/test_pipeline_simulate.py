@@ -86,7 +86,7 @@ def test_random_subscriptions_match_the_benchmark_scenarios() -> None:
 
 def test_sweep_file_cells() -> None:
     sweep = load_sweep(SWEEPS / "tiny.toml")
-    assert len(sweep.cells) == 5 * 2 * 3  # assignors x shapes x churn (1 group, 1 seed)
+    assert len(sweep.cells) == 6 * 2 * 3  # assignors x shapes x churn (1 group, 1 seed)
     bench = load_sweep(SWEEPS / "bench_scenarios.toml")
     full = load_sweep(SWEEPS / "bench_scenarios.toml", full=True)
     assert {c["group"] for c in bench.cells} == {"a", "c", "d", "e"}
