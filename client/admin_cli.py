@@ -21,7 +21,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -122,6 +122,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = rsub.add_parser("delete", parents=[common], help="delete a resource set")
     p.add_argument("name")
     p.set_defaults(func=_runner(_resources_delete))
+    p = rsub.add_parser("why", parents=[common],
+                        help="one resource of a group: its owner in each recent rebalance, "
+                             "and why it moved")
+    p.add_argument("group")
+    p.add_argument("set")
+    p.add_argument("index", type=int)
+    p.add_argument("--limit", type=int, default=20, help="most recent N rebalances (20)")
+    p.set_defaults(func=_runner(_resources_why))
 
 
 def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
@@ -419,6 +427,12 @@ def utc_time(epoch_ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch_ms / 1000))
 
 
+def causes_text(causes: Mapping[str, int]) -> str:
+    """``load:3 join:12``: moves by cause, the most first (ties by name); ``-``: none."""
+    ranked = sorted(causes.items(), key=lambda item: (-item[1], item[0]))
+    return " ".join(f"{cause}:{n}" for cause, n in ranked) or "-"
+
+
 def _print_rebalances(rebalances: list[RebalanceSummary], out: TextIO) -> None:
     rows = []
     for r in rebalances:
@@ -428,9 +442,10 @@ def _print_rebalances(rebalances: list[RebalanceSummary], out: TextIO) -> None:
                      ",".join(r["left"]) or "-",
                      "-" if moves is None else moves["moved"],
                      "-" if moves is None else moves["assigned"],
-                     "-" if moves is None else moves["revoked"]))
+                     "-" if moves is None else moves["revoked"],
+                     "-" if moves is None else causes_text(moves.get("causes", {}))))
     print(table(("GENERATION", "ENDED", "REASON", "DURATION_MS", "JOINED", "LEFT", "MOVED",
-                 "ASSIGNED", "REVOKED"), rows), file=out)
+                 "ASSIGNED", "REVOKED", "CAUSES"), rows), file=out)
 
 
 def _rebalances(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
@@ -477,6 +492,22 @@ def _resources_set(admin: AdminClient, args: argparse.Namespace, out: TextIO) ->
         return _dump(doc, out)
     print(f"{args.name}: {args.partitions} partitions (resources_epoch "
           f"{doc['resources_epoch']})", file=out)
+    return 0
+
+
+def _resources_why(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    if args.index < 0:
+        raise UsageError("index must be at least 0")
+    doc = admin.resource_history(args.group, args.set, args.index, limit=args.limit)
+    if args.json:
+        return _dump(doc, out)
+    print(f"{args.set}:{args.index} of group {args.group}, newest first", file=out)
+    print(table(("GENERATION", "ENDED", "OWNER", "CHANGE", "CAUSE", "REASON", "STANDBY"), [
+        (g["generation_id"], utc_time(g["ended_ms"]), g["owner"] or "-", g["change"],
+         g["cause"] or "-", g["reason"] or "-", ",".join(g["standby"]) or "-")
+        for g in doc["generations"]]), file=out)
     return 0
 
 

@@ -178,6 +178,9 @@ class GroupPage:
     checkpoint_total: int
     timeline: list[RebalanceSummary]
     now_ms: int = field(default=0)
+    #: the members table has placement columns (rack, capacity, load, standby,
+    #: draining): some member of a "resources" group reported or was given one.
+    placement: bool = False
 
 
 def member_label(member: dict[str, Any]) -> str:
@@ -265,8 +268,17 @@ async def group_page(runtime: Service, journal: JournalCache, group_id: str
         assignment = member["assignment"]
         member["owned"] = (sum(len(v) for v in assignment.values())
                            if isinstance(assignment, dict) else None)
+        member["standby_count"] = sum(len(v) for v in member.get("standby", {}).values())
     return GroupPage(group=group, grid=grid, no_grid=no_grid,
                      checkpoints=checkpoints[:MAX_CHECKPOINTS],
                      checkpoint_total=len(checkpoints),
                      timeline=history.summarize(rows, TIMELINE_LENGTH),
-                     now_ms=int(time.time() * 1000))
+                     now_ms=int(time.time() * 1000),
+                     placement=any(_placed(m) for m in group["members"]))
+
+
+def _placed(member: dict[str, Any]) -> bool:
+    """Did the member report or get anything of v1.2's placement fields?"""
+    return bool(member.get("rack") or member.get("capacity") is not None
+                or member.get("load") is not None or member.get("standby")
+                or member.get("draining"))

@@ -74,6 +74,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from coordinator import history, offload
 from coordinator.core.commands import (
     Cancelled,
     Command,
@@ -109,6 +110,7 @@ from coordinator.core.health import Health
 from coordinator.core.records import (
     REBALANCE_REASONS,
     CheckpointMeta,
+    JournalEntry,
     Record,
     Snapshot,
 )
@@ -506,6 +508,8 @@ class Runtime:
                 case Persist(record=record):
                     commits.write(record)
                     wrote = True
+                    if type(record) is JournalEntry and self.metrics is not None:
+                        self._count_moves(record, self.metrics)
                 case CancelTimer(key=key):
                     timer = self._timers.pop(key, None)
                     if timer is not None and timer.handle is not None:
@@ -525,6 +529,21 @@ class Runtime:
                     self._refused(reason, group_id)
         if commits.open.records and self._flusher is None:
             self._flusher = self._running_loop().create_task(self._flush())
+
+    @staticmethod
+    def _count_moves(entry: JournalEntry, metrics: Metrics) -> None:
+        """``groupcoord_resource_moves_total``: what this generation's assignments
+        gave their members, by the cause of their ``why`` entries. Large
+        assignments are decoded on the offload worker, not on the loop that
+        answers every group's calls."""
+        def count() -> None:
+            metrics.count_moves(history.gained_by_cause(entry.protocol_type,
+                                                        entry.assignments))
+        size = sum(len(blob) for blob in entry.assignments.values())
+        if size >= offload.LARGE_BODY_BYTES:
+            offload.submit(count)
+        else:
+            count()
 
     def _route_reply(self, reply: Reply, wrote: bool) -> None:
         waiter = self._waiters.get(reply.request_id)
