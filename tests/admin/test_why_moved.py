@@ -202,3 +202,37 @@ async def test_what_members_report_shows_in_the_group_the_console_and_the_metric
                       re.M)
     assert found is not None, metrics
     assert abs(float(found[1]) - 4.5 / (10 / 3)) < 1e-9
+
+
+async def test_a_large_assignment_is_read_off_the_event_loop_and_still_counted(
+        start_server: StartServer) -> None:
+    """10,000 resources handed out with a why each: assignment bytes past the
+    size the server decodes on its offload thread (for the counter when the
+    assignment arrives, for the history when it is read). The answers are
+    those of a small group."""
+    server = start_server(initial_rebalance_delay_ms=0)
+    size = 10_000
+    assert (await asyncio.to_thread(run, server, "resources", "set", "big", str(size))
+            ).returncode == 0
+    before = await asyncio.to_thread(moves_total, server)
+    joined = await asyncio.to_thread(join, server, "a", MemberMetadata(sets=("big",)))
+    assignment = ResourceAssignment(assigned={"big": list(range(size))},
+                                    why=tuple(("big", i, "catalog") for i in range(size)))
+    assert len(assignment.encode()) > 64 * 1024
+    synced = call(server, "sync", {
+        "group_id": "placed", "member_id": joined["member_id"],
+        "generation_id": joined["generation_id"], "group_instance_id": "a",
+        "assignments": [{"member_id": joined["member_id"],
+                         "assignment": assignment.encode()}]})
+    assert synced["error"] is None, synced
+    history = json.loads(get(f"{server.admin_url}/v1/groups/placed/rebalances"))
+    assert history["rebalances"][0]["resources"]["causes"] == {"catalog": size}
+    story = json.loads(get(f"{server.admin_url}/v1/groups/placed/resources/big/9999/history"))
+    assert [(g["owner"], g["change"], g["cause"]) for g in story["generations"]] == [
+        ("a", "assigned", "catalog")]
+    for _ in range(200):  # counted on the offload thread, just after the assignment
+        after = await asyncio.to_thread(moves_total, server)
+        if after["catalog"] != before["catalog"]:
+            break
+        await asyncio.sleep(0.05)
+    assert after["catalog"] - before["catalog"] == size
