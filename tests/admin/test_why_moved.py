@@ -182,6 +182,9 @@ async def test_what_members_report_shows_in_the_group_the_console_and_the_metric
     assert placed == {"a": ("eu-1a", "2", "9", nothing, nothing),
                       "b": ("eu-1b", nothing, "1", "1", "draining")}, members
 
+    timeline = page[page.index('<table class="timeline">'):]
+    assert "why: later-cause 1, load 1, unknown 2" in re.sub(r"<[^>]+>", "", timeline)
+
     # The journal: s0 for load, s1 for a cause the server does not know (shown
     # as sent), the other two without a why.
     history = json.loads(get(f"{server.admin_url}/v1/groups/placed/rebalances"))
