@@ -2,7 +2,7 @@
 the same inputs, in the same run.
 
     python benchmarks/placement.py [--resources 10000] [--members 20]
-        [--seed 1] [--no-scale] [--big]
+        [--seed 1] [--no-scale | --scale-only] [--big]
 
 Each scenario runs the cooperative protocol to rest: every round the
 assignor assigns, members revoke what they were not given back, keep what
@@ -361,11 +361,13 @@ def main() -> None:
     p.add_argument("--members", type=int, default=20)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-scale", action="store_true")
+    p.add_argument("--scale-only", action="store_true", help="only the scale figures")
     p.add_argument("--big", action="store_true", help="also 1,000,000 x 2,000")
     args = p.parse_args()
     print(f"placement: {args.resources:,} resources, {args.members} members, seed {args.seed}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    for label, make in (("Zipf 0.8", zipf_weights), ("lognormal sigma 1.5", lognormal_weights)):
+    for label, make in (() if args.scale_only else (
+            ("Zipf 0.8", zipf_weights), ("lognormal sigma 1.5", lognormal_weights))):
         rng = random.Random(args.seed)
         w = make(args.resources, rng)
         print(f"\n{label}: total {math.fsum(w):.1f}, largest {max(w):.3f}, "

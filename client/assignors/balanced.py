@@ -22,9 +22,9 @@ each member's planned load):
    member where it lands lowest, if that lowers the busiest; until it is
    halfway back inside the band.
 6. Under: a member below its ``low`` takes, from the busiest members, the
-   heaviest resource each can spare (staying halfway inside their band,
-   never taking a resource out of a home zone it is in); until it is
-   halfway inside the band.
+   heaviest resource each can spare (down to their ideal, or halfway inside
+   their band while it is not yet halfway inside its own; never taking a
+   resource out of a home zone it is in); up to its ideal.
 
 Then the round: at most ``max_moves`` revocations (drain first, then the
 heaviest), held back under warm-up until the receiver reports the resource
@@ -385,7 +385,22 @@ class _Planner:
             pool = sorted(pool + drained)
         if self.all_eligible:
             return pool
-        return [g for g in pool if self._eligible_any(g)]
+        eligible: list[int] = []
+        for g in pool:
+            if self._eligible_any(g):
+                eligible.append(g)
+            elif g not in claims.contested:
+                self._to_draining(g)
+        return eligible
+
+    def _to_draining(self, g: int) -> None:
+        """``g``'s set has no active subscriber: the draining subscriber that
+        holds the fewest takes it (left to nobody it would stay unserved, and
+        the leader would start a follow-up rebalance after every round)."""
+        t = self._set_of(g)
+        who = [m for m in range(len(self.cap)) if not self.active[m] and t in self.sub_sets[m]]
+        if who:
+            self._add(min(who, key=lambda m: (len(self.held[m]), m)), g)
 
     def _zones(self) -> None:
         """Kept resources outside their home zones go home when there is room."""
@@ -720,33 +735,41 @@ class _Planner:
         for j in under:
             donors = [(-load[m] / cap[m], m) for m in act if m != j]
             heapq.heapify(donors)
-            while load[j] < self.lo_target[j]:
-                set_aside: list[tuple[float, int]] = []
+            # Donors give down to their ideal first (so that the load comes
+            # evenly off the busiest), down to their lo_target only while j
+            # is not halfway inside its band; once it is, j goes on taking
+            # up to its ideal from donors above theirs.
+            while load[j] < self.ideal[j]:
                 moved = False
-                while donors and len(set_aside) < _DONOR_TRIES:
-                    negkey, d = heapq.heappop(donors)
-                    if -negkey != load[d] / cap[d]:
-                        heapq.heappush(donors, (-load[d] / cap[d], d))
-                        continue
-                    set_aside.append((negkey, d))
-                    g = self._spare(d, j)
-                    if g is not None:
-                        self._move(g, d, j, self._cause(d, j, g))
-                        set_aside[-1] = (-load[d] / cap[d], d)
-                        moved = True
+                inside = load[j] >= self.lo_target[j]
+                for floor in (self.ideal,) if inside else (self.ideal, self.lo_target):
+                    set_aside: list[tuple[float, int]] = []
+                    while donors and len(set_aside) < _DONOR_TRIES:
+                        negkey, d = heapq.heappop(donors)
+                        if -negkey != load[d] / cap[d]:
+                            heapq.heappush(donors, (-load[d] / cap[d], d))
+                            continue
+                        set_aside.append((negkey, d))
+                        g = self._spare(d, j, floor[d])
+                        if g is not None:
+                            self._move(g, d, j, self._cause(d, j, g))
+                            set_aside[-1] = (-load[d] / cap[d], d)
+                            moved = True
+                            break
+                    for entry in set_aside:
+                        heapq.heappush(donors, entry)
+                    if moved:
                         break
-                for entry in set_aside:
-                    heapq.heappush(donors, entry)
                 if not moved:
                     break
 
-    def _spare(self, d: int, j: int) -> int | None:
+    def _spare(self, d: int, j: int, floor: float) -> int | None:
         """The heaviest resource ``d`` can give ``j``: ``d`` stays at or above
-        its ``lo_target``, ``j`` at or below its ``hi_target``, the move
-        lowers the higher of the two, and no resource leaves its home zone
-        (only an overloaded member's resources do that, in ``_over``)."""
+        ``floor``, ``j`` at or below its ``hi_target``, the move lowers the
+        higher of the two, and no resource leaves its home zone (only an
+        overloaded member's resources do that, in ``_over``)."""
         load, cap = self.load, self.cap
-        limit = min(load[d] - self.lo_target[d], self.hi_target[j] - load[j])
+        limit = min(load[d] - floor, self.hi_target[j] - load[j])
         if limit <= 0:
             return None
         items = self._items(d)

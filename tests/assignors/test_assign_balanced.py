@@ -191,15 +191,22 @@ def test_valid_cooperative_and_deterministic_on_odd_input(
         m: replace(sub, rack=f"z{k % 2}", capacity=1.0 + k % 3, draining=(seed + k) % 5 == 0)
         for k, (m, sub) in enumerate(sorted(case.subs.items()))
     }
-    assignor = get_assignor("balanced", band=band, max_moves=1 + seed % 4)
-    result = assignor.assign(res, subs)
+    assignor = get_assignor("balanced", band=band, max_moves=1 + seed % 4,
+                            warmup=bool(seed & 32), warmup_timeout_ms=seed % 3 * 500)
+    result = assignor.assign(res, subs, now_ms=seed)
     validate_assignment(res, subs, result, cooperative=True)
-    assert result == assignor.assign(res, dict(reversed(list(subs.items()))))
+    assert result == assignor.assign(res, dict(reversed(list(subs.items()))), now_ms=seed)
     for m, a in result.items():
         assert all(cause in CAUSES for _, _, cause in a.why)
+        owned_now = {(s, i) for s, idx in subs[m].owned.items() for i in idx}
+        standby = {(s, i) for s, idx in a.standby.items() for i in idx}
+        assigned = {(s, i) for s, idx in a.assigned.items() for i in idx}
+        assert not standby & (owned_now | assigned)  # never owned and standby at once
         if subs[m].draining:
-            owned = {(s, i) for s, idx in subs[m].owned.items() for i in idx}
-            assert {(s, i) for s, idx in a.assigned.items() for i in idx} <= owned
+            # Nothing new, except of a set that no active member subscribes to.
+            active_sets = {s for x in subs.values() if not x.draining for s in x.sets}
+            new = {(s, i) for s, i in assigned - owned_now if s in active_sets}
+            assert not new
             assert a.band is None
 
 
@@ -394,12 +401,16 @@ def test_a_draining_member_gets_nothing_new_and_hands_everything_over() -> None:
 
 
 def test_a_draining_sole_subscriber_keeps_what_nobody_else_can_take() -> None:
-    res = {S: 4, "t": 2}
+    """Nobody else subscribes to "t": the draining member keeps t[0, 1] and
+    takes the new t[2] too, so that no resource is left to nobody (the
+    leader would start a follow-up rebalance after every round)."""
+    res = {S: 4, "t": 3}
     group = {"a": M(sets=(S, "t"), owned={"t": (0, 1)}, generation=2, draining=True),
              "b": M(sets=(S,))}
     _, result = step(get_assignor("balanced"), res, group)
-    assert result["a"].assigned == {"t": [0, 1]}
+    assert result["a"].assigned == {"t": [0, 1, 2]}
     assert result["b"].assigned == {S: [0, 1, 2, 3]}
+    assert result["a"].why == (("t", 2, "catalog"),)
 
 
 # ---------------------------------------------------------------- warm-up
