@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from client.admin import DEFAULT_URL, AdminClient, AdminError
-from protocol.admin_docs import RebalanceSummary, checkpoint_bytes_text
+from protocol.admin_docs import RebalanceSummary, checkpoint_bytes_text, shows_placement
 
 __all__ = ["register"]
 
@@ -233,17 +233,30 @@ def _groups_describe(admin: AdminClient, args: argparse.Namespace, out: TextIO) 
           f"leader {group.get('leader') or '-'}", file=out)
     print(f"coordinator: {_coordinator_text(group.get('coordinator'))}", file=out)
     print("", file=out)
-    rows = [(m["member_id"], m.get("group_instance_id") or "-", m.get("client_id") or "-",
-             m.get("client_host") or "-", m.get("session_timeout_ms"),
-             _assignment_text(m.get("assignment")))
-            for m in group["members"]]
-    print(table(("MEMBER", "INSTANCE", "CLIENT", "HOST", "SESSION_MS", "ASSIGNMENT"), rows),
-          file=out)
+    headers: tuple[str, ...] = ("MEMBER", "INSTANCE", "CLIENT", "HOST", "SESSION_MS",
+                                "ASSIGNMENT")
+    rows: list[tuple[object, ...]] = [
+        (m["member_id"], m.get("group_instance_id") or "-", m.get("client_id") or "-",
+         m.get("client_host") or "-", m.get("session_timeout_ms"),
+         _assignment_text(m.get("assignment")))
+        for m in group["members"]]
+    if any(shows_placement(m) for m in group["members"]):
+        # v1.2: what the members reported for placement, and their standby.
+        headers += ("RACK", "CAPACITY", "LOAD", "STANDBY", "DRAINING")
+        rows = [(*row, m.get("rack") or "-", _number_text(m.get("capacity")),
+                 _number_text(m.get("load")), _assignment_text(m.get("standby") or {}),
+                 "yes" if m.get("draining") else "-")
+                for row, m in zip(rows, group["members"], strict=True)]
+    print(table(headers, rows), file=out)
     print("", file=out)
     _print_checkpoints(checkpoints, out)
     print("", file=out)
     _print_rebalances(rebalances, out)
     return 0
+
+
+def _number_text(value: object) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value:g}"
 
 
 def _coordinator_text(coordinator: object) -> str:

@@ -74,7 +74,7 @@ def member_json(protocol_type: str | None, m: MemberRecord,
     order, the assignment decoded (none yet: ``b""``); for the "resources"
     protocol also what :func:`coordinator.placement.member_placement` reads of
     its metadata (for the group's ``protocol_name``) and assignment."""
-    doc = dict(zip(SHOWN_MEMBER_FIELDS, _shown_member_fields(m), strict=True))
+    doc: dict[str, Any] = dict(zip(SHOWN_MEMBER_FIELDS, _shown_member_fields(m), strict=True))
     doc["assignment"] = assignment_json(protocol_type, m.assignment or b"")
     if protocol_type == RESOURCES:
         doc.update(placement.member_placement(m, protocol_name))

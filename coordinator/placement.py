@@ -16,6 +16,7 @@ from typing import Any
 
 from coordinator.core.records import MemberRecord
 from coordinator.core.views import GroupView
+from protocol.admin_docs import MemberPlacement
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import MemberMetadata, ResourceAssignment
 from protocol.validate import ValidationError
@@ -44,21 +45,21 @@ def assignment_of(m: MemberRecord) -> ResourceAssignment | None:
         return None
 
 
-def member_placement(m: MemberRecord, protocol_name: str | None) -> dict[str, Any]:
-    """``rack`` and ``capacity`` as the member sent them (``None``: not sent),
-    ``load`` the sum of the loads it reported (``None``: none), ``draining``, and
-    the ``standby`` it was given (``{set: [indexes]}``)."""
+def member_placement(m: MemberRecord, protocol_name: str | None) -> MemberPlacement:
+    """What the member reported in its metadata for the group's protocol, and
+    the standby its assignment gives it."""
     reported = metadata_of(m, protocol_name)
     given = assignment_of(m)
     load = None
     if reported is not None and reported.load:
         load = sum(x for loads in reported.load.values() for x in loads.values())
-    return {"rack": None if reported is None else reported.rack,
-            "capacity": None if reported is None else reported.capacity,
-            "load": load,
-            "draining": reported is not None and reported.draining,
-            "standby": {} if given is None else
-            {name: list(indexes) for name, indexes in given.standby.items() if indexes}}
+    return MemberPlacement(
+        rack=None if reported is None else reported.rack,
+        capacity=None if reported is None else reported.capacity,
+        load=load,
+        draining=reported is not None and reported.draining,
+        standby={} if given is None else
+        {name: list(indexes) for name, indexes in given.standby.items() if indexes})
 
 
 def load_imbalance(view: GroupView) -> float | None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Literal, TypedDict
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict
 
-__all__ = ["MOVE_CAUSES", "UNKNOWN_CAUSE", "Change", "RebalanceMoves", "RebalanceSummary",
-           "ResourceChange", "ResourceHistory", "checkpoint_bytes_text"]
+__all__ = ["MOVE_CAUSES", "PLACEMENT_FIELDS", "UNKNOWN_CAUSE", "Change", "MemberPlacement",
+           "RebalanceMoves", "RebalanceSummary", "ResourceChange", "ResourceHistory",
+           "checkpoint_bytes_text", "shows_placement"]
 
 #: the ``cause`` of an assignment's ``why`` entry (docs/protocol.md, "What the
 #: leader hands out"); the client's assignors name the same ones
@@ -102,6 +104,30 @@ class ResourceHistory(TypedDict):
     #: newest first, one per journal row read; empty for a group whose
     #: assignments are not of the ``resources`` protocol.
     generations: list[ResourceChange]
+
+
+class MemberPlacement(TypedDict):
+    """What each member of a "resources" group shows besides its record in
+    ``GET /v1/groups/{group_id}`` (v1.2, docs/protocol.md, "What a member reports")."""
+
+    #: as the member sent them; ``None``: not sent.
+    rack: str | None
+    capacity: float | None
+    #: the sum of the loads it reported; ``None``: it reported none.
+    load: float | None
+    draining: bool
+    #: what its assignment asks it to warm up: ``{set: [indexes]}``.
+    standby: dict[str, list[int]]
+
+
+#: the keys of :class:`MemberPlacement`.
+PLACEMENT_FIELDS: tuple[str, ...] = tuple(MemberPlacement.__annotations__)
+
+
+def shows_placement(member: Mapping[str, Any]) -> bool:
+    """Did a member of ``GET /v1/groups/{group_id}`` report, or get, any of v1.2's
+    placement fields (tools add their columns only then)?"""
+    return any(member.get(name) not in (None, False, {}) for name in PLACEMENT_FIELDS)
 
 
 def checkpoint_bytes_text(data: bytes, binary: Literal["hex", "base64"]) -> str:

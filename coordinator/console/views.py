@@ -18,7 +18,7 @@ from typing import Any
 from coordinator import admin_views, auth, history
 from coordinator.console.live import ROW_COST, Pace
 from coordinator.runtime.service import Service
-from protocol.admin_docs import RebalanceSummary
+from protocol.admin_docs import RebalanceSummary, shows_placement
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 
 #: most groups the overview lists (the admin API's ?state= filter finds the rest).
@@ -274,11 +274,4 @@ async def group_page(runtime: Service, journal: JournalCache, group_id: str
                      checkpoint_total=len(checkpoints),
                      timeline=history.summarize(rows, TIMELINE_LENGTH),
                      now_ms=int(time.time() * 1000),
-                     placement=any(_placed(m) for m in group["members"]))
-
-
-def _placed(member: dict[str, Any]) -> bool:
-    """Did the member report or get anything of v1.2's placement fields?"""
-    return bool(member.get("rack") or member.get("capacity") is not None
-                or member.get("load") is not None or member.get("standby")
-                or member.get("draining"))
+                     placement=any(shows_placement(m) for m in group["members"]))

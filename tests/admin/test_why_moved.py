@@ -39,10 +39,10 @@ def moves_total(server: ServerProcess) -> dict[str, float]:
         r'^groupcoord_resource_moves_total\{cause="([^"]+)"\} (\S+)$', text, re.M)}
 
 
-def table_rows(text: str) -> list[dict[str, str]]:
+def table_rows(text: str, first_header: str = "GENERATION") -> list[dict[str, str]]:
     """A CLI table's rows, each cell under its header (cells hold no spaces but CAUSES')."""
     lines = [line for line in text.splitlines() if line.strip()]
-    header_at = next(n for n, line in enumerate(lines) if line.startswith("GENERATION"))
+    header_at = next(n for n, line in enumerate(lines) if line.startswith(first_header))
     header = lines[header_at]
     starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 1] == " ")]
     names = header.split()
@@ -181,6 +181,14 @@ async def test_what_members_report_shows_in_the_group_the_console_and_the_metric
     nothing = "\u2013"  # the console's mark for none
     assert placed == {"a": ("eu-1a", "2", "9", nothing, nothing),
                       "b": ("eu-1b", nothing, "1", "1", "draining")}, members
+
+    described = await asyncio.to_thread(run, server, "groups", "describe", "placed")
+    assert described.returncode == 0, described.stderr
+    members_table = next(b for b in described.stdout.split("\n\n") if b.startswith("MEMBER"))
+    by_instance = {r["INSTANCE"]: r for r in table_rows(members_table, "MEMBER")}
+    assert {i: (r["RACK"], r["CAPACITY"], r["LOAD"], r["STANDBY"], r["DRAINING"])
+            for i, r in by_instance.items()} == {"a": ("eu-1a", "2", "9", "-", "-"),
+                                                 "b": ("eu-1b", "-", "1", "s:0", "yes")}
 
     timeline = page[page.index('<table class="timeline">'):]
     assert "why: later-cause 1, load 1, unknown 2" in re.sub(r"<[^>]+>", "", timeline)
