@@ -49,6 +49,8 @@ class _Cached:
     read_at: float
     #: the newest rebalance summarized (:meth:`JournalCache.last_rebalance`), once.
     last: RebalanceSummary | None = None
+    #: the rows summarized (:meth:`JournalCache.timeline`), once per length asked.
+    timelines: dict[int, list[RebalanceSummary]] = field(default_factory=dict)
 
 
 class JournalCache:
@@ -78,6 +80,20 @@ class JournalCache:
         if cached.last is None and cached.rows:
             cached.last = history.summarize(cached.rows[:2], 1)[0]
         return cached.last
+
+    async def timeline(self, group_id: str, generation_id: int, limit: int
+                       ) -> list[RebalanceSummary]:
+        """The group's newest ``limit`` rebalances as :func:`coordinator.history.summarize`
+        tells them, summarized once per journal read (a live page asks every half
+        second; summarizing decodes every assignment of every row read)."""
+        if generation_id <= 0:
+            return []
+        cached = await self._entry(group_id, generation_id, limit + 1)
+        timeline = cached.timelines.get(limit)
+        if timeline is None:
+            timeline = cached.timelines[limit] = history.summarize(cached.rows[:limit + 1],
+                                                                   limit)
+        return timeline
 
     async def _entry(self, group_id: str, generation_id: int, limit: int) -> _Cached:
         now = self._clock()
@@ -272,6 +288,7 @@ async def group_page(runtime: Service, journal: JournalCache, group_id: str
     return GroupPage(group=group, grid=grid, no_grid=no_grid,
                      checkpoints=checkpoints[:MAX_CHECKPOINTS],
                      checkpoint_total=len(checkpoints),
-                     timeline=history.summarize(rows, TIMELINE_LENGTH),
+                     timeline=await journal.timeline(group_id, view.generation_id,
+                                                     TIMELINE_LENGTH),
                      now_ms=int(time.time() * 1000),
                      placement=any(shows_placement(m) for m in group["members"]))
