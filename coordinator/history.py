@@ -89,18 +89,6 @@ class Generation:
                     out.setdefault((name, index), cause)
         return out
 
-    def cause_of(self, resource: Resource) -> str | None:
-        """What :meth:`causes` gives one resource (``None``: no entry)."""
-        name, index = resource
-        lost = None
-        for assignment in self.assignments.values():
-            for entry_name, entry_index, cause in assignment.why:
-                if entry_name == name and entry_index == index:
-                    if _holds(assignment.assigned, name, index):
-                        return cause
-                    lost = lost or cause
-        return lost
-
     def owner_of(self, resource: Resource) -> tuple[str, str] | None:
         """``(owner, member_id)`` of one resource; ``None``: nobody."""
         name, index = resource
@@ -230,7 +218,7 @@ def resource_history(rows_newest_first: Sequence[Mapping[str, Any]], limit: int,
         change = _change(None if before is None else before[0], who)
         cause = None
         if change in ("moved", "assigned", "revoked"):
-            cause = now.cause_of(resource) or UNKNOWN_CAUSE
+            cause = now.causes().get(resource, UNKNOWN_CAUSE)
         out.append(ResourceChange(
             generation_id=row["generation_id"], ended_ms=int(row["ended_ms"]),
             reason=row["reason"], owner=who, member_id=None if after is None else after[1],
