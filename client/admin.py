@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from protocol.admin_docs import RebalanceSummary
+from protocol.admin_docs import RebalanceSummary, ResourceHistory
 from protocol.codec import DecodeError
 from protocol.codec import decode as decode_msgpack
 from protocol.messages import LISTENER_FIELD, PROTOCOL_LISTENER
@@ -195,6 +195,15 @@ class AdminClient:
         doc = self.request("GET", f"/v1/groups/{_quote(group_id)}/rebalances",
                            query={"limit": str(limit)})
         return cast(list[RebalanceSummary], list(doc["rebalances"]))
+
+    def resource_history(self, group_id: str, resource_set: str, index: int,
+                         limit: int = 20) -> ResourceHistory:
+        """One resource's owner in each of the newest ``limit`` rebalances, newest
+        first, and why it changed (:class:`protocol.admin_docs.ResourceHistory`)."""
+        doc = self.request(
+            "GET", f"/v1/groups/{_quote(group_id)}/resources/{_quote(resource_set)}/"
+                   f"{index}/history", query={"limit": str(limit)})
+        return cast(ResourceHistory, doc)
 
     # ------------------------------------------------------------ checkpoints
 

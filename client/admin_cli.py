@@ -22,12 +22,12 @@ import os
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from client.admin import DEFAULT_URL, AdminClient, AdminError
-from protocol.admin_docs import RebalanceSummary, checkpoint_bytes_text
+from protocol.admin_docs import RebalanceSummary, checkpoint_bytes_text, shows_placement
 from protocol.catalog import (
     DEFAULT_PLACEMENT,
     Placement,
@@ -154,6 +154,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = rsub.add_parser("delete", parents=[common], help="delete a resource set")
     p.add_argument("name")
     p.set_defaults(func=_runner(_resources_delete))
+    p = rsub.add_parser("why", parents=[common],
+                        help="one resource of a group: its owner in each recent rebalance, "
+                             "and why it moved")
+    p.add_argument("group")
+    p.add_argument("set")
+    p.add_argument("index", type=int)
+    p.add_argument("--limit", type=int, default=20, help="most recent N rebalances (20)")
+    p.set_defaults(func=_runner(_resources_why))
 
 
 def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
@@ -257,17 +265,30 @@ def _groups_describe(admin: AdminClient, args: argparse.Namespace, out: TextIO) 
           f"leader {group.get('leader') or '-'}", file=out)
     print(f"coordinator: {_coordinator_text(group.get('coordinator'))}", file=out)
     print("", file=out)
-    rows = [(m["member_id"], m.get("group_instance_id") or "-", m.get("client_id") or "-",
-             m.get("client_host") or "-", m.get("session_timeout_ms"),
-             _assignment_text(m.get("assignment")))
-            for m in group["members"]]
-    print(table(("MEMBER", "INSTANCE", "CLIENT", "HOST", "SESSION_MS", "ASSIGNMENT"), rows),
-          file=out)
+    headers: tuple[str, ...] = ("MEMBER", "INSTANCE", "CLIENT", "HOST", "SESSION_MS",
+                                "ASSIGNMENT")
+    rows: list[tuple[object, ...]] = [
+        (m["member_id"], m.get("group_instance_id") or "-", m.get("client_id") or "-",
+         m.get("client_host") or "-", m.get("session_timeout_ms"),
+         _assignment_text(m.get("assignment")))
+        for m in group["members"]]
+    if any(shows_placement(m) for m in group["members"]):
+        # v1.2: what the members reported for placement, and their standby.
+        headers += ("RACK", "CAPACITY", "LOAD", "STANDBY", "DRAINING")
+        rows = [(*row, m.get("rack") or "-", _number_text(m.get("capacity")),
+                 _number_text(m.get("load")), _assignment_text(m.get("standby") or {}),
+                 "yes" if m.get("draining") else "-")
+                for row, m in zip(rows, group["members"], strict=True)]
+    print(table(headers, rows), file=out)
     print("", file=out)
     _print_checkpoints(checkpoints, out)
     print("", file=out)
     _print_rebalances(rebalances, out)
     return 0
+
+
+def _number_text(value: object) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value:g}"
 
 
 def _coordinator_text(coordinator: object) -> str:
@@ -451,6 +472,12 @@ def utc_time(epoch_ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch_ms / 1000))
 
 
+def causes_text(causes: Mapping[str, int]) -> str:
+    """``load:3 join:12``: moves by cause, the most first (ties by name); ``-``: none."""
+    ranked = sorted(causes.items(), key=lambda item: (-item[1], item[0]))
+    return " ".join(f"{cause}:{n}" for cause, n in ranked) or "-"
+
+
 def _print_rebalances(rebalances: list[RebalanceSummary], out: TextIO) -> None:
     rows = []
     for r in rebalances:
@@ -460,9 +487,10 @@ def _print_rebalances(rebalances: list[RebalanceSummary], out: TextIO) -> None:
                      ",".join(r["left"]) or "-",
                      "-" if moves is None else moves["moved"],
                      "-" if moves is None else moves["assigned"],
-                     "-" if moves is None else moves["revoked"]))
+                     "-" if moves is None else moves["revoked"],
+                     "-" if moves is None else causes_text(moves.get("causes", {}))))
     print(table(("GENERATION", "ENDED", "REASON", "DURATION_MS", "JOINED", "LEFT", "MOVED",
-                 "ASSIGNED", "REVOKED"), rows), file=out)
+                 "ASSIGNED", "REVOKED", "CAUSES"), rows), file=out)
 
 
 def _rebalances(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
@@ -626,6 +654,22 @@ def _resource_file(path: Path) -> dict[str, Any]:
         raise UsageError(f"--from-file {path}: expected an object with \"partitions\", "
                          f"\"weights\", \"zones\"")
     return doc
+
+
+def _resources_why(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    if args.index < 0:
+        raise UsageError("index must be at least 0")
+    doc = admin.resource_history(args.group, args.set, args.index, limit=args.limit)
+    if args.json:
+        return _dump(doc, out)
+    print(f"{args.set}:{args.index} of group {args.group}, newest first", file=out)
+    print(table(("GENERATION", "ENDED", "OWNER", "CHANGE", "CAUSE", "REASON", "STANDBY"), [
+        (g["generation_id"], utc_time(g["ended_ms"]), g["owner"] or "-", g["change"],
+         g["cause"] or "-", g["reason"] or "-", ",".join(g["standby"]) or "-")
+        for g in doc["generations"]]), file=out)
+    return 0
 
 
 def _resources_delete(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:

@@ -10,25 +10,27 @@ JSON-ready values; neither knows about requests. Bad input raises
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
-from coordinator import auth, history
+from coordinator import auth, history, offload, placement
 from coordinator.core.commands import ResetCheckpoints
 from coordinator.core.effects import AdminResult
 from coordinator.core.records import SHOWN_MEMBER_FIELDS, MemberRecord
 from coordinator.core.views import GroupSummary, GroupView
 from coordinator.runtime.runtime import Answer, CoreView
 from coordinator.runtime.service import Service
-from protocol.admin_docs import RebalanceSummary
-from protocol.limits import MAX_PARTITIONS
+from protocol.admin_docs import RebalanceSummary, ResourceHistory
+from protocol.limits import MAX_PARTITIONS, MAX_RESOURCE_INDEX
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import ResourceAssignment
 from protocol.validate import Scalar, ValidationError, check_int, check_string, check_value
 
 #: most rebalances one history call answers.
 MAX_HISTORY = 1000
+
+_T = TypeVar("_T")
 
 
 # ---------------------------------------------------------------- groups
@@ -66,11 +68,16 @@ def assignment_json(protocol_type: str | None, data: bytes) -> Any:
 _shown_member_fields = attrgetter(*SHOWN_MEMBER_FIELDS)
 
 
-def member_json(protocol_type: str | None, m: MemberRecord) -> dict[str, Any]:
+def member_json(protocol_type: str | None, m: MemberRecord,
+                protocol_name: str | None = None) -> dict[str, Any]:
     """A member as the admin API shows it: the record's ``SHOWN_MEMBER_FIELDS`` in
-    order, the assignment decoded (none yet: ``b""``)."""
-    doc = dict(zip(SHOWN_MEMBER_FIELDS, _shown_member_fields(m), strict=True))
+    order, the assignment decoded (none yet: ``b""``); for the "resources"
+    protocol also what :func:`coordinator.placement.member_placement` reads of
+    its metadata (for the group's ``protocol_name``) and assignment."""
+    doc: dict[str, Any] = dict(zip(SHOWN_MEMBER_FIELDS, _shown_member_fields(m), strict=True))
     doc["assignment"] = assignment_json(protocol_type, m.assignment or b"")
+    if protocol_type == RESOURCES:
+        doc.update(placement.member_placement(m, protocol_name))
     return doc
 
 
@@ -79,7 +86,8 @@ def group_doc(view: GroupView) -> dict[str, Any]:
     return {"group_id": view.group_id, "state": view.state,
             "protocol_type": view.protocol_type, "protocol_name": view.protocol_name,
             "generation_id": view.generation_id, "leader": view.leader,
-            "members": [member_json(view.protocol_type, m) for m in view.members]}
+            "members": [member_json(view.protocol_type, m, view.protocol_name)
+                        for m in view.members]}
 
 
 def coordinator_doc(runtime: Service, group_id: str) -> dict[str, Any]:
@@ -118,11 +126,44 @@ def check_history_limit(text: str) -> int:
     return limit
 
 
+async def _read_rows(rows: Sequence[Mapping[str, Any]], reading: Callable[[], _T]) -> _T:
+    """``reading()`` of journal ``rows``: on the offload worker when their
+    assignments are large (decoding them would hold the event loop, which
+    answers every group's calls), else here."""
+    size = sum(len(blob) for row in rows for blob in (row.get("assignments") or {}).values())
+    return await offload.run(reading) if size >= offload.LARGE_BODY_BYTES else reading()
+
+
 async def rebalance_history(runtime: Service, group_id: str, limit: int
                             ) -> list[RebalanceSummary] | None:
     """``GET /v1/groups/{group_id}/rebalances``: newest first; ``None`` for an unknown group."""
     rows = await journal(runtime, group_id, limit)
-    return None if rows is None else history.summarize(rows, limit)
+    if rows is None:
+        return None
+    return await _read_rows(rows, lambda: history.summarize(rows, limit))
+
+
+def check_resource_index(text: str) -> int:
+    """The ``{index}`` of a resource's path: 0 to ``MAX_RESOURCE_INDEX``."""
+    try:
+        index = int(text)
+    except ValueError:
+        raise ValidationError("index", f"expected an integer, got {text!r}") from None
+    return check_int(index, "index", lo=0, hi=MAX_RESOURCE_INDEX)
+
+
+async def resource_history(runtime: Service, group_id: str, resource_set: str, index: int,
+                           limit: int) -> ResourceHistory | None:
+    """``GET /v1/groups/{group_id}/resources/{set}/{index}/history``: the resource's
+    owner in each of the newest ``limit`` journal rows and why it changed, newest
+    first; ``None`` for an unknown group."""
+    rows = await journal(runtime, group_id, limit)
+    if rows is None:
+        return None
+    generations = await _read_rows(
+        rows, lambda: history.resource_history(rows, limit, (resource_set, index)))
+    return ResourceHistory(group_id=group_id, set=resource_set, index=index,
+                           generations=generations)
 
 
 # ---------------------------------------------------------------- checkpoints

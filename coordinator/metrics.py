@@ -25,8 +25,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from coordinator.core.views import GroupSummary
+from coordinator.core.views import GroupSummary, GroupView
+from coordinator.placement import load_imbalance
+from protocol.admin_docs import MOVE_CAUSES
 from protocol.errors import ErrorCode
+from protocol.resources import PROTOCOL_TYPE as RESOURCES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -36,6 +39,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # (typed here: the library's function is not).
 _disable_created: Callable[[], None] = disable_created_metrics
 _disable_created()
+#: the ``cause`` label of a move whose cause this version does not know.
+OTHER_CAUSE = "other"
+_CAUSES = frozenset(MOVE_CAUSES)
 GROUP_STATES = ("Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead")
 
 # Latency buckets of one request: parked joins last up to a rebalance timeout.
@@ -71,10 +77,26 @@ class _GroupGauges(Collector):
     counted in ``groupcoord_group_metrics_omitted``."""
 
     def __init__(self, groups: Callable[[], Sequence[GroupSummary]],
-                 health: Callable[[str], str], cap: int) -> None:
+                 health: Callable[[str], str], cap: int,
+                 describe: Callable[[str], GroupView | None] | None = None) -> None:
         self._groups = groups
         self._health = health
         self._cap = cap
+        self._describe = describe
+        #: group id -> (generation, load imbalance) of the shown groups: decoded
+        #: once per generation, not at every scrape.
+        self._imbalance: dict[str, tuple[int, float | None]] = {}
+
+    def _imbalance_of(self, g: GroupSummary) -> float | None:
+        cached = self._imbalance.get(g.group_id)
+        if cached is not None and (cached[0] == g.generation_id or g.state != "Stable"):
+            return cached[1]  # between a generation's forming and its assignment: the last
+        if self._describe is None or g.state != "Stable":
+            return None
+        view = self._describe(g.group_id)
+        value = None if view is None else load_imbalance(view)
+        self._imbalance[g.group_id] = (g.generation_id, value)
+        return value
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         groups = sorted(self._groups(), key=lambda g: (-g.member_count, g.group_id))
@@ -88,15 +110,25 @@ class _GroupGauges(Collector):
         health = GaugeMetricFamily("groupcoord_group_health",
                                    "1 for one group's health: OK, STORM, REWIND or STALLED",
                                    labels=["group", "health"])
+        imbalance = GaugeMetricFamily(
+            "groupcoord_group_load_imbalance",
+            "Busiest member's reported load per capacity over the group's, for groups "
+            "whose assignor hands out a load band (1 is even)", labels=["group"])
         for g in shown:
             members.add_metric([g.group_id], g.member_count)
             generation.add_metric([g.group_id], g.generation_id)
             state.add_metric([g.group_id, g.state], 1)
             health.add_metric([g.group_id, self._health(g.group_id)], 1)
+            if g.protocol_type == RESOURCES and (x := self._imbalance_of(g)) is not None:
+                imbalance.add_metric([g.group_id], x)
+        shown_ids = {g.group_id for g in shown}
+        for group_id in [k for k in self._imbalance if k not in shown_ids]:
+            del self._imbalance[group_id]
         yield members
         yield generation
         yield state
         yield health
+        yield imbalance
         yield GaugeMetricFamily("groupcoord_group_metrics_omitted",
                                 "Groups without their own series (over --group-metrics)",
                                 value=len(groups) - len(shown))
@@ -212,6 +244,14 @@ class Metrics:
                                     "HTTP requests refused before they reached a call or "
                                     "an admin handler, by listener and reason",
                                     ["listener", "reason"], registry=r)
+        # cause: one of protocol.admin_docs.MOVE_CAUSES, or "other" for a cause a
+        # later version adds (a fixed, small set).
+        self.resource_moves = Counter("groupcoord_resource_moves",
+                                      "Resources given to a member that did not own them, "
+                                      "by the cause the leader's why gives (assignors that "
+                                      "give none are not counted)", ["cause"], registry=r)
+        for cause in (*MOVE_CAUSES, OTHER_CAUSE):
+            self.resource_moves.labels(cause)
         self.ready = Gauge("groupcoord_ready", "1 when state is loaded and requests are served",
                            registry=r)
 
@@ -220,10 +260,17 @@ class Metrics:
         self.registry.register(_CoreGauges(state_counts, member_count))
 
     def watch_groups(self, groups: Callable[[], Sequence[GroupSummary]],
-                     health: Callable[[str], str], cap: int) -> None:
-        """Per-group series for at most ``cap`` groups (``--group-metrics``; 0: none)."""
+                     health: Callable[[str], str], cap: int,
+                     describe: Callable[[str], GroupView | None] | None = None) -> None:
+        """Per-group series for at most ``cap`` groups (``--group-metrics``; 0: none);
+        ``describe`` (a group's view) for their load imbalance."""
         if cap > 0:
-            self.registry.register(_GroupGauges(groups, health, cap))
+            self.registry.register(_GroupGauges(groups, health, cap, describe))
+
+    def count_moves(self, by_cause: Mapping[str, int]) -> None:
+        """Add one generation's resource moves (cause -> count). Thread-safe."""
+        for cause, n in by_cause.items():
+            self.resource_moves.labels(cause if cause in _CAUSES else OTHER_CAUSE).inc(n)
 
     def observe_request(self, api: str, error: ErrorCode | str | None, seconds: float) -> None:
         self._requests.observe(api, "ok" if error is None else str(error), seconds)

@@ -21,11 +21,14 @@ Callers run small jobs inline: handing work to a thread and back costs about
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 _T = TypeVar("_T")
+
+log = logging.getLogger(__name__)
 
 #: a request body at least this long is decoded and validated on the worker
 #: (about 3,000 checkpoints, some 5 ms of the loop's CPU).
@@ -46,3 +49,15 @@ def _executor() -> ThreadPoolExecutor:
 async def run(fn: Callable[[], _T]) -> _T:
     """``fn()`` on the worker thread; its exception is raised here."""
     return await asyncio.get_running_loop().run_in_executor(_executor(), fn)
+
+
+def submit(fn: Callable[[], object]) -> None:
+    """``fn()`` on the worker thread, not waited for (it must be safe to run
+    there: e.g. counting into thread-safe metrics); what it raises is logged."""
+    _executor().submit(fn).add_done_callback(_log_failure)
+
+
+def _log_failure(done: Future[object]) -> None:
+    exc = done.exception()
+    if exc is not None:
+        log.error("background job failed", exc_info=exc)

@@ -100,7 +100,7 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
     clock = WallClock()
     metrics.watch_groups(core.list_groups,
                          lambda group_id: core.health(group_id, clock.now_ms()).status,
-                         config.group_metrics)
+                         config.group_metrics, core.describe_group)
     runtime = Runtime(core, storage, clock, metrics,
                       max_parked_requests=config.max_parked_requests,
                       max_parked_per_token=config.max_parked_per_token)

@@ -12,9 +12,25 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Literal, TypedDict
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict
 
-__all__ = ["RebalanceMoves", "RebalanceSummary", "checkpoint_bytes_text"]
+__all__ = ["MOVE_CAUSES", "PLACEMENT_FIELDS", "UNKNOWN_CAUSE", "Change", "MemberPlacement",
+           "RebalanceMoves", "RebalanceSummary", "ResourceChange", "ResourceHistory",
+           "checkpoint_bytes_text", "shows_placement"]
+
+#: the ``cause`` of an assignment's ``why`` entry (docs/protocol.md, "What the
+#: leader hands out"); the client's assignors name the same ones
+#: (``client.assignors.model.CAUSES``). A later version may add causes: the
+#: admin API shows a cause as the leader sent it, the metrics count one they
+#: do not know as ``other``.
+MOVE_CAUSES: tuple[str, ...] = (
+    "join", "leave", "expired", "catalog", "load", "zone", "capacity", "drain", "warm",
+    "balance", "admin",
+)
+#: the cause of a resource that changed owner while no member's ``why`` said why
+#: (a leader whose assignor does not explain its moves).
+UNKNOWN_CAUSE = "unknown"
 
 
 class RebalanceMoves(TypedDict):
@@ -26,6 +42,11 @@ class RebalanceMoves(TypedDict):
     assigned: int
     #: owned before, by nobody now.
     revoked: int
+    #: the resources counted above, each once, by the ``cause`` the members'
+    #: ``why`` entries give it (its new owner's entry first, else its old
+    #: owner's); :data:`UNKNOWN_CAUSE` for those no entry explains. The
+    #: counts add up to ``moved + assigned + revoked``.
+    causes: dict[str, int]
 
 
 class RebalanceSummary(TypedDict):
@@ -44,6 +65,69 @@ class RebalanceSummary(TypedDict):
     left: list[str]
     #: ``None`` when the group's assignments are not of the ``resources`` protocol.
     resources: RebalanceMoves | None
+
+
+#: how a resource's owner changed from one generation to the next.
+Change = Literal["kept", "moved", "assigned", "revoked", "unowned"]
+
+
+class ResourceChange(TypedDict):
+    """One generation of a resource's history
+    (``GET /v1/groups/{group_id}/resources/{set}/{index}/history``)."""
+
+    generation_id: int
+    #: when the generation's assignment arrived: Unix epoch milliseconds.
+    ended_ms: int
+    #: why the rebalance started (the journal's reason).
+    reason: str
+    #: who owned the resource in this generation: the member's instance id when
+    #: it is static, else its member id; ``None``: nobody.
+    owner: str | None
+    #: its member id (``None``: nobody).
+    member_id: str | None
+    #: ``"kept"`` (same owner as the generation before), ``"moved"`` (another
+    #: member), ``"assigned"`` (nobody before), ``"revoked"`` (nobody now) or
+    #: ``"unowned"`` (nobody, as before).
+    change: Change
+    #: why it changed (as :attr:`RebalanceMoves.causes`); ``None`` when it did not.
+    cause: str | None
+    #: members asked to warm it up in this generation (v1.2 ``standby``), as owners are named.
+    standby: list[str]
+
+
+class ResourceHistory(TypedDict):
+    """``GET /v1/groups/{group_id}/resources/{set}/{index}/history``."""
+
+    group_id: str
+    set: str
+    index: int
+    #: newest first, one per journal row read; empty for a group whose
+    #: assignments are not of the ``resources`` protocol.
+    generations: list[ResourceChange]
+
+
+class MemberPlacement(TypedDict):
+    """What each member of a "resources" group shows besides its record in
+    ``GET /v1/groups/{group_id}`` (v1.2, docs/protocol.md, "What a member reports")."""
+
+    #: as the member sent them; ``None``: not sent.
+    rack: str | None
+    capacity: float | None
+    #: the sum of the loads it reported; ``None``: it reported none.
+    load: float | None
+    draining: bool
+    #: what its assignment asks it to warm up: ``{set: [indexes]}``.
+    standby: dict[str, list[int]]
+
+
+#: the keys of :class:`MemberPlacement`.
+PLACEMENT_FIELDS: tuple[str, ...] = tuple(MemberPlacement.__annotations__)
+
+
+def shows_placement(member: Mapping[str, Any]) -> bool:
+    """Did a member of ``GET /v1/groups/{group_id}`` report, or get, any of v1.2's
+    placement fields (tools add their columns only then)?"""
+    return any(member.get(name) not in (None, False, {}) for name in PLACEMENT_FIELDS)
 
 
 def checkpoint_bytes_text(data: bytes, binary: Literal["hex", "base64"]) -> str:

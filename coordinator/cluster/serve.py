@@ -120,7 +120,7 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
         metrics.watch_groups(service.local_groups,
                              lambda group_id: service.core.health(group_id,
                                                                   clock.now_ms()).status,
-                             config.group_metrics)
+                             config.group_metrics, service.core.describe_group)
         listeners = Listeners(service, metrics, max_body_bytes=config.max_body_bytes,
                               max_metadata_bytes=config.max_metadata_bytes, tokens=tokens,
                               admin_names=admin_names(config.admin_address,

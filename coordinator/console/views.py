@@ -18,7 +18,7 @@ from typing import Any
 from coordinator import admin_views, auth, history
 from coordinator.console.live import ROW_COST, Pace
 from coordinator.runtime.service import Service
-from protocol.admin_docs import RebalanceSummary
+from protocol.admin_docs import RebalanceSummary, shows_placement
 from protocol.catalog import DEFAULT_PLACEMENT, Placement, Summary, ZoneList
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 
@@ -50,6 +50,8 @@ class _Cached:
     read_at: float
     #: the newest rebalance summarized (:meth:`JournalCache.last_rebalance`), once.
     last: RebalanceSummary | None = None
+    #: the rows summarized (:meth:`JournalCache.timeline`), once per length asked.
+    timelines: dict[int, list[RebalanceSummary]] = field(default_factory=dict)
 
 
 class JournalCache:
@@ -79,6 +81,20 @@ class JournalCache:
         if cached.last is None and cached.rows:
             cached.last = history.summarize(cached.rows[:2], 1)[0]
         return cached.last
+
+    async def timeline(self, group_id: str, generation_id: int, limit: int
+                       ) -> list[RebalanceSummary]:
+        """The group's newest ``limit`` rebalances as :func:`coordinator.history.summarize`
+        tells them, summarized once per journal read (a live page asks every half
+        second; summarizing decodes every assignment of every row read)."""
+        if generation_id <= 0:
+            return []
+        cached = await self._entry(group_id, generation_id, limit + 1)
+        timeline = cached.timelines.get(limit)
+        if timeline is None:
+            timeline = cached.timelines[limit] = history.summarize(cached.rows[:limit + 1],
+                                                                   limit)
+        return timeline
 
     async def _entry(self, group_id: str, generation_id: int, limit: int) -> _Cached:
         now = self._clock()
@@ -207,6 +223,9 @@ class GroupPage:
     checkpoint_total: int
     timeline: list[RebalanceSummary]
     now_ms: int = field(default=0)
+    #: the members table has placement columns (rack, capacity, load, standby,
+    #: draining): some member of a "resources" group reported or was given one.
+    placement: bool = False
 
 
 def member_label(member: dict[str, Any]) -> str:
@@ -310,8 +329,11 @@ async def group_page(runtime: Service, journal: JournalCache, group_id: str
         assignment = member["assignment"]
         member["owned"] = (sum(len(v) for v in assignment.values())
                            if isinstance(assignment, dict) else None)
+        member["standby_count"] = sum(len(v) for v in member.get("standby", {}).values())
     return GroupPage(group=group, grid=grid, no_grid=no_grid,
                      checkpoints=checkpoints[:MAX_CHECKPOINTS],
                      checkpoint_total=len(checkpoints),
-                     timeline=history.summarize(rows, TIMELINE_LENGTH),
-                     now_ms=int(time.time() * 1000))
+                     timeline=await journal.timeline(group_id, view.generation_id,
+                                                     TIMELINE_LENGTH),
+                     now_ms=int(time.time() * 1000),
+                     placement=any(shows_placement(m) for m in group["members"]))

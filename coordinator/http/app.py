@@ -202,6 +202,25 @@ async def group_rebalances(request: web.Request) -> web.StreamResponse:
     return web.json_response({"group_id": group_id, "rebalances": rebalances})
 
 
+async def resource_history(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/groups/{group_id}/resources/{set}/{index}/history?limit=N``: one
+    resource's owner in each of the newest journal rows, and why it changed."""
+    runtime = request.app[RUNTIME_KEY]
+    if (busy := _not_ready(runtime)) is not None:
+        return busy
+    group_id = _path_name(request, "group_id")
+    resource_set = _path_name(request, "set")
+    try:
+        index = admin_views.check_resource_index(request.match_info["index"])
+        limit = admin_views.check_history_limit(request.query.get("limit", "20"))
+    except ValidationError as exc:
+        raise Refused(400, str(exc)) from None
+    doc = await admin_views.resource_history(runtime, group_id, resource_set, index, limit)
+    if doc is None:
+        return json_error(404, ErrorCode.UNKNOWN_GROUP.value)
+    return web.json_response(doc)
+
+
 async def describe_group(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME_KEY]
     if (busy := _not_ready(runtime)) is not None:
@@ -529,6 +548,8 @@ def build_admin_app(runtime: Service, metrics: Metrics, *, max_body_bytes: int,
     # A group id is one path segment ("/" in it as %2F); aiohttp matches the
     # encoded path, so the sub-resources below are never mistaken for a group.
     app.router.add_get("/v1/groups/{group_id}/rebalances", guarded(group_rebalances))
+    app.router.add_get("/v1/groups/{group_id}/resources/{set}/{index}/history",
+                       guarded(resource_history))
     app.router.add_get("/v1/groups/{group_id}/checkpoints", guarded(group_checkpoints))
     app.router.add_post("/v1/groups/{group_id}/checkpoints/reset", guarded(reset_checkpoints))
     app.router.add_delete("/v1/groups/{group_id}/members/{member_id}", guarded(remove_member))

@@ -253,6 +253,32 @@ def _admin_paths() -> dict[str, Any]:
                         parameters=[{"name": "limit", "in": "query", "required": False,
                                      "schema": {"type": "integer", "minimum": 1,
                                                 "maximum": 1000, "default": 20}}])},
+        "/v1/groups/{group_id}/resources/{set}/{index}/history": {
+            "parameters": [_GROUP_ID,
+                           {"name": "set", "in": "path", "required": True, "schema": _NAME,
+                            "description": "one path segment: '/' as %2F"},
+                           {"name": "index", "in": "path", "required": True,
+                            "schema": _INDEX}],
+            "get": _get("resourceHistory", "one resource's owners over the journal's "
+                        "generations, and why each change", _json(_object(
+                            ["group_id", "set", "index", "generations"], group_id=_NAME,
+                            set=_NAME, index=_INDEX, generations={
+                                "type": "array", "items": _object(
+                                    ["generation_id", "ended_ms", "reason", "owner",
+                                     "member_id", "change", "cause", "standby"],
+                                    generation_id={"type": "integer"},
+                                    ended_ms={"type": "integer"},
+                                    reason={"type": "string"}, owner=_OPT_NAME,
+                                    member_id=_OPT_NAME,
+                                    change={"type": "string", "enum": [
+                                        "kept", "moved", "assigned", "revoked", "unowned"]},
+                                    cause={"type": ["string", "null"]},
+                                    standby={"type": "array",
+                                             "items": {"type": "string"}})})),
+                        400, 401, 403, 404, 503,
+                        parameters=[{"name": "limit", "in": "query", "required": False,
+                                     "schema": {"type": "integer", "minimum": 1,
+                                                "maximum": 1000, "default": 20}}])},
         "/v1/groups/{group_id}/members/{member_id}": {
             "parameters": [_GROUP_ID, member_id],
             "delete": {"operationId": "removeMember", "tags": ["admin"],

@@ -22,7 +22,7 @@ from coordinator.core.effects import (
     MemberExpired,
     RebalanceCompleted,
 )
-from coordinator.core.records import Record
+from coordinator.core.records import JournalEntry, Record
 from protocol.messages import Response
 
 #: what a call is answered with: a protocol response or an admin call's result.
@@ -182,8 +182,16 @@ class Applied:
     effects: tuple[Effect, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class JournalRecorded:
+    """A generation's journal entry went into the open batch (its assignments, with
+    their ``why`` entries, are what ``groupcoord_resource_moves_total`` counts)."""
+
+    entry: JournalEntry
+
+
 MachineEffect = (Answered | WriteDue | WriteRecords | ArmTimer | DisarmTimer | DisarmTimers
                  | ArmStorageCheck | DisarmStorageCheck | CheckStorage | LoadGroup | Loaded
                  | BatchCommitted | LimitRefused | CoreRaised | GroupEvicted | GroupReloaded
                  | ServingStopped | Stopped | Applied | GroupStateChanged | RebalanceCompleted
-                 | MemberExpired)
+                 | MemberExpired | JournalRecorded)

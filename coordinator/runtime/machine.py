@@ -80,7 +80,7 @@ from coordinator.core.effects import (
     ScheduleTimer,
 )
 from coordinator.core.health import Health
-from coordinator.core.records import CheckpointMeta, Record, Snapshot
+from coordinator.core.records import CheckpointMeta, JournalEntry, Record, Snapshot
 from coordinator.core.views import GroupSummary, GroupView
 from coordinator.runtime.commits import Batch, Commits, record_group
 from coordinator.runtime.effects import (
@@ -97,6 +97,7 @@ from coordinator.runtime.effects import (
     DisarmTimers,
     GroupEvicted,
     GroupReloaded,
+    JournalRecorded,
     LimitRefused,
     Loaded,
     LoadGroup,
@@ -508,6 +509,8 @@ class RuntimeMachine:
                 case Persist(record=record):
                     commits.write(record)
                     wrote = True
+                    if type(record) is JournalEntry:
+                        self._out.append(JournalRecorded(record))
                 case CancelTimer(key=key):
                     if self._timers.pop(key, None) is not None:
                         self._out.append(DisarmTimer(key))

@@ -79,9 +79,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from coordinator import history, offload
 from coordinator.core.commands import Command
 from coordinator.core.effects import GroupStateChanged, MemberExpired, RebalanceCompleted
-from coordinator.core.records import REBALANCE_REASONS, Record, Snapshot
+from coordinator.core.records import REBALANCE_REASONS, JournalEntry, Record, Snapshot
 from coordinator.metrics import Metrics
 from coordinator.runtime import effects as fx
 from coordinator.runtime.clock import Clock, TimerHandle
@@ -348,6 +349,9 @@ class Runtime:
                          effect.group_id, effect.member_id)
                 if self.metrics is not None:
                     self.metrics.session_expiries.inc()
+            case fx.JournalRecorded(entry=entry):
+                if self.metrics is not None:
+                    _count_moves(entry, self.metrics)
             case fx.ArmStorageCheck(deadline_ms=deadline_ms):
                 self._cancel_storage_check()
                 self._storage_check = self.clock.call_at(deadline_ms, self._storage_check_due)
@@ -487,3 +491,16 @@ class Runtime:
     def _not_ready(self) -> None:
         if self.metrics is not None and self._owns_readiness:
             self.metrics.ready.set(0)
+
+
+def _count_moves(entry: JournalEntry, metrics: Metrics) -> None:
+    """``groupcoord_resource_moves_total``: what a generation's assignments gave their
+    members, by the cause of their ``why`` entries. Large assignments are decoded on
+    the offload worker, not on the loop that answers every group's calls."""
+    def count() -> None:
+        metrics.count_moves(history.gained_by_cause(entry.protocol_type, entry.assignments))
+    size = sum(len(blob) for blob in entry.assignments.values())
+    if size >= offload.LARGE_BODY_BYTES:
+        offload.submit(count)
+    else:
+        count()

@@ -142,7 +142,9 @@ async def test_remove_member_and_the_history_says_why(admin: Admin) -> None:
     member_id, generation = await admin.member("g", {"s": [0, 1, 2]})
     history = await admin.get("/v1/groups/g/rebalances?limit=5")
     assert [r["generation_id"] for r in history["rebalances"]] == [generation]
-    assert history["rebalances"][0]["resources"] == {"moved": 0, "assigned": 3, "revoked": 0}
+    # The test's leader gives no why: the three are counted, their cause unknown.
+    assert history["rebalances"][0]["resources"] == {"moved": 0, "assigned": 3, "revoked": 0,
+                                                     "causes": {"unknown": 3}}
     assert history["rebalances"][0]["joined"] == [member_id]
     doc = await admin.send("DELETE", f"/v1/groups/g/members/{member_id}")
     assert doc == {"group_id": "g", "removed": member_id}
@@ -165,3 +167,22 @@ async def test_state_filter_and_a_group_id_with_a_slash(admin: Admin) -> None:
     assert "unknown state 'Sleeping'" in bad["message"]
     doc = await admin.get("/v1/groups/team%2Fa/checkpoints")
     assert doc["group_id"] == "team/a" and doc["checkpoints"][0]["value"] == 1
+
+
+async def test_a_resource_history_route_refuses_what_it_cannot_read(admin: Admin) -> None:
+    """``GET .../resources/{set}/{index}/history``: an unknown group is a 404, an
+    index that is not one or a limit out of range a 400 naming it; a set name
+    may hold a "/" (sent as %2F), as a group id may."""
+    await admin.member("team/a", {"orders/eu": [5]})
+    doc = await admin.get("/v1/groups/team%2Fa/resources/orders%2Feu/5/history")
+    assert (doc["group_id"], doc["set"], doc["index"]) == ("team/a", "orders/eu", 5)
+    assert [(g["owner"], g["change"], g["cause"]) for g in doc["generations"]] == [
+        ("w1", "assigned", "unknown")]
+    assert (await admin.get("/v1/groups/none/resources/s/0/history", 404))["error"] == \
+        "UNKNOWN_GROUP"
+    bad = await admin.get("/v1/groups/team%2Fa/resources/s/x/history", 400)
+    assert "index" in bad["message"]
+    bad = await admin.get("/v1/groups/team%2Fa/resources/s/-1/history", 400)
+    assert "index" in bad["message"]
+    bad = await admin.get("/v1/groups/team%2Fa/resources/s/0/history?limit=1001", 400)
+    assert "limit" in bad["message"]
