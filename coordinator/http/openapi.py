@@ -60,20 +60,20 @@ _OVERRIDE_INDEX: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": M
                                    "description": "below the set's partitions, each once"}
 _WEIGHT: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": MAX_WEIGHT}
 #: a set's weights and zones (docs/protocol.md, v1.2 "Resources that differ").
-_WEIGHTS: dict[str, Any] = {
-    "type": "object", "additionalProperties": False,
-    "description": "the load each resource is expected to carry (default 1.0)",
-    "properties": {"default": _WEIGHT, "overrides": {
-        "type": "array", "maxItems": MAX_OVERRIDES,
-        "items": {"type": "array", "prefixItems": [_OVERRIDE_INDEX, _WEIGHT],
-                  "minItems": 2, "maxItems": 2}}}}
-_ZONES: dict[str, Any] = {
-    "type": "object", "additionalProperties": False,
-    "description": "where each resource is best served (default: anywhere)",
-    "properties": {"default": _ZONE_LIST, "overrides": {
-        "type": "array", "maxItems": MAX_OVERRIDES,
-        "items": {"type": "array", "prefixItems": [_OVERRIDE_INDEX, _ZONE_LIST],
-                  "minItems": 2, "maxItems": 2}}}}
+
+
+def _sparse(description: str, value: dict[str, Any]) -> dict[str, Any]:
+    """A default ``value`` and ``[index, value]`` overrides (protocol.catalog)."""
+    return {
+        "type": "object", "additionalProperties": False, "description": description,
+        "properties": {"default": value, "overrides": {
+            "type": "array", "maxItems": MAX_OVERRIDES,
+            "items": {"type": "array", "prefixItems": [_OVERRIDE_INDEX, value],
+                      "minItems": 2, "maxItems": 2}}}}
+
+
+_WEIGHTS = _sparse("the load each resource is expected to carry (default 1.0)", _WEIGHT)
+_ZONES = _sparse("where each resource is best served (default: anywhere)", _ZONE_LIST)
 _ERROR_CODE: dict[str, Any] = {"type": ["string", "null"],
                                "enum": [*(code.value for code in ErrorCode), None]}
 
