@@ -27,8 +27,8 @@ from prometheus_client.utils import floatToGoString
 
 from coordinator.core.views import GroupSummary, GroupView
 from coordinator.placement import load_imbalance
-from protocol.admin_docs import MOVE_CAUSES
 from protocol.errors import ErrorCode
+from protocol.resources import CAUSES
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -41,7 +41,7 @@ _disable_created: Callable[[], None] = disable_created_metrics
 _disable_created()
 #: the ``cause`` label of a move whose cause this version does not know.
 OTHER_CAUSE = "other"
-_CAUSES = frozenset(MOVE_CAUSES)
+_CAUSES = frozenset(CAUSES)
 GROUP_STATES = ("Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead")
 
 # Latency buckets of one request: parked joins last up to a rebalance timeout.
@@ -244,13 +244,13 @@ class Metrics:
                                     "HTTP requests refused before they reached a call or "
                                     "an admin handler, by listener and reason",
                                     ["listener", "reason"], registry=r)
-        # cause: one of protocol.admin_docs.MOVE_CAUSES, or "other" for a cause a
+        # cause: one of protocol.resources.CAUSES, or "other" for a cause a
         # later version adds (a fixed, small set).
         self.resource_moves = Counter("groupcoord_resource_moves",
                                       "Resources given to a member that did not own them, "
                                       "by the cause the leader's why gives (assignors that "
                                       "give none are not counted)", ["cause"], registry=r)
-        for cause in (*MOVE_CAUSES, OTHER_CAUSE):
+        for cause in (*CAUSES, OTHER_CAUSE):
             self.resource_moves.labels(cause)
         self.ready = Gauge("groupcoord_ready", "1 when state is loaded and requests are served",
                            registry=r)

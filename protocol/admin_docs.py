@@ -15,19 +15,10 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
-__all__ = ["MOVE_CAUSES", "PLACEMENT_FIELDS", "UNKNOWN_CAUSE", "Change", "MemberPlacement",
+__all__ = ["PLACEMENT_FIELDS", "UNKNOWN_CAUSE", "Change", "MemberPlacement",
            "RebalanceMoves", "RebalanceSummary", "ResourceChange", "ResourceHistory",
            "checkpoint_bytes_text", "shows_placement"]
 
-#: the ``cause`` of an assignment's ``why`` entry (docs/protocol.md, "What the
-#: leader hands out"); the client's assignors name the same ones
-#: (``client.assignors.model.CAUSES``). A later version may add causes: the
-#: admin API shows a cause as the leader sent it, the metrics count one they
-#: do not know as ``other``.
-MOVE_CAUSES: tuple[str, ...] = (
-    "join", "leave", "expired", "catalog", "load", "zone", "capacity", "drain", "warm",
-    "balance", "admin",
-)
 #: the cause of a resource that changed owner while no member's ``why`` said why
 #: (a leader whose assignor does not explain its moves).
 UNKNOWN_CAUSE = "unknown"

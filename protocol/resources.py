@@ -16,6 +16,16 @@ from protocol.codec import DecodeError, decode, encode
 from protocol.limits import MAX_RESOURCE_INDEX
 from protocol.validate import Fields, ValidationError, check_int, check_pair, check_string
 
+#: Why a member gains or loses a resource (docs/protocol.md, "What the leader
+#: hands out"): the ``cause`` of an assignment's ``why`` entry. The assignors
+#: give these; the coordinator counts them (a later version may add causes: the
+#: admin API shows a cause as the leader sent it, the metrics count one they do
+#: not know as ``other``).
+CAUSES: tuple[str, ...] = (
+    "join", "leave", "expired", "catalog", "load", "zone", "capacity", "drain", "warm",
+    "balance", "admin",
+)
+
 PROTOCOL_TYPE = "resources"
 VERSION = 1
 

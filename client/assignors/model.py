@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias, runtime_checkable
 
+from protocol.resources import CAUSES
+
 __all__ = [
     "CAUSES",
     "Assignment",
@@ -26,12 +28,6 @@ __all__ = [
     "Why",
 ]
 
-#: Why a member gains or loses a resource (docs/protocol.md, "What the leader
-#: hands out"): the ``cause`` of an ``Assignment.why`` entry.
-CAUSES: tuple[str, ...] = (
-    "join", "leave", "expired", "catalog", "load", "zone", "capacity", "drain", "warm",
-    "balance", "admin",
-)
 
 #: One ``Assignment.why`` entry: ``(set, index, cause)``.
 Why: TypeAlias = tuple[str, int, str]

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from client.assignors.model import CAUSES
 from coordinator.history import gained_by_cause, moves, owners, resource_history, summarize
-from protocol.admin_docs import MOVE_CAUSES
 from protocol.resources import ResourceAssignment
 
 
@@ -130,8 +128,3 @@ def test_the_counter_counts_what_members_gain_once() -> None:
     assert gained_by_cause("consumer", gaining["assignments"]) == {}
     assert gained_by_cause("resources", {"a": b"\xa3why not msgpack of a map"}) == {}
 
-
-def test_the_server_knows_the_causes_the_assignors_give() -> None:
-    """The metrics' ``cause`` label set (the server does not import the client):
-    a cause an assignor adds must be added there too, or it counts as ``other``."""
-    assert MOVE_CAUSES == CAUSES
