@@ -382,15 +382,23 @@ class HeartbeatRequest:
 class HeartbeatResponse:
     error: ErrorCode | None
     resources_epoch: int = 0
+    #: v1.2: an operator asked this member to drain (hand its resources over,
+    #: then leave). Sent only when true, so other answers keep their bytes.
+    drain: bool = False
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
         f = Fields(obj)
         return cls(ErrorCode.parse(f.error()),
-                   f.integer("resources_epoch", lo=0, hi=2**63 - 1, required=False))
+                   f.integer("resources_epoch", lo=0, hi=2**63 - 1, required=False),
+                   f.flag("drain"))
 
     def to_wire(self) -> dict[str, Any]:
-        return {"error": _err(self.error), "resources_epoch": self.resources_epoch}
+        wire: dict[str, Any] = {"error": _err(self.error),
+                                "resources_epoch": self.resources_epoch}
+        if self.drain:
+            wire["drain"] = True
+        return wire
 
 
 # ---------------------------------------------------------------- leave

@@ -93,6 +93,15 @@ class Fields:
             return default
         return check_int(value, self.name(key), lo=lo, hi=hi)
 
+    def flag(self, key: str) -> bool:
+        """An optional boolean, ``False`` when absent or nil."""
+        value = self._get(key, False)
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise ValidationError(self.name(key), f"expected true or false, got {_type_name(value)}")
+        return value
+
     def binary(self, key: str, *, required: bool = True) -> bytes:
         value = self._get(key, required)
         if value is None and not required:
