@@ -99,7 +99,8 @@ class Fields:
         if value is None:
             return False
         if not isinstance(value, bool):
-            raise ValidationError(self.name(key), f"expected true or false, got {_type_name(value)}")
+            raise ValidationError(self.name(key),
+                                  f"expected true or false, got {_type_name(value)}")
         return value
 
     def binary(self, key: str, *, required: bool = True) -> bytes:
