@@ -947,7 +947,10 @@ class _Planner:
                     [(*self._key_of(g), since) for g, since in sorted(standby)],
                     carried,
                 )
-            band = self._band(m) if self.sharing[m] else None
+            band = load = None
+            if self.sharing[m]:
+                band = self._band(m)
+                load = (self._load_of(held), self.ideal[m])
             out[member] = Assignment(
                 {names[t]: held[t] for t in sorted(held) if held[t]},
                 echo,
@@ -955,8 +958,14 @@ class _Planner:
                 standby_map,
                 tuple(why),
                 band,
+                load,
             )
         return out
+
+    def _load_of(self, held: Mapping[int, list[int]]) -> float:
+        """The load of what a member is given (its weights as planned by)."""
+        w, offsets = self.w, self.layout.offsets
+        return math.fsum(w[offsets[t] + i] for t, idx in held.items() for i in idx)
 
     def _band(self, m: int) -> tuple[float, float]:
         """``(low, high)``, widened to hold the member's planned load where
