@@ -881,10 +881,21 @@ class _Planner:
         n_m = len(members.ids)
 
         gains: list[list[int]] = [[] for _ in range(n_m)]
+        # What the plan puts on a member that this assignment does not give
+        # it: a contested resource, one its owner revokes this round.
+        coming = [0.0] * n_m
+        w = self.w
         for g in claims.free_ids():
             m = where[g]
-            if m >= 0 and g not in claims.contested:
-                gains[m].append(g)
+            if m >= 0:
+                if g in claims.contested:
+                    coming[m] += w[g]
+                else:
+                    gains[m].append(g)
+        for moves in rnd.revoke:
+            for mv in moves:
+                if where[mv.g] >= 0:
+                    coming[where[mv.g]] += w[mv.g]
         gain_cause = self._gain_causes()
         sizes = dict(self.catalog)
         top = max((s.generation for s in members.subs if s.owned), default=-1)
@@ -950,7 +961,7 @@ class _Planner:
             band = load = None
             if self.sharing[m]:
                 band = self._band(m)
-                load = (self._load_of(held), self.ideal[m])
+                load = (max(0.0, self.load[m] - coming[m]), self.ideal[m])
             out[member] = Assignment(
                 {names[t]: held[t] for t in sorted(held) if held[t]},
                 echo,
@@ -961,11 +972,6 @@ class _Planner:
                 load,
             )
         return out
-
-    def _load_of(self, held: Mapping[int, list[int]]) -> float:
-        """The load of what a member is given (its weights as planned by)."""
-        w, offsets = self.w, self.layout.offsets
-        return math.fsum(w[offsets[t] + i] for t, idx in held.items() for i in idx)
 
     def _band(self, m: int) -> tuple[float, float]:
         """``(low, high)``, widened to hold the member's planned load where

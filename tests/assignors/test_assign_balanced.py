@@ -695,3 +695,18 @@ def test_each_assignment_says_the_load_it_gives_and_the_members_fair_share() -> 
     assert again[holder].load is not None
     assert again[holder].load[0] == pytest.approx(
         3.5 + sum(1.0 for i in again[holder].assigned.get(S, ()) if i != 0))
+
+
+def test_in_a_hand_over_the_load_is_of_what_is_given_now() -> None:
+    """A join: the first round revokes, the follow-up hands over. In every
+    round each member's ``load`` is the weight of what that round's
+    assignment gives it (what is being revoked is nobody's), and the ideals
+    add up to the group's load."""
+    res, base = twenty(WEIGHTS)
+    _, history = settle(get_assignor("balanced"), res, {**base, "new": M()})
+    assert len(history) >= 2 and any(a.why for a in history[0].values())
+    for result in history:
+        for a in result.values():
+            assert a.load is not None
+            assert a.load[0] == pytest.approx(sum(WEIGHTS[i] for i in a.assigned.get(S, ())))
+        assert sum(a.load[1] for a in result.values() if a.load) == pytest.approx(sum(WEIGHTS))
