@@ -21,6 +21,14 @@ restarted), N coordinators on it, no fault proxies, and coordinator faults
 (kill -9, SIGSTOP past the lease, SIGTERM and restart, PostgreSQL restart)
 beside the worker faults. It prints, besides, how many groups rebalanced
 while the faults ran and how many members lost their membership.
+
+``--assignor NAME`` gives the cooperative group ("coop") that assignor
+instead of cooperative-sticky. ``--assignor balanced`` also weighs the
+catalog (weights 1 to 4, kept across catalog changes), gives the workers
+capacities 1, 2 and 0.5 (by slot, cycled) and has them measure a load (1.5 x
+the weight of each resource they own, each heartbeat interval) and rejoin
+when it leaves their band, at most once per 2 s: the ledgers then check
+balanced's hand-overs under the same faults.
 """
 
 from __future__ import annotations
@@ -84,11 +92,15 @@ async def run_all(args: argparse.Namespace) -> list[SeedResult]:
 
 
 def chaos_config(args: argparse.Namespace) -> ChaosConfig:
+    changes: dict[str, object] = {
+        "fault_seconds": args.fault_seconds, "workers_per_group": args.workers_per_group,
+        "groups": (("coop", args.assignor), ("eager", "range"))}
+    if args.assignor == "balanced":
+        changes.update(weighted_catalog=True, capacities=(1.0, 2.0, 0.5),
+                       load_rejoin_interval_ms=2_000)
     if args.coordinators > 1:
-        return ChaosConfig.multi(args.coordinators, fault_seconds=args.fault_seconds,
-                                 workers_per_group=args.workers_per_group)
-    return ChaosConfig(fault_seconds=args.fault_seconds,
-                       workers_per_group=args.workers_per_group)
+        return ChaosConfig.multi(args.coordinators, **changes)
+    return ChaosConfig(**changes)  # type: ignore[arg-type]
 
 
 def main() -> int:
@@ -98,6 +110,9 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=2, help="seeds run at once")
     p.add_argument("--fault-seconds", type=float, default=12.0)
     p.add_argument("--workers-per-group", type=int, default=3)
+    p.add_argument("--assignor", default="cooperative-sticky",
+                   help="the cooperative group's assignor (balanced: with weights, "
+                        "capacities and measured loads)")
     p.add_argument("--coordinators", type=int, default=1,
                    help="1: one SQLite coordinator behind fault proxies (the default); "
                         "more: that many coordinators on PostgreSQL, coordinator faults")

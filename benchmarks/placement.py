@@ -13,7 +13,9 @@ the busiest member's load per capacity: ``max(total / total capacity,
 largest / largest capacity)``. Figures printed, for both assignors:
 
 * balance: busiest / bound, equal members and capacities 1, 2, 4;
-* join / leave: load moved over the newcomer's fair share / the leaver's load;
+* join / leave: load moved over the newcomer's fair share / the leaver's load
+  (a leaver over 1.3 is named, with the least any plan that keeps every
+  member inside the band could move);
 * hot: one resource's measured load rises 20x (the resource whose weight is
   nearest 2 % of the ideal member load): busiest / bound after, resources moved;
 * zones: 3 zones of 8, 8, 4 members, 40 / 40 / 20 % of the resources homed
@@ -50,8 +52,11 @@ from client.assignors import (  # noqa: E402
     get_assignor,
     validate_assignment,
 )
+from client.assignors.balanced import BalancedAssignor  # noqa: E402
 
 SET = "s"
+#: balanced's default band
+BAND = BalancedAssignor().band
 Weights = list[float]
 
 
@@ -174,6 +179,21 @@ def moved(
     return math.fsum(w[i] for i in changed), len(changed)
 
 
+def least_leave_move(group: Mapping[str, Member], leaver: str, w: Weights,
+                     band: float = BAND) -> float:
+    """A lower bound of the load any plan moves when ``leaver`` leaves and
+    every member is to end inside the band (at most ``(1 + band) * bound``
+    per capacity): the leaver's load, plus what the member that takes its
+    heaviest resource must shed to come back under that, on the member where
+    that is least."""
+    rest = {m: st for m, st in group.items() if m != leaver}
+    load = loads(group, w)
+    top = bound(rest, w) * (1 + band)
+    big = max((w[i] for i in group[leaver].owned), default=0.0)
+    shed = min(max(0.0, load[m] + big - top * st.capacity) for m, st in rest.items())
+    return load[leaver] + shed
+
+
 def unserved(group: Mapping[str, Member], n: int) -> int:
     return n - sum(len(st.owned) for st in group.values())
 
@@ -232,11 +252,13 @@ def scenarios(names: list[str], w: Weights, n_members: int, rng: random.Random) 
             after_leave = settle(a, res, left)
             lmoved, _ = moved(base, after_leave.members, w)
             share = max(w[i] for i in base[leaver].owned) / loads(base, w)[leaver]
-            ratios.append((lmoved / loads(base, w)[leaver], leaver, share))
+            least = least_leave_move(base, leaver, w) / loads(base, w)[leaver]
+            ratios.append((lmoved / loads(base, w)[leaver], leaver, share, least))
             worst_after = max(worst_after, busiest(after_leave.members, w))
         ratios.sort()
-        over = [f"{who} {r:.3f} (largest resource {100 * share:.0f} % of its load)"
-                for r, who, share in ratios if r > 1.3]
+        over = [f"{who} {r:.3f} (largest resource {100 * share:.0f} % of its load; "
+                f"least possible inside the band {least:.3f})"
+                for r, who, share, least in ratios if r > 1.3]
         row(f"{name}: leave (each member in turn)", {
             "moved / leaver's load median": f"{ratios[len(ratios) // 2][0]:.3f}",
             "max": f"{ratios[-1][0]:.3f}",

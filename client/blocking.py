@@ -11,7 +11,8 @@ with the caller's own thread: hand the resources over through something
 thread-safe (a ``queue.Queue``, a lock-protected set, ``threading.Event`` per
 resource). A callback must not call this object's blocking methods (they
 would wait on the thread the callback is running on); ``close()`` is the
-exception: from a callback it only starts the close.
+exception: from a callback it only starts the close. A ``load_callback``
+runs on the member thread too, each heartbeat interval: keep it quick.
 
 ::
 

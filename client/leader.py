@@ -195,7 +195,7 @@ def perform_assignment(assignor: Assignor, catalog: Mapping[str, int],
     out = {
         member: ResourceAssignment(assigned=a.assigned, user_data=a.user_data,
                                    delay_ms=max(0, a.delay_ms), standby=a.standby,
-                                   why=a.why, band=a.band)
+                                   why=a.why, band=a.band, load=a.load)
         for member, a in result.items()
     }
     for member, reason in undecodable.items():

@@ -48,7 +48,7 @@ import logging
 import ssl
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -76,7 +76,14 @@ from client.member_state import (
     Resource,
     UnknownSets,
 )
-from client.member_state.driver import Cancel, Channel, DriverEffect, MemberDriver, Send
+from client.member_state.driver import (
+    Cancel,
+    Channel,
+    DriverEffect,
+    MeasureLoad,
+    MemberDriver,
+    Send,
+)
 from client.metrics import MemberMetrics
 from client.retry_log import RetryLog
 from client.transport import (
@@ -90,9 +97,14 @@ from protocol.errors import ErrorCode
 from protocol.limits import MAX_FETCH_CHECKPOINTS
 from protocol.messages import FetchRequest, FetchResponse, Scalar
 
-__all__ = ["GroupMember", "monotonic_ms", "wall_ms"]
+__all__ = ["GroupMember", "LoadCallback", "monotonic_ms", "wall_ms"]
 
 log = logging.getLogger("groupcoord.client")
+
+#: ``load_callback``: given what the member owns, the load measured on each
+#: (a plain function or a coroutine function).
+LoadCallback = Callable[[frozenset[Resource]],
+                        Mapping[Resource, float] | Awaitable[Mapping[Resource, float]]]
 
 
 def monotonic_ms() -> int:
@@ -141,6 +153,7 @@ class GroupMember:
         assignor_settings: Mapping[str, Mapping[str, object]] | None = None,
         capacity: float | None = None,
         load_rejoin_interval_ms: int = 30_000,
+        load_callback: LoadCallback | None = None,
         wall_clock: Callable[[], int] | None = None,
         ca_file: str | Path | None = None,
         ssl_context: ssl.SSLContext | None = None,
@@ -201,8 +214,13 @@ class GroupMember:
         self._stopped = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        #: asked for the owned resources' loads each heartbeat interval while
+        #: stable (MeasureLoad); what it returns goes where report_load's goes.
+        self._load_callback = load_callback
+        #: a coroutine load_callback's measurement under way.
+        self._measuring: asyncio.Future[Mapping[Resource, float]] | None = None
         #: the driver's decisions (sans-IO); this class performs them.
-        self._driver = MemberDriver(self._machine)
+        self._driver = MemberDriver(self._machine, measures_load=load_callback is not None)
         #: the call in flight on each channel of the driver.
         self._calls: dict[Channel, asyncio.Future[Any]] = {}
         #: one commit at a time, in call order (asyncio.Lock wakes waiters FIFO).
@@ -481,6 +499,8 @@ class GroupMember:
                 self._wakeup.clear()
                 if self._calls:
                     self._report_calls((Channel.SIDE, Channel.MAIN))
+                if self._measuring is not None and self._measuring.done():
+                    self._measured(self._measuring)
                 effects = driver.step(self._clock())
                 callback = await self._apply(effects) if effects else None
                 self._drain_events()
@@ -502,6 +522,8 @@ class GroupMember:
             self._failure = FatalMemberError(f"internal error in the member driver: {exc!r}",
                                              ErrorCode.UNKNOWN_SERVER_ERROR)
         finally:
+            if self._measuring is not None:
+                await _cancel(self._measuring)
             await self._apply(driver.abandon(self._clock()))
             self._drain_events()
             self.metrics.owned(len(self._machine.owned))
@@ -526,11 +548,57 @@ class GroupMember:
                         self._unreachable("heartbeat: no answer in time", self._given_up_url())
             elif isinstance(effect, InvokeListener):
                 callback = effect
+            elif isinstance(effect, MeasureLoad):
+                self._measure(effect.resources)
             else:
                 self._failure = effect.error
                 if effect.error is not None:
                     log.error("member %s stopped: %s", self.client_id, effect.error)
         return callback
+
+    def _measure(self, owned: frozenset[Resource]) -> None:
+        """Run the load callback: a plain function at once, a coroutine as a
+        task of its own (the driver goes on; the answer pokes it)."""
+        assert self._load_callback is not None
+        try:
+            result = self._load_callback(owned)
+            if inspect.isawaitable(result):
+                self._measuring = asyncio.ensure_future(result)
+                self._measuring.add_done_callback(lambda _: self._wakeup.set())
+                return
+        except Exception:
+            log.exception("member %s: load_callback raised; no load reported this interval",
+                          self.client_id)
+            self._driver.load_measured(self._clock(), None)
+            return
+        self._report_measured(result)
+
+    def _measured(self, future: asyncio.Future[Mapping[Resource, float]]) -> None:
+        """A coroutine load callback finished."""
+        self._measuring = None
+        error = None if future.cancelled() else future.exception()
+        if future.cancelled() or error is not None:
+            log.error("member %s: load_callback failed (%r); no load reported this interval",
+                      self.client_id, error)
+            self._driver.load_measured(self._clock(), None)
+            return
+        self._report_measured(future.result())
+
+    def _report_measured(self, loads: object) -> None:
+        if not isinstance(loads, Mapping):
+            log.error("member %s: load_callback returned %s, not a mapping of resource to "
+                      "load; no load reported this interval", self.client_id,
+                      type(loads).__name__)
+            self._driver.load_measured(self._clock(), None)
+            return
+        try:
+            rejoin = self._driver.load_measured(self._clock(), loads)
+        except ValueError as exc:  # the driver took the answer; the loads were refused
+            log.error("member %s: load_callback returned a bad load: %s; no load reported "
+                      "this interval", self.client_id, exc)
+            return
+        if rejoin:
+            self._wakeup.set()
 
     def _report_calls(self, channels: Iterable[Channel]) -> None:
         """Tell the driver about each call on ``channels`` that finished."""

@@ -281,7 +281,7 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = {name: out_dir / name for name in ("rebalances", "group_hours", "move_causes",
-                                                "groups", "fleet_hours")}
+                                                "imbalance", "groups", "fleet_hours")}
     show = opts.progress
     with progress(spark, "analyze [1/4] reading journals, per-rebalance accounting, "
                   "per group and hour", show):
@@ -320,6 +320,7 @@ def analyze(spark: Any, inputs: InputPlan | Sequence[str | Path], out: str | Pat
             fleet, rebalances, hours, spark.read.parquet(str(tables["groups"])), journal,
             top=opts.top, storm=opts.storm_rule,
             move_causes=spark.read.parquet(str(tables["move_causes"])),
+            imbalance=spark.read.parquet(str(tables["imbalance"])),
             inputs=[j.name for j in plan.databases] + sorted(
                 {str(Path(p).parent.parent) for p in plan.journal_parquet}))
     with progress(spark, "analyze [4/4] writing report.html", show):

@@ -70,6 +70,8 @@ class ReportData:
     #: :func:`cause_figures`: moves per (bucket of ``cause_bucket_ms``, cause)
     causes: list[dict[str, Any]] = field(default_factory=list)
     cause_bucket_ms: int = HOUR_MS
+    #: :func:`imbalance_figures`: load imbalance per bucket of ``cause_bucket_ms``
+    imbalance: list[dict[str, Any]] = field(default_factory=list)
 
 
 #: Groups whose generation timeline the report draws (the worst ones).
@@ -99,6 +101,27 @@ def cause_figures(move_causes: Any, first_ms: int, last_ms: int
     rows = move_causes.groupBy(bucket.alias("bucket_ms"), "cause") \
         .agg(F.sum("moves").alias("moves")).collect()
     return sorted((r.asDict() for r in rows), key=lambda r: (r["bucket_ms"], r["cause"])), width
+
+
+def imbalance_figures(imbalance: Any, width: int) -> list[dict[str, Any]]:
+    """``imbalance/`` per bucket of ``width`` (the moves-by-cause table's):
+    the generations with loads, the groups they belong to, the mean and the
+    largest imbalance, and the group and generation of the largest."""
+    from pyspark.sql import functions as F
+    bucket = (F.col("started_ms") - F.pmod(F.col("started_ms"), F.lit(width)))
+    worst = F.max_by(F.struct("source", "group_id", "generation_id"), F.col("imbalance"))
+    rows = imbalance.groupBy(bucket.alias("bucket_ms")).agg(
+        F.count(F.lit(1)).alias("generations"),
+        F.count_distinct("source", "group_id").alias("groups"),
+        F.avg("imbalance").alias("mean"), F.max("imbalance").alias("max"),
+        worst.alias("worst")).collect()
+    out = []
+    for r in sorted(rows, key=lambda r: r["bucket_ms"]):
+        d = r.asDict()
+        w = d.pop("worst")
+        d.update(source=w["source"], group_id=w["group_id"], generation_id=w["generation_id"])
+        out.append(d)
+    return out
 
 
 
@@ -198,12 +221,13 @@ def series(rebalances: Any, hours: Any, fleet: list[dict[str, Any]], width_ms: i
 
 def report_figures(fleet: list[dict[str, Any]], rebalances: Any, hours: Any, groups: Any,
                    journal: Any, *, top: int, storm: StormRule,
-                   inputs: Sequence[str] = (), move_causes: Any = None) -> ReportData:
+                   inputs: Sequence[str] = (), move_causes: Any = None,
+                   imbalance: Any = None) -> ReportData:
     """Everything report.html shows, from the tables phase 2 wrote
     (``fleet`` is fleet_hours' rows with the FACT_COUNTS) and, for what no
     table holds, ``rebalances/`` and the journal (who joined and left);
-    ``move_causes`` is that table (none: the report leaves the moves by
-    cause out)."""
+    ``move_causes`` and ``imbalance`` are those tables (none: the report
+    leaves their sections out)."""
     from pyspark.sql import functions as F
     tot = totals(fleet, groups, duration_figures(rebalances))
     worst = [r.asDict() for r in groups.orderBy(
@@ -229,11 +253,13 @@ def report_figures(fleet: list[dict[str, Any]], rebalances: Any, hours: Any, gro
     causes, cause_width = cause_figures(move_causes, tot["first_started_ms"],
                                         tot["last_ended_ms"]) \
         if move_causes is not None and tot["rebalances"] else ([], HOUR_MS)
+    loads = imbalance_figures(imbalance, cause_width) \
+        if imbalance is not None and tot["rebalances"] else []
     return ReportData(
         totals=tot, fleet_hours=fleet, worst_groups=worst, heat=heat,
         histogram=histogram(rebalances), series=rows, bucket_ms=width, starters=starters,
         timelines=timelines, storm=storm, inputs=list(inputs), causes=causes,
-        cause_bucket_ms=cause_width)
+        cause_bucket_ms=cause_width, imbalance=loads)
 
 
 def bucket_name(width_ms: int) -> str:
@@ -550,6 +576,7 @@ def render(data: ReportData) -> str:
                       [[esc(r.replace("_", " ")), num(c), f"{100 * c / n:.1f}%"]
                        for r, c in sorted(reasons, key=lambda x: -x[1]) if c]))
     body.append(_moves_by_cause(data.causes, data.cause_bucket_ms))
+    body.append(_load_imbalance(data.imbalance, data.cause_bucket_ms, many))
     body.append("<h2>Who started them</h2>")
     if data.starters:
         kinds = ("join", "static_change", "leave", "session_expiry", "join_timeout",
@@ -587,7 +614,8 @@ def render(data: ReportData) -> str:
           amount(int(g["unavailable_ms"] or 0) / 1000), num(g["follow_up_rebalances"]),
           num(g.get("generations_without_assignment"))] for g in worst], left=2))
     body.append("<h2>Tables</h2><p class='note'>Parquet beside this file: rebalances/ (one row "
-                "per rebalance), group_hours/, move_causes/, groups/, fleet_hours/ "
+                "per rebalance), group_hours/, move_causes/, imbalance/, groups/, "
+                "fleet_hours/ "
                 "(docs/pipeline.md).</p>")
     return page("groupcoord rebalance report", body)
 
@@ -613,6 +641,24 @@ def _moves_by_cause(rows: list[dict[str, Any]], width: int) -> str:
         [[esc(utc(b)), *(num(c.get(k, 0)) for k in causes), num(sum(c.values()))]
          for b, c in sorted(cells.items())]
         + [["all", *(num(total[k]) for k in causes), num(sum(total.values()))]])
+
+
+def _load_imbalance(rows: list[dict[str, Any]], width: int, many: bool) -> str:
+    """The load imbalance per bucket (``imbalance/``)."""
+    head = f"<h2>Load imbalance over time (per {esc(bucket_name(width))})</h2>"
+    if not rows:
+        return head + empty("No generation says what load its leader gave "
+                            "(only a load-balancing assignor, balanced, does).")
+    note = ("<p class='note'>A generation's imbalance is its busiest member's load over "
+            "its fair share, as the leader's assignor weighed them (the assignment's "
+            "\"load\"; 1.0: every member at its fair share). Generations of groups whose "
+            "assignor gives no load are not counted.</p>")
+    return head + note + table(
+        [f"{bucket_name(width)} from (UTC)", "generations", "groups", "mean", "largest",
+         "largest in"],
+        [[esc(utc(r["bucket_ms"])), num(r["generations"]), num(r["groups"]),
+          f"{r['mean']:.3f}", f"{r['max']:.3f}",
+          esc(f"{_gname(r, many)} generation {r['generation_id']}")] for r in rows], left=1)
 
 
 def write_report(path: Path, data: ReportData) -> Path:

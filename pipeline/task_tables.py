@@ -1,5 +1,5 @@
-"""The facts job's output: ``rebalances/``, ``group_hours/``, ``move_causes/``
-and the per-group figures from one pass, written through Spark's commit protocol.
+"""The facts job's output: ``rebalances/``, ``group_hours/``, ``move_causes/``,
+``imbalance/`` and the per-group figures from one pass, written through Spark's commit protocol.
 
 The per-group accounting runs in Python over whole groups (pipeline/facts.py),
 and the per-group and per-group-and-hour figures come from the same rows
@@ -49,6 +49,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 
 from pipeline.facts import facts_for_chunk, facts_schema, partition_chunks
 from pipeline.group_figures import GROUP_HOURS_SCHEMA, GROUPS_SCHEMA, group_hour_rows, group_rows
+from pipeline.imbalance import IMBALANCE_SCHEMA, imbalance_rows
 from pipeline.move_causes import MOVE_CAUSES_SCHEMA, move_cause_rows
 from pipeline.ownership import cooperative_names
 
@@ -63,7 +64,8 @@ GROUP_FIGURES = "_group_figures"
 def table_schemas() -> dict[str, pa.Schema]:
     """The tables the facts job writes, by directory name in ``<out>``."""
     return {"rebalances": facts_schema(), "group_hours": GROUP_HOURS_SCHEMA,
-            "move_causes": MOVE_CAUSES_SCHEMA, GROUP_FIGURES: GROUPS_SCHEMA}
+            "move_causes": MOVE_CAUSES_SCHEMA, "imbalance": IMBALANCE_SCHEMA,
+            GROUP_FIGURES: GROUPS_SCHEMA}
 
 
 def partition_tables(batches: Iterable[pa.RecordBatch], cooperative: Sequence[str],
@@ -76,6 +78,7 @@ def partition_tables(batches: Iterable[pa.RecordBatch], cooperative: Sequence[st
         facts = facts_for_chunk(chunk, is_coop, window_ms)
         yield {"rebalances": facts, "group_hours": group_hour_rows(facts, threshold),
                "move_causes": move_cause_rows(chunk, facts),
+               "imbalance": imbalance_rows(chunk),
                GROUP_FIGURES: group_rows(facts, threshold)}
 
 

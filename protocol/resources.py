@@ -106,6 +106,15 @@ def _band(value: object, path: str) -> tuple[float, float] | None:
     return lo, hi
 
 
+def _load_share(value: object, path: str) -> tuple[float, float] | None:
+    """``[load, ideal]`` (v1.2 assignment ``load``), each a finite number >= 0."""
+    if value is None:
+        return None
+    load, ideal = check_pair(value, path, 2)
+    return _number(load, f"{path}[0]", positive=False), _number(ideal, f"{path}[1]",
+                                                                 positive=False)
+
+
 def _opt_bytes(f: Fields, key: str) -> bytes | None:
     raw = f.raw(key)
     if raw is None:
@@ -221,11 +230,14 @@ class ResourceAssignment:
     followup: bool = False
     #: v1.2 (docs/protocol.md, "What the leader hands out"), all optional:
     #: what to warm up without owning, why each resource was gained or lost
-    #: (``(set, index, cause)``), and the load range the leader considers
-    #: balanced for this member.
+    #: (``(set, index, cause)``), the load range the leader considers
+    #: balanced for this member, and ``(load, ideal)``: the load of what this
+    #: assignment gives the member, as the leader weighed it, and its fair
+    #: share of the group's load.
     standby: Mapping[str, Sequence[int]] = field(default_factory=dict)
     why: Sequence[tuple[str, int, str]] = ()
     band: tuple[float, float] | None = None
+    load: tuple[float, float] | None = None
 
     def encode(self) -> bytes:
         doc: dict[str, Any] = {
@@ -249,6 +261,8 @@ class ResourceAssignment:
             doc["why"] = [[s, i, cause] for s, i, cause in self.why]
         if self.band is not None:
             doc["band"] = [self.band[0], self.band[1]]
+        if self.load is not None:
+            doc["load"] = [self.load[0], self.load[1]]
         return encode(doc)
 
     @classmethod
@@ -273,4 +287,5 @@ class ResourceAssignment:
             standby=_index_map(f.raw("standby"), "assignment.standby"),
             why=_why_list(f.raw("why"), "assignment.why"),
             band=_band(f.raw("band"), "assignment.band"),
+            load=_load_share(f.raw("load"), "assignment.load"),
         )

@@ -881,10 +881,21 @@ class _Planner:
         n_m = len(members.ids)
 
         gains: list[list[int]] = [[] for _ in range(n_m)]
+        # What the plan puts on a member that this assignment does not give
+        # it: a contested resource, one its owner revokes this round.
+        coming = [0.0] * n_m
+        w = self.w
         for g in claims.free_ids():
             m = where[g]
-            if m >= 0 and g not in claims.contested:
-                gains[m].append(g)
+            if m >= 0:
+                if g in claims.contested:
+                    coming[m] += w[g]
+                else:
+                    gains[m].append(g)
+        for moves in rnd.revoke:
+            for mv in moves:
+                if where[mv.g] >= 0:
+                    coming[where[mv.g]] += w[mv.g]
         gain_cause = self._gain_causes()
         sizes = dict(self.catalog)
         top = max((s.generation for s in members.subs if s.owned), default=-1)
@@ -947,7 +958,10 @@ class _Planner:
                     [(*self._key_of(g), since) for g, since in sorted(standby)],
                     carried,
                 )
-            band = self._band(m) if self.sharing[m] else None
+            band = load = None
+            if self.sharing[m]:
+                band = self._band(m)
+                load = (max(0.0, self.load[m] - coming[m]), self.ideal[m])
             out[member] = Assignment(
                 {names[t]: held[t] for t in sorted(held) if held[t]},
                 echo,
@@ -955,6 +969,7 @@ class _Planner:
                 standby_map,
                 tuple(why),
                 band,
+                load,
             )
         return out
 

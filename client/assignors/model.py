@@ -172,7 +172,10 @@ class Assignment:
     fills them): ``standby``, shaped like ``assigned``, what to warm up
     without owning; ``why``, a ``(set, index, cause)`` for every resource
     gained or lost this generation (causes: ``CAUSES``); ``band``, the
-    ``(low, high)`` load the leader considers balanced for this member."""
+    ``(low, high)`` load the leader considers balanced for this member;
+    ``load``, ``(load, ideal)``: the load of what ``assigned`` gives the
+    member, as the assignor weighed it, and the member's fair share (the
+    group's load times its capacity over the sharing members' capacity)."""
 
     assigned: dict[str, list[int]]
     user_data: bytes | None = None
@@ -180,6 +183,7 @@ class Assignment:
     standby: dict[str, list[int]] = field(default_factory=dict)
     why: tuple[Why, ...] = ()
     band: tuple[float, float] | None = None
+    load: tuple[float, float] | None = None
 
 
 @runtime_checkable

@@ -21,6 +21,9 @@ effect             the runtime
                    :meth:`MemberDriver.callback_returned`; while a callback
                    that awaits runs, it steps the driver at once, then at
                    each ``wake_at`` and side-channel answer
+:class:`MeasureLoad` asks the application for the load of ``resources``
+                   (what the member owns; the member's load callback) and
+                   reports it with :meth:`MemberDriver.load_measured`
 :class:`Stopped`   the member stopped (``error``: the fatal one)
 =================  ==========================================================
 
@@ -47,12 +50,19 @@ from client.errors import (
     FatalMemberError,
     NotOwnedError,
 )
-from client.member_state.actions import Call, InvokeListener, Resource, Stop, Wait
+from client.member_state.actions import (
+    Call,
+    InvokeListener,
+    MemberState,
+    Resource,
+    Stop,
+    Wait,
+)
 from client.member_state.machine import MemberStateMachine
 from protocol.errors import ErrorCode
 from protocol.messages import CommitRequest, Scalar
 
-__all__ = ["Cancel", "Channel", "DriverEffect", "MemberDriver", "Send", "Stopped"]
+__all__ = ["Cancel", "Channel", "DriverEffect", "MeasureLoad", "MemberDriver", "Send", "Stopped"]
 
 #: steps of one wake-up before the driver calls it a livelock (each one sends,
 #: gives up or answers something; a handful is the most a real wake-up takes).
@@ -85,17 +95,31 @@ class Stopped:
     error: FatalMemberError | None
 
 
-DriverEffect = Send | Cancel | InvokeListener | Stopped
+@dataclass(frozen=True, slots=True)
+class MeasureLoad:
+    """Measure the load of ``resources`` (what the member owns) now: once a
+    heartbeat interval while the member is stable, when it has a load
+    callback. The answer goes to :meth:`MemberDriver.load_measured`."""
+    resources: frozenset[Resource]
+
+
+DriverEffect = Send | Cancel | InvokeListener | MeasureLoad | Stopped
 
 
 class MemberDriver:
     """One member's driver decisions (see the module docstring)."""
 
-    __slots__ = ("_callback", "_main", "_main_deadline", "_side", "_side_deadline",
-                 "_stopped", "machine", "wake_at")
+    __slots__ = ("_callback", "_load_due", "_main", "_main_deadline", "_measures_load",
+                 "_measuring", "_side", "_side_deadline", "_stopped", "machine", "wake_at")
 
-    def __init__(self, machine: MemberStateMachine) -> None:
+    def __init__(self, machine: MemberStateMachine, *, measures_load: bool = False) -> None:
         self.machine = machine
+        #: the runtime has a load callback: ask it (MeasureLoad) each interval.
+        self._measures_load = measures_load
+        #: when the next MeasureLoad is due (None: not stable, or not measuring).
+        self._load_due: int | None = None
+        #: a MeasureLoad not answered yet.
+        self._measuring = False
         #: the latest the runtime steps again (the member's clock; None: never).
         self.wake_at: int | None = None
         self._main: Call | None = None
@@ -138,6 +162,19 @@ class MemberDriver:
         else:
             self._side = None
             self.machine.background_failed(now_ms, error)
+
+    def load_measured(self, now_ms: int, loads: Mapping[Resource, float] | None) -> bool:
+        """The answer to the latest ``MeasureLoad``: the loads measured (the
+        machine's ``report_load``, which raises ``ValueError`` on a load that
+        is not a finite number >= 0), or None (the callback failed). One that
+        comes after the member started closing (or stopped) is dropped.
+        Returns whether the member rejoins for it."""
+        self._measuring = False
+        machine = self.machine
+        if loads is None or machine.closing or machine.failure is not None \
+                or machine.state is MemberState.CLOSED:
+            return False
+        return machine.report_load(now_ms, loads)
 
     def callback_returned(self, now_ms: int) -> None:
         """The callback of the latest ``InvokeListener`` returned (or raised)."""
@@ -219,7 +256,8 @@ class MemberDriver:
                         f"{main.api}: no answer within {main.timeout_ms} ms"))
                     continue
                 self._wake(now_ms, _earliest(self._main_deadline, side_due,
-                                             machine.safety_deadline_ms()))
+                                             machine.safety_deadline_ms(),
+                                             self._service_load(now_ms, effects)))
                 return effects
             action = machine.next_action(now_ms)
             if isinstance(action, Call):
@@ -237,7 +275,8 @@ class MemberDriver:
                 effects.append(action)
                 return effects
             if isinstance(action, Wait):
-                self._wake(now_ms, _earliest(action.until_ms, side_due))
+                self._wake(now_ms, _earliest(action.until_ms, side_due,
+                                             self._service_load(now_ms, effects)))
                 return effects
             assert isinstance(action, Stop)
             self._abandon_side(now_ms, effects)
@@ -275,6 +314,29 @@ class MemberDriver:
         if isinstance(action, Wait):
             return action.until_ms
         return None
+
+    def _service_load(self, now_ms: int, effects: list[DriverEffect]) -> int | None:
+        """Ask for a measurement (``MeasureLoad``) one heartbeat interval
+        after the member became stable and each interval after that, one at
+        a time; returns when the next one is due (None: not now stable)."""
+        machine = self.machine
+        if not self._measures_load or machine.state is not MemberState.STABLE \
+                or machine.closing:
+            self._load_due = None
+            return None
+        interval = machine.config.timing.heartbeat_interval_ms
+        if self._load_due is None:
+            self._load_due = now_ms + interval
+        if self._measuring:
+            return None
+        if now_ms < self._load_due:
+            return self._load_due
+        self._load_due = now_ms + interval
+        owned = machine.owned
+        if owned:
+            self._measuring = True
+            effects.append(MeasureLoad(owned))
+        return self._load_due
 
     def _abandon_side(self, now_ms: int, effects: list[DriverEffect]) -> None:
         side, self._side = self._side, None

@@ -381,8 +381,12 @@ def subscription_changed(protocol_type: str, old: tuple[tuple[str, bytes], ...],
     ``generation`` are ownership claims, not subscription: a restarted worker
     always comes back owning nothing, and counting that as a change would turn
     every static restart into a rebalance, the very thing static membership
-    avoids. There only the protocol names, ``sets``, ``rack`` and
-    ``user_data`` are compared; undecodable metadata counts as changed.
+    avoids. So are the ``load`` measured on what it owns, and the ``warm``
+    standbys it had (a restart has none: the hand-over waits, as after any
+    loss of warmth). What an assignor places by is compared: the protocol
+    names, ``sets``, ``rack``, ``user_data``, ``capacity`` (unset is 1.0),
+    ``draining``, and standbys newly ``warm`` (a hand-over can finish);
+    undecodable metadata counts as changed.
     """
     if old == new:
         return False
@@ -391,11 +395,20 @@ def subscription_changed(protocol_type: str, old: tuple[tuple[str, bytes], ...],
     try:
         for (_, old_meta), (_, new_meta) in zip(old, new, strict=True):
             a, b = MemberMetadata.decode(old_meta), MemberMetadata.decode(new_meta)
-            if (sorted(a.sets), a.rack, a.user_data) != (sorted(b.sets), b.rack, b.user_data):
+            if _placed_by(a) != _placed_by(b):
+                return True
+            if any(set(idx) - set(a.warm.get(name, ())) for name, idx in b.warm.items()):
                 return True
     except ValidationError:
         return True
     return False
+
+
+def _placed_by(m: MemberMetadata) -> tuple[object, ...]:
+    """What of a static member's subscription its assignor places by, but
+    its claims (owned, generation, load) and its warm standbys."""
+    capacity = 1.0 if m.capacity is None else m.capacity
+    return (sorted(m.sets), m.rack, m.user_data, capacity, m.draining)
 
 
 def _update_member(g: Group, member: Member, cmd: Join) -> None:

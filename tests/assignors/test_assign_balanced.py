@@ -666,3 +666,47 @@ def test_a_resource_handed_over_keeps_its_measured_load_until_its_new_owner_meas
         band = result[m].band
         assert band is not None
         assert band[0] <= math.fsum(actual[i] for i in group[m].owned[S]) <= band[1]
+
+
+def test_each_assignment_says_the_load_it_gives_and_the_members_fair_share() -> None:
+    """``Assignment.load`` is ``(load of what is assigned, ideal)``: the weights
+    as the assignor took them (a measured load over the catalog's weight), the
+    ideal the group's load times the member's capacity over the capacity of
+    the members sharing it."""
+    res = {S: ResourceSet(4, weights={0: 3.0}), "t": 2}
+    group = {"a": M(capacity=2.0), "b": M(), "c": M(sets=("t",))}
+    _, first = step(BalancedAssignor(), res, group)
+    weights = {0: 3.0, 1: 1.0, 2: 1.0, 3: 1.0}
+    for a in first.values():
+        assert a.load is not None
+        assert a.load[0] == pytest.approx(sum(weights[i] for i in a.assigned.get(S, ()))
+                                     + len(a.assigned.get("t", ())))
+    # s (6.0) is shared by a (capacity 2) and b; t (2.0) by c alone: each set
+    # its class, the ideal over every set's load and every sharing member.
+    ideals = {m: a.load[1] for m, a in first.items() if a.load is not None}
+    assert ideals == pytest.approx({"a": 8.0 * 2 / 4, "b": 8.0 / 4, "c": 8.0 / 4})
+    # a measured load replaces the catalog's weight in the sum
+    owned = {m: M(capacity=x.capacity, sets=x.sets, generation=1,
+                  owned={s: tuple(i) for s, i in first[m].assigned.items()})
+             for m, x in group.items()}
+    holder = next(m for m, a in first.items() if 0 in a.assigned.get(S, ()))
+    _, again = step(BalancedAssignor(band=0.9), res, owned, load={0: 3.5, 1: 1.0, 2: 1.0,
+                                                                   3: 1.0})
+    assert again[holder].load is not None
+    assert again[holder].load[0] == pytest.approx(
+        3.5 + sum(1.0 for i in again[holder].assigned.get(S, ()) if i != 0))
+
+
+def test_in_a_hand_over_the_load_is_of_what_is_given_now() -> None:
+    """A join: the first round revokes, the follow-up hands over. In every
+    round each member's ``load`` is the weight of what that round's
+    assignment gives it (what is being revoked is nobody's), and the ideals
+    add up to the group's load."""
+    res, base = twenty(WEIGHTS)
+    _, history = settle(get_assignor("balanced"), res, {**base, "new": M()})
+    assert len(history) >= 2 and any(a.why for a in history[0].values())
+    for result in history:
+        for a in result.values():
+            assert a.load is not None
+            assert a.load[0] == pytest.approx(sum(WEIGHTS[i] for i in a.assigned.get(S, ())))
+        assert sum(a.load[1] for a in result.values() if a.load) == pytest.approx(sum(WEIGHTS))

@@ -101,6 +101,7 @@ from ledger import (
 )
 from pgdb import ClusterDB, LeaseState, group_in_partition
 from proxy import FaultProxy
+from worker import resource_weight
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -140,6 +141,15 @@ class ChaosConfig:
     fault_seconds: float = 12.0
     #: mean gap between two faults (exponential).
     mean_fault_gap_s: float = 0.8
+    #: the catalog's sets carry weights (``worker.resource_weight``), for a
+    #: load-balancing assignor; a catalog change keeps them for the new count.
+    weighted_catalog: bool = False
+    #: the workers' capacities, by slot number within the group, cycled
+    #: (empty: none said).
+    capacities: tuple[float, ...] = ()
+    #: > 0: workers measure a load (``worker.measured_load``) each heartbeat
+    #: interval and rejoin when it leaves their band, at most once per this.
+    load_rejoin_interval_ms: int = 0
     #: relative weights of the fault kinds.
     weights: tuple[tuple[str, float], ...] = (
         ("kill_worker", 2), ("zombie", 2), ("kill_coordinator", 1.5), ("latency", 1.5),
@@ -476,10 +486,12 @@ class Slot:
     (several), and its current process (an incarnation)."""
 
     def __init__(self, name: str, group: str, assignor: str, proxy: FaultProxy | None,
-                 ledger: Path, log: Path, urls: str = "") -> None:
+                 ledger: Path, log: Path, urls: str = "", capacity: float | None = None
+                 ) -> None:
         self.name = name
         self.group = group
         self.assignor = assignor
+        self.capacity = capacity
         self.proxy = proxy
         self.urls = urls
         self.ledger = ledger
@@ -500,9 +512,14 @@ class Slot:
         self.incarnation += 1
         sets = ",".join(name for name, _ in config.catalog)
         url = self.proxy.url if self.proxy is not None else self.urls
+        placement: list[str] = []
+        if self.capacity is not None:
+            placement += ["--capacity", str(self.capacity)]
+        if config.load_rejoin_interval_ms > 0:
+            placement += ["--load-rejoin-interval-ms", str(config.load_rejoin_interval_ms)]
         with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, str(WORKER), "--url", url, "--group", self.group,
+                sys.executable, str(WORKER), *placement, "--url", url, "--group", self.group,
                 "--assignor", self.assignor, "--sets", sets, "--ledger", str(self.ledger),
                 "--worker", self.name, "--incarnation", str(self.incarnation),
                 "--session-timeout-ms", str(config.session_timeout_ms),
@@ -607,8 +624,12 @@ class Run:
         live = [c for c in self.coordinators if c.serving] or self.coordinators
         target = live[via % len(live)]
         try:
+            doc: dict[str, Any] = {"partitions": partitions}
+            if self.config.weighted_catalog:
+                doc["weights"] = {"default": 1.0, "overrides": [
+                    [i, resource_weight(name, i)] for i in range(partitions)]}
             async with self.session.put(f"{target.admin_url}/v1/resources/{name}",
-                                        json={"partitions": partitions}) as resp:
+                                        json=doc) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
@@ -644,13 +665,16 @@ class Run:
     def add_slot(self, name: str, group: str) -> Slot:
         assignor = dict(self.config.groups)[group]
         ledger, log = self.workdir / f"ledger-{name}.jsonl", self.workdir / f"worker-{name}.log"
+        caps = self.config.capacities
+        number = sum(1 for s in self.slots.values() if s.group == group)
+        capacity = caps[number % len(caps)] if caps else None
         if self.multi:
             urls = ",".join(c.home_url for c in self.coordinators)
-            slot = Slot(name, group, assignor, None, ledger, log, urls)
+            slot = Slot(name, group, assignor, None, ledger, log, urls, capacity)
         else:
             slot = Slot(name, group, assignor,
                         FaultProxy("127.0.0.1", self.coordinator.port, seed=self.seed),
-                        ledger, log)
+                        ledger, log, capacity=capacity)
         self.slots[name] = slot
         return slot
 

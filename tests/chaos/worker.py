@@ -1,7 +1,8 @@
 """One chaos worker process: a GroupMember that logs everything it does.
 
 ``python tests/chaos/worker.py --url URL[,URL...] --group G --assignor A --sets a,b
---ledger FILE --worker W --incarnation N [timeouts]``
+--ledger FILE --worker W --incarnation N [timeouts] [--capacity C]
+[--load-rejoin-interval-ms MS]``
 
 One URL: the coordinator (or the fault proxy in front of it), as before
 v1.1. Several (the multi-coordinator mode): the bootstrap URLs of
@@ -18,6 +19,12 @@ rebalance listener commits the final checkpoints in ``on_revoked``, as a real
 worker would. Every callback, commit and safety-deadline change is appended
 to the ledger (JSON lines, flushed per line: a SIGKILL loses nothing written).
 SIGTERM closes the member cleanly (revoke, leave) and exits 0.
+
+For a load-balancing assignor (``balanced``) it may say its ``--capacity``,
+and with ``--load-rejoin-interval-ms`` it measures a load (its
+``load_callback``: :func:`measured_load` of each owned resource, every
+heartbeat interval) and rejoins when that leaves its band, at most once per
+that interval.
 """
 
 from __future__ import annotations
@@ -44,6 +51,18 @@ from client.listener import RebalanceListener, Resource
 from client.member import GroupMember
 from client.member_state import MemberConfig
 from client.transport import AiohttpTransport, CoordinatorRouter, Transport
+
+
+def resource_weight(name: str, index: int) -> float:
+    """The catalog weight the harness gives resource ``index`` of a set (1 to 4)."""
+    return 1.0 + (index * 7 + len(name)) % 4
+
+
+def measured_load(resource: Resource) -> float:
+    """What a worker measures on a resource: half as much again as its
+    catalog weight, so the first report leaves every band the catalog's
+    weights gave and the group rebalances by measured loads."""
+    return 1.5 * resource_weight(*resource)
 
 
 class Ledger:
@@ -190,6 +209,10 @@ async def run(args: argparse.Namespace) -> int:
         heartbeat_interval_ms=args.heartbeat_interval_ms,
         client_id=f"{args.worker}-{args.incarnation}",
         request_timeout_ms=args.request_timeout_ms,
+        capacity=args.capacity,
+        load_callback=(None if args.load_rejoin_interval_ms is None else
+                       lambda owned: {r: measured_load(r) for r in owned}),
+        load_rejoin_interval_ms=args.load_rejoin_interval_ms or 30_000,
     )
     worker.member = member
     stop = asyncio.Event()
@@ -247,6 +270,9 @@ def main() -> int:
     p.add_argument("--heartbeat-interval-ms", type=int, default=400)
     p.add_argument("--request-timeout-ms", type=int, default=5000)
     p.add_argument("--commit-interval-ms", type=int, default=150)
+    p.add_argument("--capacity", type=float, default=None)
+    p.add_argument("--load-rejoin-interval-ms", type=int, default=None,
+                   help="measure a load each heartbeat interval (measured_load)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s {args.worker}-{args.incarnation} %(levelname)s "

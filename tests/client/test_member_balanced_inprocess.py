@@ -128,3 +128,31 @@ async def _load_report(coordinator: InProcessCoordinator) -> None:
         assert other.assignment == {("s", i) for i in range(4)} - {hot}
         assert a.generation_id > generation
     ledger.check()
+
+
+def test_a_static_member_that_restarts_with_a_new_capacity_gets_its_share() -> None:
+    """A static member restarted with another ``capacity`` is a changed
+    subscription (KIP-345's rule, on what ``balanced`` places by): the group
+    rebalances and the member gets the share its capacity says."""
+    run_with_coordinator(_restart_with_capacity)
+
+
+async def _restart_with_capacity(coordinator: InProcessCoordinator) -> None:
+    await coordinator.put_resource("s", 12)
+    ledger = Ledger(clock=loop_s)
+    a = member(coordinator, "a", ledger, "i-a")
+    b = member(coordinator, "b", ledger, "i-b")
+    async with a:
+        async with b:
+            await eventually(lambda: shared_evenly([a, b], 12))
+            await asyncio.sleep(1.0)  # settled
+            generation = a.generation_id
+        # b stopped without leaving (static); a still holds its half.
+        b2 = GroupMember(coordinator.transport(), "g", ["s"], client_id="b2",
+                         group_instance_id="i-b", capacity=3.0, assignors=["balanced"],
+                         listener=ledger.listener("b2"), **SLOW_SESSION)
+        async with b2:
+            await eventually(lambda: len(b2.assignment) == 9 and len(a.assignment) == 3,
+                             timeout_s=10)
+            assert a.generation_id > generation
+    ledger.check()

@@ -15,7 +15,14 @@ from client.member_state import (
     MemberState,
     MemberStateMachine,
 )
-from client.member_state.driver import Cancel, Channel, DriverEffect, MemberDriver, Send
+from client.member_state.driver import (
+    Cancel,
+    Channel,
+    DriverEffect,
+    MeasureLoad,
+    MemberDriver,
+    Send,
+)
 from protocol.messages import HeartbeatResponse, JoinResponse, SyncResponse
 from protocol.resources import ResourceAssignment
 
@@ -23,11 +30,12 @@ SESSION = 1_000
 HB = 300
 
 
-def driver() -> MemberDriver:
+def driver(measures_load: bool = False) -> MemberDriver:
     config = MemberConfig(group_id="g", sets=("s",), assignors=("cooperative-sticky",),
                           session_timeout_ms=SESSION, heartbeat_interval_ms=HB,
                           rebalance_timeout_ms=5_000)
-    return MemberDriver(MemberStateMachine(config, rng=lambda: 0.5))
+    return MemberDriver(MemberStateMachine(config, rng=lambda: 0.5),
+                        measures_load=measures_load)
 
 
 def sends(effects: list[DriverEffect], channel: Channel) -> list[str]:
@@ -152,3 +160,29 @@ def test_a_stop_ends_the_side_channel_and_stepping() -> None:
     assert d.in_flight(Channel.SIDE) is None and d.in_flight(Channel.MAIN) is None
     assert d.wake_at is None
     assert d.step(3) == []
+
+
+def test_a_load_measurement_is_asked_for_each_interval_while_stable_one_at_a_time() -> None:
+    """With a load callback, the driver asks for the owned resources' loads
+    one heartbeat interval after the member is stable and each interval
+    after that; never a second while one is unanswered; never without a
+    load callback."""
+    for measures in (False, True):
+        d = driver(measures_load=measures)
+        stable_owner(d, 0)
+        d.callback_returned(0)
+        asked: list[int] = []
+        now = 0
+        while now < 5 * HB:
+            for e in d.step(now):
+                if isinstance(e, Send):  # the coordinator answers at once
+                    d.answered(e.channel, now, HeartbeatResponse(None))
+                if isinstance(e, MeasureLoad):
+                    assert e.resources == {("s", 0), ("s", 1)}
+                    asked.append(now)
+                    if len(asked) == 2:
+                        continue  # left unanswered: no third while it is
+                    d.load_measured(now, {r: 1.0 for r in e.resources})
+            assert d.wake_at is not None
+            now = d.wake_at
+        assert asked == ([] if not measures else [HB, 2 * HB]), asked

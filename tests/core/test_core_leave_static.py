@@ -254,3 +254,33 @@ def test_static_restart_with_other_sets_rebalances() -> None:
     _rid, out = h.join("", instance="i2", new_id="s2b",
                        protocols=_meta(("orders", "users")))
     assert transitions(out) == [("Stable", "PreparingRebalance", "static_change")]
+
+
+def _balanced(**fields: object) -> tuple[tuple[str, bytes], ...]:
+    """A ``balanced`` member's join protocols, its metadata built from ``fields``."""
+    from protocol.resources import MemberMetadata
+    return (("balanced", MemberMetadata(("orders",), **fields).encode()),)  # type: ignore[arg-type]
+
+
+def test_static_restart_with_a_new_capacity_or_draining_rebalances() -> None:
+    """The ``balanced`` assignor places by a member's ``capacity`` and
+    ``draining``, and by what it has ``warm``: a static member that comes back
+    with another capacity, draining, or with a standby warm that it did not have
+    is a change (a rebalance); one that comes back with its claims, the loads it
+    measured and its warmth gone, and capacity 1.0 for unset, is not."""
+    before = _balanced(owned={"orders": [0, 1]}, generation=1, capacity=1.5,
+                       load={"orders": {0: 3.0, 1: 4.0}}, warm={"orders": [2]})
+    for changed, why in ((_balanced(capacity=3.0), "capacity"),
+                         (_balanced(capacity=1.5, draining=True), "draining"),
+                         (_balanced(capacity=1.5, warm={"orders": [2, 5]}), "a new warm")):
+        h = Harness()
+        _static_stable(h, ["i1", "i2"], protocols=before)
+        rid, out = h.join("", instance="i2", new_id="s2b", protocols=changed)
+        assert no_reply(out, rid), why
+        assert transitions(out) == [("Stable", "PreparingRebalance", "static_change")], why
+    h = Harness()
+    _static_stable(h, ["i1", "i2"], protocols=_balanced(load={"orders": {0: 3.0}},
+                                                        owned={"orders": [0]}, generation=1))
+    rid, out = h.join("", instance="i2", new_id="s2b", protocols=_balanced(capacity=1.0))
+    assert reply(out, rid).error is None
+    assert transitions(out) == [] and h.state() == "Stable"

@@ -28,11 +28,13 @@ T0 = 1_795_000_000_000 - (1_795_000_000_000 % HOUR)  # an hour boundary in 2026
 
 
 Why = Mapping[str, Sequence[tuple[str, int, str]]]  # member -> [(set, index, cause)]
+Load = Mapping[str, tuple[float, float]]  # member -> (load, ideal)
 
 
-def assignments_blob(owned: Owned, why: Why | None = None) -> bytes:
-    said = why or {}
-    return encode({m: ResourceAssignment(assigned=sets, why=tuple(said.get(m, ()))).encode()
+def assignments_blob(owned: Owned, why: Why | None = None, load: Load | None = None) -> bytes:
+    said, gave = why or {}, load or {}
+    return encode({m: ResourceAssignment(assigned=sets, why=tuple(said.get(m, ())),
+                                         load=gave.get(m)).encode()
                    for m, sets in owned.items()})
 
 
@@ -52,13 +54,15 @@ class Row:
     raw_assignments: bytes | None = None  # overrides ``owned`` (corrupt-bytes tests)
     #: the leader's ``why`` entries per member (docs/protocol.md), if any
     why: Why = field(default_factory=dict)
+    #: the leader's ``load`` per member, ``(load, ideal)``, if any
+    load: Load = field(default_factory=dict)
 
     def member_ids(self) -> list[str]:
         return list(self.members) or sorted(self.owned)
 
     def blob(self) -> bytes:
         return self.raw_assignments if self.raw_assignments is not None \
-            else assignments_blob(self.owned, self.why)
+            else assignments_blob(self.owned, self.why, self.load)
 
 
 def write_db(path: Path, rows: Sequence[Row], generations: Sequence[tuple[str, int, bool]] = (),

@@ -149,7 +149,8 @@ def test_report_is_one_self_contained_page(result: dict[str, Any]) -> None:
 def test_out_holds_the_tables_and_the_report_only(result: dict[str, Any]) -> None:
     """No staging directory and no per-group figures of phase 1 are left behind."""
     assert sorted(p.name for p in result["out"].iterdir()) == \
-        ["fleet_hours", "group_hours", "groups", "move_causes", "rebalances", "report.html"]
+        ["fleet_hours", "group_hours", "groups", "imbalance", "move_causes", "rebalances",
+         "report.html"]
 
 
 def test_a_failure_after_the_facts_job_leaves_no_figures_behind(
@@ -167,7 +168,7 @@ def test_a_failure_after_the_facts_job_leaves_no_figures_behind(
     with pytest.raises(RuntimeError, match="generations could not be read"):
         analyze(spark, [str(db)], tmp_path / "out", AnalyzeOptions(progress=False))
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == \
-        ["group_hours", "move_causes", "rebalances"]
+        ["group_hours", "imbalance", "move_causes", "rebalances"]
 
 
 def test_empty_journal_gives_an_empty_report(spark: Any, tmp_path: Path) -> None:

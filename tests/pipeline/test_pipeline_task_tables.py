@@ -15,10 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 from pipeline_journal_builder import COOP, EAGER, journal_rows
 from test_pipeline_facts import _random_journal
+from test_pipeline_imbalance import LOADS
 
 import pipeline.task_tables as tt
 from pipeline.facts import facts_for_chunk, input_table
 from pipeline.group_figures import group_hour_rows, group_rows
+from pipeline.imbalance import imbalance_rows
 from pipeline.ownership import cooperative_names
 
 WINDOW_MS, THRESHOLD = 10_000, 2
@@ -30,7 +32,7 @@ def _sorted(table: pa.Table, key: list[str]) -> list[dict[str, Any]]:
 
 def _journal() -> pa.Table:
     rnd = random.Random(3)
-    rows = journal_rows(EAGER + COOP)
+    rows = journal_rows(EAGER + COOP + LOADS)
     for g in range(6):
         rows += [replace(r, group_id=f"r{g}") for r in journal_rows(_random_journal(rnd))]
     return input_table(sorted(rows, key=lambda r: (r.source, r.group_id, r.journal_id)))
@@ -61,6 +63,9 @@ def test_a_task_gives_the_kernels_tables_of_its_groups(
     assert _sorted(tables["group_hours"], key) == _sorted(group_hour_rows(facts, THRESHOLD), key)
     assert _sorted(tables[tt.GROUP_FIGURES], key[:2]) == \
         _sorted(group_rows(facts, THRESHOLD), key[:2])
+    key = ["source", "group_id", "generation_id"]
+    assert _sorted(tables["imbalance"], key) == _sorted(imbalance_rows(journal), key)
+    assert tables["imbalance"].num_rows == 3
     assert list(tt.partition_tables(iter([]), (), WINDOW_MS, THRESHOLD)) == []
 
 

@@ -66,9 +66,10 @@ def test_v12_metadata_fields_round_trip() -> None:
 def test_v12_assignment_fields_round_trip() -> None:
     a = ResourceAssignment(
         {"s": [1]}, standby={"s": [4, 2]},
-        why=(("s", 1, "join"), ("s", 7, "balance")), band=(0.5, 1.5),
+        why=(("s", 1, "join"), ("s", 7, "balance")), band=(0.5, 1.5), load=(1.25, 1.0),
     )
     back = ResourceAssignment.decode(a.encode())
+    assert back.load == (1.25, 1.0) and decode(a.encode())["load"] == [1.25, 1.0]
     assert back.standby == {"s": [2, 4]}
     assert back.why == (("s", 1, "join"), ("s", 7, "balance"))
     assert back.band == (0.5, 1.5)
@@ -88,7 +89,7 @@ def test_a_v11_document_decodes_and_defaults_encode_as_v11() -> None:
     assert decode(meta.encode()) == v11_meta
     v11_assignment = {"v": 1, "assigned": {"a": [0, 2]}, "delay_ms": 10}
     a = ResourceAssignment.decode(encode(v11_assignment))
-    assert (a.standby, a.why, a.band) == ({}, (), None)
+    assert (a.standby, a.why, a.band, a.load) == ({}, (), None, None)
     assert decode(a.encode()) == v11_assignment
 
 
@@ -117,6 +118,9 @@ def test_malformed_v12_metadata_names_the_field(doc: dict[str, object], field: s
         ({"why": [["a", -1, "join"]]}, "assignment.why[0]"),
         ({"band": [2.0, 1.0]}, "assignment.band"),
         ({"band": [0.0, float("inf")]}, "assignment.band"),
+        ({"load": [1.0]}, "assignment.load"),
+        ({"load": [-1.0, 1.0]}, "assignment.load[0]"),
+        ({"load": [1.0, float("nan")]}, "assignment.load[1]"),
     ],
 )
 def test_malformed_v12_assignment_names_the_field(doc: dict[str, object], field: str) -> None:
