@@ -18,8 +18,9 @@ declared here, ``partition`` last (:func:`insert`).
 
 The migrations render the ``CREATE TABLE`` text of a table from its
 declaration; a migration already shipped must render the same statements for
-ever (tests/storage/test_storage_schema.py holds them to that): a new column
-is a new migration (:func:`add_columns`), never an edit of an old one.
+ever (tests/storage/test_storage_schema.py holds them to that): a column added
+to a table here is a new migration (:func:`add_columns`), and the migrations
+that created the table before render it ``until=`` the column before.
 """
 
 from __future__ import annotations

@@ -19,9 +19,8 @@ from test_storage_both import JOURNAL
 from test_storage_sqlite import group, member
 
 from coordinator.core.records import CatalogChanged, CheckpointsWritten, Snapshot
-from coordinator.storage.pg_schema import COLUMNS
+from coordinator.storage.pg_schema import COLUMNS, SCHEMA_VERSION
 from coordinator.storage.pg_schema import MIGRATIONS as PG_MIGRATIONS
-from coordinator.storage.pg_schema import SCHEMA_VERSION
 from coordinator.storage.postgres import (
     DEFAULT_PARTITIONS,
     PostgresStorage,
