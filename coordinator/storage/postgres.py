@@ -226,7 +226,7 @@ def record_partition(record: Record, partitions: int) -> int | None:
 
 def statements(record: Record, partitions: int) -> list[Statement]:
     """The SQL that makes one record durable (the SQLite store's, plus ``partition``)."""
-    return record_rows(record, SQL, record_partition(record, partitions))
+    return record_rows(SQL, record_partition(record, partitions), record)
 
 
 # ---------------------------------------------------------------- schema
