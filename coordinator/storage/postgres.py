@@ -36,23 +36,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import re
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
-from functools import cache
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 from coordinator import offload
 from coordinator.core.records import (
     CatalogChanged,
-    CheckpointMeta,
-    CheckpointsWritten,
-    GroupDeleted,
-    GroupOwner,
-    GroupRecord,
-    JournalEntry,
     Record,
     Snapshot,
 )
@@ -60,40 +52,45 @@ from coordinator.core.views import GroupSummary
 from coordinator.storage import pgurl
 from coordinator.storage.pg_schema import (
     ADVISORY_LOCK,
+    COLUMNS,
     MIGRATIONS,
     PARTITIONS_KEY,
     SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
 )
 
-# The record encodings and row decoders are the SQLite store's, so both stores
-# hold and accept the same bytes.
+# The record encodings, statements and row decoders are the SQLite store's, so both
+# stores hold and accept the same bytes.
 from coordinator.storage.sqlite import (
-    CATALOG_COLUMNS,
+    GENERATION_COLUMNS,
+    JOURNAL_COLUMNS,
     RESOURCES_EPOCH_KEY,
-    BadValue,
     CorruptDatabaseError,
     RecordError,
+    Statement,
     StorageError,
     batch_rows,
+    check_columns,
     decode_catalog_row,
-    decode_checkpoint_meta,
-    decode_checkpoint_row,
-    decode_epoch_row,
-    decode_group_row,
-    decode_last_commit_row,
     decode_members,
-    decode_owner_row,
-    decode_problem,
-    encode_members,
-    encode_placement,
-    encode_value,
-    member_triples,
+    decode_snapshot,
+    decoded,
+    generation_row,
+    journal_row,
+    record_rows,
     record_statements,
 )
+from coordinator.storage.tables import (
+    CATALOG,
+    GENERATIONS,
+    JOURNAL,
+    POSTGRES,
+    SNAPSHOT_TABLES,
+    Statements,
+    Table,
+    select,
+)
 from protocol.catalog import DEFAULT_PLACEMENT, Placement, Weights, Zones, put_placement
-from protocol.codec import DecodeError, decode, encode
-from protocol.validate import Scalar
 
 #: ``--partitions`` when the database is created and none is given (docs/protocol.md,
 #: "Several coordinators sharing groups").
@@ -210,72 +207,7 @@ def database_errors() -> tuple[type[BaseException], ...]:
 
 # ---------------------------------------------------------------- statements
 
-_UPSERT_GROUP = """
-INSERT INTO groups (group_id, partition, state, generation_id, protocol_type, protocol_name,
-                    leader, state_timestamp_ms, members)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-ON CONFLICT (group_id) DO UPDATE SET
-    partition = EXCLUDED.partition, state = EXCLUDED.state,
-    generation_id = EXCLUDED.generation_id, protocol_type = EXCLUDED.protocol_type,
-    protocol_name = EXCLUDED.protocol_name, leader = EXCLUDED.leader,
-    state_timestamp_ms = EXCLUDED.state_timestamp_ms, members = EXCLUDED.members
-"""
-
-# As in SQLite: ``formed_ms`` keeps the time the generation formed.
-_UPSERT_GENERATION = """
-INSERT INTO generations (group_id, generation_id, partition, protocol_type, protocol_name,
-                         leader, formed_ms, member_count, members, assignments)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-ON CONFLICT (group_id, generation_id) DO UPDATE SET
-    protocol_type = EXCLUDED.protocol_type, protocol_name = EXCLUDED.protocol_name,
-    leader = EXCLUDED.leader, member_count = EXCLUDED.member_count,
-    members = EXCLUDED.members,
-    assignments = COALESCE(EXCLUDED.assignments, generations.assignments)
-"""
-
-_UPSERT_CHECKPOINT = """
-INSERT INTO checkpoints (group_id, resource_set, idx, partition, value, committed_ms,
-                         member_id, generation_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (group_id, resource_set, idx) DO UPDATE SET
-    value = EXCLUDED.value, committed_ms = EXCLUDED.committed_ms,
-    member_id = EXCLUDED.member_id, generation_id = EXCLUDED.generation_id
-"""
-
-_DELETE_CHECKPOINT = (
-    "DELETE FROM checkpoints WHERE group_id = $1 AND resource_set = $2 AND idx = $3")
-
-# The largest time wins: a wall-clock step back must not bring an expiry forward.
-_UPSERT_LAST_COMMIT = """
-INSERT INTO last_commits (group_id, partition, committed_ms) VALUES ($1, $2, $3)
-ON CONFLICT (group_id) DO UPDATE SET
-    committed_ms = GREATEST(last_commits.committed_ms, EXCLUDED.committed_ms)
-"""
-
-_INSERT_JOURNAL = """
-INSERT INTO rebalance_journal (group_id, partition, generation_id, protocol_type,
-                               protocol_name, leader, member_count, members, joined, "left",
-                               reason, started_ms, ended_ms, assignments)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-"""
-
-_SET_META = """
-INSERT INTO meta (key, value) VALUES ($1, $2)
-ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value
-"""
-
-_UPSERT_CATALOG = """
-INSERT INTO catalog (name, partitions, weights, zones) VALUES ($1, $2, $3, $4)
-ON CONFLICT (name) DO UPDATE SET partitions = EXCLUDED.partitions,
-                                 weights = EXCLUDED.weights, zones = EXCLUDED.zones
-"""
-
-_GROUP_TABLES = ("groups", "generations", "checkpoints", "last_commits", "group_owners")
-
-_UPSERT_OWNER = """
-INSERT INTO group_owners (group_id, partition, owner) VALUES ($1, $2, $3)
-ON CONFLICT (group_id) DO UPDATE SET owner = EXCLUDED.owner
-"""
+SQL = Statements.of(POSTGRES)
 
 # Lease rows of a fenced write, locked against a change of owner until COMMIT.
 _FENCE = """
@@ -283,7 +215,6 @@ SELECT partition, owner_id, epoch FROM partition_leases
 WHERE partition = ANY($1::integer[]) ORDER BY partition FOR SHARE
 """
 
-Statement = tuple[str, tuple[Any, ...]]
 
 
 def record_partition(record: Record, partitions: int) -> int | None:
@@ -295,77 +226,10 @@ def record_partition(record: Record, partitions: int) -> int | None:
 
 def statements(record: Record, partitions: int) -> list[Statement]:
     """The SQL that makes one record durable (the SQLite store's, plus ``partition``)."""
-    match record:
-        case GroupRecord():
-            p = partition_of(record.group_id, partitions)
-            out: list[Statement] = [(_UPSERT_GROUP, (
-                record.group_id, p, record.state, record.generation_id, record.protocol_type,
-                record.protocol_name, record.leader, record.state_timestamp_ms,
-                encode_members(record.members)))]
-            if record.members and record.generation_id > 0:
-                assigned = all(m.assignment is not None for m in record.members)
-                assignments = (encode({m.member_id: m.assignment for m in record.members})
-                               if assigned else None)
-                out.append((_UPSERT_GENERATION, (
-                    record.group_id, record.generation_id, p, record.protocol_type,
-                    record.protocol_name, record.leader, record.state_timestamp_ms,
-                    len(record.members), member_triples(record.members), assignments)))
-            return out
-        case GroupDeleted():
-            return [(f"DELETE FROM {table} WHERE group_id = $1", (record.group_id,))
-                    for table in _GROUP_TABLES]
-        case GroupOwner():
-            return [(_UPSERT_OWNER, (record.group_id, partition_of(record.group_id, partitions),
-                                     record.owner))]
-        case CheckpointsWritten():
-            p = partition_of(record.group_id, partitions)
-            out = []
-            for resource_set, idx, value in record.checkpoints:
-                if value is None:
-                    out.append((_DELETE_CHECKPOINT, (record.group_id, resource_set, idx)))
-                else:
-                    out.append((_UPSERT_CHECKPOINT,
-                                (record.group_id, resource_set, idx, p, encode_value(value),
-                                 record.committed_ms or None, record.member_id,
-                                 record.generation_id)))
-            if record.committed_ms > 0:
-                out.append((_UPSERT_LAST_COMMIT, (record.group_id, p, record.committed_ms)))
-            return out
-        case CatalogChanged():
-            change: Statement = (
-                ("DELETE FROM catalog WHERE name = $1", (record.name,))
-                if record.partitions is None else
-                (_UPSERT_CATALOG, (record.name, record.partitions,
-                                   *encode_placement(record.placement))))
-            return [change, (_SET_META, (RESOURCES_EPOCH_KEY, record.resources_epoch))]
-        case JournalEntry():
-            return [(_INSERT_JOURNAL, (
-                record.group_id, partition_of(record.group_id, partitions),
-                record.generation_id, record.protocol_type, record.protocol_name,
-                record.leader, len(record.members),
-                json.dumps([list(m) for m in record.members]), json.dumps(list(record.joined)),
-                json.dumps(list(record.left)), record.reason, record.started_ms,
-                record.ended_ms, encode(dict(record.assignments))))]
-    raise TypeError(f"not a storage record: {record!r}")
+    return record_rows(SQL, record_partition(record, partitions), record)
 
 
 # ---------------------------------------------------------------- schema
-
-
-@cache
-def expected_columns() -> dict[str, tuple[str, ...]]:
-    """Tables and columns the migrations create, read from their ``CREATE TABLE`` text."""
-    tables: dict[str, list[str]] = {}
-    for script in MIGRATIONS:
-        for name, body in re.findall(r"CREATE TABLE (\w+) \((.*?)\n\s*\)", script, re.S):
-            columns = tables.setdefault(name, [])
-            for line in body.split("\n"):
-                word = line.strip().split(" ", 1)[0].strip('"')
-                if word and word.upper() not in ("PRIMARY", "UNIQUE", "FOREIGN", "CHECK"):
-                    columns.append(word)
-        for name, column in re.findall(r"ALTER TABLE (\w+) ADD COLUMN \"?(\w+)", script):
-            tables[name].append(column)
-    return {name: tuple(columns) for name, columns in tables.items()}
 
 
 async def _schema_version(conn: Any, name: str) -> int:
@@ -404,7 +268,7 @@ async def _migrate(conn: Any, name: str) -> None:
             if version == SCHEMA_VERSION:
                 return
             await conn.execute(MIGRATIONS[version])
-            await conn.execute(_SET_META, SCHEMA_VERSION_KEY, version + 1)
+            await conn.execute(SQL.set_meta, SCHEMA_VERSION_KEY, version + 1)
 
 
 async def _check_tables(conn: Any, name: str) -> None:
@@ -412,18 +276,11 @@ async def _check_tables(conn: Any, name: str) -> None:
     rows = await conn.fetch(
         "SELECT table_name, column_name FROM information_schema.columns "
         "WHERE table_schema = current_schema() AND table_name = ANY($1::text[])",
-        list(expected_columns()))
+        list(COLUMNS))
     present: dict[str, set[str]] = {}
     for row in rows:
         present.setdefault(row[0], set()).add(row[1])
-    for table, columns in expected_columns().items():
-        if table not in present:
-            raise CorruptDatabaseError(name, table, "", f"the table is missing (schema version "
-                                       f"{SCHEMA_VERSION} has it)")
-        missing = [c for c in columns if c not in present[table]]
-        if missing:
-            raise CorruptDatabaseError(name, table, "", f"column(s) {', '.join(missing)} missing "
-                                       f"(schema version {SCHEMA_VERSION} has them)")
+    check_columns(name, COLUMNS, present, SCHEMA_VERSION)
 
 
 async def _fix_partitions(conn: Any, name: str, wanted: int | None) -> int:
@@ -433,7 +290,7 @@ async def _fix_partitions(conn: Any, name: str, wanted: int | None) -> int:
         stored = await conn.fetchval("SELECT value FROM meta WHERE key = $1", PARTITIONS_KEY)
         if stored is None:
             count = wanted or DEFAULT_PARTITIONS
-            await conn.execute(_SET_META, PARTITIONS_KEY, count)
+            await conn.execute(SQL.set_meta, PARTITIONS_KEY, count)
             await conn.execute(
                 "INSERT INTO partition_leases (partition) SELECT generate_series(0, $1::int - 1)",
                 count)
@@ -456,13 +313,6 @@ async def _fix_partitions(conn: Any, name: str, wanted: int | None) -> int:
 
 
 # ---------------------------------------------------------------- the store
-
-_T = TypeVar("_T")
-
-_GROUP_COLUMNS = ("group_id", "state", "generation_id", "protocol_type", "protocol_name",
-                  "leader", "state_timestamp_ms", "members")
-_CHECKPOINT_COLUMNS = ("group_id", "resource_set", "idx", "value", "committed_ms",
-                       "member_id", "generation_id")
 
 
 class PostgresStorage:
@@ -578,101 +428,48 @@ class PostgresStorage:
     async def _load(self, partition: int | None, group_id: str | None = None) -> Snapshot:
         """Every row checked as decoded; the first bad one raises, naming table and row.
         With ``group_id``, that group's rows only (of its ``partition``)."""
-        one = group_id
-        groups = []
-        for row in await self._rows("groups", _GROUP_COLUMNS, "group_id", partition, one):
-            key = f"group_id={row[0]!r} generation_id={row[2]!r}"
-            groups.append(self._decoded("groups", key, decode_group_row, row))
-        checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
-        checkpoint_meta: dict[str, dict[tuple[str, int], CheckpointMeta]] = {}
-        for row in await self._rows("checkpoints", _CHECKPOINT_COLUMNS,
-                                    "group_id, resource_set, idx", partition, one):
-            key = f"group_id={row[0]!r} resource_set={row[1]!r} idx={row[2]!r}"
-            group_id, resource_set, idx, value = self._decoded(
-                "checkpoints", key, decode_checkpoint_row, row)
-            checkpoints.setdefault(group_id, {})[(resource_set, idx)] = value
-            written = self._decoded("checkpoints", key, decode_checkpoint_meta, row)
-            if written is not None:
-                checkpoint_meta.setdefault(group_id, {})[(resource_set, idx)] = written
-        catalog: dict[str, int] = {}
-        placement: dict[str, Placement] = {}
-        for row in await self._rows("catalog", CATALOG_COLUMNS, "name", None):
-            name, count, placed = self._decoded("catalog", f"name={row[0]!r}",
-                                                decode_catalog_row, row)
-            catalog[name] = count
-            if not placed.is_default:
-                placement[name] = placed
-        epoch = 0
-        for row in await self._rows("meta", ("key", "value"), "key", None):
-            if row[0] == RESOURCES_EPOCH_KEY:
-                epoch = self._decoded("meta", f"key={row[0]!r}", decode_epoch_row, row)
-        last_commit: dict[str, int] = {}
-        for row in await self._rows("last_commits", ("group_id", "committed_ms"), "group_id",
-                                    partition, one):
-            group_id, committed_ms = self._decoded("last_commits", f"group_id={row[0]!r}",
-                                                   decode_last_commit_row, row)
-            if group_id in checkpoints:
-                last_commit[group_id] = committed_ms
-        owners: dict[str, str] = {}
-        for row in await self._rows("group_owners", ("group_id", "owner"), "group_id",
-                                    partition, one):
-            group_id, owner = self._decoded("group_owners", f"group_id={row[0]!r}",
-                                            decode_owner_row, row)
-            owners[group_id] = owner
-        return Snapshot(groups=tuple(groups), checkpoints=checkpoints, catalog=catalog,
-                        resources_epoch=epoch, last_commit_ms=last_commit, owners=owners,
-                        checkpoint_meta=checkpoint_meta, placement=placement)
+        return decode_snapshot(self.path, {table.name: await self._rows(table, partition,
+                                                                        group_id)
+                                           for table in SNAPSHOT_TABLES})
 
-    async def _rows(self, table: str, columns: Sequence[str], order: str,
-                    partition: int | None, group_id: str | None = None
+    async def _rows(self, table: Table, partition: int | None, group_id: str | None = None
                     ) -> list[tuple[Any, ...]]:
-        """Rows of one table (of one partition, of one group); group rows' ``partition``
-        is checked."""
-        grouped = "group_id" in columns
-        select = ", ".join(columns) + (", partition" if grouped else "")
-        sql = f"SELECT {select} FROM {table}"
-        args: tuple[Any, ...] = ()
+        """Rows of one table by key (of one partition, of one group, for a group's
+        tables); group rows' ``partition`` is checked."""
+        grouped = table.partitioned
+        by: tuple[str, ...] = ()
         if partition is not None and grouped:
-            sql += " WHERE partition = $1"
-            args = (partition,)
-            if group_id is not None:
-                sql += " AND group_id = $2"
-                args = (partition, group_id)
+            by = ("partition",) if group_id is None else ("partition", "group_id")
+        sql = select(POSTGRES, table, table.common + (("partition",) if grouped else ()),
+                     by=by)
+        args = (partition, group_id)[:len(by)]
         try:
-            rows = await (await self._connection()).fetch(f"{sql} ORDER BY {order}", *args)
+            rows = await (await self._connection()).fetch(sql, *args)
         except database_errors() as exc:
             problem = f"cannot read it: {describe_error(exc, self._url)}"
             exceptions = _driver().exceptions
             if isinstance(exc, exceptions.SyntaxOrAccessError | exceptions.InternalServerError):
                 # A table or column gone, or PostgreSQL's "data corrupted" class (XX):
                 # the database itself must be fixed.
-                raise CorruptDatabaseError(self.path, table, "", problem) from None
+                raise CorruptDatabaseError(self.path, table.name, "", problem) from None
             # The link or the server failed (not the data): a restart may cure it.
-            raise StorageError(f"database {self.path}: table {table}: {problem}") from None
+            raise StorageError(f"database {self.path}: table {table.name}: {problem}") from None
         out = []
         for record in rows:
             row = tuple(record)
             if grouped:
                 *row_values, stored = row
-                group_id = row[0]
-                if isinstance(group_id, str):
-                    actual = partition_of(group_id, self.partitions)
+                group = row[0]
+                if isinstance(group, str):
+                    actual = partition_of(group, self.partitions)
                     if stored != actual:
                         raise CorruptDatabaseError(
-                            self.path, table, f"group_id={group_id!r}",
+                            self.path, table.name, f"group_id={group!r}",
                             f"column partition: {stored}, but the group maps to partition "
                             f"{actual} of {self.partitions}")
                 row = tuple(row_values)
             out.append(row)
         return out
-
-    def _decoded(self, table: str, key: str, decoder: Callable[[Any], _T], row: Any) -> _T:
-        try:
-            return decoder(row)
-        except BadValue as exc:
-            raise CorruptDatabaseError(self.path, table, key, str(exc)) from exc
-        except DecodeError as exc:
-            raise CorruptDatabaseError(self.path, table, key, decode_problem(exc)) from exc
 
     # ------------------------------------------------------------ writing
 
@@ -770,25 +567,12 @@ class PostgresStorage:
 
     async def _journal(self, group_id: str | None, *, newest_first: bool,
                        limit: int | None) -> list[dict[str, Any]]:
-        sql = ('SELECT group_id, generation_id, protocol_type, protocol_name, leader, '
-               'member_count, members, joined, "left", reason, started_ms, ended_ms, '
-               'assignments FROM rebalance_journal')
-        args: list[Any] = []
-        if group_id is not None:
-            args.append(group_id)
-            sql += f" WHERE group_id = ${len(args)}"
-        sql += " ORDER BY id" + (" DESC" if newest_first else "")
+        args: tuple[Any, ...] = (group_id,) if group_id is not None else ()
+        sql = select(POSTGRES, JOURNAL, JOURNAL_COLUMNS, by=("group_id",)[:len(args)],
+                     order="id DESC" if newest_first else "id", limit=limit is not None)
         if limit is not None:
-            args.append(limit)
-            sql += f" LIMIT ${len(args)}"
-        rows = await self._fetch("the rebalance journal", sql, *args)
-        return [{
-            "group_id": r[0], "generation_id": r[1], "protocol_type": r[2],
-            "protocol_name": r[3], "leader": r[4], "member_count": r[5],
-            "members": json.loads(r[6]), "joined": json.loads(r[7]),
-            "left": json.loads(r[8]), "reason": r[9], "started_ms": r[10],
-            "ended_ms": r[11], "assignments": decode(r[12]),
-        } for r in rows]
+            args += (limit,)
+        return [journal_row(r) for r in await self._fetch("the rebalance journal", sql, *args)]
 
     # ------------------------------------------------------------ several coordinators
 
@@ -809,15 +593,14 @@ class PostgresStorage:
                                                 RESOURCES_EPOCH_KEY) or 0)
                 if epoch <= since:
                     return None
-                rows = await conn.fetch(f"SELECT {', '.join(CATALOG_COLUMNS)} FROM catalog "
-                                        f"ORDER BY name")
+                rows = await conn.fetch(select(POSTGRES, CATALOG, CATALOG.common))
         except database_errors() as exc:
             raise StorageError(f"database {self.path}: cannot read the catalog: "
                                f"{describe_error(exc, self._url)}") from None
         catalog: dict[str, int] = {}
         placement: dict[str, Placement] = {}
         for row in rows:
-            name, count, placed = self._decoded("catalog", f"name={row[0]!r}",
+            name, count, placed = decoded(self.path, "catalog", f"name={row[0]!r}",
                                                 decode_catalog_row, tuple(row))
             catalog[name] = count
             if not placed.is_default:
@@ -842,13 +625,13 @@ class PostgresStorage:
                                    "ON CONFLICT (key) DO NOTHING", RESOURCES_EPOCH_KEY)
                 epoch = int(await conn.fetchval(
                     "SELECT value FROM meta WHERE key = $1 FOR UPDATE", RESOURCES_EPOCH_KEY))
-                row = await conn.fetchrow(f"SELECT {', '.join(CATALOG_COLUMNS)} FROM catalog "
-                                          f"WHERE name = $1", name)
+                row = await conn.fetchrow(
+                    select(POSTGRES, CATALOG, CATALOG.common, by=CATALOG.key), name)
                 if partitions is None and row is None:
                     return epoch, False
                 current: tuple[int, Placement] | None = None
                 if row is not None:
-                    _, count, placed = self._decoded("catalog", f"name={name!r}",
+                    _, count, placed = decoded(self.path, "catalog", f"name={name!r}",
                                                      decode_catalog_row, tuple(row))
                     current = count, placed
                 placement = DEFAULT_PLACEMENT
@@ -874,20 +657,12 @@ class PostgresStorage:
             "AND state <> 'Dead' ORDER BY group_id", list(exclude))
         out = []
         for r in rows:
-            members = self._decoded("groups", r[0], decode_members, r[5])
+            members = decoded(self.path, "groups", r[0], decode_members, r[5])
             out.append(GroupSummary(r[0], r[1], r[2], r[3], int(r[4]), len(members)))
         return out
 
     async def generations(self, group_id: str) -> list[dict[str, Any]]:
         """Rows of the ``generations`` table for one group, oldest first."""
-        rows = await self._fetch(
-            "generations",
-            "SELECT generation_id, protocol_type, protocol_name, leader, formed_ms, "
-            "member_count, members, assignments FROM generations WHERE group_id = $1 "
-            "ORDER BY generation_id", group_id)
-        return [{
-            "generation_id": r[0], "protocol_type": r[1], "protocol_name": r[2],
-            "leader": r[3], "formed_ms": r[4], "member_count": r[5],
-            "members": json.loads(r[6]),
-            "assignments": None if r[7] is None else decode(r[7]),
-        } for r in rows]
+        rows = await self._fetch("generations", select(
+            POSTGRES, GENERATIONS, GENERATION_COLUMNS, by=("group_id",)), group_id)
+        return [generation_row(r) for r in rows]

@@ -1,5 +1,8 @@
 """The SQLite schema, as an ordered list of migrations.
 
+The tables and columns are declared once, for both stores, in ``tables.py``;
+each migration renders the statements it ran when it shipped from them.
+
 ``PRAGMA user_version`` holds the number of migrations applied. A database
 whose version is higher than ``len(MIGRATIONS)`` comes from a newer groupcoord
 and is refused (never downgraded). Each migration runs in its own transaction.
@@ -66,93 +69,51 @@ downgrade past them needs the static members gone first.
 
 from __future__ import annotations
 
+from coordinator.storage.tables import (
+    CATALOG,
+    CHECKPOINTS,
+    GENERATIONS,
+    GROUP_OWNERS,
+    GROUPS,
+    JOURNAL,
+    JOURNAL_BY_GROUP,
+    LAST_COMMITS,
+    META,
+    SQLITE,
+    add_columns,
+    columns_of,
+    create_index,
+    create_table,
+    script,
+)
+
 MIGRATIONS: tuple[str, ...] = (
     # 1: the initial schema
-    """
-    CREATE TABLE groups (
-        group_id TEXT PRIMARY KEY,
-        state TEXT NOT NULL,
-        generation_id INTEGER NOT NULL,
-        protocol_type TEXT,
-        protocol_name TEXT,
-        leader TEXT,
-        state_timestamp_ms INTEGER NOT NULL,
-        members BLOB NOT NULL
-    );
-    CREATE TABLE generations (
-        group_id TEXT NOT NULL,
-        generation_id INTEGER NOT NULL,
-        protocol_type TEXT,
-        protocol_name TEXT,
-        leader TEXT,
-        formed_ms INTEGER NOT NULL,
-        member_count INTEGER NOT NULL,
-        members TEXT NOT NULL,
-        assignments BLOB,
-        PRIMARY KEY (group_id, generation_id)
-    );
-    CREATE TABLE checkpoints (
-        group_id TEXT NOT NULL,
-        resource_set TEXT NOT NULL,
-        idx INTEGER NOT NULL,
-        value BLOB NOT NULL,
-        PRIMARY KEY (group_id, resource_set, idx)
-    );
-    CREATE TABLE catalog (
-        name TEXT PRIMARY KEY,
-        partitions INTEGER NOT NULL
-    );
-    CREATE TABLE meta (
-        key TEXT PRIMARY KEY,
-        value INTEGER NOT NULL
-    );
-    CREATE TABLE rebalance_journal (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        group_id TEXT NOT NULL,
-        generation_id INTEGER NOT NULL,
-        protocol_type TEXT,
-        protocol_name TEXT,
-        leader TEXT,
-        member_count INTEGER NOT NULL,
-        members TEXT NOT NULL,
-        joined TEXT NOT NULL,
-        left TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        started_ms INTEGER NOT NULL,
-        ended_ms INTEGER NOT NULL,
-        assignments BLOB NOT NULL
-    );
-    CREATE INDEX rebalance_journal_group ON rebalance_journal (group_id, generation_id);
-    """,
+    script(
+        create_table(SQLITE, GROUPS),
+        create_table(SQLITE, GENERATIONS),
+        create_table(SQLITE, CHECKPOINTS, until="value"),
+        create_table(SQLITE, CATALOG, until="partitions"),
+        create_table(SQLITE, META),
+        create_table(SQLITE, JOURNAL),
+        create_index(JOURNAL_BY_GROUP),
+    ),
     # 2: the last commit time of each group, for the retention of groups that never
     # formed a generation (KIP-211). Groups committed to under version 1 have no row:
     # their retention counts from the first start on version 2.
-    """
-    CREATE TABLE last_commits (
-        group_id TEXT PRIMARY KEY,
-        committed_ms INTEGER NOT NULL
-    );
-    """,
+    script(create_table(SQLITE, LAST_COMMITS)),
     # 3: who created each group, for --max-groups-per-token.
-    """
-    CREATE TABLE group_owners (
-        group_id TEXT PRIMARY KEY,
-        owner TEXT NOT NULL
-    );
-    """,
+    script(create_table(SQLITE, GROUP_OWNERS)),
     # 4: who wrote each checkpoint and when, for the admin API. Rows of
     # earlier versions keep NULLs: "not known".
-    """
-    ALTER TABLE checkpoints ADD COLUMN committed_ms INTEGER;
-    ALTER TABLE checkpoints ADD COLUMN member_id TEXT;
-    ALTER TABLE checkpoints ADD COLUMN generation_id INTEGER;
-    """,
+    script(add_columns(SQLITE, CHECKPOINTS, "committed_ms", "member_id", "generation_id")),
     # 5: the weights and home zones of the catalog's sets (v1.2). Rows of earlier
     # versions keep NULLs: every resource weighs 1.0 and may be served anywhere.
-    """
-    ALTER TABLE catalog ADD COLUMN weights TEXT;
-    ALTER TABLE catalog ADD COLUMN zones TEXT;
-    """,
+    script(add_columns(SQLITE, CATALOG, "weights", "zones")),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
+
+#: The tables and columns of :data:`SCHEMA_VERSION` (checked when a store opens).
+COLUMNS = columns_of(SQLITE, (GROUPS, GENERATIONS, CHECKPOINTS, CATALOG, META, JOURNAL,
+                              LAST_COMMITS, GROUP_OWNERS))

@@ -44,7 +44,7 @@ import os
 import sqlite3
 import time
 import types
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from pathlib import Path
@@ -67,7 +67,22 @@ from coordinator.core.records import (
     journal_member,
 )
 from coordinator.core.states import GroupState
-from coordinator.storage.schema import MIGRATIONS, SCHEMA_VERSION
+from coordinator.storage.schema import COLUMNS, MIGRATIONS, SCHEMA_VERSION
+from coordinator.storage.tables import (
+    CATALOG,
+    CHECKPOINTS,
+    GENERATIONS,
+    GROUP_OWNERS,
+    GROUPS,
+    JOURNAL,
+    LAST_COMMITS,
+    META,
+    SNAPSHOT_TABLES,
+    SQLITE,
+    Statements,
+    Table,
+    select,
+)
 from protocol.catalog import Placement, Weights, Zones, parse_weights, parse_zones
 from protocol.codec import DecodeError, decode, encode
 from protocol.limits import MAX_PARTITIONS
@@ -284,121 +299,83 @@ def member_triples(members: Iterable[MemberRecord]) -> str:
 # ---------------------------------------------------------------- statements
 
 
-_UPSERT_GROUP = """
-INSERT INTO groups (group_id, state, generation_id, protocol_type, protocol_name, leader,
-                    state_timestamp_ms, members)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (group_id) DO UPDATE SET
-    state = excluded.state, generation_id = excluded.generation_id,
-    protocol_type = excluded.protocol_type, protocol_name = excluded.protocol_name,
-    leader = excluded.leader, state_timestamp_ms = excluded.state_timestamp_ms,
-    members = excluded.members
-"""
+#: One statement: its SQL and parameters.
+Statement = tuple[str, tuple[Any, ...]]
 
-# ``formed_ms`` keeps the time the generation formed; later records of the same
-# generation (the leader's assignment, a static member replaced) update the rest.
-_UPSERT_GENERATION = """
-INSERT INTO generations (group_id, generation_id, protocol_type, protocol_name, leader,
-                         formed_ms, member_count, members, assignments)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (group_id, generation_id) DO UPDATE SET
-    protocol_type = excluded.protocol_type, protocol_name = excluded.protocol_name,
-    leader = excluded.leader, member_count = excluded.member_count,
-    members = excluded.members,
-    assignments = COALESCE(excluded.assignments, generations.assignments)
-"""
-
-_UPSERT_CHECKPOINT = """
-INSERT INTO checkpoints (group_id, resource_set, idx, value, committed_ms, member_id,
-                         generation_id)
-VALUES (?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (group_id, resource_set, idx) DO UPDATE SET
-    value = excluded.value, committed_ms = excluded.committed_ms,
-    member_id = excluded.member_id, generation_id = excluded.generation_id
-"""
-
-# The largest time wins: a wall-clock step back must not bring an expiry forward.
-_UPSERT_LAST_COMMIT = """
-INSERT INTO last_commits (group_id, committed_ms) VALUES (?, ?)
-ON CONFLICT (group_id) DO UPDATE SET
-    committed_ms = MAX(last_commits.committed_ms, excluded.committed_ms)
-"""
-
-_INSERT_JOURNAL = """
-INSERT INTO rebalance_journal (group_id, generation_id, protocol_type, protocol_name, leader,
-                               member_count, members, joined, left, reason, started_ms,
-                               ended_ms, assignments)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-"""
-
-_SET_META = """
-INSERT INTO meta (key, value) VALUES (?, ?)
-ON CONFLICT (key) DO UPDATE SET value = excluded.value
-"""
+SQL = Statements.of(SQLITE)
 
 
-def _statements(record: Record) -> list[tuple[str, tuple[Any, ...]]]:
-    """The SQL that makes one record durable."""
+def record_rows(sql: Statements, partition: int | None, record: Record) -> list[Statement]:
+    """The SQL that makes one record durable, in either store: ``sql`` is the store's
+    dialect's, and ``partition`` the record's group's where rows carry it (appended
+    to the parameters of its group's rows; ``None`` in SQLite). The parameters are
+    the columns in the order tables.py declares them."""
+    # ``row + tail`` rather than ``(*row, *tail)``: adding the empty tuple hands the
+    # row itself back (SQLite's rows pay ~10 ns), unpacking builds a list first
+    # (~70 ns a row, a tenth of the encoding of a large commit).
+    tail = () if partition is None else (partition,)
+    row: tuple[Any, ...]
     match record:
         case GroupRecord():
-            stmts: list[tuple[str, tuple[Any, ...]]] = [(_UPSERT_GROUP, (
-                record.group_id, record.state, record.generation_id, record.protocol_type,
-                record.protocol_name, record.leader, record.state_timestamp_ms,
-                encode_members(record.members)))]
+            row = (record.group_id, record.state, record.generation_id, record.protocol_type,
+                   record.protocol_name, record.leader, record.state_timestamp_ms,
+                   encode_members(record.members))
+            out: list[Statement] = [(sql.upsert_group, row + tail)]
             # A generation row exists for every generation that formed with members;
             # its assignments are filled once every member has one (the leader's sync).
             if record.members and record.generation_id > 0:
                 assigned = all(m.assignment is not None for m in record.members)
                 assignments = (encode({m.member_id: m.assignment for m in record.members})
                                if assigned else None)
-                stmts.append((_UPSERT_GENERATION, (
-                    record.group_id, record.generation_id, record.protocol_type,
-                    record.protocol_name, record.leader, record.state_timestamp_ms,
-                    len(record.members), member_triples(record.members), assignments)))
-            return stmts
+                row = (record.group_id, record.generation_id, record.protocol_type,
+                       record.protocol_name, record.leader, record.state_timestamp_ms,
+                       len(record.members), member_triples(record.members), assignments)
+                out.append((sql.upsert_generation, row + tail))
+            return out
         case GroupDeleted():
             # Kafka deletes a group's offsets with the group; generation numbers of a
             # group created again under the same id restart, so its old generation
             # rows go too. The rebalance journal keeps the history.
-            return [(f"DELETE FROM {table} WHERE group_id = ?", (record.group_id,))
-                    for table in ("groups", "generations", "checkpoints", "last_commits",
-                                  "group_owners")]
+            return [(delete, (record.group_id,)) for delete in sql.delete_group]
         case GroupOwner():
-            return [("INSERT INTO group_owners (group_id, owner) VALUES (?, ?) "
-                     "ON CONFLICT (group_id) DO UPDATE SET owner = excluded.owner",
-                     (record.group_id, record.owner))]
+            row = (record.group_id, record.owner)
+            return [(sql.upsert_owner, row + tail)]
         case CheckpointsWritten():
-            out: list[tuple[str, tuple[Any, ...]]] = []
+            out = []
+            # The loop of a large commit (thousands of rows): its names are local.
+            group_id, upsert, delete = record.group_id, sql.upsert_checkpoint, sql.delete_checkpoint
+            committed_ms, member_id, generation_id = (record.committed_ms or None,
+                                                      record.member_id, record.generation_id)
             for resource_set, idx, value in record.checkpoints:
                 if value is None:
-                    out.append(("DELETE FROM checkpoints WHERE group_id = ? AND "
-                                "resource_set = ? AND idx = ?",
-                                (record.group_id, resource_set, idx)))
+                    out.append((delete, (group_id, resource_set, idx)))
                 else:
-                    out.append((_UPSERT_CHECKPOINT,
-                                (record.group_id, resource_set, idx, encode_value(value),
-                                 record.committed_ms or None, record.member_id,
-                                 record.generation_id)))
+                    row = (group_id, resource_set, idx, encode_value(value), committed_ms,
+                           member_id, generation_id)
+                    out.append((upsert, row + tail))
             if record.committed_ms > 0:
-                out.append((_UPSERT_LAST_COMMIT, (record.group_id, record.committed_ms)))
+                row = (record.group_id, record.committed_ms)
+                out.append((sql.upsert_last_commit, row + tail))
             return out
         case CatalogChanged():
-            change: tuple[str, tuple[Any, ...]] = (
-                ("DELETE FROM catalog WHERE name = ?", (record.name,))
-                if record.partitions is None else
-                ("INSERT INTO catalog (name, partitions, weights, zones) VALUES (?, ?, ?, ?) "
-                 "ON CONFLICT (name) DO UPDATE SET partitions = excluded.partitions, "
-                 "weights = excluded.weights, zones = excluded.zones",
-                 (record.name, record.partitions, *encode_placement(record.placement))))
-            return [change, (_SET_META, (RESOURCES_EPOCH_KEY, record.resources_epoch))]
+            change: Statement = (
+                (sql.delete_catalog, (record.name,)) if record.partitions is None else
+                (sql.upsert_catalog, (record.name, record.partitions,
+                                      *encode_placement(record.placement))))
+            return [change, (sql.set_meta, (RESOURCES_EPOCH_KEY, record.resources_epoch))]
         case JournalEntry():
-            return [(_INSERT_JOURNAL, (
-                record.group_id, record.generation_id, record.protocol_type,
-                record.protocol_name, record.leader, len(record.members),
-                json.dumps([list(m) for m in record.members]), json.dumps(list(record.joined)),
-                json.dumps(list(record.left)), record.reason, record.started_ms,
-                record.ended_ms, encode(dict(record.assignments))))]
+            row = (record.group_id, record.generation_id, record.protocol_type,
+                   record.protocol_name, record.leader, len(record.members),
+                   json.dumps([list(m) for m in record.members]),
+                   json.dumps(list(record.joined)), json.dumps(list(record.left)),
+                   record.reason, record.started_ms, record.ended_ms,
+                   encode(dict(record.assignments)))
+            return [(sql.insert_journal, row + tail)]
     raise TypeError(f"not a storage record: {record!r}")
+
+
+#: The SQL that makes one record durable in SQLite.
+_statements: Callable[[Record], list[Statement]] = functools.partial(record_rows, SQL, None)
 
 
 def batch_rows(records: Sequence[Record]) -> int:
@@ -420,10 +397,6 @@ def _runs(path: str, records: Sequence[Record]) -> list[tuple[str, list[tuple[An
 _T = TypeVar("_T")
 _P = TypeVar("_P")
 
-_GROUP_COLUMNS = ("group_id", "state", "generation_id", "protocol_type", "protocol_name",
-                  "leader", "state_timestamp_ms", "members")
-_CHECKPOINT_COLUMNS = ("group_id", "resource_set", "idx", "value", "committed_ms",
-                       "member_id", "generation_id")
 _STATES = frozenset(state.value for state in GroupState)
 
 
@@ -514,10 +487,6 @@ def decode_checkpoint_meta(row: Any) -> CheckpointMeta | None:
     return CheckpointMeta(committed_ms, member_id, generation_id)
 
 
-#: the columns of a ``catalog`` row, as :func:`decode_catalog_row` reads them.
-CATALOG_COLUMNS = ("name", "partitions", "weights", "zones")
-
-
 def encode_placement(placement: Placement) -> tuple[str | None, str | None]:
     """The ``weights`` and ``zones`` columns of a catalog row: JSON text, NULL for
     the default."""
@@ -542,7 +511,7 @@ def _placement_column(name: str, text: object, partitions: int,
 
 
 def decode_catalog_row(row: Any) -> tuple[str, int, Placement]:
-    """A catalog row (:data:`CATALOG_COLUMNS`): the set's name, partitions and
+    """A catalog row (``CATALOG.common``): the set's name, partitions and
     placement, checked as a ``PUT`` checks them."""
     name, partitions, weights, zones = row
     _column("name", name, str)
@@ -576,18 +545,105 @@ def decode_epoch_row(row: Any) -> int:
     return int(value)
 
 
-_JOURNAL_COLUMNS = ("group_id, generation_id, protocol_type, protocol_name, leader, "
-                    "member_count, members, joined, left, reason, started_ms, ended_ms, "
-                    "assignments")
+def decoded(path: str, table: str, key: str, decoder: Callable[[Any], _T], row: Any) -> _T:
+    """``decoder(row)``; a row that does not decode raises :class:`CorruptDatabaseError`
+    naming the database, the table and the row's ``key``."""
+    try:
+        return decoder(row)
+    except BadValue as exc:
+        raise CorruptDatabaseError(path, table, key, str(exc)) from exc
+    except DecodeError as exc:
+        raise CorruptDatabaseError(path, table, key, decode_problem(exc)) from exc
 
 
-def _journal_row(r: Any) -> dict[str, Any]:
+def decode_snapshot(path: str, rows: Mapping[str, Sequence[Any]]) -> Snapshot:
+    """The state the rows of :data:`~coordinator.storage.tables.SNAPSHOT_TABLES` stand
+    for (``rows``: table name -> its rows, the columns ``Table.common`` in key
+    order), every row checked; the first that cannot stand for what its table holds
+    raises :class:`CorruptDatabaseError` naming the database, the table, the row's key
+    and the problem."""
+    groups = tuple(decoded(path, "groups", f"group_id={row[0]!r} generation_id={row[2]!r}",
+                           decode_group_row, row) for row in rows[GROUPS.name])
+    checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
+    checkpoint_meta: dict[str, dict[tuple[str, int], CheckpointMeta]] = {}
+    for row in rows[CHECKPOINTS.name]:
+        key = f"group_id={row[0]!r} resource_set={row[1]!r} idx={row[2]!r}"
+        group_id, resource_set, idx, value = decoded(path, "checkpoints", key,
+                                                     decode_checkpoint_row, row)
+        checkpoints.setdefault(group_id, {})[(resource_set, idx)] = value
+        written = decoded(path, "checkpoints", key, decode_checkpoint_meta, row)
+        if written is not None:
+            checkpoint_meta.setdefault(group_id, {})[(resource_set, idx)] = written
+    catalog: dict[str, int] = {}
+    placement: dict[str, Placement] = {}
+    for row in rows[CATALOG.name]:
+        name, partitions, placed = decoded(path, "catalog", f"name={row[0]!r}",
+                                           decode_catalog_row, row)
+        catalog[name] = partitions
+        if not placed.is_default:
+            placement[name] = placed
+    epoch = 0
+    for row in rows[META.name]:
+        if row[0] == RESOURCES_EPOCH_KEY:
+            epoch = decoded(path, "meta", f"key={row[0]!r}", decode_epoch_row, row)
+    last_commit: dict[str, int] = {}
+    for row in rows[LAST_COMMITS.name]:
+        group_id, committed_ms = decoded(path, "last_commits", f"group_id={row[0]!r}",
+                                         decode_last_commit_row, row)
+        # A group whose checkpoints were all deleted keeps its row; it has
+        # nothing left to expire.
+        if group_id in checkpoints:
+            last_commit[group_id] = committed_ms
+    owners: dict[str, str] = {}
+    for row in rows[GROUP_OWNERS.name]:
+        group_id, owner = decoded(path, "group_owners", f"group_id={row[0]!r}",
+                                  decode_owner_row, row)
+        owners[group_id] = owner
+    return Snapshot(groups=groups, checkpoints=checkpoints, catalog=catalog,
+                    resources_epoch=epoch, last_commit_ms=last_commit, owners=owners,
+                    checkpoint_meta=checkpoint_meta, placement=placement)
+
+
+def check_columns(path: str, expected: Mapping[str, Sequence[str]],
+                  present: Mapping[str, set[str]], version: int) -> None:
+    """Every table and column of schema ``version`` (``expected``) is ``present`` (the
+    table's columns in the database; a table absent or without columns is missing)."""
+    for table, columns in expected.items():
+        if not present.get(table):
+            raise CorruptDatabaseError(path, table, "", f"the table is missing (schema version "
+                                       f"{version} has it)")
+        missing = [c for c in columns if c not in present[table]]
+        if missing:
+            raise CorruptDatabaseError(path, table, "", f"column(s) {', '.join(missing)} missing "
+                                       f"(schema version {version} has them)")
+
+
+#: The journal's columns as :func:`journal_row` reads them.
+JOURNAL_COLUMNS = tuple(c for c in JOURNAL.common if c != "id")
+
+
+def journal_row(r: Sequence[Any]) -> dict[str, Any]:
+    """A row of the rebalance journal (:data:`JOURNAL_COLUMNS`), decoded."""
     return {
         "group_id": r[0], "generation_id": r[1], "protocol_type": r[2],
         "protocol_name": r[3], "leader": r[4], "member_count": r[5],
         "members": json.loads(r[6]), "joined": json.loads(r[7]),
         "left": json.loads(r[8]), "reason": r[9], "started_ms": r[10],
         "ended_ms": r[11], "assignments": decode(r[12]),
+    }
+
+
+#: The ``generations`` columns of one group's rows, as :func:`generation_row` reads them.
+GENERATION_COLUMNS = tuple(c for c in GENERATIONS.common if c != "group_id")
+
+
+def generation_row(r: Sequence[Any]) -> dict[str, Any]:
+    """A row of ``generations`` (:data:`GENERATION_COLUMNS`), decoded."""
+    return {
+        "generation_id": r[0], "protocol_type": r[1], "protocol_name": r[2],
+        "leader": r[3], "formed_ms": r[4], "member_count": r[5],
+        "members": json.loads(r[6]),
+        "assignments": None if r[7] is None else decode(r[7]),
     }
 
 
@@ -767,71 +823,21 @@ class Storage:
         return await self._load(group_id)
 
     async def _load(self, only: str | None) -> Snapshot:
-        groups = []
-        for row in await self._rows("groups", _GROUP_COLUMNS, "group_id", only):
-            groups.append(self._decoded(
-                "groups", f"group_id={row[0]!r} generation_id={row[2]!r}", decode_group_row, row))
-        checkpoints: dict[str, dict[tuple[str, int], Scalar]] = {}
-        checkpoint_meta: dict[str, dict[tuple[str, int], CheckpointMeta]] = {}
-        for row in await self._rows("checkpoints", _CHECKPOINT_COLUMNS,
-                                    "group_id, resource_set, idx", only):
-            key = f"group_id={row[0]!r} resource_set={row[1]!r} idx={row[2]!r}"
-            group_id, resource_set, idx, value = self._decoded(
-                "checkpoints", key, decode_checkpoint_row, row)
-            checkpoints.setdefault(group_id, {})[(resource_set, idx)] = value
-            written = self._decoded("checkpoints", key, decode_checkpoint_meta, row)
-            if written is not None:
-                checkpoint_meta.setdefault(group_id, {})[(resource_set, idx)] = written
-        catalog: dict[str, int] = {}
-        placement: dict[str, Placement] = {}
-        for row in await self._rows("catalog", CATALOG_COLUMNS, "name"):
-            name, partitions, placed = self._decoded("catalog", f"name={row[0]!r}",
-                                                     decode_catalog_row, row)
-            catalog[name] = partitions
-            if not placed.is_default:
-                placement[name] = placed
-        epoch = 0
-        for row in await self._rows("meta", ("key", "value"), "key"):
-            if row[0] == RESOURCES_EPOCH_KEY:
-                epoch = self._decoded("meta", f"key={row[0]!r}", decode_epoch_row, row)
-        last_commit: dict[str, int] = {}
-        for row in await self._rows("last_commits", ("group_id", "committed_ms"), "group_id",
-                                    only):
-            group_id, committed_ms = self._decoded("last_commits", f"group_id={row[0]!r}",
-                                                   decode_last_commit_row, row)
-            # A group whose checkpoints were all deleted keeps its row; it has
-            # nothing left to expire.
-            if group_id in checkpoints:
-                last_commit[group_id] = committed_ms
-        owners: dict[str, str] = {}
-        for row in await self._rows("group_owners", ("group_id", "owner"), "group_id",
-                                    only):
-            group_id, owner = self._decoded("group_owners", f"group_id={row[0]!r}",
-                                            decode_owner_row, row)
-            owners[group_id] = owner
-        return Snapshot(groups=tuple(groups), checkpoints=checkpoints, catalog=catalog,
-                        resources_epoch=epoch, last_commit_ms=last_commit, owners=owners,
-                        checkpoint_meta=checkpoint_meta, placement=placement)
+        return decode_snapshot(self.path, {table.name: await self._rows(table, only)
+                                           for table in SNAPSHOT_TABLES})
 
-    async def _rows(self, table: str, columns: Sequence[str], order: str,
-                    group_id: str | None = None) -> list[Any]:
-        """Rows of one table (of one group's, with ``group_id``); an SQLite error (a
-        damaged page, a missing column) names it."""
-        where, args = (" WHERE group_id = ?", (group_id,)) if group_id is not None else ("", ())
-        sql = f"SELECT {', '.join(columns)} FROM {table}{where} ORDER BY {order}"
+    async def _rows(self, table: Table, group_id: str | None = None) -> list[Any]:
+        """The rows of one table (of one group's, with ``group_id``: the group's
+        tables only), by key; an SQLite error (a damaged page, a missing column) names
+        it."""
+        by = ("group_id",) if group_id is not None and table.partitioned else ()
+        sql = select(SQLITE, table, table.common, by=by)
         try:
-            async with self._db.execute(sql, args) as cur:
+            async with self._db.execute(sql, (group_id,) if by else ()) as cur:
                 return list(await cur.fetchall())
         except sqlite3.Error as exc:
-            raise CorruptDatabaseError(self.path, table, "", f"cannot read it: {exc}") from exc
-
-    def _decoded(self, table: str, key: str, decoder: Callable[[Any], _T], row: Any) -> _T:
-        try:
-            return decoder(row)
-        except BadValue as exc:
-            raise CorruptDatabaseError(self.path, table, key, str(exc)) from exc
-        except DecodeError as exc:
-            raise CorruptDatabaseError(self.path, table, key, decode_problem(exc)) from exc
+            raise CorruptDatabaseError(self.path, table.name, "",
+                                       f"cannot read it: {exc}") from exc
 
     async def write(self, records: Sequence[Record]) -> float:
         """Make ``records`` durable in one transaction; returns the seconds it took.
@@ -866,37 +872,24 @@ class Storage:
 
     async def journal(self, group_id: str | None = None) -> list[dict[str, Any]]:
         """Rows of the rebalance journal (oldest first), decoded, for tests and tools."""
-        sql = f"SELECT {_JOURNAL_COLUMNS} FROM rebalance_journal"
-        params: tuple[Any, ...] = ()
-        if group_id is not None:
-            sql += " WHERE group_id = ?"
-            params = (group_id,)
-        async with self._db.execute(sql + " ORDER BY id", params) as cur:
-            return [_journal_row(r) async for r in cur]
+        by = ("group_id",) if group_id is not None else ()
+        sql = select(SQLITE, JOURNAL, JOURNAL_COLUMNS, by=by, order="id")
+        async with self._db.execute(sql, (group_id,) if by else ()) as cur:
+            return [journal_row(r) async for r in cur]
 
     async def rebalances(self, group_id: str, limit: int) -> list[dict[str, Any]]:
         """The group's ``limit`` most recent journal rows, newest first (the
         admin API's rebalance history; the index on ``group_id`` serves it)."""
-        sql = (f"SELECT {_JOURNAL_COLUMNS} FROM rebalance_journal WHERE group_id = ? "
-               f"ORDER BY id DESC LIMIT ?")
+        sql = select(SQLITE, JOURNAL, JOURNAL_COLUMNS, by=("group_id",), order="id DESC",
+                     limit=True)
         async with self._db.execute(sql, (group_id, limit)) as cur:
-            return [_journal_row(r) async for r in cur]
+            return [journal_row(r) async for r in cur]
 
     async def generations(self, group_id: str) -> list[dict[str, Any]]:
         """Rows of the ``generations`` table for one group, oldest first."""
-        rows = []
-        async with self._db.execute(
-                "SELECT generation_id, protocol_type, protocol_name, leader, formed_ms, "
-                "member_count, members, assignments FROM generations WHERE group_id = ? "
-                "ORDER BY generation_id", (group_id,)) as cur:
-            async for r in cur:
-                rows.append({
-                    "generation_id": r[0], "protocol_type": r[1], "protocol_name": r[2],
-                    "leader": r[3], "formed_ms": r[4], "member_count": r[5],
-                    "members": json.loads(r[6]),
-                    "assignments": None if r[7] is None else decode(r[7]),
-                })
-        return rows
+        sql = select(SQLITE, GENERATIONS, GENERATION_COLUMNS, by=("group_id",))
+        async with self._db.execute(sql, (group_id,)) as cur:
+            return [generation_row(r) async for r in cur]
 
 
 async def _migrate(db: aiosqlite.Connection, path: str) -> None:
@@ -1021,32 +1014,11 @@ def _lock_holder(st: os.stat_result) -> int | None:
 
 async def _check_tables(db: aiosqlite.Connection, path: str) -> None:
     """Every table and column of the current schema is there (a dropped table, say)."""
-    for table, columns in _expected_columns().items():
+    present: dict[str, set[str]] = {}
+    for table in COLUMNS:
         async with db.execute(f"PRAGMA table_info({table})") as cur:
-            present = {row[1] for row in await cur.fetchall()}
-        if not present:
-            raise CorruptDatabaseError(path, table, "", f"the table is missing (schema version "
-                                       f"{SCHEMA_VERSION} has it)")
-        missing = [c for c in columns if c not in present]
-        if missing:
-            raise CorruptDatabaseError(path, table, "", f"column(s) {', '.join(missing)} missing "
-                                       f"(schema version {SCHEMA_VERSION} has them)")
-
-
-@functools.cache
-def _expected_columns() -> dict[str, tuple[str, ...]]:
-    """Tables and columns the migrations create, read from a scratch in-memory database."""
-    con = sqlite3.connect(":memory:")
-    try:
-        for script in MIGRATIONS:
-            for statement in _split(script):
-                con.execute(statement)
-        tables = [r[0] for r in con.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' "
-            "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-        return {t: tuple(r[1] for r in con.execute(f"PRAGMA table_info({t})")) for t in tables}
-    finally:
-        con.close()
+            present[table] = {row[1] for row in await cur.fetchall()}
+    check_columns(path, COLUMNS, present, SCHEMA_VERSION)
 
 
 def _split(script: str) -> list[str]:

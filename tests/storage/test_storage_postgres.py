@@ -19,12 +19,11 @@ from test_storage_both import JOURNAL
 from test_storage_sqlite import group, member
 
 from coordinator.core.records import CatalogChanged, CheckpointsWritten, Snapshot
+from coordinator.storage.pg_schema import COLUMNS, SCHEMA_VERSION
 from coordinator.storage.pg_schema import MIGRATIONS as PG_MIGRATIONS
-from coordinator.storage.pg_schema import SCHEMA_VERSION
 from coordinator.storage.postgres import (
     DEFAULT_PARTITIONS,
     PostgresStorage,
-    expected_columns,
     partition_of,
 )
 from coordinator.storage.sqlite import CorruptDatabaseError, StorageError
@@ -78,7 +77,7 @@ async def test_fresh_database_is_migrated_with_default_partitions(pg_url: str) -
     made: dict[str, set[str]] = {}
     for table, column in rows:
         made.setdefault(table, set()).add(column)
-    assert {t: set(c) for t, c in expected_columns().items()} == made
+    assert {t: set(c) for t, c in COLUMNS.items()} == made
 
 
 async def test_reopening_does_not_migrate_again_and_keeps_partitions(pg_url: str) -> None:
