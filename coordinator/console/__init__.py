@@ -518,7 +518,7 @@ class GroupFeed(live.Feed[bool]):
             return None
         self._shown = shown
         if shown is None:
-            return dict.fromkeys(watched, {})
+            return {may_change: {} for may_change in watched}
         return {may_change: live.publish(_group_fragments(console, self._base, self._group_id,
                                                           page, may_change))
                 for may_change in watched}
