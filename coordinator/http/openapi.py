@@ -356,6 +356,16 @@ def _admin_paths() -> dict[str, Any]:
             "post": {"operationId": "consoleReset", "tags": ["console"],
                      "summary": "the console's reset form (dry run, then execute)",
                      "responses": {"200": {"description": "before and after", **_HTML}}}},
+        "/console/groups/{group_id}/members/{member_id}/drain": {
+            "parameters": [_GROUP_ID, {"name": "member_id", "in": "path", "required": True,
+                                       "schema": _NAME}],
+            "post": {"operationId": "consoleDrain", "tags": ["console"],
+                     "summary": "a member's Drain button (admin role): the drain request, "
+                                "then back to the group page",
+                     "responses": {"303": {"description": "to the group page"},
+                                   "403": {"description": "not an admin", **_HTML},
+                                   "404": {"description": "no such group or member", **_HTML},
+                                   "409": {"description": "not a resources group", **_HTML}}}},
         "/console/events": {"get": _get("consoleEvents", "live page fragments",
                                         {"content": {"text/event-stream": {
                                             "schema": {"type": "string"}}}}, tag="console")},
