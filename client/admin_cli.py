@@ -374,8 +374,9 @@ def _members_drain(admin: AdminClient, args: argparse.Namespace, out: TextIO) ->
     if args.json:
         return _dump({**doc, "outcome": outcome}, out)
     if outcome == "timeout":
-        print(f"groupcoord: member {who} still owns resources after {args.timeout:g} s; "
-              f"see groupcoord groups describe {args.group}", file=sys.stderr)
+        print(f"groupcoord: member {who} has neither left nor drained down to nothing "
+              f"after {args.timeout:g} s; see groupcoord groups describe {args.group}",
+              file=sys.stderr)
         return 1
     print(f"member {who} " + ("has left the group" if outcome == "left"
                               else "drains and owns nothing now"), file=out)

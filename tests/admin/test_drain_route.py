@@ -159,6 +159,12 @@ async def test_drain_route_heartbeat_answers_and_what_the_tools_show(
     described = await asyncio.to_thread(run, server, "groups", "describe", GROUP)
     assert any(line.split()[1:2] == ["b"] and line.split()[-1] == "yes"
                for line in described.stdout.splitlines()), described.stdout
+    # Draining and owning nothing (no assignment in the new generation yet): --wait is done.
+    waited = await asyncio.to_thread(run, server, "members", "drain", GROUP, "b", "--wait")
+    assert waited.returncode == 0, waited.stderr
+    assert waited.stdout.splitlines() == [
+        f"member {b['member_id']} (instance b) of group {GROUP} is draining already",
+        f"member {b['member_id']} (instance b) drains and owns nothing now"]
 
 
 async def test_refusals_name_the_group_or_member(start_server: StartServer) -> None:
@@ -174,6 +180,13 @@ async def test_refusals_name_the_group_or_member(start_server: StartServer) -> N
     assert "'ghost'" in doc["message"] and f"'{GROUP}'" in doc["message"]
     cli = await asyncio.to_thread(run, server, "members", "drain", GROUP, "ghost")
     assert cli.returncode == 1 and "'ghost'" in cli.stderr, cli.stderr
+    # A member that owns nothing but never drains (it does not speak v1.2): --wait gives up.
+    waited = await asyncio.to_thread(run, server, "members", "drain", GROUP, "a", "--wait",
+                                     "--timeout", "1")
+    assert waited.returncode == 1
+    assert re.fullmatch(r"groupcoord: member a-\w+ \(instance a\) has neither left nor "
+                        rf"drained down to nothing after 1 s; see groupcoord groups describe "
+                        rf"{GROUP}\n", waited.stderr), waited.stderr
     # A group of another protocol has no way to drain: 409.
     other = await asyncio.to_thread(join, server, "x", MemberMetadata(sets=("s",)), "",
                                     "consumers", "consumer")
