@@ -84,24 +84,36 @@ class WarmupTracker:
             self._groups.pop(group_id, None)
 
     def observe(self, entry: JournalEntry) -> WarmupEvents:
+        if entry.protocol_type != RESOURCES:
+            self.forget(entry.group_id)
+            return NOTHING
         with self._lock:
             seen = self._groups.get(entry.group_id)
-            if entry.protocol_type != RESOURCES:
-                self._groups.pop(entry.group_id, None)
-                return NOTHING
             if seen is not None and entry.generation_id <= seen.generation_id:
                 return NOTHING
+            under_way = seen is not None and bool(seen.warmups)
+        decoded = None
+        tried = under_way or any(_STANDBY_KEY in b for b in entry.assignments.values())
+        if tried:
+            # Decoded outside the lock: a large entry is decoded on the offload
+            # worker, and the event loop may want the lock meanwhile (forget).
+            decoded = _decode(entry)
+        with self._lock:
+            seen = self._groups.get(entry.group_id)
             if seen is None:
                 seen = self._groups[entry.group_id] = _Group(entry.generation_id)
                 # Seen here first: when it was given is known only for a first generation.
                 start: int | None = entry.ended_ms if entry.generation_id <= 1 else None
+            elif entry.generation_id <= seen.generation_id:
+                return NOTHING  # a newer entry was taken meanwhile
             else:
                 seen.generation_id = entry.generation_id
                 start = entry.ended_ms
-            if not seen.warmups and not any(_STANDBY_KEY in b for b in entry.assignments.values()):
-                return NOTHING  # no warm-up under way, none given: nothing to decode
-            decoded = _decode(entry)
+            if decoded is None and not tried and seen.warmups:
+                decoded = _decode(entry)  # rare: an older entry began some meanwhile
             if decoded is None:
+                # Nothing to decode (no warm-up under way, none given), or bytes
+                # that are not a resources map: the warm-ups cannot be followed.
                 seen.warmups.clear()
                 return NOTHING
             return _step(seen.warmups, *decoded, start, entry.ended_ms)
