@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import msgpack
@@ -159,3 +160,12 @@ async def test_the_server_counts_the_warm_ups_its_journal_shows(
     assert after['groupcoord_warmups_ended_total{outcome="owned"}'] == 1
     assert after['groupcoord_warmups_ended_total{outcome="dropped"}'] == 1
     assert after["groupcoord_warmup_duration_seconds_count"] == 1
+
+
+def test_bytes_that_are_not_a_resources_map_stop_the_following_and_count_nothing() -> None:
+    t = WarmupTracker()
+    t.observe(entry(1, 1_000, {"a": A({"s": [0]}), "b": A(standby={"s": [0]})}))
+    bad = replace(entry(2, 2_000, {"a": A({"s": [0]})}), assignments={"a-id": b"\xc1"})
+    assert t.observe(bad) == WarmupEvents()
+    # Nothing is left under way: a later hand-over is not counted as this warm-up's end.
+    assert t.observe(entry(3, 3_000, {"a": A(), "b": A({"s": [0]})})) == WarmupEvents()
