@@ -189,6 +189,13 @@ class AdminClient:
         return self.request(
             "DELETE", f"/v1/groups/{_quote(group_id)}/members/{_quote(member_id)}")
 
+    def drain_member(self, group_id: str, member: str) -> dict[str, Any]:
+        """Ask a member (a member id, or a static member's instance id) to drain
+        (v1.2): ``{group_id, member_id, group_instance_id, drain_requested, draining}``."""
+        doc: dict[str, Any] = self.request(
+            "POST", f"/v1/groups/{_quote(group_id)}/members/{_quote(member)}/drain")
+        return doc
+
     def rebalances(self, group_id: str, limit: int = 20) -> list[RebalanceSummary]:
         """The newest ``limit`` rebalances, newest first, in the shape the server
         builds them (:class:`protocol.admin_docs.RebalanceSummary`)."""

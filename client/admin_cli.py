@@ -1,9 +1,9 @@
-"""``groupcoord groups|checkpoints|rebalances|resources``: the operator's commands.
+"""``groupcoord groups|members|checkpoints|rebalances|resources``: the operator's commands.
 
 Modelled on ``kafka-consumer-groups``: list and describe groups, delete one,
-remove a member, show and reset checkpoints (a dry run unless ``--execute``,
-with ``--export`` to keep what a reset would overwrite), the rebalance
-history, and the resource catalog. Every command talks to the admin API
+remove a member, ask one to drain (v1.2), show and reset checkpoints (a dry
+run unless ``--execute``, with ``--export`` to keep what a reset would
+overwrite), the rebalance history, and the resource catalog. Every command talks to the admin API
 (:mod:`client.admin`) at ``--url`` / ``GROUPCOORD_URL`` with ``--token`` /
 ``GROUPCOORD_TOKEN``.
 
@@ -84,6 +84,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("group")
     p.add_argument("member")
     p.set_defaults(func=_runner(_groups_remove_member))
+
+    members = subparsers.add_parser("members", help="act on one member of a group: drain it")
+    msub = members.add_subparsers(dest="members_command", metavar="ACTION", required=True)
+    p = msub.add_parser(
+        "drain", parents=[common],
+        help="ask a member to hand its resources over, then leave (v1.2)",
+        description="Ask a member of a \"resources\" group to drain: its next heartbeat "
+                    "answer says so, and it rejoins draining, hands its resources over "
+                    "(warmed up first when the group's assignor does that) and leaves. "
+                    "MEMBER is a member id, or a static member's instance id.")
+    p.add_argument("group")
+    p.add_argument("member")
+    p.add_argument("--wait", action="store_true",
+                   help="wait until the member has left, or drains and owns nothing")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                   help="with --wait: give up after S seconds (600); exit status 1")
+    p.set_defaults(func=_runner(_members_drain))
 
     checkpoints = subparsers.add_parser("checkpoints", help="show or reset a group's checkpoints")
     csub = checkpoints.add_subparsers(dest="checkpoints_command", metavar="ACTION",
@@ -274,10 +291,10 @@ def _groups_describe(admin: AdminClient, args: argparse.Namespace, out: TextIO) 
         for m in group["members"]]
     if any(shows_placement(m) for m in group["members"]):
         # v1.2: what the members reported for placement, and their standby.
-        headers += ("RACK", "CAPACITY", "LOAD", "STANDBY", "DRAINING")
+        headers += ("RACK", "CAPACITY", "LOAD", "STANDBY", "WARM", "DRAINING")
         rows = [(*row, m.get("rack") or "-", _number_text(m.get("capacity")),
                  _number_text(m.get("load")), _assignment_text(m.get("standby") or {}),
-                 "yes" if m.get("draining") else "-")
+                 _assignment_text(m.get("warm") or {}), _drain_text(m))
                 for row, m in zip(rows, group["members"], strict=True)]
     print(table(headers, rows), file=out)
     print("", file=out)
@@ -285,6 +302,14 @@ def _groups_describe(admin: AdminClient, args: argparse.Namespace, out: TextIO) 
     print("", file=out)
     _print_rebalances(rebalances, out)
     return 0
+
+
+def _drain_text(member: Mapping[str, Any]) -> str:
+    """``yes`` (its metadata says draining), ``requested`` (an operator asked; it has
+    not rejoined draining yet) or ``-``."""
+    if member.get("draining"):
+        return "yes"
+    return "requested" if member.get("drain_requested") else "-"
 
 
 def _number_text(value: object) -> str:
@@ -323,6 +348,67 @@ def _groups_remove_member(admin: AdminClient, args: argparse.Namespace, out: Tex
     print(f"removed member {args.member} from group {args.group}; the group rebalances",
           file=out)
     return 0
+
+
+# ---------------------------------------------------------------- members
+
+
+#: seconds between two looks at the group while ``members drain --wait`` waits.
+DRAIN_POLL_S = 1.0
+
+
+def _members_drain(admin: AdminClient, args: argparse.Namespace, out: TextIO) -> int:
+    doc = admin.drain_member(args.group, args.member)
+    who = doc["member_id"] + (f" (instance {doc['group_instance_id']})"
+                              if doc.get("group_instance_id") else "")
+    if not args.json:
+        if doc["draining"]:
+            print(f"member {who} of group {args.group} is draining already", file=out)
+        else:
+            print(f"asked member {who} of group {args.group} to drain: its next heartbeat "
+                  f"answer says so; it hands its resources over, then leaves", file=out)
+    if not args.wait:
+        return _dump(doc, out) if args.json else 0
+    outcome = wait_drained(admin, args.group, doc["member_id"], doc.get("group_instance_id"),
+                           args.timeout)
+    if args.json:
+        return _dump({**doc, "outcome": outcome}, out)
+    if outcome == "timeout":
+        print(f"groupcoord: member {who} has neither left nor drained down to nothing "
+              f"after {args.timeout:g} s; see groupcoord groups describe {args.group}",
+              file=sys.stderr)
+        return 1
+    print(f"member {who} " + ("has left the group" if outcome == "left"
+                              else "drains and owns nothing now"), file=out)
+    return 0
+
+
+def wait_drained(admin: AdminClient, group_id: str, member_id: str, instance_id: str | None,
+                 timeout_s: float) -> str:
+    """Poll the group until the member has left (``"left"``) or reports draining and
+    owns nothing (``"owns_nothing"``; a member that drains without leaving), else
+    ``"timeout"``. A static member is followed by its instance id (a restart
+    gives it a new member id)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            group = admin.describe_group(group_id)
+        except AdminError as exc:
+            if exc.code != "UNKNOWN_GROUP":
+                raise
+            return "left"  # the group itself is gone
+        found = next((m for m in group["members"]
+                      if m["member_id"] == member_id
+                      or (instance_id is not None and m.get("group_instance_id") == instance_id)),
+                     None)
+        if found is None:
+            return "left"
+        owned = found.get("assignment")
+        if found.get("draining") and isinstance(owned, dict) and not any(owned.values()):
+            return "owns_nothing"
+        if time.monotonic() >= deadline:
+            return "timeout"
+        time.sleep(min(DRAIN_POLL_S, max(0.0, deadline - time.monotonic())))
 
 
 # ---------------------------------------------------------------- checkpoints

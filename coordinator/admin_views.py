@@ -166,6 +166,15 @@ async def resource_history(runtime: Service, group_id: str, resource_set: str, i
                            generations=generations)
 
 
+def drain_doc(group_id: str, result: AdminResult) -> dict[str, Any]:
+    """The answer of ``POST .../members/{member}/drain``: the member it named, and
+    whether it is ``draining`` already (else the request waits for it:
+    ``drain_requested``)."""
+    return {"group_id": group_id, "member_id": result.member_id,
+            "group_instance_id": result.group_instance_id,
+            "drain_requested": not result.draining, "draining": result.draining}
+
+
 # ---------------------------------------------------------------- checkpoints
 
 

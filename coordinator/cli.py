@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 SUBCOMMAND_MODULES = (
     "coordinator.serve",  # serve
     "client.demo",        # demo
-    "client.admin_cli",   # groups, checkpoints, rebalances, resources
+    "client.admin_cli",   # groups, members, checkpoints, rebalances, resources
     "pipeline.cli",       # analyze, simulate, journal export
 )
 

@@ -84,7 +84,7 @@ class Generation:
         out: dict[Resource, str] = {}
         for assignment in self.assignments.values():
             for name, index, cause in assignment.why:
-                if _holds(assignment.assigned, name, index):
+                if holds(assignment.assigned, name, index):
                     out[(name, index)] = cause
                 else:
                     out.setdefault((name, index), cause)
@@ -94,7 +94,7 @@ class Generation:
         """``(owner, member_id)`` of one resource; ``None``: nobody."""
         name, index = resource
         for member_id, assignment in self.assignments.items():
-            if _holds(assignment.assigned, name, index):
+            if holds(assignment.assigned, name, index):
                 return self.identity.get(member_id, member_id), member_id
         return None
 
@@ -103,10 +103,10 @@ class Generation:
         name, index = resource
         return sorted(self.identity.get(member_id, member_id)
                       for member_id, assignment in self.assignments.items()
-                      if _holds(assignment.standby, name, index))
+                      if holds(assignment.standby, name, index))
 
 
-def _holds(indexes_by_set: Mapping[str, Sequence[int]], name: str, index: int) -> bool:
+def holds(indexes_by_set: Mapping[str, Sequence[int]], name: str, index: int) -> bool:
     # The codec gives each set's indexes sorted.
     indexes = indexes_by_set.get(name)
     if not indexes:
@@ -254,6 +254,6 @@ def gained_by_cause(protocol_type: str | None, assignments: Mapping[str, bytes]
         except ValidationError:
             continue
         for name, index, cause in assignment.why:
-            if _holds(assignment.assigned, name, index):
+            if holds(assignment.assigned, name, index):
                 out[cause] = out.get(cause, 0) + 1
     return out

@@ -25,8 +25,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from coordinator.core.views import GroupSummary, GroupView
+from coordinator.core.records import JournalEntry
+from coordinator.core.views import DrainCounts, GroupSummary, GroupView
 from coordinator.placement import load_imbalance
+from coordinator.warmups import WarmupTracker
 from protocol.errors import ErrorCode
 from protocol.resources import CAUSES
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
@@ -49,17 +51,22 @@ _REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
                     2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _REBALANCE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
                       300.0)
+# A warm-up lasts from seconds (a cache) to many minutes (a state store).
+_WARMUP_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 _COMMIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0)
 
 
 class _CoreGauges(Collector):
-    """Groups by state and members, read from the core at scrape time."""
+    """Groups by state, members, and members draining or asked to, read from the
+    core at scrape time."""
 
     def __init__(self, state_counts: Callable[[], Mapping[str, int]],
-                 member_count: Callable[[], int]) -> None:
+                 member_count: Callable[[], int],
+                 drain_counts: Callable[[], DrainCounts] | None = None) -> None:
         self._state_counts = state_counts
         self._member_count = member_count
+        self._drain_counts = drain_counts
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         groups = GaugeMetricFamily("groupcoord_groups", "Groups by state", labels=["state"])
@@ -69,6 +76,14 @@ class _CoreGauges(Collector):
         yield groups
         yield GaugeMetricFamily("groupcoord_members", "Members of all groups",
                                 value=self._member_count())
+        if self._drain_counts is not None:
+            drains = self._drain_counts()
+            yield GaugeMetricFamily("groupcoord_draining_members",
+                                    "Members whose metadata says draining",
+                                    value=drains.draining)
+            yield GaugeMetricFamily("groupcoord_drain_requested_members",
+                                    "Members an operator asked to drain that have not "
+                                    "rejoined draining yet", value=drains.requested)
 
 
 class _GroupGauges(Collector):
@@ -252,12 +267,32 @@ class Metrics:
                                       "give none are not counted)", ["cause"], registry=r)
         for cause in (*CAUSES, OTHER_CAUSE):
             self.resource_moves.labels(cause)
+        self.drain_requests = Counter("groupcoord_drain_requests",
+                                      "Members an operator asked to drain (POST "
+                                      ".../members/{member}/drain; a repeated request for "
+                                      "the same member is not counted)", registry=r)
+        self.warmups_started = Counter("groupcoord_warmups_started",
+                                       "Resources given to a member as standby (warm-ups "
+                                       "begun), from the rebalance journal", registry=r)
+        # outcome: "owned" (the member got the resource) or "dropped" (it did not).
+        self.warmups_ended = Counter("groupcoord_warmups_ended",
+                                     "Warm-ups over, by outcome: owned (the member got the "
+                                     "resource) or dropped (the plan changed)", ["outcome"],
+                                     registry=r)
+        for outcome in ("owned", "dropped"):
+            self.warmups_ended.labels(outcome)
+        self.warmup_seconds = Histogram("groupcoord_warmup_duration_seconds",
+                                        "From the generation that gave a resource as standby "
+                                        "to the one in which that member owns it",
+                                        buckets=_WARMUP_BUCKETS, registry=r)
+        self._warmups = WarmupTracker()
         self.ready = Gauge("groupcoord_ready", "1 when state is loaded and requests are served",
                            registry=r)
 
     def watch_core(self, state_counts: Callable[[], Mapping[str, int]],
-                   member_count: Callable[[], int]) -> None:
-        self.registry.register(_CoreGauges(state_counts, member_count))
+                   member_count: Callable[[], int],
+                   drain_counts: Callable[[], DrainCounts] | None = None) -> None:
+        self.registry.register(_CoreGauges(state_counts, member_count, drain_counts))
 
     def watch_groups(self, groups: Callable[[], Sequence[GroupSummary]],
                      health: Callable[[str], str], cap: int,
@@ -271,6 +306,24 @@ class Metrics:
         """Add one generation's resource moves (cause -> count). Thread-safe."""
         for cause, n in by_cause.items():
             self.resource_moves.labels(cause if cause in _CAUSES else OTHER_CAUSE).inc(n)
+
+    def count_warmups(self, entry: JournalEntry) -> None:
+        """Start and end the warm-ups one journal entry shows (coordinator/warmups.py).
+        Thread-safe."""
+        events = self._warmups.observe(entry)
+        if events.started:
+            self.warmups_started.inc(events.started)
+        if events.owned:
+            self.warmups_ended.labels("owned").inc(len(events.owned))
+            for took_ms in events.owned:
+                if took_ms is not None:
+                    self.warmup_seconds.observe(took_ms / 1000)
+        if events.dropped:
+            self.warmups_ended.labels("dropped").inc(events.dropped)
+
+    def forget_group(self, group_id: str) -> None:
+        """A group is gone (Dead): its warm-ups are no longer followed."""
+        self._warmups.forget(group_id)
 
     def observe_request(self, api: str, error: ErrorCode | str | None, seconds: float) -> None:
         self._requests.observe(api, "ok" if error is None else str(error), seconds)

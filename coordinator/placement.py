@@ -2,7 +2,7 @@
 docs/protocol.md, "What a member reports" and "What the leader hands out").
 
 The coordinator never assigns: the leader does. But each member's metadata
-(its ``rack``, ``capacity``, the ``load`` it measured, ``draining``) and each
+(its ``rack``, ``capacity``, the ``load`` it measured, ``warm``, ``draining``) and each
 assignment (``standby``, ``band``) pass through the coordinator, which keeps
 them with the member. This module decodes them for the admin API, the
 console (:func:`member_placement`) and the per-group metrics
@@ -46,20 +46,25 @@ def assignment_of(m: MemberRecord) -> ResourceAssignment | None:
 
 
 def member_placement(m: MemberRecord, protocol_name: str | None) -> MemberPlacement:
-    """What the member reported in its metadata for the group's protocol, and
-    the standby its assignment gives it."""
+    """What the member reported in its metadata for the group's protocol, the
+    standby its assignment gives it, and whether an operator's drain request
+    waits for it."""
     reported = metadata_of(m, protocol_name)
     given = assignment_of(m)
     load = None
     if reported is not None and reported.load:
         load = sum(x for loads in reported.load.values() for x in loads.values())
+    draining = reported is not None and reported.draining
     return MemberPlacement(
         rack=None if reported is None else reported.rack,
         capacity=None if reported is None else reported.capacity,
         load=load,
-        draining=reported is not None and reported.draining,
+        draining=draining,
+        drain_requested=m.drain_requested_ms is not None and not draining,
         standby={} if given is None else
-        {name: list(indexes) for name, indexes in given.standby.items() if indexes})
+        {name: list(indexes) for name, indexes in given.standby.items() if indexes},
+        warm={} if reported is None else
+        {name: list(indexes) for name, indexes in reported.warm.items() if indexes})
 
 
 def load_imbalance(view: GroupView) -> float | None:

@@ -96,7 +96,7 @@ async def serve(config: ServerConfig, *, ready_line: bool = True) -> int:
 
     core = GroupCoordinator(config.core_config())
     metrics = Metrics()
-    metrics.watch_core(core.state_counts, core.member_count)
+    metrics.watch_core(core.state_counts, core.member_count, core.drain_counts)
     clock = WallClock()
     metrics.watch_groups(core.list_groups,
                          lambda group_id: core.health(group_id, clock.now_ms()).status,

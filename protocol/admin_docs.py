@@ -107,8 +107,13 @@ class MemberPlacement(TypedDict):
     #: the sum of the loads it reported; ``None``: it reported none.
     load: float | None
     draining: bool
+    #: an operator asked it to drain (``POST .../drain``) and it has not
+    #: rejoined draining yet: its heartbeat answers say ``drain: true``.
+    drain_requested: bool
     #: what its assignment asks it to warm up: ``{set: [indexes]}``.
     standby: dict[str, list[int]]
+    #: the standby resources it reported warm in its metadata: ``{set: [indexes]}``.
+    warm: dict[str, list[int]]
 
 
 #: the keys of :class:`MemberPlacement`.

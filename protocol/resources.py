@@ -289,3 +289,22 @@ class ResourceAssignment:
             band=_band(f.raw("band"), "assignment.band"),
             load=_load_share(f.raw("load"), "assignment.load"),
         )
+
+
+#: how the key ``draining`` looks inside metadata bytes (a msgpack string):
+#: bytes without it cannot report draining and are not decoded to find out.
+_DRAINING_KEY = encode("draining")
+
+
+def reports_draining(metadata: bytes) -> bool:
+    """Does this member metadata say ``draining: true`` (malformed bytes: no)?
+
+    The coordinator asks it of every rejoin of a member an operator asked to
+    drain, and of each member for the draining-members gauge: metadata that
+    does not hold the key (nearly all of it) is not decoded."""
+    if _DRAINING_KEY not in metadata:
+        return False
+    try:
+        return MemberMetadata.decode(metadata).draining
+    except ValidationError:
+        return False

@@ -116,7 +116,8 @@ async def serve_cluster(config: ServerConfig, *, ready_line: bool = True) -> int
                              max_parked_requests=config.max_parked_requests,
                              max_parked_per_token=config.max_parked_per_token)
         service = ClusterService(host)
-        metrics.watch_core(service.core.state_counts, service.core.member_count)
+        metrics.watch_core(service.core.state_counts, service.core.member_count,
+                           service.core.drain_counts)
         metrics.watch_groups(service.local_groups,
                              lambda group_id: service.core.health(group_id,
                                                                   clock.now_ms()).status,

@@ -30,7 +30,7 @@ from coordinator.core.effects import AdminResult
 from coordinator.core.health import HEALTHY, Health
 from coordinator.core.records import CheckpointMeta
 from coordinator.core.states import GroupState
-from coordinator.core.views import GroupSummary, GroupView
+from coordinator.core.views import DrainCounts, GroupSummary, GroupView
 from coordinator.runtime.clock import Clock
 from coordinator.runtime.commits import command_group
 from coordinator.runtime.runtime import Answer, Core, Runtime, error_answer
@@ -117,6 +117,10 @@ class ClusterCore:
 
     def member_count(self) -> int:
         return sum(core.member_count() for core in self._cores())
+
+    def drain_counts(self) -> DrainCounts:
+        counts = [core.drain_counts() for core in self._cores()]
+        return DrainCounts(sum(c.draining for c in counts), sum(c.requested for c in counts))
 
     def parked_request_count(self) -> int:
         return sum(core.parked_request_count() for core in self._cores())

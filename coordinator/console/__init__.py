@@ -8,14 +8,16 @@ Mounted by the admin app at ``/console/`` (:func:`build_console`). Pages:
 ``/console/groups/{group_id}``
     one group: members (host, client id, session timeout), the assignment
     grid of resources by member with the moves of the newest rebalance
-    marked, checkpoints, the rebalance timeline, and the checkpoint reset
-    form (a dry run first, then an explicit second step to execute);
+    marked, checkpoints, the rebalance timeline, the checkpoint reset
+    form (a dry run first, then an explicit second step to execute), and
+    for an admin a Drain button per member of a "resources" group (it asks
+    for confirmation, then sends the drain request of the admin API);
 ``/console/events?page=...``
     the pages' live updates (:mod:`coordinator.console.live`);
 ``/console/login``, ``/console/logout``
     sign-in with a token of the viewer or admin role when ``--auth-tokens``
     is on (:mod:`coordinator.console.sessions`); a viewer sees, only an
-    admin resets checkpoints, as in the admin API.
+    admin resets checkpoints or drains a member, as in the admin API.
 
 Pages are rendered with Jinja2 (autoescape on) from the package's
 ``templates/``; the stylesheet and the one small script are the package's
@@ -48,6 +50,7 @@ from coordinator import admin_views, auth
 from coordinator.console import live, views
 from coordinator.console.live import TICK_S, Fragments, LiveStreams, Pace, StreamLimits, digest
 from coordinator.console.sessions import COOKIE, Sessions
+from coordinator.core.commands import DrainMember
 from coordinator.core.effects import AdminResult
 from coordinator.runtime.service import Service
 from protocol.admin_docs import checkpoint_bytes_text
@@ -119,6 +122,8 @@ def build_console(runtime: Service, *, tokens: auth.TokenStore | None = None,
     app.router.add_get("", to_overview, name="bare")  # /console without its slash
     app.router.add_get("/groups/{group_id}", group_page, name="group")
     app.router.add_post("/groups/{group_id}/reset", reset_page, name="reset")
+    app.router.add_post("/groups/{group_id}/members/{member_id}/drain", drain_member,
+                        name="drain")
     app.router.add_get("/events", events, name="events")
     app.router.add_get("/login", login_page, name="login")
     app.router.add_post("/login", login, name="sign_in")
@@ -275,12 +280,14 @@ async def _overview(console: Console, base: str, entry: auth.TokenEntry | None
 
 
 def _group_fragments(console: Console, base: str, group_id: str,
-                     page: views.GroupPage | None) -> Fragments:
+                     page: views.GroupPage | None, may_change: bool) -> Fragments:
+    """The group page's live parts; ``may_change``: with the admin's actions (the
+    members' Drain buttons)."""
     if page is None:
         gone = _render(console, "_gone.html", group_id=group_id, base=base)
         return {"live-summary": gone, "live-members": "", "live-grid": "",
                 "live-checkpoints": "", "live-timeline": ""}
-    context = {"base": base, "page": page, "group": page.group}
+    context = {"base": base, "page": page, "group": page.group, "may_change": may_change}
     return {fid: _render(console, f"_{fid.removeprefix('live-')}.html", **context)
             for fid in ("live-summary", "live-members", "live-grid", "live-checkpoints",
                         "live-timeline")}
@@ -442,7 +449,8 @@ async def group_page(request: web.Request) -> web.StreamResponse:
         page="group", group=group_id))
     return _page(request, "group.html", live_url=live_url, group_id=group_id, page=page,
                  form=_DEFAULT_FORM, form_error=None,
-                 **_live(_group_fragments(console, _base(request), group_id, page)))
+                 **_live(_group_fragments(console, _base(request), group_id, page,
+                                          _may_change(request))))
 
 
 class OverviewFeed(live.Feed[auth.TokenEntry | None]):
@@ -481,9 +489,10 @@ class OverviewFeed(live.Feed[auth.TokenEntry | None]):
         return out or None
 
 
-class GroupFeed(live.Feed[None]):
+class GroupFeed(live.Feed[bool]):
     """One group's page, for every stream open on it (the grant was checked when each
-    opened, so every stream sees the same: the view is ``None``)."""
+    opened). The view is whether the caller may change things: an admin's page has
+    the members' Drain buttons, a viewer's does not."""
 
     def __init__(self, console: Console, base: str, group_id: str) -> None:
         super().__init__()
@@ -493,8 +502,8 @@ class GroupFeed(live.Feed[None]):
         #: what the fragments were last rendered from (``False``: nothing yet).
         self._shown: object = False
 
-    async def render(self, watched: set[None], rendered: set[None]
-                     ) -> dict[None, dict[str, live.Published]] | None:
+    async def render(self, watched: set[bool], rendered: set[bool]
+                     ) -> dict[bool, dict[str, live.Published]] | None:
         console = self._console
         page: views.GroupPage | None = None
         shown: object = None  # the coordinator is still loading: no fragments
@@ -509,8 +518,10 @@ class GroupFeed(live.Feed[None]):
             return None
         self._shown = shown
         if shown is None:
-            return {None: {}}
-        return {None: live.publish(_group_fragments(console, self._base, self._group_id, page))}
+            return {may_change: {} for may_change in watched}
+        return {may_change: live.publish(_group_fragments(console, self._base, self._group_id,
+                                                          page, may_change))
+                for may_change in watched}
 
 
 def _client(request: web.Request) -> str:
@@ -543,8 +554,8 @@ async def events(request: web.Request) -> web.StreamResponse:
             return denied
         page = ("group", group_id)
         return await console.streams.serve(request, _client(request), page,
-                                           lambda: GroupFeed(console, base, group_id), None,
-                                           still_allowed)
+                                           lambda: GroupFeed(console, base, group_id),
+                                           _may_change(request), still_allowed)
     return _error_page(request, 400, "Bad request",
                        "page: expected overview, or group with group=ID")
 
@@ -559,6 +570,38 @@ async def asset(request: web.Request) -> web.StreamResponse:
         return web.Response(status=304, headers=headers)
     return web.Response(body=body, content_type=content_type, charset="utf-8",
                         headers=headers)
+
+
+# ---------------------------------------------------------------- drain a member
+
+
+async def drain_member(request: web.Request) -> web.StreamResponse:
+    """The Drain button of a member (v1.2): the drain request of the admin API, then
+    back to the group page, which shows the member as drain requested."""
+    if (busy := _not_ready(request)) is not None:
+        return busy
+    group_id = _group_id(request)
+    if (denied := _forbidden(request, group_id)) is not None:
+        return denied
+    if not _may_change(request):
+        entry = auth.token_of(request)
+        assert entry is not None
+        return _error_page(request, 403, "Not allowed",
+                           f"Token {entry.name!r} (role {entry.role}) may not change through "
+                           "the admin API: draining a member needs the admin role.")
+    member = request.match_info["member_id"]
+    console = request.app[CONSOLE_KEY]
+    result = await console.runtime.call(lambda rid: DrainMember(rid, group_id, member))
+    assert isinstance(result, AdminResult)
+    if result.error is None:
+        if not result.draining:
+            log.info("console: %s asked member %r of group %r to drain", _who(request),
+                     result.member_id, group_id)
+        raise web.HTTPSeeOther(f"{_base(request)}/groups/{quote(group_id, safe='')}")
+    status = 409 if result.error is ErrorCode.INCONSISTENT_GROUP_PROTOCOL else 404 \
+        if not result.found else 503
+    return _error_page(request, status, "Not drained",
+                       result.message or f"Refused: {result.error.value}.")
 
 
 # ---------------------------------------------------------------- checkpoint reset

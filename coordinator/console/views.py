@@ -224,7 +224,8 @@ class GroupPage:
     timeline: list[RebalanceSummary]
     now_ms: int = field(default=0)
     #: the members table has placement columns (rack, capacity, load, standby,
-    #: draining): some member of a "resources" group reported or was given one.
+    #: warm, draining or drain requested): some member of a "resources" group
+    #: reported or was given one, or was asked to drain.
     placement: bool = False
 
 
@@ -330,6 +331,7 @@ async def group_page(runtime: Service, journal: JournalCache, group_id: str
         member["owned"] = (sum(len(v) for v in assignment.values())
                            if isinstance(assignment, dict) else None)
         member["standby_count"] = sum(len(v) for v in member.get("standby", {}).values())
+        member["warm_count"] = sum(len(v) for v in member.get("warm", {}).values())
     return GroupPage(group=group, grid=grid, no_grid=no_grid,
                      checkpoints=checkpoints[:MAX_CHECKPOINTS],
                      checkpoint_total=len(checkpoints),

@@ -21,8 +21,11 @@ from protocol.limits import MAX_NAME_LENGTH, MAX_PARTITIONS
 from protocol.validate import ValidationError, control_character_problem
 
 
-def unknown_group(k: Kernel, request_id: int) -> None:
-    k.reply(request_id, AdminResult(ErrorCode.UNKNOWN_GROUP, k.resources_epoch, found=False))
+def unknown_group(k: Kernel, request_id: int, group_id: str | None = None) -> None:
+    """``UNKNOWN_GROUP``; given ``group_id``, the message names it."""
+    k.reply(request_id, AdminResult(
+        ErrorCode.UNKNOWN_GROUP, k.resources_epoch, found=False,
+        message="" if group_id is None else f"no group {group_id!r}"))
 
 
 def delete_empty_group(k: Kernel, g: Group, cmd: DeleteGroup) -> None:

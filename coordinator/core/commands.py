@@ -152,6 +152,19 @@ class RemoveMember:
 
 
 @dataclass(frozen=True, slots=True)
+class DrainMember:
+    """Admin: ``POST /v1/groups/{group_id}/members/{member}/drain`` (v1.2,
+    docs/protocol.md, "Drain"); replies an :class:`AdminResult` naming the member.
+
+    ``member`` is a member id or, failing that, a static member's instance id
+    (Kafka's tools name static members by instance id)."""
+
+    request_id: int
+    group_id: str
+    member: str
+
+
+@dataclass(frozen=True, slots=True)
 class ResetCheckpoints:
     """Admin: ``POST /v1/groups/{group_id}/checkpoints/reset``; replies an
     :class:`AdminResult` with the checkpoints before and after.
@@ -185,7 +198,8 @@ class AdoptCatalog:
 
 
 Command = (Join | Sync | Heartbeat | Leave | Commit | Fetch | DeleteGroup | PutResource
-           | DeleteResource | RemoveMember | ResetCheckpoints | TimerFired | Cancelled
+           | DeleteResource | RemoveMember | DrainMember | ResetCheckpoints | TimerFired
+           | Cancelled
            | ReleaseHeartbeat | AdoptCatalog)
 
 
@@ -197,6 +211,6 @@ def command_group(command: Command) -> str | None:
                 | Commit(request=r) | Fetch(request=r):
             return r.group_id
         case DeleteGroup(group_id=group_id) | RemoveMember(group_id=group_id) \
-                | ResetCheckpoints(group_id=group_id):
+                | DrainMember(group_id=group_id) | ResetCheckpoints(group_id=group_id):
             return group_id
     return None

@@ -26,6 +26,7 @@ from coordinator.core.commands import (
     Commit,
     DeleteGroup,
     DeleteResource,
+    DrainMember,
     Fetch,
     Heartbeat,
     Join,
@@ -46,8 +47,9 @@ from coordinator.core.kernel import Kernel
 from coordinator.core.rebalance import prepare_rebalance
 from coordinator.core.records import CheckpointMeta, Snapshot
 from coordinator.core.states import GroupState
-from coordinator.core.views import GroupSummary, GroupView
+from coordinator.core.views import DrainCounts, GroupSummary, GroupView
 from protocol.catalog import Placement
+from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.validate import Scalar
 
 _HANDLERS: dict[type[Any], Callable[[Kernel, Any], None]] = {
@@ -59,6 +61,7 @@ _HANDLERS: dict[type[Any], Callable[[Kernel, Any], None]] = {
     Commit: dispatch.handle_commit,
     DeleteGroup: dispatch.handle_delete_group,
     RemoveMember: dispatch.handle_remove_member,
+    DrainMember: dispatch.handle_drain_member,
     ResetCheckpoints: dispatch.handle_reset,
     TimerFired: dispatch.handle_timer,
     # Whatever the group's state.
@@ -223,6 +226,19 @@ class GroupCoordinator:
 
     def member_count(self) -> int:
         return sum(len(group.members) for group in self._k.groups.values())
+
+    def drain_counts(self) -> DrainCounts:
+        """Members draining, and asked to drain but not draining yet (metrics)."""
+        draining = requested = 0
+        for group in self._k.groups.values():
+            if group.protocol_type != RESOURCES:
+                continue
+            for member in group.members.values():
+                if membership.reports_draining(group, member.record):
+                    draining += 1
+                elif member.record.drain_requested_ms is not None:
+                    requested += 1
+        return DrainCounts(draining, requested)
 
     def checkpoints(self, group_id: str) -> dict[tuple[str, int], Scalar]:
         """A copy of a group's checkpoints (for tests and the admin API)."""

@@ -39,6 +39,7 @@ from coordinator.core import admin, checkpoints, membership, operations, timers
 from coordinator.core.commands import (
     Commit,
     DeleteGroup,
+    DrainMember,
     Heartbeat,
     Join,
     Leave,
@@ -81,6 +82,7 @@ class Call(Enum):
     COMMIT = "commit"
     DELETE_GROUP = "delete group"
     REMOVE_MEMBER = "remove member"
+    DRAIN_MEMBER = "drain member"
     RESET = "reset checkpoints"
 
 
@@ -154,6 +156,10 @@ _LEAVE = Rule(membership.leave,
               "in PreparingRebalance")
 _REMOVE = Rule(operations.remove_one_member,
                "the member is removed as by a session expiry (`admin_removal`)")
+_DRAIN = Rule(operations.drain_member,
+              "the member (by id, else instance id) is asked to drain: `drain: true` in its "
+              "heartbeat answers until it rejoins draining or leaves; written with the group "
+              "in Stable and CompletingRebalance")
 _REFUSE_DELETE = Rule(admin.refuse_delete, "`NON_EMPTY_GROUP`")
 _REFUSE_RESET = Rule(operations.refuse_reset, "`NON_EMPTY_GROUP`, naming the state")
 _ADMIT_JOIN = ("checks (instance owner, `group_max_size`, protocols); a dynamic member "
@@ -180,6 +186,7 @@ TABLE: Mapping[GroupState, Mapping[Event, Rule]] = {
         Call.DELETE_GROUP: Rule(admin.delete_empty_group,
                                 "-> Dead, forgotten with its checkpoints (`GroupDeleted`)"),
         Call.REMOVE_MEMBER: Rule(operations.remove_one_member, "`UNKNOWN_MEMBER_ID` (none)"),
+        Call.DRAIN_MEMBER: Rule(operations.drain_member, "`UNKNOWN_MEMBER_ID` (none)"),
         Call.RESET: Rule(operations.reset_empty, "checkpoints written (or a dry run)"),
         TimerKind.SESSION: _SESSION,
         TimerKind.PENDING: _PENDING,
@@ -207,6 +214,7 @@ TABLE: Mapping[GroupState, Mapping[Event, Rule]] = {
                           "accepted from the current (old) generation; session re-armed"),
         Call.DELETE_GROUP: _REFUSE_DELETE,
         Call.REMOVE_MEMBER: _REMOVE,
+        Call.DRAIN_MEMBER: _DRAIN,
         Call.RESET: _REFUSE_RESET,
         TimerKind.SESSION: _SESSION,
         TimerKind.PENDING: _PENDING,
@@ -233,6 +241,7 @@ TABLE: Mapping[GroupState, Mapping[Event, Rule]] = {
         Call.COMMIT: Rule(checkpoints.commit_gate_completing, "`REBALANCE_IN_PROGRESS`"),
         Call.DELETE_GROUP: _REFUSE_DELETE,
         Call.REMOVE_MEMBER: _REMOVE,
+        Call.DRAIN_MEMBER: _DRAIN,
         Call.RESET: _REFUSE_RESET,
         TimerKind.SESSION: _SESSION,
         TimerKind.PENDING: _PENDING,
@@ -261,6 +270,7 @@ TABLE: Mapping[GroupState, Mapping[Event, Rule]] = {
                           "accepted from the current generation; session re-armed"),
         Call.DELETE_GROUP: _REFUSE_DELETE,
         Call.REMOVE_MEMBER: _REMOVE,
+        Call.DRAIN_MEMBER: _DRAIN,
         Call.RESET: _REFUSE_RESET,
         TimerKind.SESSION: _SESSION,
         TimerKind.PENDING: _PENDING,
@@ -282,6 +292,7 @@ TABLE: Mapping[GroupState, Mapping[Event, Rule]] = {
         Call.COMMIT: Rule(checkpoints.commit_gate_dead, "`COORDINATOR_NOT_AVAILABLE`"),
         Call.DELETE_GROUP: _REFUSE_DELETE,
         Call.REMOVE_MEMBER: Rule(operations.remove_member_dead, "`UNKNOWN_GROUP`"),
+        Call.DRAIN_MEMBER: Rule(operations.drain_dead, "`UNKNOWN_GROUP`"),
         Call.RESET: Rule(operations.reset_dead, "`UNKNOWN_GROUP`"),
         TimerKind.SESSION: _STALE,
         TimerKind.PENDING: _STALE,
@@ -310,6 +321,7 @@ _LEAVE_BY_STATE = _column(Call.LEAVE)
 _COMMIT_GATES: Mapping[GroupState, checkpoints.Gate] = _column(Call.COMMIT)
 _DELETE = _column(Call.DELETE_GROUP)
 _REMOVE_BY_STATE = _column(Call.REMOVE_MEMBER)
+_DRAIN_BY_STATE = _column(Call.DRAIN_MEMBER)
 _RESET = _column(Call.RESET)
 _TIMERS: dict[TimerKind, dict[GroupState, timers.OnTimer]] = {
     kind: _column(kind) for kind in TimerKind}
@@ -366,6 +378,14 @@ def handle_remove_member(k: Kernel, cmd: RemoveMember) -> None:
         admin.unknown_group(k, cmd.request_id)
     else:
         _REMOVE_BY_STATE[g.state](k, g, cmd)
+
+
+def handle_drain_member(k: Kernel, cmd: DrainMember) -> None:
+    g = k.groups.get(cmd.group_id)
+    if g is None:
+        admin.unknown_group(k, cmd.request_id, cmd.group_id)
+    else:
+        _DRAIN_BY_STATE[g.state](k, g, cmd)
 
 
 def handle_reset(k: Kernel, cmd: ResetCheckpoints) -> None:

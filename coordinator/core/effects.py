@@ -34,6 +34,11 @@ class AdminResult:
     #: deleted one is absent), each ``(set, index, value)`` sorted by resource.
     before: tuple[tuple[str, int, Scalar], ...] = ()
     after: tuple[tuple[str, int, Scalar], ...] = ()
+    #: ``DrainMember``: the member it named (its member id and instance id), and
+    #: whether that member already reports ``draining`` (then nothing was asked).
+    member_id: str = ""
+    group_instance_id: str | None = None
+    draining: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +93,15 @@ class MemberExpired:
 
 
 @dataclass(frozen=True, slots=True)
+class DrainRequested:
+    """An operator asked a member to drain, and it was not asked yet (for the
+    drain-requests counter and one log line)."""
+
+    group_id: str
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class RequestRefused:
     """A request was refused by a server limit (``reason``: e.g. ``"max_groups"``).
 
@@ -100,4 +114,4 @@ class RequestRefused:
 
 
 Effect = (Reply | Persist | ScheduleTimer | CancelTimer | GroupStateChanged
-          | RebalanceCompleted | MemberExpired | RequestRefused)
+          | RebalanceCompleted | MemberExpired | DrainRequested | RequestRefused)

@@ -430,7 +430,15 @@ class Kernel:
         del self.parked[request_id]
         del self.heartbeats[request_id]
         self.disarm(heartbeat_key(request_id))
-        self.reply(request_id, HeartbeatResponse(error, self.resources_epoch))
+        self.reply(request_id, self.heartbeat_response(member, error))
+
+    def heartbeat_response(self, member: Member, error: ErrorCode | None) -> HeartbeatResponse:
+        """A heartbeat answer to a member the group holds: ``drain: true`` while an
+        operator's drain request is pending (docs/protocol.md, "Drain"), on every
+        answer that leaves the member in its group (no error, or a rebalance)."""
+        drain = member.record.drain_requested_ms is not None and (
+            error is None or error is ErrorCode.REBALANCE_IN_PROGRESS)
+        return HeartbeatResponse(error, self.resources_epoch, drain)
 
     def answer_heartbeats(self, member: Member, error: ErrorCode | None) -> None:
         for request_id in list(member.heartbeats):

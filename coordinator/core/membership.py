@@ -39,6 +39,7 @@ from protocol.messages import (
 )
 from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.resources import MemberMetadata
+from protocol.resources import reports_draining as metadata_reports_draining
 from protocol.validate import ValidationError
 
 EMPTY = GroupState.EMPTY
@@ -413,10 +414,24 @@ def _placed_by(m: MemberMetadata) -> tuple[object, ...]:
 
 def _update_member(g: Group, member: Member, cmd: Join) -> None:
     req = cmd.request
-    g.update_member(member, replace(
+    record = replace(
         member.record, protocols=req.protocols, session_timeout_ms=req.session_timeout_ms,
         rebalance_timeout_ms=req.rebalance_timeout_ms, client_id=req.client_id or "",
-        client_host=cmd.client_host))
+        client_host=cmd.client_host)
+    if record.drain_requested_ms is not None and reports_draining(g, record):
+        # The member heard the operator: it drains now, nothing more to ask.
+        record = replace(record, drain_requested_ms=None)
+    g.update_member(member, record)
+
+
+def reports_draining(g: Group, record: MemberRecord) -> bool:
+    """Does the member's metadata say ``draining: true`` (v1.2)? Read from the
+    metadata for the group's protocol, else (none chosen yet) its first one."""
+    if g.protocol_type != RESOURCES or not record.protocols:
+        return False
+    metadata = next((data for name, data in record.protocols if name == g.protocol_name),
+                    record.protocols[0][1])
+    return metadata_reports_draining(metadata)
 
 
 # ---------------------------------------------------------------- sync
@@ -516,15 +531,14 @@ def heartbeat_preparing(k: Kernel, g: Group, cmd: Heartbeat) -> None:
     member = _heartbeat_member(k, g, cmd)
     if member is not None:
         k.arm_session(g, member)
-        k.reply(cmd.request_id, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS,
-                                                  k.resources_epoch))
+        k.reply(cmd.request_id, k.heartbeat_response(member, ErrorCode.REBALANCE_IN_PROGRESS))
 
 
 def heartbeat_completing(k: Kernel, g: Group, cmd: Heartbeat) -> None:
     member = _heartbeat_member(k, g, cmd)
     if member is not None:
         k.arm_session(g, member)
-        k.reply(cmd.request_id, HeartbeatResponse(None, k.resources_epoch))
+        k.reply(cmd.request_id, k.heartbeat_response(member, None))
 
 
 def heartbeat_stable(k: Kernel, g: Group, cmd: Heartbeat) -> None:
@@ -544,6 +558,10 @@ def heartbeat_stable(k: Kernel, g: Group, cmd: Heartbeat) -> None:
             if hold > 0:
                 k.park_heartbeat(g, member, rid, hold)
                 return
+        if member.record.drain_requested_ms is not None:
+            # An operator asked this member to drain (docs/protocol.md, "Drain").
+            k.reply(rid, HeartbeatResponse(None, k.resources_epoch, True))
+            return
     k.reply(rid, HeartbeatResponse(error, k.resources_epoch))
 
 

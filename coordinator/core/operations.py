@@ -1,7 +1,8 @@
-"""Operators' actions on one group: remove a member, reset checkpoints.
+"""Operators' actions on one group: remove a member, ask one to drain, reset checkpoints.
 
 Kafka's ``kafka-consumer-groups --remove-members`` and ``--reset-offsets``,
-for generic resources (docs/protocol.md, "Admin additions"). Both run in the
+for generic resources (docs/protocol.md, "Admin additions"), and v1.2's drain
+request (docs/protocol.md, "Drain"). All run in the
 serial apply like every other command, so the state they check (the member
 is there, the group is Empty) is the state they change.
 
@@ -14,6 +15,7 @@ computes the same before/after and writes nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from coordinator.core.admin import unknown_group
 from coordinator.core.checkpoint_store import Checkpoint
@@ -22,13 +24,16 @@ from coordinator.core.checkpoints import (
     admit,
     value_problem,
 )
-from coordinator.core.commands import RemoveMember, ResetCheckpoints
-from coordinator.core.effects import AdminResult
+from coordinator.core.commands import DrainMember, RemoveMember, ResetCheckpoints
+from coordinator.core.effects import AdminResult, DrainRequested
 from coordinator.core.group import Group
 from coordinator.core.kernel import Kernel
+from coordinator.core.membership import reports_draining
 from coordinator.core.rebalance import after_removal, remove_member
 from coordinator.core.records import CheckpointMeta, CheckpointsWritten
+from coordinator.core.states import GroupState
 from protocol.errors import ErrorCode
+from protocol.resources import PROTOCOL_TYPE as RESOURCES
 from protocol.validate import Scalar
 from protocol.validate import value_problem as storable_problem
 
@@ -53,6 +58,50 @@ def remove_one_member(k: Kernel, g: Group, cmd: RemoveMember) -> None:
     after_removal(k, g, "admin_removal")
     k.forget_if_vacant(g)
     k.reply(cmd.request_id, AdminResult(None, k.resources_epoch))
+
+
+def drain_dead(k: Kernel, g: Group, cmd: DrainMember) -> None:
+    unknown_group(k, cmd.request_id, cmd.group_id)
+
+
+def drain_member(k: Kernel, g: Group, cmd: DrainMember) -> None:
+    """Ask a member to drain (docs/protocol.md, "Drain"): its heartbeat answers
+    say ``drain: true`` until it rejoins ``draining`` or leaves.
+
+    The request is part of the member's record, written with the group at once
+    when the group's durable record is its state in memory (Stable,
+    CompletingRebalance), else with the generation the rebalance under way
+    forms. A request for a member that asked already, or that is draining
+    already, changes nothing."""
+    rid = cmd.request_id
+    member = g.members.get(cmd.member)
+    if member is None and cmd.member in g.static_members:
+        member = g.members[g.static_members[cmd.member]]
+    if member is None:
+        k.reply(rid, AdminResult(
+            ErrorCode.UNKNOWN_MEMBER_ID, k.resources_epoch, found=False,
+            message=f"group {g.group_id!r} has no member {cmd.member!r} (neither a member "
+                    f"id nor a static member's instance id)"))
+        return
+    record = member.record
+    if g.protocol_type != RESOURCES:
+        k.reply(rid, AdminResult(
+            ErrorCode.INCONSISTENT_GROUP_PROTOCOL, k.resources_epoch,
+            message=f"group {g.group_id!r} speaks protocol type {g.protocol_type!r}: only "
+                    f"members of a {RESOURCES!r} group can drain (remove the member instead)"))
+        return
+    draining = reports_draining(g, record)
+    if not draining and record.drain_requested_ms is None:
+        g.update_member(member, replace(record, drain_requested_ms=k.now))
+        k.emit(DrainRequested(g.group_id, member.member_id))
+        if g.state is GroupState.STABLE or g.state is GroupState.COMPLETING_REBALANCE:
+            k.persist(g.to_record())
+        # A parked long-poll is answered now: the member hears it at once.
+        if member.heartbeats:
+            k.answer_heartbeats(member, None)
+            k.arm_session(g, member)
+    k.reply(rid, AdminResult(None, k.resources_epoch, member_id=member.member_id,
+                             group_instance_id=record.group_instance_id, draining=draining))
 
 
 def _is_integer(value: Scalar) -> bool:

@@ -37,8 +37,8 @@ class MemberRecord:
       :data:`SHOWN_MEMBER_FIELDS`, in this order;
     - storage writes a member as the array of its fields in this order, a
       trailing field marked ``tail`` left out while it is ``None`` (``owner``,
-      ``incarnation``, ``incarnation_ms``, added after the first release:
-      eight-field rows have none), and checks
+      ``incarnation``, ``incarnation_ms``, ``drain_requested_ms``, added after
+      the first release: eight-field rows have none), and checks
       each field it reads against its type here
       (:func:`coordinator.storage.sqlite.encode_members`, ``decode_members``);
     - the rebalance journal lists each member as a :class:`JournalMember`: some
@@ -66,6 +66,12 @@ class MemberRecord:
     #: "Incarnations").
     incarnation: str | None = field(default=None, metadata=_TAIL)
     incarnation_ms: int | None = field(default=None, metadata=_TAIL)
+    #: v1.2: wall-clock ms at which an operator asked this member to drain
+    #: (``POST .../members/{member_id}/drain``); ``None``: not asked, or it has
+    #: since rejoined ``draining`` (docs/protocol.md, "Drain"). Every heartbeat
+    #: answer to the member carries ``drain: true`` while it is set. Durable with
+    #: the group, so a coordinator taking the group over keeps asking.
+    drain_requested_ms: int | None = field(default=None, metadata=_TAIL)
 
 
 #: the member fields the admin API shows (``GET /v1/groups/{id}``), in record order.

@@ -28,3 +28,12 @@ class GroupView:
     #: each member as its record (frozen, so the view is a safe copy): the admin
     #: JSON shows its ``SHOWN_MEMBER_FIELDS`` (coordinator/admin_views.py).
     members: tuple[MemberRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DrainCounts:
+    """Members of "resources" groups draining (their metadata says so) and asked
+    to drain by an operator but not draining yet (the metrics' gauges)."""
+
+    draining: int = 0
+    requested: int = 0

@@ -40,6 +40,7 @@ from coordinator.console.live import DEFAULT_LIMITS, StreamLimits
 from coordinator.core.commands import (
     DeleteGroup,
     DeleteResource,
+    DrainMember,
     PutResource,
     RemoveMember,
 )
@@ -149,9 +150,10 @@ def _admin_answer(result: Answer, ok: Callable[[AdminResult], web.StreamResponse
         return ok(result)
     if not result.found or result.error is ErrorCode.UNKNOWN_GROUP:
         return json_error(404, "UNKNOWN_GROUP" if result.error is ErrorCode.UNKNOWN_GROUP
-                          else not_found)
+                          else not_found, result.message or None)
     assert result.error is not None
     status = {ErrorCode.NON_EMPTY_GROUP: 409, ErrorCode.CHECKPOINT_LIMIT_REACHED: 409,
+              ErrorCode.INCONSISTENT_GROUP_PROTOCOL: 409,
               ErrorCode.INVALID_REQUEST: 400,
               ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: 503,
               ErrorCode.COORDINATOR_NOT_AVAILABLE: 503,
@@ -287,6 +289,18 @@ async def remove_member(request: web.Request) -> web.StreamResponse:
         lambda rid: RemoveMember(rid, group_id, member_id))
     return _admin_answer(result, lambda _: web.json_response(
         {"group_id": group_id, "removed": member_id}), "UNKNOWN_MEMBER_ID")
+
+
+async def drain_member(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/groups/{group_id}/members/{member_id}/drain`` (v1.2, docs/protocol.md,
+    "Drain"): the member (by member id, else a static member's instance id) is asked
+    to drain through its heartbeat answers. No body."""
+    group_id = _path_name(request, "group_id")
+    member = _path_name(request, "member_id")
+    result = await request.app[RUNTIME_KEY].call(
+        lambda rid: DrainMember(rid, group_id, member))
+    return _admin_answer(result, lambda r: web.json_response(
+        admin_views.drain_doc(group_id, r)), ErrorCode.UNKNOWN_MEMBER_ID.value)
 
 
 async def list_resources(request: web.Request) -> web.StreamResponse:
@@ -553,6 +567,8 @@ def build_admin_app(runtime: Service, metrics: Metrics, *, max_body_bytes: int,
     app.router.add_get("/v1/groups/{group_id}/checkpoints", guarded(group_checkpoints))
     app.router.add_post("/v1/groups/{group_id}/checkpoints/reset", guarded(reset_checkpoints))
     app.router.add_delete("/v1/groups/{group_id}/members/{member_id}", guarded(remove_member))
+    app.router.add_post("/v1/groups/{group_id}/members/{member_id}/drain",
+                        guarded(drain_member))
     app.router.add_get("/v1/groups/{group_id:.+}", guarded(describe_group))
     app.router.add_delete("/v1/groups/{group_id:.+}", guarded(delete_group))
     app.router.add_get("/v1/resources", guarded(list_resources))

@@ -285,6 +285,23 @@ def _admin_paths() -> dict[str, Any]:
                        "summary": "remove one member; the group rebalances",
                        "responses": {"200": _json({"type": "object"}, "removed"),
                                      **_errors(401, 403, 404)}}},
+        "/v1/groups/{group_id}/members/{member_id}/drain": {
+            "parameters": [_GROUP_ID, {**member_id, "description":
+                                       "a member id, else a static member's instance id"}],
+            "post": {"operationId": "drainMember", "tags": ["admin"],
+                     "summary": "ask a member of a resources group to drain (v1.2): its "
+                                "heartbeat answers say drain: true until it rejoins draining "
+                                "or leaves",
+                     "description": "No body. A member draining already is answered "
+                                    "draining: true and nothing is asked; asking twice "
+                                    "changes nothing. 409: the group is not of the resources "
+                                    "protocol.",
+                     "responses": {"200": _json(_object(
+                         ["group_id", "member_id", "group_instance_id", "drain_requested",
+                          "draining"], group_id=_NAME, member_id=_NAME,
+                         group_instance_id=_OPT_NAME, drain_requested={"type": "boolean"},
+                         draining={"type": "boolean"}), "asked, or draining already"),
+                         **_errors(401, 403, 404, 409, 503)}}},
         "/v1/resources/{name}": {
             "parameters": [name],
             "put": {"operationId": "putResource", "tags": ["admin"],
@@ -339,6 +356,16 @@ def _admin_paths() -> dict[str, Any]:
             "post": {"operationId": "consoleReset", "tags": ["console"],
                      "summary": "the console's reset form (dry run, then execute)",
                      "responses": {"200": {"description": "before and after", **_HTML}}}},
+        "/console/groups/{group_id}/members/{member_id}/drain": {
+            "parameters": [_GROUP_ID, {"name": "member_id", "in": "path", "required": True,
+                                       "schema": _NAME}],
+            "post": {"operationId": "consoleDrain", "tags": ["console"],
+                     "summary": "a member's Drain button (admin role): the drain request, "
+                                "then back to the group page",
+                     "responses": {"303": {"description": "to the group page"},
+                                   "403": {"description": "not an admin", **_HTML},
+                                   "404": {"description": "no such group or member", **_HTML},
+                                   "409": {"description": "not a resources group", **_HTML}}}},
         "/console/events": {"get": _get("consoleEvents", "live page fragments",
                                         {"content": {"text/event-stream": {
                                             "schema": {"type": "string"}}}}, tag="console")},

@@ -6,8 +6,8 @@ coordinator) takes them with ``RuntimeMachine.take`` and carries each out:
 answer a waiting call, write records and report the outcome, arm or cancel a
 key's loop timer, load a group, or log and count what happened. Like the
 core's effects (``coordinator/core/effects.py``), the core's own
-``GroupStateChanged``, ``RebalanceCompleted`` and ``MemberExpired`` pass
-through as they are.
+``GroupStateChanged``, ``RebalanceCompleted``, ``MemberExpired`` and
+``DrainRequested`` pass through as they are.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from coordinator.core.commands import Command
 from coordinator.core.effects import (
     AdminResult,
+    DrainRequested,
     Effect,
     GroupStateChanged,
     MemberExpired,
@@ -194,4 +195,4 @@ MachineEffect = (Answered | WriteDue | WriteRecords | ArmTimer | DisarmTimer | D
                  | ArmStorageCheck | DisarmStorageCheck | CheckStorage | LoadGroup | Loaded
                  | BatchCommitted | LimitRefused | CoreRaised | GroupEvicted | GroupReloaded
                  | ServingStopped | Stopped | Applied | GroupStateChanged | RebalanceCompleted
-                 | MemberExpired | JournalRecorded)
+                 | MemberExpired | DrainRequested | JournalRecorded)

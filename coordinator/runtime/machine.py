@@ -54,6 +54,7 @@ from coordinator.core.commands import (
     Commit,
     DeleteGroup,
     DeleteResource,
+    DrainMember,
     Fetch,
     Heartbeat,
     Join,
@@ -70,6 +71,7 @@ from coordinator.core.coordinator import CoreFailure
 from coordinator.core.effects import (
     AdminResult,
     CancelTimer,
+    DrainRequested,
     Effect,
     GroupStateChanged,
     MemberExpired,
@@ -81,7 +83,7 @@ from coordinator.core.effects import (
 )
 from coordinator.core.health import Health
 from coordinator.core.records import CheckpointMeta, JournalEntry, Record, Snapshot
-from coordinator.core.views import GroupSummary, GroupView
+from coordinator.core.views import DrainCounts, GroupSummary, GroupView
 from coordinator.runtime.commits import Batch, Commits, record_group
 from coordinator.runtime.effects import (
     Answer,
@@ -130,6 +132,8 @@ class CoreView(Protocol):
     def state_counts(self) -> Mapping[str, int]: ...
 
     def member_count(self) -> int: ...
+
+    def drain_counts(self) -> DrainCounts: ...
 
     def list_groups(self) -> Sequence[GroupSummary]: ...
 
@@ -187,7 +191,7 @@ def error_answer(command: Command, code: ErrorCode) -> Answer:
         case Fetch():
             return FetchResponse(code)
         case DeleteGroup() | PutResource() | DeleteResource() | RemoveMember() \
-                | ResetCheckpoints():
+                | DrainMember() | ResetCheckpoints():
             return AdminResult(code)
     raise TypeError(f"{type(command).__name__} has no answer")
 
@@ -514,7 +518,8 @@ class RuntimeMachine:
                 case CancelTimer(key=key):
                     if self._timers.pop(key, None) is not None:
                         self._out.append(DisarmTimer(key))
-                case GroupStateChanged() | RebalanceCompleted() | MemberExpired():
+                case GroupStateChanged() | RebalanceCompleted() | MemberExpired() \
+                        | DrainRequested():
                     self._out.append(effect)
                 case RequestRefused(group_id=group_id, reason=reason):
                     self._refused(now_ms, reason, group_id)

@@ -81,7 +81,12 @@ from typing import Any, Protocol
 
 from coordinator import history, offload
 from coordinator.core.commands import Command
-from coordinator.core.effects import GroupStateChanged, MemberExpired, RebalanceCompleted
+from coordinator.core.effects import (
+    DrainRequested,
+    GroupStateChanged,
+    MemberExpired,
+    RebalanceCompleted,
+)
 from coordinator.core.records import REBALANCE_REASONS, JournalEntry, Record, Snapshot
 from coordinator.metrics import Metrics
 from coordinator.runtime import effects as fx
@@ -349,6 +354,11 @@ class Runtime:
                          effect.group_id, effect.member_id)
                 if self.metrics is not None:
                     self.metrics.session_expiries.inc()
+            case DrainRequested():
+                log.info("group %r: member %r asked to drain", effect.group_id,
+                         effect.member_id)
+                if self.metrics is not None:
+                    self.metrics.drain_requests.inc()
             case fx.JournalRecorded(entry=entry):
                 if self.metrics is not None:
                     _count_moves(entry, self.metrics)
@@ -466,6 +476,8 @@ class Runtime:
         log.info("group %r: %s -> %s (generation %d): %s", change.group_id,
                  change.old_state or "(new)", change.new_state, change.generation_id,
                  change.reason)
+        if self.metrics is not None and change.new_state == "Dead":
+            self.metrics.forget_group(change.group_id)
         if (self.metrics is not None and change.new_state == "PreparingRebalance"
                 and change.old_state != "PreparingRebalance"):
             reason = change.reason if change.reason in REBALANCE_REASONS else "other"
@@ -495,10 +507,12 @@ class Runtime:
 
 def _count_moves(entry: JournalEntry, metrics: Metrics) -> None:
     """``groupcoord_resource_moves_total``: what a generation's assignments gave their
-    members, by the cause of their ``why`` entries. Large assignments are decoded on
+    members, by the cause of their ``why`` entries; and the warm-ups they start and
+    end (``groupcoord_warmups_*``). Large assignments are decoded on
     the offload worker, not on the loop that answers every group's calls."""
     def count() -> None:
         metrics.count_moves(history.gained_by_cause(entry.protocol_type, entry.assignments))
+        metrics.count_warmups(entry)
     size = sum(len(blob) for blob in entry.assignments.values())
     if size >= offload.LARGE_BODY_BYTES:
         offload.submit(count)

@@ -170,25 +170,31 @@ async def test_what_members_report_shows_in_the_group_the_console_and_the_metric
     page = get(f"{server.admin_url}/console/groups/placed")
     members = page[page.index('<table class="members">'):]
     members = members[:members.index("</table>")]
-    cells = [re.sub(r"<[^>]+>", "", c).strip()
-             for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", members, re.S)]
-    header = cells[:cells.index("Draining") + 1]
-    body = cells[len(header):]
+    head, body_html = members.split("</thead>")
+
+    def cells(html: str) -> list[str]:
+        return [re.sub(r"<[^>]+>", "", c).strip()
+                for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", html, re.S)]
+
+    header = cells(head)
+    body = cells(body_html)
     rows = [dict(zip(header, body[n:n + len(header)], strict=True))
             for n in range(0, len(body), len(header))]
     placed = {r["Instance id"]: (r["Rack"], r["Capacity"], r["Load"], r["Standby"],
-                                 r["Draining"]) for r in rows}
+                                 r["Warm"], r["Draining"], r["Drain"]) for r in rows}
     nothing = "\u2013"  # the console's mark for none
-    assert placed == {"a": ("eu-1a", "2", "9", nothing, nothing),
-                      "b": ("eu-1b", nothing, "1", "1", "draining")}, members
+    # Without authentication the console is an admin's: a Drain button for a
+    # member not draining yet.
+    assert placed == {"a": ("eu-1a", "2", "9", nothing, nothing, nothing, "Drain"),
+                      "b": ("eu-1b", nothing, "1", "1", nothing, "draining", nothing)}, members
 
     described = await asyncio.to_thread(run, server, "groups", "describe", "placed")
     assert described.returncode == 0, described.stderr
     members_table = next(b for b in described.stdout.split("\n\n") if b.startswith("MEMBER"))
     by_instance = {r["INSTANCE"]: r for r in table_rows(members_table, "MEMBER")}
-    assert {i: (r["RACK"], r["CAPACITY"], r["LOAD"], r["STANDBY"], r["DRAINING"])
-            for i, r in by_instance.items()} == {"a": ("eu-1a", "2", "9", "-", "-"),
-                                                 "b": ("eu-1b", "-", "1", "s:0", "yes")}
+    assert {i: (r["RACK"], r["CAPACITY"], r["LOAD"], r["STANDBY"], r["WARM"], r["DRAINING"])
+            for i, r in by_instance.items()} == {"a": ("eu-1a", "2", "9", "-", "-", "-"),
+                                                 "b": ("eu-1b", "-", "1", "s:0", "-", "yes")}
 
     timeline = page[page.index('<table class="timeline">'):]
     assert "why: later-cause 1, load 1, unknown 2" in re.sub(r"<[^>]+>", "", timeline)

@@ -215,6 +215,33 @@ def test_a_coordinator_stopped_with_sigterm_hands_its_groups_over(
         assert answer["error"] is None, (group, answer)
 
 
+def test_a_drain_request_outlives_the_hand_over_of_its_partition(
+        two: list[ServerProcess]) -> None:
+    """An operator asks a member to drain through the other coordinator (the call
+    is forwarded to the group's owner); the owner stops with SIGTERM, and the
+    coordinator that takes the group over keeps asking: the request is in the
+    member's durable record, not in the first owner's memory."""
+    a, b = two
+    where = owners(a.admin_url)
+    group = next(g for g in GROUPS if where[partition_of(g, P)] == a.url)
+    member_id, generation = stable_static_member(a.url, group)
+    request = {"group_id": group, "member_id": member_id, "generation_id": generation,
+               "group_instance_id": "worker-1"}
+    assert "drain" not in call(a.url, "heartbeat", request)
+    status, doc = admin(b.admin_url, f"/v1/groups/{group}/members/worker-1/drain", "POST")
+    assert (status, doc["member_id"], doc["drain_requested"]) == (200, member_id, True)
+    assert call(a.url, "heartbeat", request)["drain"] is True
+    assert a.terminate() == 0
+    assert wait_until(lambda: call(b.url, "find_coordinator", {"group_id": group})["url"]
+                      == b.url, 5)
+    assert wait_until(lambda: call(b.url, "heartbeat", request)["error"]
+                      != "COORDINATOR_LOAD_IN_PROGRESS", 5)
+    answer = call(b.url, "heartbeat", request)
+    assert (answer["error"], answer.get("drain")) == (None, True), answer
+    _, shown = admin(b.admin_url, f"/v1/groups/{group}")
+    assert [m["drain_requested"] for m in shown["members"]] == [True]
+
+
 def test_bad_start_up_input_is_one_line_that_names_it(pg_url: str, postgres_server: Any
                                                       ) -> None:
     def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

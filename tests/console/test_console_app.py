@@ -379,6 +379,39 @@ async def test_a_viewer_sees_the_groups_but_cannot_reset(auth_console: Console) 
     assert "Preview reset" in await c.page("/console/groups/orders-eu", headers=admin)
 
 
+async def test_only_an_admin_gets_drain_buttons_on_the_page_and_live(
+        auth_console: Console) -> None:
+    """The members' Drain buttons (v1.2) are an admin's: not in a viewer's page nor
+    in its live updates, and a viewer's drain is refused; an admin's is done and
+    the page then says the member is asked."""
+    c = auth_console
+    ids = await c.stable("orders-eu", {"a": {"orders": [0]}})
+    viewer = {"Cookie": f"{COOKIE}={_cookie(await _login(c, VIEWER))}"}
+    admin = {"Cookie": f"{COOKIE}={_cookie(await _login(c, OPS))}"}
+    assert 'class="drain"' not in await c.page("/console/groups/orders-eu", headers=viewer)
+    assert 'class="drain"' in await c.page("/console/groups/orders-eu", headers=admin)
+    for headers, shown in ((viewer, False), (admin, True)):
+        stream = await c.client.get("/console/events?page=group&group=orders-eu",
+                                    headers=headers)
+        got = await _events(stream, lambda e: any(m["id"] == "live-members" for _, m in e),
+                            5.0)
+        html = next(m["html"] for _, m in got if m["id"] == "live-members")
+        assert ('class="drain"' in html) is shown
+        stream.close()
+    path = f"/console/groups/orders-eu/members/{ids['a']}/drain"
+    refused = await c.client.post(path, headers=viewer)
+    assert refused.status == 403
+    assert "draining a member needs the admin role" in await refused.text()
+    view = c.runtime.core.describe_group("orders-eu")
+    assert view is not None and view.members[0].drain_requested_ms is None
+    done = await c.client.post(path, headers=admin, allow_redirects=False)
+    assert (done.status, done.headers["Location"]) == (303, "/console/groups/orders-eu")
+    page = await c.page("/console/groups/orders-eu", headers=admin)
+    assert "drain requested" in _text(page) and 'class="drain"' not in page
+    gone = await c.client.post("/console/groups/orders-eu/members/ghost/drain", headers=admin)
+    assert gone.status == 404 and "no member &#39;ghost&#39;" in await gone.text()
+
+
 async def test_a_form_from_another_site_is_refused(auth_console: Console) -> None:
     resp = await auth_console.client.post(
         "/console/login", data={"token": OPS}, allow_redirects=False,

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -370,3 +371,59 @@ def test_the_catalog_shows_weights_and_zones_and_follows_a_change(
     page.locator("table.catalog", has_text="default eu-1b").wait_for()
     assert _rows(page, "table.catalog") == [
         "orders\t8\tdefault 1, 2 overrides, load 58.5\tdefault eu-1b"]
+
+
+def test_the_drain_button_asks_first_then_the_member_shows_as_asked(
+        start_server: StartServer, browser: Browser, members: dict[str, Any],
+        tmp_path: Path) -> None:
+    """Two member processes of a "resources" group (the balanced assignor): an
+    operator clicks a member's Drain button. Declining the confirmation sends
+    nothing; accepting it sends the drain request, and the page then shows the
+    member as drain requested, as GET /v1/groups/{id} does."""
+    server = start_server()
+    _put_resource(server, "orders", 4)
+    for name in ("worker-1", "worker-2"):
+        members[name] = subprocess.Popen(
+            [sys.executable, MEMBER_PROC, server.url, name, str(tmp_path / f"{name}.jsonl"),
+             "--group", GROUP, "--sets", "orders", "--assignor", "balanced",
+             "--session-ms", str(SESSION_MS), "--heartbeat-ms", "300"],
+            stderr=subprocess.DEVNULL)
+
+    def shown() -> dict[str, bool]:
+        group = _request(server, "GET", f"/v1/groups/{GROUP}")
+        return {m["client_id"]: m["drain_requested"] for m in group["members"]}
+
+    def formed() -> bool:
+        try:
+            return len(shown()) == 2
+        except urllib.error.HTTPError:
+            return False  # not created yet
+
+    assert wait_until(formed, 15)
+    page = browser.page
+    page.goto(f"{server.admin_url}/console/groups/{GROUP}")
+    rows = page.locator("table.members tbody tr")
+    assert wait_until(lambda: rows.count() == 2, 15)
+    row = rows.filter(has_text="worker-2")
+    asked: list[str] = []
+
+    # Declined: nothing is asked.
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    row.locator("form.drain button").click()
+    assert wait_until(lambda: len(asked) == 1, 5)
+    assert asked[0].startswith("Drain member worker-2?"), asked
+    time.sleep(0.5)
+    assert shown() == {"worker-1": False, "worker-2": False}
+    assert row.locator("form.drain button").count() == 1
+
+    # Accepted: the request is sent and the page comes back showing it.
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.locator("form.drain button").click()
+    page.wait_for_url(f"**/console/groups/{GROUP}")
+    row = page.locator("table.members tbody tr", has_text="worker-2")
+    row.locator(".tag", has_text="drain requested").wait_for()
+    assert row.locator("form.drain").count() == 0
+    other = page.locator("table.members tbody tr", has_text="worker-1")
+    assert other.locator("form.drain button").count() == 1
+    assert shown() == {"worker-1": False, "worker-2": True}
+    browser.screenshot(tmp_path, "console-drain-requested.png", docs=False)

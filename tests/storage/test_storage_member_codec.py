@@ -5,7 +5,7 @@ each member's fields by hand, commit f447fa4)."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import pytest
 
@@ -49,6 +49,23 @@ GOLDEN_WITH_INCARNATION = bytes.fromhex(
     "e09192a572616e6765c40178c400c0a437376161")
 
 
+#: v1.2: an operator's drain request (``drain_requested_ms``) is the last
+#: trailing field, written only while set. Bytes pinned when the field was added.
+MEMBER_ASKED_TO_DRAIN = MemberRecord("s-5", "inst5", "c5", "h", 6_000, 300_000,
+                                     (("balanced", b"x"),), b"", None, None, None,
+                                     1_700_000_000_456)
+GOLDEN_ASKED_TO_DRAIN = bytes.fromhex(
+    "919ca3732d35a5696e737435a26335a168cd1770ce000493e09192a862616c616e636564c40178c400"
+    "c0c0c0cf0000018bcfe569c8")
+
+
+def test_a_drain_request_is_the_last_trailing_field_written_only_while_set() -> None:
+    assert encode_members([MEMBER_ASKED_TO_DRAIN]) == GOLDEN_ASKED_TO_DRAIN
+    assert decode_members(GOLDEN_ASKED_TO_DRAIN) == (MEMBER_ASKED_TO_DRAIN,)
+    # Rows written before it existed load without a request.
+    assert all(m.drain_requested_ms is None for m in decode_members(GOLDEN_WITH_INCARNATION))
+
+
 def test_members_encode_to_the_bytes_written_before() -> None:
     assert encode_members(MEMBERS) == GOLDEN
     assert decode_members(GOLDEN) == MEMBERS
@@ -76,10 +93,10 @@ def test_a_row_without_the_owner_field_loads_with_none() -> None:
 
 
 def test_a_row_is_the_record_fields_in_order() -> None:
-    (row,) = decode(encode_members(MEMBERS_WITH_INCARNATION[:1]))
+    record = replace(MEMBERS_WITH_INCARNATION[0], drain_requested_ms=1_700_000_000_456)
+    (row,) = decode(encode_members([record]))
     names = [f.name for f in fields(MemberRecord)]
     assert len(row) == len(names)
-    record = MEMBERS_WITH_INCARNATION[0]
     for name, value in zip(names, row, strict=True):
         expected = getattr(record, name)
         if name == "protocols":
@@ -94,6 +111,7 @@ def test_a_row_is_the_record_fields_in_order() -> None:
     (6, [], "member 0 ('m-1'): protocols: expected a non-empty array, got []"),
     (9, 5, "member 0 ('m-1'): incarnation: expected str or null, got 5"),
     (10, "1", "member 0 ('m-1'): incarnation_ms: expected int or null, got '1'"),
+    (11, True, "member 0 ('m-1'): drain_requested_ms: expected int or null, got True"),
 ])
 def test_each_field_is_checked_against_its_type(at: int, value: object, message: str) -> None:
     row = decode(encode_members(MEMBERS[:1]))
@@ -105,7 +123,7 @@ def test_each_field_is_checked_against_its_type(at: int, value: object, message:
 
 
 def test_a_row_of_the_wrong_length_names_both_lengths() -> None:
-    with pytest.raises(BadValue, match="expected an array of 8 to 11 fields"):
+    with pytest.raises(BadValue, match="expected an array of 8 to 12 fields"):
         decode_members(encode([["m", None, "c"]]))
 
 

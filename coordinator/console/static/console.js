@@ -2,6 +2,15 @@
 // The server re-renders each live fragment and sends it only when it changed;
 // this swaps it in and keeps the keyboard focus where it was.
 "use strict";
+// A form that changes something asks first (data-confirm: a member's Drain button).
+// Listened to on the document: live updates replace the forms themselves.
+document.addEventListener("submit", function (event) {
+  var form = event.target;
+  var question = form && form.getAttribute ? form.getAttribute("data-confirm") : null;
+  if (question && !window.confirm(question)) {
+    event.preventDefault();
+  }
+});
 (function () {
   var url = document.body.getAttribute("data-live-url");
   var status = document.getElementById("live-status");
