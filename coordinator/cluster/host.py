@@ -281,6 +281,8 @@ class PartitionHost:
         self.max_parked_per_token = max_parked_per_token
         #: True once registered and the first round ran; False from stop on.
         self.ready = False
+        #: True from stop on: the loop ends.
+        self._stopping = False
         self._wake = asyncio.Event()
         #: the load, then the watch of the runtime's failure, of each owned
         #: (partition, epoch).
@@ -369,18 +371,19 @@ class PartitionHost:
     async def run(self) -> None:
         """The lease loop, until :meth:`stop`."""
         self._runner = asyncio.current_task()
-        while not self.machine.stopping:
+        while not self._stopping:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(),
                                        max(0.0, self._next_round - time.monotonic()))
-            if self.machine.stopping:
+            if self._stopping:
                 break
             await self._round()
 
     async def stop(self) -> None:
         """SIGTERM: hand every partition off (writes finished, then the lease
         released), then leave the list of coordinators."""
+        self._stopping = True
         self.ready = False
         self.metrics.ready.set(0)
         self._wake.set()
