@@ -22,20 +22,22 @@ and the members' router (several coordinators: docs/operations.md,
     (``idle_in_transaction_session_timeout``), and its ``COMMIT`` then fails.
 
 :class:`SimNode`
-    ``coordinator/cluster/host.py``'s ``PartitionHost``, as events: every
-    ``lease_ms / 5`` of its own drifting clock (and when a lease of a dead
-    owner runs out) a round renews its leases (noting ``sent_at`` first; the
-    owner's rule is the real :class:`~coordinator.storage.leases.LocalLease`),
-    refreshes its row, reads the live coordinators and the leases, and moves
-    towards its share with the real :func:`~coordinator.storage.leases.balance`
-    (acquire, then load: ``COORDINATOR_LOAD_IN_PROGRESS`` meanwhile; hand off:
-    the runtime finishes its writes, then the lease is released). A partition
-    is one :class:`~sim.server.SimCoordinator` (the real core behind the
-    runtime's rules), restored from the database's records at every load, as
-    the real ``Runtime`` is from ``load_partition``. Every call checks the
-    partition's lease by the coordinator's clock (``route``); an expiry timer
-    drops a partition the moment its lease may have run out; a write refused
-    (fenced, timed out) drops it.
+    one coordinator process: the simulator's driver of the production
+    :class:`~coordinator.cluster.host_machine.HostMachine`, as
+    ``PartitionHost`` is its asyncio driver. Every decision is the machine's
+    (when to renew, what to acquire and hand off with the real ``balance``,
+    when a partition is dropped, what ``route`` and ``find_coordinator``
+    answer); the node runs the machine's statements at the simulated database
+    (each after its latencies, cut off with the coordinator, with the
+    ``lease_ms / 2`` timeout of the lease connection, a load or catalog read
+    with 30 s), loads a partition into a fresh
+    :class:`~sim.server.SimCoordinator` (the real core and runtime machine)
+    restored from the database's records as the real ``Runtime`` is from
+    ``load_partition``, stops or abandons it as the machine says, keeps the
+    expiry timer and the next round on its own drifting clock, and feeds every
+    outcome back. Its own are the process's life: crash (the machine's memory
+    goes with it), pause (events wait for the resume), a start that fails
+    (the process exits and is started again a lease later).
 
 :class:`SimRouter`
     a member's ``CoordinatorRouter``: its choices are the real
@@ -48,8 +50,9 @@ and the members' router (several coordinators: docs/operations.md,
     call that timed out gives its coordinator up, and finding another fails
     the calls still waiting on the old one.
 
-Simplifications (docs/reliability.md): one statement per round reads
-everything the real round reads with three (renew first, at one instant);
+Simplifications (docs/reliability.md): the machine's read of the cluster
+(heartbeat, live coordinators, leases: three statements in production) is
+one statement; loads run side by side (the real reader runs one at a time);
 each partition writes on its own (no group commit across partitions); the
 catalog is changed at the database and adopted by each coordinator at its
 next round (by the one it went through at once).
