@@ -38,32 +38,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.cluster.host_effects import (
-    Acquire,
-    Adopt,
-    ArmExpiry,
-    Deregister,
-    DisarmExpiry,
-    Discard,
-    Drop,
-    FreeDropped,
-    HandOff,
-    Load,
-    NextRound,
-    NotAcquired,
-    ReadCatalog,
-    ReadCluster,
-    Register,
-    Release,
-    Renew,
-    RoundAcquired,
-    RoundFailed,
-    Serve,
-    SharedOut,
-    StartFailed,
-    Step,
-    Stopped,
-)
+from coordinator.cluster import host_effects as hx
 from coordinator.cluster.host_machine import TICKS_PER_LEASE, HostMachine, Partition
 from coordinator.core.records import Record, Snapshot
 from coordinator.metrics import Metrics
@@ -419,33 +394,33 @@ class PartitionHost:
             else:
                 self.machine.done(time.monotonic(), step, answer)
 
-    async def _run(self, step: Step) -> Any:
+    async def _run(self, step: hx.Step) -> Any:
         """One step: a statement on the lease connection or the reader, or a hand-off."""
         leases = self.leases
-        if isinstance(step, Renew):
+        if isinstance(step, hx.Renew):
             return await leases.renew(dict(step.held), self.lease_ms)
-        if isinstance(step, ReadCluster):
+        if isinstance(step, hx.ReadCluster):
             await leases.heartbeat()
             coordinators = await leases.live_coordinators(step.live_window_ms)
             return coordinators, await leases.leases()
-        if isinstance(step, Acquire):
+        if isinstance(step, hx.Acquire):
             return await leases.acquire(step.partition, step.lease_ms)
-        if isinstance(step, HandOff):
+        if isinstance(step, hx.HandOff):
             if step.runtime is not None:
                 await step.runtime.stop(ErrorCode.NOT_COORDINATOR)
             self._cancel_tasks(step.partition, step.epoch)
             log.debug("partition %d: handed off (epoch %d)", step.partition, step.epoch)
             return None
-        if isinstance(step, Release):
+        if isinstance(step, hx.Release):
             return await leases.release(step.partition, step.epoch)
-        if isinstance(step, ReadCatalog):
+        if isinstance(step, hx.ReadCatalog):
             since = step.since
             if since is None:
                 return await self.read(lambda store: store.catalog_state())
             return await self.read(lambda store: store.catalog_since(since))
-        if isinstance(step, Register):
+        if isinstance(step, hx.Register):
             return await leases.register()
-        if isinstance(step, Deregister):
+        if isinstance(step, hx.Deregister):
             return await leases.deregister()
         raise TypeError(f"unknown step {step!r}")
 
@@ -453,54 +428,54 @@ class PartitionHost:
         """The machine's effects other than its steps, at once."""
         for effect in self.machine.take():
             match effect:
-                case Load(partition=number, epoch=epoch):
+                case hx.Load(partition=number, epoch=epoch):
                     self._tasks[number, epoch] = [asyncio.get_running_loop().create_task(
                         self._load(number, epoch))]
-                case Serve(partition=number, epoch=epoch, runtime=runtime,
+                case hx.Serve(partition=number, epoch=epoch, runtime=runtime,
                            adoption=adoption):
                     runtime.submit(adoption)
                     self._tasks.setdefault((number, epoch), []).append(
                         asyncio.get_running_loop().create_task(
                             self._watch(number, runtime)))
                     log.debug("partition %d: serving (epoch %d)", number, epoch)
-                case Discard(runtime=runtime):
+                case hx.Discard(runtime=runtime):
                     self._spawn(runtime.stop(ErrorCode.NOT_COORDINATOR))
-                case Drop(partition=number, epoch=epoch, runtime=runtime, why=why):
+                case hx.Drop(partition=number, epoch=epoch, runtime=runtime, why=why):
                     if runtime is not None:
                         runtime.abandon()
                     self._cancel_tasks(number, epoch)
                     log.warning("partition %d: dropped (epoch %d): %s", number, epoch, why)
-                case FreeDropped(partition=number, epoch=epoch):
+                case hx.FreeDropped(partition=number, epoch=epoch):
                     self._spawn(self._release(number, epoch))
-                case Adopt(runtimes=runtimes, command=command):
+                case hx.Adopt(runtimes=runtimes, command=command):
                     for runtime in runtimes:
                         runtime.submit(command)
-                case ArmExpiry(at=at):
+                case hx.ArmExpiry(at=at):
                     # The event loop's clock is the monotonic one the leases count on.
                     self._disarm_expiry()
                     self._expiry = asyncio.get_running_loop().call_at(at, self._expire)
-                case DisarmExpiry():
+                case hx.DisarmExpiry():
                     self._disarm_expiry()
-                case NextRound(at=at):
+                case hx.NextRound(at=at):
                     self._next_round = at
-                case RoundFailed(why=why):
+                case hx.RoundFailed(why=why):
                     # The database is unreachable: leases are not renewed and run out
                     # by the monotonic clock (route() and the stores drop them).
                     log.warning("lease round failed (partitions are kept only until "
                                 "their leases run out): %s", why)
-                case NotAcquired(partition=number, why=why):
+                case hx.NotAcquired(partition=number, why=why):
                     log.info("partition %d: not acquired this round: %s", number, why)
-                case SharedOut(partitions=numbers):
+                case hx.SharedOut(partitions=numbers):
                     log.info("handed off %d partition(s) (%s) to share them with the other "
                              "coordinators", len(numbers), number_ranges(numbers))
-                case RoundAcquired(partitions=numbers, started=started):
+                case hx.RoundAcquired(partitions=numbers, started=started):
                     # One line for the round once its partitions are loaded (the first
                     # round's are in the "ready" line of the start instead).
                     if self.ready:
                         self._spawn(self._report_loaded(numbers, started))
-                case StartFailed(why=why):
+                case hx.StartFailed(why=why):
                     self._start_failure = why
-                case Stopped(handed=numbers):
+                case hx.Stopped(handed=numbers):
                     if numbers:
                         log.info("handed off %d partition(s) (%s)", len(numbers),
                                  number_ranges(numbers))

@@ -69,30 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 from client.errors import CoordinatorUnavailableError, NotCoordinatorError
 from client.transport import CATALOG_API, CatalogResponse, CoordinatorChoice, CoordinatorRouter
-from coordinator.cluster.host_effects import (
-    Acquire,
-    Adopt,
-    ArmExpiry,
-    Deregister,
-    DisarmExpiry,
-    Discard,
-    Drop,
-    FreeDropped,
-    HandOff,
-    Load,
-    NextRound,
-    NotAcquired,
-    ReadCatalog,
-    ReadCluster,
-    Register,
-    Release,
-    Renew,
-    RoundFailed,
-    Serve,
-    StartFailed,
-    Step,
-    Stopped,
-)
+from coordinator.cluster import host_effects as hx
 from coordinator.cluster.host_machine import HostMachine, Partition
 from coordinator.core.config import CoreConfig
 from coordinator.core.records import Record
@@ -583,45 +560,45 @@ class SimNode:
         machine = self.machine
         for effect in machine.take():
             match effect:
-                case Step():
+                case hx.Step():
                     self._run(effect)
-                case Load(partition=number, epoch=epoch):
+                case hx.Load(partition=number, epoch=epoch):
                     part = self.partitions[number]
                     db.submit(self, lambda number=number: db.load(number),
                               lambda records, part=part, epoch=epoch:
                               self._loaded(part, epoch, records), READ_TIMEOUT_MS)
-                case Serve(partition=number, epoch=epoch, runtime=runtime, adoption=adoption):
+                case hx.Serve(partition=number, epoch=epoch, runtime=runtime, adoption=adoption):
                     self.log(f"serving p{number} epoch {epoch} "
                              f"({len(runtime.durable)} records)")
                     runtime.start()
                     runtime.submit(adoption)
-                case Discard(runtime=runtime):
+                case hx.Discard(runtime=runtime):
                     runtime.stop(lambda: None)
-                case Drop(partition=number, epoch=epoch, runtime=runtime, why=why):
+                case hx.Drop(partition=number, epoch=epoch, runtime=runtime, why=why):
                     self.log(f"drop p{number} epoch {epoch}: {why}")
                     if runtime is not None:
                         runtime.abandon()
-                case FreeDropped(partition=number, epoch=epoch):
+                case hx.FreeDropped(partition=number, epoch=epoch):
                     db.submit(self, lambda number=number, epoch=epoch:
                               db.release(self, number, epoch),
                               lambda _: None, self._statement_timeout())
-                case Adopt(runtimes=runtimes, command=command):
+                case hx.Adopt(runtimes=runtimes, command=command):
                     for runtime in runtimes:
                         runtime.submit(command)
-                case ArmExpiry(at=at):
+                case hx.ArmExpiry(at=at):
                     self._arm_expiry(at)
-                case DisarmExpiry():
+                case hx.DisarmExpiry():
                     self._expiry_at = None
-                case NextRound(at=at):
+                case hx.NextRound(at=at):
                     self._at_local(at, self._round)
-                case RoundFailed(why=why) | NotAcquired(why=why) if self.cluster.verbose:
+                case hx.RoundFailed(why=why) | hx.NotAcquired(why=why) if self.cluster.verbose:
                     self.log(f"{type(effect).__name__}: {why}")
-                case StartFailed(why=why):
+                case hx.StartFailed(why=why):
                     # The process exits; its supervisor starts it again a lease later.
                     self.log(f"start failed: {why}")
                     self._exit()
                     self.sim.after(self.lease_ms, self.start)
-                case Stopped():
+                case hx.Stopped():
                     self.log("stopped")
                     then, self._then = self._then, None
                     self._exit()  # the process exits: nothing of it remains
@@ -630,27 +607,27 @@ class SimNode:
                 case _:
                     pass  # a log line of production's (SharedOut, RoundAcquired), Started
 
-    def _run(self, step: Step) -> None:
+    def _run(self, step: hx.Step) -> None:
         """A step of the machine: a statement at the database, or a hand-off."""
         db = self.db
         timeout = self._statement_timeout()
         run: Callable[[], Any]
         match step:
-            case Renew(held=held):
+            case hx.Renew(held=held):
                 run = lambda: db.renew(self, dict(held), self.lease_ms)  # noqa: E731
-            case ReadCluster(live_window_ms=window):
+            case hx.ReadCluster(live_window_ms=window):
                 run = lambda: db.read_cluster(self, window)  # noqa: E731
-            case Acquire(partition=number, lease_ms=lease_ms):
+            case hx.Acquire(partition=number, lease_ms=lease_ms):
                 run = lambda: db.acquire(self, number, lease_ms)  # noqa: E731
-            case Release(partition=number, epoch=epoch):
+            case hx.Release(partition=number, epoch=epoch):
                 run = lambda: db.release(self, number, epoch)  # noqa: E731
-            case ReadCatalog(since=since):
+            case hx.ReadCatalog(since=since):
                 run, timeout = (lambda: db.catalog_state(since)), READ_TIMEOUT_MS
-            case Register():
+            case hx.Register():
                 run = lambda: db.register(self)  # noqa: E731
-            case Deregister():
+            case hx.Deregister():
                 run = lambda: db.deregister(self)  # noqa: E731
-            case HandOff(partition=number, epoch=epoch, runtime=runtime):
+            case hx.HandOff(partition=number, epoch=epoch, runtime=runtime):
                 self.log(f"hand-off p{number} epoch {epoch}")
                 finished = lambda: self.at(self.sim.now, self._step_done,  # noqa: E731
                                            (step, None))
@@ -663,7 +640,7 @@ class SimNode:
                 raise TypeError(f"unknown step {step!r}")
         db.submit(self, run, lambda result: self._step_done((step, result)), timeout)
 
-    def _step_done(self, arg: tuple[Step, Any]) -> None:
+    def _step_done(self, arg: tuple[hx.Step, Any]) -> None:
         step, result = arg
         if isinstance(result, StatementFailed):
             self.machine.failed(self.now(), step, str(result))
