@@ -311,10 +311,6 @@ class PartitionHost:
     def resources_epoch(self) -> int:
         return self.machine.resources_epoch
 
-    @property
-    def live_window_ms(self) -> int:
-        return self.machine.live_window_ms
-
     # ------------------------------------------------------------ reads
 
     async def read(self, fn: Callable[[PostgresStorage], Any]) -> Any:
