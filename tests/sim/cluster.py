@@ -65,6 +65,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from client.errors import CoordinatorUnavailableError, NotCoordinatorError
@@ -564,9 +565,8 @@ class SimNode:
                     self._run(effect)
                 case hx.Load(partition=number, epoch=epoch):
                     part = self.partitions[number]
-                    db.submit(self, lambda number=number: db.load(number),
-                              lambda records, part=part, epoch=epoch:
-                              self._loaded(part, epoch, records), READ_TIMEOUT_MS)
+                    db.submit(self, partial(db.load, number),
+                              partial(self._loaded, part, epoch), READ_TIMEOUT_MS)
                 case hx.Serve(partition=number, epoch=epoch, runtime=runtime, adoption=adoption):
                     self.log(f"serving p{number} epoch {epoch} "
                              f"({len(runtime.durable)} records)")
@@ -579,8 +579,7 @@ class SimNode:
                     if runtime is not None:
                         runtime.abandon()
                 case hx.FreeDropped(partition=number, epoch=epoch):
-                    db.submit(self, lambda number=number, epoch=epoch:
-                              db.release(self, number, epoch),
+                    db.submit(self, partial(db.release, self, number, epoch),
                               lambda _: None, self._statement_timeout())
                 case hx.Adopt(runtimes=runtimes, command=command):
                     for runtime in runtimes:
@@ -629,8 +628,7 @@ class SimNode:
                 run = lambda: db.deregister(self)  # noqa: E731
             case hx.HandOff(partition=number, epoch=epoch, runtime=runtime):
                 self.log(f"hand-off p{number} epoch {epoch}")
-                finished = lambda: self.at(self.sim.now, self._step_done,  # noqa: E731
-                                           (step, None))
+                finished = partial(self.at, self.sim.now, self._step_done, (step, None))
                 if runtime is not None:
                     runtime.stop(finished)
                 else:
