@@ -9,19 +9,14 @@ the partition. A partition's runtime is exactly a one-process server's,
 restored from :meth:`PostgresStorage.load_partition`: a takeover resumes
 groups as a restart does.
 
-The loop (:meth:`PartitionHost.run`), every ``lease_ms / 5`` and at the
-moment a lease it waits for runs out:
-
-1. renew every owned lease in one statement (``sent_at`` noted first: the
-   owner's own rule, :class:`~coordinator.storage.leases.LocalLease`); a
-   partition not renewed was lost: dropped at once;
-2. refresh this coordinator's row, read the live coordinators (seen within
-   ``lease_ms / 2``) and every lease;
-3. :func:`~coordinator.storage.leases.balance`: acquire free partitions up to
-   this coordinator's share (each then loads: ``COORDINATOR_LOAD_IN_PROGRESS``
-   meanwhile), hand off what others are short of (the runtime finishes its
-   writes, then the lease is released);
-4. adopt a catalog changed through another coordinator.
+Every decision -- when to renew, which partitions to acquire or hand off
+(:func:`~coordinator.storage.leases.balance`), when a partition is dropped --
+is :class:`~coordinator.cluster.host_machine.HostMachine`'s (its module docs
+give the round); :class:`PartitionHost` is its asyncio driver: it runs the
+machine's statements on PostgreSQL (:class:`~coordinator.storage.leases.Leases`,
+the reader connection), loads and stops the runtimes, keeps the expiry timer
+and the loop (:meth:`PartitionHost.run`), and feeds every outcome back. The
+simulator drives the same machine (``tests/sim/cluster.py``).
 
 Safety does not depend on the loop keeping time: :meth:`route` checks the
 partition's lease by the monotonic clock on every call and drops an expired
@@ -39,16 +34,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from coordinator.core.commands import AdoptCatalog
+from coordinator.cluster import host_effects as hx
+from coordinator.cluster.host_machine import TICKS_PER_LEASE, HostMachine, Partition
 from coordinator.core.records import Record, Snapshot
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import Clock
 from coordinator.runtime.runtime import Core, Runtime
-from coordinator.storage.leases import CoordinatorRow, LeaseRow, Leases, LocalLease, balance
+from coordinator.storage.leases import CoordinatorRow, LeaseRow, Leases
 from coordinator.storage.postgres import (
     CatalogState,
     FencedError,
@@ -73,8 +69,6 @@ def number_ranges(numbers: Sequence[int]) -> str:
             runs.append([n, n])
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
-#: the loop runs at least this many times per lease (renewals: lease / 5).
-TICKS_PER_LEASE = 5
 #: seconds a read (a partition's load, an admin read) may take; a load longer than a
 #: lease is fine (a loading partition's lease is renewed), a hung connection is not.
 READ_TIMEOUT_S = 30.0
@@ -196,29 +190,11 @@ def _fail(write: _Write, exc: BaseException) -> None:
 # ---------------------------------------------------------------- one partition
 
 
-@dataclass(slots=True, eq=False)
-class Partition:
-    """A partition this coordinator owns: its lease, and its runtime once loaded."""
-
-    number: int
-    lease: LocalLease
-    #: ``None`` while loading (calls answered ``COORDINATOR_LOAD_IN_PROGRESS``).
-    runtime: Runtime | None = None
-    #: True from the start of a hand-off or drop: no call is routed to it any more.
-    leaving: bool = False
-    #: the load, then the watch of the runtime's failure.
-    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
-
-    @property
-    def loader(self) -> asyncio.Task[Any] | None:
-        return self.tasks[0] if self.tasks else None
-
-
 class PartitionStore:
     """The storage seam of one partition's runtime: loads the partition, writes
     fenced by its epoch, and checks its lease by the monotonic clock."""
 
-    def __init__(self, host: PartitionHost, partition: Partition) -> None:
+    def __init__(self, host: PartitionHost, partition: Partition[Runtime]) -> None:
         self._host = host
         self._partition = partition
 
@@ -252,7 +228,9 @@ class PartitionStore:
 
 
 class PartitionHost:
-    """This coordinator's partitions: the lease loop, and routing by partition."""
+    """This coordinator's partitions: the asyncio driver of a :class:`HostMachine`
+    (every decision is the machine's; this runs its statements on PostgreSQL, its
+    loads, hand-offs and timers, and feeds their outcomes back)."""
 
     def __init__(self, *, writer_store: PostgresStorage, reader_store: PostgresStorage,
                  leases: Leases, lease_ms: int, make_core: Callable[[], Core],
@@ -266,38 +244,72 @@ class PartitionHost:
         self.leases = leases
         # A renewal answered after the lease is useless: give up on a statement sooner.
         leases.timeout_s = max(0.5, lease_ms / 1000 / 2)
+        self.machine: HostMachine[Runtime] = HostMachine(
+            leases.coordinator_id, leases.advertised_url, leases.partitions, lease_ms)
         self.partition_count = leases.partitions
         self.coordinator_id = leases.coordinator_id
-        self.url = leases.advertised_url
         self.lease_ms = lease_ms
-        #: a coordinator is live while seen within this (it is seen every round, a
-        #: fifth of a lease): half a lease, so a dead one stops counting before its
-        #: leases run out, and the survivors' shares already include its partitions
-        #: when they become free (a failover costs the lease, not a lease and a round).
-        self.live_window_ms = lease_ms // 2
         self._make_core = make_core
         self.clock = clock
         self.metrics = metrics
         self.max_parked_requests = max_parked_requests
         self.max_parked_per_token = max_parked_per_token
-        #: owned partitions (loading, serving or leaving).
-        self.partitions: dict[int, Partition] = {}
-        #: every lease as last read, and the live coordinators.
-        self.lease_rows: dict[int, LeaseRow] = {}
-        self.coordinators: list[CoordinatorRow] = []
-        self.catalog: dict[str, int] = {}
-        #: the weights and zones of the catalog's sets that have them.
-        self.placement: dict[str, Placement] = {}
-        self.resources_epoch = 0
         #: True once registered and the first round ran; False from stop on.
         self.ready = False
+        #: True from stop on: the loop ends.
         self._stopping = False
         self._wake = asyncio.Event()
-        #: releases after a drop, kept referenced until done.
-        self._background: set[asyncio.Task[None]] = set()
+        #: the load, then the watch of the runtime's failure, of each owned
+        #: (partition, epoch).
+        self._tasks: dict[tuple[int, int], list[asyncio.Task[Any]]] = {}
+        #: releases after a drop, stops of discarded runtimes, load reports: kept
+        #: referenced until done.
+        self._background: set[asyncio.Task[Any]] = set()
         self._runner: asyncio.Task[Any] | None = None
         #: fires when the earliest owned lease runs out, whatever the loop is doing.
         self._expiry: asyncio.TimerHandle | None = None
+        #: when the machine wants its next round (monotonic seconds).
+        self._next_round = 0.0
+        self._start_failure: str | None = None
+
+    # ------------------------------------------------------------ the machine's state
+
+    @property
+    def url(self) -> str:
+        """The advertised URL (find_coordinator's answer for an owned partition)."""
+        return self.machine.url
+
+    @url.setter
+    def url(self, url: str) -> None:
+        self.machine.url = url
+
+    @property
+    def partitions(self) -> dict[int, Partition[Runtime]]:
+        """Owned partitions (loading, serving or leaving)."""
+        return self.machine.partitions
+
+    @property
+    def lease_rows(self) -> dict[int, LeaseRow]:
+        """Every lease as last read."""
+        return self.machine.lease_rows
+
+    @property
+    def coordinators(self) -> list[CoordinatorRow]:
+        """The live coordinators as last read."""
+        return self.machine.coordinators
+
+    @property
+    def catalog(self) -> dict[str, int]:
+        return self.machine.catalog
+
+    @property
+    def placement(self) -> dict[str, Placement]:
+        """The weights and zones of the catalog's sets that have them."""
+        return self.machine.placement
+
+    @property
+    def resources_epoch(self) -> int:
+        return self.machine.resources_epoch
 
     # ------------------------------------------------------------ reads
 
@@ -317,36 +329,27 @@ class PartitionHost:
     async def start(self) -> None:
         """Register, read the catalog and run the first round (acquiring this
         coordinator's share of what is free)."""
-        await self.leases.register()
-        state: CatalogState = await self.read(lambda store: store.catalog_state())
-        self.catalog, self.placement, self.resources_epoch = state
-        await self._round()
+        self.machine.start(time.monotonic())
+        await self._drive()
+        if self._start_failure is not None:
+            raise StorageError(self._start_failure)
         # Ready once the first share is loaded (a restarted coordinator serves its
         # groups from the first answer on).
-        loading = [p.loader for p in self.partitions.values() if p.loader is not None]
-        await asyncio.gather(*loading, return_exceptions=True)
+        await asyncio.gather(*self._loaders(self.partitions), return_exceptions=True)
         self.ready = True
         self.metrics.ready.set(1)
 
     async def run(self) -> None:
         """The lease loop, until :meth:`stop`."""
         self._runner = asyncio.current_task()
-        tick = self.lease_ms / TICKS_PER_LEASE / 1000
         while not self._stopping:
-            delay = min(tick, self._next_expiry_wait())
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+                await asyncio.wait_for(self._wake.wait(),
+                                       max(0.0, self._next_round - time.monotonic()))
             if self._stopping:
                 break
-            try:
-                await self._round()
-            except StorageError as exc:
-                # The database is unreachable: leases are not renewed and run out by
-                # the monotonic clock (route() and the stores drop them); keep trying.
-                log.warning("lease round failed (partitions are kept only until their "
-                            "leases run out): %s", exc)
-            self._expire(time.monotonic())
+            await self._round()
 
     async def stop(self) -> None:
         """SIGTERM: hand every partition off (writes finished, then the lease
@@ -355,8 +358,6 @@ class PartitionHost:
         self.ready = False
         self.metrics.ready.set(0)
         self._wake.set()
-        if self._expiry is not None:
-            self._expiry.cancel()
         # The loop may be in the middle of a round (acquiring, say): end it first, so
         # that every partition it could still take is in the list handed off below.
         runner = self._runner
@@ -364,74 +365,187 @@ class PartitionHost:
             runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await runner
-        handed = sorted(self.partitions)
-        for number in handed:
-            await self._hand_off(number)
-        if handed:
-            log.info("handed off %d partition(s) (%s)", len(handed), number_ranges(handed))
-        with contextlib.suppress(StorageError):
-            await self.leases.deregister()
-
-    def _next_expiry_wait(self) -> float:
-        """Seconds until a lease this coordinator waits for may be taken: one held by a
-        coordinator that is no longer live (its owner died), a little after it runs
-        out, so a failover is not late by up to a tick."""
-        live = {c.id for c in self.coordinators} | {self.coordinator_id}
-        waits = [row.expires_in_ms / 1000 + 0.02 for row in self.lease_rows.values()
-                 if row.held and row.owner_id not in live]
-        return max(0.0, min(waits)) if waits else float("inf")
-
-    # ------------------------------------------------------------ one round
+        self.machine.stop(time.monotonic())
+        await self._drive()
 
     async def _round(self) -> None:
-        await self._renew()
-        await self.leases.heartbeat()
-        self.coordinators = await self.leases.live_coordinators(self.live_window_ms)
-        rows = await self.leases.leases()
-        self.lease_rows = {row.partition: row for row in rows}
-        # A lease the database still gives this coordinator for a partition it dropped
-        # is not its share: it is being released (or runs out) and then acquired again.
-        owners = {row.partition: str(row.owner_id) for row in rows
-                  if row.held and row.owner_id is not None
-                  and (row.owner_id != self.coordinator_id or row.partition in self.partitions)}
-        if self._stopping:
-            return
-        plan = balance(self.coordinator_id, [c.id for c in self.coordinators], owners,
-                       self.partition_count)
-        handed = []
-        for number in plan.release:
-            if number in self.partitions and self.partitions[number].runtime is not None:
-                await self._hand_off(number)
-                handed.append(number)
-        if handed:
-            log.info("handed off %d partition(s) (%s) to share them with the other "
-                     "coordinators", len(handed), number_ranges(handed))
-        started = time.monotonic()
-        acquired = []
-        for number in plan.acquire:
-            try:
-                if await self._acquire(number):
-                    acquired.append(number)
-            except StorageError as exc:
-                # Held up (a lock of a paused coordinator's write) or failed: the
-                # next round tries again; the others are still worth trying now.
-                log.info("partition %d: not acquired this round: %s", number, exc)
-        if acquired and self.ready:
-            # One line for the round once its partitions are loaded (the first
-            # round's are in the "ready" line of the start instead).
-            task = asyncio.get_running_loop().create_task(self._report_loaded(acquired, started))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-        await self._adopt_catalog()
+        """One round of the lease loop (the machine's module docs)."""
+        self.machine.begin_round(time.monotonic())
+        await self._drive()
 
-    async def _report_loaded(self, numbers: list[int], started: float) -> None:
-        """One INFO line once the partitions a round acquired are loaded."""
+    # ------------------------------------------------------------ carrying effects out
+
+    async def _drive(self) -> None:
+        """Carry out the machine's effects, running its steps one after the other
+        until none is outstanding (the sequence is over)."""
+        while True:
+            self._perform()
+            step = self.machine.step
+            if step is None:
+                return
+            try:
+                answer = await self._run(step)
+            except StorageError as exc:
+                self.machine.failed(time.monotonic(), step, str(exc))
+            else:
+                self.machine.done(time.monotonic(), step, answer)
+
+    async def _run(self, step: hx.Step) -> Any:
+        """One step: a statement on the lease connection or the reader, or a hand-off."""
+        leases = self.leases
+        if isinstance(step, hx.Renew):
+            return await leases.renew(dict(step.held), self.lease_ms)
+        if isinstance(step, hx.ReadCluster):
+            await leases.heartbeat()
+            coordinators = await leases.live_coordinators(step.live_window_ms)
+            return coordinators, await leases.leases()
+        if isinstance(step, hx.Acquire):
+            return await leases.acquire(step.partition, step.lease_ms)
+        if isinstance(step, hx.HandOff):
+            if step.runtime is not None:
+                await step.runtime.stop(ErrorCode.NOT_COORDINATOR)
+            self._cancel_tasks(step.partition, step.epoch)
+            log.debug("partition %d: handed off (epoch %d)", step.partition, step.epoch)
+            return None
+        if isinstance(step, hx.Release):
+            return await leases.release(step.partition, step.epoch)
+        if isinstance(step, hx.ReadCatalog):
+            since = step.since
+            if since is None:
+                return await self.read(lambda store: store.catalog_state())
+            return await self.read(lambda store: store.catalog_since(since))
+        if isinstance(step, hx.Register):
+            return await leases.register()
+        if isinstance(step, hx.Deregister):
+            return await leases.deregister()
+        raise TypeError(f"unknown step {step!r}")
+
+    def _perform(self) -> None:
+        """The machine's effects other than its steps, at once."""
+        for effect in self.machine.take():
+            match effect:
+                case hx.Load(partition=number, epoch=epoch):
+                    self._tasks[number, epoch] = [asyncio.get_running_loop().create_task(
+                        self._load(number, epoch))]
+                case hx.Serve(partition=number, epoch=epoch, runtime=runtime,
+                           adoption=adoption):
+                    runtime.submit(adoption)
+                    self._tasks.setdefault((number, epoch), []).append(
+                        asyncio.get_running_loop().create_task(
+                            self._watch(number, runtime)))
+                    log.debug("partition %d: serving (epoch %d)", number, epoch)
+                case hx.Discard(runtime=runtime):
+                    self._spawn(runtime.stop(ErrorCode.NOT_COORDINATOR))
+                case hx.Drop(partition=number, epoch=epoch, runtime=runtime, why=why):
+                    if runtime is not None:
+                        runtime.abandon()
+                    self._cancel_tasks(number, epoch)
+                    log.warning("partition %d: dropped (epoch %d): %s", number, epoch, why)
+                case hx.FreeDropped(partition=number, epoch=epoch):
+                    self._spawn(self._release(number, epoch))
+                case hx.Adopt(runtimes=runtimes, command=command):
+                    for runtime in runtimes:
+                        runtime.submit(command)
+                case hx.ArmExpiry(at=at):
+                    # The event loop's clock is the monotonic one the leases count on.
+                    self._disarm_expiry()
+                    self._expiry = asyncio.get_running_loop().call_at(at, self._expire)
+                case hx.DisarmExpiry():
+                    self._disarm_expiry()
+                case hx.NextRound(at=at):
+                    self._next_round = at
+                case hx.RoundFailed(why=why):
+                    # The database is unreachable: leases are not renewed and run out
+                    # by the monotonic clock (route() and the stores drop them).
+                    log.warning("lease round failed (partitions are kept only until "
+                                "their leases run out): %s", why)
+                case hx.NotAcquired(partition=number, why=why):
+                    log.info("partition %d: not acquired this round: %s", number, why)
+                case hx.SharedOut(partitions=numbers):
+                    log.info("handed off %d partition(s) (%s) to share them with the other "
+                             "coordinators", len(numbers), number_ranges(numbers))
+                case hx.RoundAcquired(partitions=numbers, started=started):
+                    # One line for the round once its partitions are loaded (the first
+                    # round's are in the "ready" line of the start instead).
+                    if self.ready:
+                        self._spawn(self._report_loaded(numbers, started))
+                case hx.StartFailed(why=why):
+                    self._start_failure = why
+                case hx.Stopped(handed=numbers):
+                    if numbers:
+                        log.info("handed off %d partition(s) (%s)", len(numbers),
+                                 number_ranges(numbers))
+                case _:
+                    pass  # a step (run by _drive), Started
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _cancel_tasks(self, number: int, epoch: int) -> None:
+        current = asyncio.current_task()
+        for task in self._tasks.pop((number, epoch), []):
+            if task is not current:
+                task.cancel()
+
+    def _loaders(self, numbers: Iterable[int]) -> list[asyncio.Task[Any]]:
         loaders = []
         for number in numbers:
             partition = self.partitions.get(number)
-            if partition is not None and partition.loader is not None:
-                loaders.append(partition.loader)
-        await asyncio.gather(*loaders, return_exceptions=True)
+            tasks = (self._tasks.get((number, partition.lease.epoch))
+                     if partition is not None else None)
+            if tasks:
+                loaders.append(tasks[0])
+        return loaders
+
+    def _disarm_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+
+    def _expire(self) -> None:
+        self._expiry = None
+        self.machine.expire(time.monotonic())
+        self._perform()
+
+    def _drop(self, number: int, why: str) -> None:
+        """Stop serving a partition at once (its lease freed in the background)."""
+        self.machine.drop(number, why)
+        self._perform()
+
+    async def _load(self, number: int, epoch: int) -> None:
+        partition = self.partitions.get(number)
+        assert partition is not None and partition.lease.epoch == epoch
+        runtime = Runtime(self._make_core(), PartitionStore(self, partition), self.clock,
+                          self.metrics, max_parked_requests=self.max_parked_requests,
+                          max_parked_per_token=self.max_parked_per_token,
+                          partition=number)
+        try:
+            await runtime.start()
+        except Exception as exc:
+            log.error("partition %d: load failed, releasing it: %s", number, exc)
+            self.machine.load_failed(time.monotonic(), number, epoch)
+        else:
+            self.machine.loaded(time.monotonic(), number, epoch, runtime)
+        self._perform()
+
+    async def _watch(self, number: int, runtime: Runtime) -> None:
+        """A failed write or check of the partition's runtime drops the partition."""
+        await runtime.failed.wait()
+        self.machine.runtime_failed(time.monotonic(), number, runtime,
+                                    "a write or check failed (see above)")
+        self._perform()
+
+    async def _release(self, number: int, epoch: int) -> None:
+        """Free the lease if the database still has it at this epoch (a no-op once
+        another coordinator took it: the statement checks owner and epoch)."""
+        with contextlib.suppress(StorageError):
+            await self.leases.release(number, epoch)
+
+    async def _report_loaded(self, numbers: Sequence[int], started: float) -> None:
+        """One INFO line once the partitions a round acquired are loaded."""
+        await asyncio.gather(*self._loaders(numbers), return_exceptions=True)
         serving, groups = [], 0
         for number in numbers:
             partition = self.partitions.get(number)
@@ -441,157 +555,12 @@ class PartitionHost:
         log.info("acquired %d partition(s) (%s): %d group(s) loaded in %.0f ms", len(serving),
                  number_ranges(serving) or "none", groups, (time.monotonic() - started) * 1000)
 
-    async def _renew(self) -> None:
-        held = {n: p.lease.epoch for n, p in self.partitions.items() if not p.leaving}
-        if not held:
-            return
-        sent_at = time.monotonic()
-        renewed = await self.leases.renew(held, self.lease_ms)
-        for number in held:
-            partition = self.partitions.get(number)
-            if partition is None or partition.leaving:
-                continue
-            if number in renewed:
-                partition.lease = partition.lease.renewed(sent_at)
-            else:
-                self._drop(number, "its lease was not renewed (another coordinator took it "
-                                   "over, or it ran out)")
-        self._arm_expiry()
-
-    async def _acquire(self, number: int) -> bool:
-        """Take partition ``number`` and start loading it; ``False`` when another
-        coordinator took it meanwhile (or this one has it already)."""
-        if number in self.partitions:
-            return False
-        sent_at = time.monotonic()
-        epoch = await self.leases.acquire(number, self.lease_ms)
-        if epoch is None:
-            return False  # taken by another coordinator meanwhile
-        partition = Partition(number, LocalLease.granted(number, epoch, self.lease_ms, sent_at))
-        self.partitions[number] = partition
-        self._arm_expiry()
-        log.debug("partition %d: acquired at epoch %d; loading", number, epoch)
-        partition.tasks.append(asyncio.get_running_loop().create_task(self._load(partition)))
-        return True
-
-    async def _load(self, partition: Partition) -> None:
-        runtime = Runtime(self._make_core(), PartitionStore(self, partition), self.clock,
-                          self.metrics, max_parked_requests=self.max_parked_requests,
-                          max_parked_per_token=self.max_parked_per_token,
-                          partition=partition.number)
-        started = time.monotonic()
-        try:
-            await runtime.start()
-        except Exception as exc:
-            log.error("partition %d: load failed, releasing it: %s", partition.number, exc)
-            self._drop(partition.number, "its load failed")
-            if self._stopping:  # _drop releases it otherwise
-                await self._release(partition)
-            return
-        if partition.leaving or self.partitions.get(partition.number) is not partition:
-            await runtime.stop(ErrorCode.NOT_COORDINATOR)
-            return
-        runtime.submit(self._adoption())
-        partition.runtime = runtime
-        partition.tasks.append(asyncio.get_running_loop().create_task(
-            self._watch(partition, runtime)))
-        log.debug("partition %d: serving (epoch %d), loaded in %.0f ms", partition.number,
-                 partition.lease.epoch, (time.monotonic() - started) * 1000)
-
-    async def _watch(self, partition: Partition, runtime: Runtime) -> None:
-        """A failed write or check of the partition's runtime drops the partition."""
-        await runtime.failed.wait()
-        if self.partitions.get(partition.number) is partition:
-            self._drop(partition.number, "a write or check failed (see above)")
-
-    async def _hand_off(self, number: int) -> None:
-        """An orderly hand-off: stop routing calls to it, let the runtime finish its
-        writes (parked calls answered ``NOT_COORDINATOR``), then release the lease."""
-        partition = self.partitions.get(number)
-        if partition is None or partition.leaving:
-            return
-        partition.leaving = True
-        if partition.runtime is not None:
-            await partition.runtime.stop(ErrorCode.NOT_COORDINATOR)
-        self._forget(partition)
-        await self._release(partition)
-        log.debug("partition %d: handed off (epoch %d)", number, partition.lease.epoch)
-
-    async def _release(self, partition: Partition) -> None:
-        """Free the lease if the database still has it at this epoch (a no-op once
-        another coordinator took it: the statement checks owner and epoch)."""
-        with contextlib.suppress(StorageError):
-            await self.leases.release(partition.number, partition.lease.epoch)
-
-    def _drop(self, number: int, why: str) -> None:
-        """Stop serving a partition at once (lost, expired, failed); nothing waits."""
-        partition = self.partitions.get(number)
-        if partition is None:
-            return
-        partition.leaving = True
-        if partition.runtime is not None:
-            partition.runtime.abandon()
-        self._forget(partition)
-        log.warning("partition %d: dropped (epoch %d): %s", number, partition.lease.epoch, why)
-        # If the database still has the lease (a write failed while it was reachable,
-        # or came back), free it now so that it is acquired again (and reloaded) at
-        # the next round rather than after it runs out.
-        if not self._stopping:
-            task = asyncio.get_running_loop().create_task(self._release(partition))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    def _forget(self, partition: Partition) -> None:
-        if self.partitions.get(partition.number) is partition:
-            del self.partitions[partition.number]
-        current = asyncio.current_task()
-        for task in partition.tasks:
-            if task is not current:
-                task.cancel()
-
-    def _expire(self, now: float) -> None:
-        for number, partition in list(self.partitions.items()):
-            if not partition.lease.valid(now):
-                self._drop(number, "its lease ran out by this coordinator's clock")
-        self._arm_expiry()
-
-    def _arm_expiry(self) -> None:
-        """A timer at the earliest ``valid_until`` of the owned leases, so a partition
-        is dropped (its parked calls answered, its timers stopped) the moment its lease
-        may have run out, even while the loop waits on the database. The event loop's
-        clock is the monotonic one the leases are counted on."""
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
-        if self.partitions and not self._stopping:
-            earliest = min(p.lease.valid_until for p in self.partitions.values())
-            self._expiry = asyncio.get_running_loop().call_at(
-                earliest, lambda: self._expire(time.monotonic()))
-
     # ------------------------------------------------------------ catalog
-
-    async def _adopt_catalog(self) -> None:
-        # Only the epoch is read unless it moved.
-        epoch = self.resources_epoch
-        state = await self.read(lambda store: store.catalog_since(epoch))
-        if state is not None:
-            self.adopt_catalog(state)
 
     def adopt_catalog(self, state: CatalogState) -> None:
         """Take the shared catalog if newer and give it to every serving partition."""
-        if state.epoch <= self.resources_epoch:
-            return
-        self.catalog, self.placement = dict(state.catalog), dict(state.placement)
-        self.resources_epoch = state.epoch
-        command = self._adoption()
-        for partition in self.partitions.values():
-            if partition.runtime is not None:
-                partition.runtime.submit(command)
-
-    def _adoption(self) -> AdoptCatalog:
-        """The catalog held here, as the command a partition's core takes it by."""
-        return AdoptCatalog(tuple(sorted(self.catalog.items())), self.resources_epoch,
-                            tuple(sorted(self.placement.items())))
+        self.machine.adopt_catalog(state)
+        self._perform()
 
     # ------------------------------------------------------------ routing
 
@@ -605,51 +574,21 @@ class PartitionHost:
         answering as soon as its lease may have run out (docs/protocol.md,
         "Several coordinators sharing groups").
         """
-        number = self.partition_of(group_id)
-        partition = self.partitions.get(number)
-        if partition is None or partition.leaving:
-            return NotCoordinatorAnswer(ErrorCode.NOT_COORDINATOR, self._owner_url(number))
-        if not partition.lease.valid(time.monotonic()):
-            self._drop(number, "its lease ran out by this coordinator's clock")
-            return NotCoordinatorAnswer(ErrorCode.NOT_COORDINATOR, "")
-        runtime = partition.runtime
-        if runtime is None or not runtime.ready:
+        target = self.machine.route(time.monotonic(), self.partition_of(group_id))
+        self._perform()
+        if isinstance(target, Runtime) and not target.ready:
             return NotCoordinatorAnswer(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "")
-        return runtime
+        return target
 
     def serving(self) -> list[Runtime]:
         """The runtimes of the partitions served now."""
-        return [p.runtime for p in self.partitions.values()
-                if p.runtime is not None and not p.leaving and p.runtime.ready]
-
-    def _other_owner(self, number: int) -> LeaseRow | None:
-        """The partition's lease as last read, if another coordinator holds it.
-
-        Both the protocol URL (find_coordinator, ``NOT_COORDINATOR``) and the admin
-        URL (forwarded admin calls) of the owner come from this one row: whether the
-        owner is live (seen within ``live_window_ms``) does not matter, its lease
-        does (an owner whose round runs late still holds it)."""
-        row = self.lease_rows.get(number)
-        if row is None or not row.held or row.owner_id == self.coordinator_id:
-            return None
-        return row
-
-    def _owner_url(self, number: int) -> str:
-        row = self._other_owner(number)
-        return (row.owner_url or "") if row is not None else ""
+        return [runtime for runtime in self.machine.serving() if runtime.ready]
 
     def find_coordinator(self, group_id: str) -> FindCoordinatorResponse:
-        number = self.partition_of(group_id)
-        partition = self.partitions.get(number)
-        if partition is not None and not partition.leaving:
-            return FindCoordinatorResponse(None, self.url, number)
-        url = self._owner_url(number)
-        if not url:
-            return FindCoordinatorResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE, "", number)
-        return FindCoordinatorResponse(None, url, number)
+        return self.machine.find_coordinator(self.partition_of(group_id))
 
     def admin_url_of_owner(self, group_id: str) -> str | None:
         """The admin URL of the coordinator holding ``group_id``'s partition's lease,
         if another one does (where admin calls about the group are forwarded)."""
-        row = self._other_owner(self.partition_of(group_id))
+        row = self.machine.other_owner(self.partition_of(group_id))
         return row.owner_admin_url if row is not None else None

@@ -22,20 +22,22 @@ and the members' router (several coordinators: docs/operations.md,
     (``idle_in_transaction_session_timeout``), and its ``COMMIT`` then fails.
 
 :class:`SimNode`
-    ``coordinator/cluster/host.py``'s ``PartitionHost``, as events: every
-    ``lease_ms / 5`` of its own drifting clock (and when a lease of a dead
-    owner runs out) a round renews its leases (noting ``sent_at`` first; the
-    owner's rule is the real :class:`~coordinator.storage.leases.LocalLease`),
-    refreshes its row, reads the live coordinators and the leases, and moves
-    towards its share with the real :func:`~coordinator.storage.leases.balance`
-    (acquire, then load: ``COORDINATOR_LOAD_IN_PROGRESS`` meanwhile; hand off:
-    the runtime finishes its writes, then the lease is released). A partition
-    is one :class:`~sim.server.SimCoordinator` (the real core behind the
-    runtime's rules), restored from the database's records at every load, as
-    the real ``Runtime`` is from ``load_partition``. Every call checks the
-    partition's lease by the coordinator's clock (``route``); an expiry timer
-    drops a partition the moment its lease may have run out; a write refused
-    (fenced, timed out) drops it.
+    one coordinator process: the simulator's driver of the production
+    :class:`~coordinator.cluster.host_machine.HostMachine`, as
+    ``PartitionHost`` is its asyncio driver. Every decision is the machine's
+    (when to renew, what to acquire and hand off with the real ``balance``,
+    when a partition is dropped, what ``route`` and ``find_coordinator``
+    answer); the node runs the machine's statements at the simulated database
+    (each after its latencies, cut off with the coordinator, with the
+    ``lease_ms / 2`` timeout of the lease connection, a load or catalog read
+    with 30 s), loads a partition into a fresh
+    :class:`~sim.server.SimCoordinator` (the real core and runtime machine)
+    restored from the database's records as the real ``Runtime`` is from
+    ``load_partition``, stops or abandons it as the machine says, keeps the
+    expiry timer and the next round on its own drifting clock, and feeds every
+    outcome back. Its own are the process's life: crash (the machine's memory
+    goes with it), pause (events wait for the resume), a start that fails
+    (the process exits and is started again a lease later).
 
 :class:`SimRouter`
     a member's ``CoordinatorRouter``: its choices are the real
@@ -48,8 +50,9 @@ and the members' router (several coordinators: docs/operations.md,
     call that timed out gives its coordinator up, and finding another fails
     the calls still waiting on the old one.
 
-Simplifications (docs/reliability.md): one statement per round reads
-everything the real round reads with three (renew first, at one instant);
+Simplifications (docs/reliability.md): the machine's read of the cluster
+(heartbeat, live coordinators, leases: three statements in production) is
+one statement; loads run side by side (the real reader runs one at a time);
 each partition writes on its own (no group commit across partitions); the
 catalog is changed at the database and adopted by each coordinator at its
 next round (by the one it went through at once).
@@ -57,19 +60,22 @@ next round (by the one it went through at once).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from client.errors import CoordinatorUnavailableError, NotCoordinatorError
 from client.transport import CATALOG_API, CatalogResponse, CoordinatorChoice, CoordinatorRouter
-from coordinator.cluster.host import TICKS_PER_LEASE
-from coordinator.core.commands import AdoptCatalog
+from coordinator.cluster import host_effects as hx
+from coordinator.cluster.host_machine import HostMachine, Partition
 from coordinator.core.config import CoreConfig
 from coordinator.core.records import Record
-from coordinator.storage.leases import LocalLease, balance
-from coordinator.storage.postgres import partition_of
+from coordinator.storage.leases import CoordinatorRow, LeaseRow
+from coordinator.storage.postgres import CatalogState, partition_of
 from protocol.catalog import Placement
 from protocol.errors import ErrorCode
 from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer
@@ -84,8 +90,8 @@ __all__ = ["NODE_DOWN", "NODE_PAUSED", "NODE_UP", "Cluster", "SimDatabase", "Sim
            "SimRouter"]
 
 NODE_UP, NODE_PAUSED, NODE_DOWN = "up", "paused", "down"
-#: ms after a dead owner's lease runs out at which a survivor looks (host.py: 0.02 s).
-EXPIRY_MARGIN_MS = 20
+#: when every coordinator row says it started (nothing reads it).
+STARTED_AT = datetime(2026, 1, 1, tzinfo=UTC)
 #: a read (a partition's load) is given up after this (host.READ_TIMEOUT_S).
 READ_TIMEOUT_MS = 30_000
 #: how far apart the coordinators' wall clocks are at most (docs/operations.md,
@@ -102,7 +108,7 @@ class Fenced(StatementFailed):
 
 
 @dataclass(slots=True)
-class LeaseRow:
+class DbLease:
     owner: str | None = None
     url: str = ""
     epoch: int = 0
@@ -130,7 +136,7 @@ class SimDatabase:
         self.rng = rng
         self.partitions = partitions
         self.latency_ms = latency_ms
-        self.leases = {p: LeaseRow() for p in range(partitions)}
+        self.leases = {p: DbLease() for p in range(partitions)}
         #: coordinator id -> (url, last seen, global ms).
         self.seen: dict[str, tuple[str, int]] = {}
         self.records: dict[int, list[Record]] = {p: [] for p in range(partitions)}
@@ -249,22 +255,34 @@ class SimDatabase:
 
     # ------------------------------------------------------------ the statements (run at the db)
 
-    def renew_and_read(self, node: SimNode, held: dict[int, int], lease_ms: int,
-                       live_window_ms: int) -> tuple[set[int], list[str], dict[int, tuple[
-                           str | None, str, int, int]], tuple[dict[str, int], int]]:
-        now = self.sim.now
+    def register(self, node: SimNode) -> None:
+        self.seen[node.id] = (node.url, self.sim.now)
+
+    def renew(self, node: SimNode, held: dict[int, int], lease_ms: int) -> set[int]:
         renewed: set[int] = set()
         for p, epoch in held.items():
             row = self.leases[p]
             if row.epoch == epoch and row.owner == node.id:
-                row.expires_at = now + lease_ms
+                row.expires_at = self.sim.now + lease_ms
                 renewed.add(p)
-        self.seen[node.id] = (node.url, now)
-        live = sorted(cid for cid, (_, seen) in self.seen.items() if seen > now - live_window_ms)
-        rows = {p: (r.owner, r.url, r.epoch, r.expires_at - now if r.expires_at >= 0 else -1)
-                for p, r in self.leases.items()}
-        return renewed, live, rows, (dict(self.catalog), self.catalog_epoch,
-                                     dict(self.placement))
+        return renewed
+
+    def read_cluster(self, node: SimNode, live_window_ms: int
+                     ) -> tuple[list[CoordinatorRow], list[LeaseRow]]:
+        """Leases.heartbeat, live_coordinators and leases, in one statement."""
+        now = self.sim.now
+        self.register(node)
+        live = [CoordinatorRow(cid, url, STARTED_AT, now - seen)
+                for cid, (url, seen) in sorted(self.seen.items()) if seen > now - live_window_ms]
+        rows = [LeaseRow(p, r.owner, r.url or None, r.epoch,
+                         r.expires_at - now if r.expires_at >= 0 else -1, None)
+                for p, r in sorted(self.leases.items())]
+        return live, rows
+
+    def catalog_state(self, since: int | None) -> CatalogState | None:
+        if since is not None and self.catalog_epoch <= since:
+            return None
+        return CatalogState(dict(self.catalog), dict(self.placement), self.catalog_epoch)
 
     def acquire(self, node: SimNode, partition: int, lease_ms: int) -> int | None:
         if partition in self.locks:
@@ -403,19 +421,10 @@ class SimDatabase:
         self.catalog_epoch += 1
 
 
-@dataclass(slots=True, eq=False)
-class Part:
-    """A partition a coordinator owns (host.Partition)."""
-
-    number: int
-    lease: LocalLease
-    runtime: SimCoordinator | None = None
-    leaving: bool = False
-    #: the load in progress belongs to this (a drop and a new acquire start anew).
-    loads: int = 0
-
-
 class SimNode:
+    """One coordinator process: the simulator's driver of the production
+    :class:`~coordinator.cluster.host_machine.HostMachine` (see the module docs)."""
+
     def __init__(self, cluster: Cluster, index: int, clock: DriftClock) -> None:
         self.cluster = cluster
         self.sim = cluster.sim
@@ -425,37 +434,49 @@ class SimNode:
         self.url = f"http://c{index}"
         self.clock = clock
         self.lease_ms = cluster.lease_ms
-        self.live_window_ms = self.lease_ms // 2
         self.state = NODE_DOWN
         #: bumped by every crash and start: events of an older life are dropped.
         self.life = 0
         self.deferred: list[tuple[Callable[[Any], None], Any]] = []
-        self.partitions: dict[int, Part] = {}
-        self.lease_rows: dict[int, tuple[str | None, str, int, int]] = {}
-        self.live: list[str] = []
-        self.catalog: dict[str, int] = {}
-        self.resources_epoch = 0
-        self.stopping = False
-        self._round_token = 0
+        #: the process's memory: a new one at every start.
+        self.machine = self._new_machine()
         #: the global time of the armed expiry event (None: none armed).
         self._expiry_at: int | None = None
-        self._pending_catalog: tuple[dict[str, int], int, dict[str, Placement]] = ({}, 0, {})
-        self.placement: dict[str, Placement] = {}
+        #: what a graceful stop calls once the process exited.
+        self._then: Callable[[], None] | None = None
         #: a pause armed for the next write's COMMIT (its duration; 0: none).
         self.pause_mid_write = 0
+
+    def _new_machine(self) -> HostMachine[SimCoordinator]:
+        return HostMachine(self.id, self.url, self.db.partitions, self.lease_ms)
+
+    @property
+    def partitions(self) -> dict[int, Partition[SimCoordinator]]:
+        return self.machine.partitions
+
+    @property
+    def stopping(self) -> bool:
+        return self.machine.stopping
 
     # ------------------------------------------------------------ events and clock
 
     def local(self) -> int:
         return self.clock.local(self.sim.now)
 
+    def now(self) -> float:
+        """The machine's clock: this process's monotonic seconds."""
+        return self.local() / 1000
+
     def at(self, when: int, fn: Callable[[Any], None], arg: Any = None) -> None:
         """An event of this process at global ``when``: dropped if the process
         died meanwhile, kept for its resume while it is paused."""
         self.sim.at(when, self._event, (self.life, fn, arg))
 
-    def after_local(self, delay_ms: int, fn: Callable[[Any], None], arg: Any = None) -> None:
-        self.at(self.clock.global_at(self.local() + delay_ms), fn, arg)
+    def _at_local(self, seconds: float, fn: Callable[[Any], None], arg: Any = None) -> int:
+        """An event at ``seconds`` of this process's clock (not before the next ms)."""
+        when = self.clock.global_at(max(self.local() + 1, math.ceil(seconds * 1000)))
+        self.at(when, fn, arg)
+        return when
 
     def _event(self, arg: tuple[int, Callable[[Any], None], Any]) -> None:
         life, fn, inner = arg
@@ -477,14 +498,14 @@ class SimNode:
 
     # ------------------------------------------------------------ life cycle
 
-    def start(self) -> None:
+    def start(self, _: Any = None) -> None:
         if self.state != NODE_DOWN:
             return
         self.state = NODE_UP
         self.life += 1
-        self.stopping = False
         self.log(f"up (life {self.life})")
-        self._round()
+        self.machine.start(self.now())
+        self._perform()
 
     def crash(self) -> None:
         if self.state == NODE_DOWN:
@@ -501,7 +522,7 @@ class SimNode:
         for part in self.partitions.values():
             if part.runtime is not None:
                 part.runtime.crash()
-        self.partitions.clear()
+        self.machine = self._new_machine()
         self.db.process_gone(self)
 
     def pause(self) -> None:
@@ -529,145 +550,123 @@ class SimNode:
         if self.state != NODE_UP or self.stopping:
             return
         self.log("STOP")
-        self.stopping = True
-        self._round_token += 1  # the round in progress ends here
-        numbers = sorted(self.partitions)
+        self._then = then
+        self.machine.stop(self.now())
+        self._perform()
 
-        def next_one(_: Any = None) -> None:
-            if self.state == NODE_DOWN:
+    # ------------------------------------------------------------ the machine's effects
+
+    def _perform(self) -> None:
+        db = self.db
+        machine = self.machine
+        for effect in machine.take():
+            match effect:
+                case hx.Step():
+                    self._run(effect)
+                case hx.Load(partition=number, epoch=epoch):
+                    part = self.partitions[number]
+                    db.submit(self, partial(db.load, number),
+                              partial(self._loaded, part, epoch), READ_TIMEOUT_MS)
+                case hx.Serve(partition=number, epoch=epoch, runtime=runtime, adoption=adoption):
+                    self.log(f"serving p{number} epoch {epoch} "
+                             f"({len(runtime.durable)} records)")
+                    runtime.start()
+                    runtime.submit(adoption)
+                case hx.Discard(runtime=runtime):
+                    runtime.stop(lambda: None)
+                case hx.Drop(partition=number, epoch=epoch, runtime=runtime, why=why):
+                    self.log(f"drop p{number} epoch {epoch}: {why}")
+                    if runtime is not None:
+                        runtime.abandon()
+                case hx.FreeDropped(partition=number, epoch=epoch):
+                    db.submit(self, partial(db.release, self, number, epoch),
+                              lambda _: None, self._statement_timeout())
+                case hx.Adopt(runtimes=runtimes, command=command):
+                    for runtime in runtimes:
+                        runtime.submit(command)
+                case hx.ArmExpiry(at=at):
+                    self._arm_expiry(at)
+                case hx.DisarmExpiry():
+                    self._expiry_at = None
+                case hx.NextRound(at=at):
+                    self._at_local(at, self._round)
+                case hx.RoundFailed(why=why) | hx.NotAcquired(why=why) if self.cluster.verbose:
+                    self.log(f"{type(effect).__name__}: {why}")
+                case hx.StartFailed(why=why):
+                    # The process exits; its supervisor starts it again a lease later.
+                    self.log(f"start failed: {why}")
+                    self._exit()
+                    self.sim.after(self.lease_ms, self.start)
+                case hx.Stopped():
+                    self.log("stopped")
+                    then, self._then = self._then, None
+                    self._exit()  # the process exits: nothing of it remains
+                    if then is not None:
+                        then()
+                case _:
+                    pass  # a log line of production's (SharedOut, RoundAcquired), Started
+
+    def _run(self, step: hx.Step) -> None:
+        """A step of the machine: a statement at the database, or a hand-off."""
+        db = self.db
+        timeout = self._statement_timeout()
+        run: Callable[[], Any]
+        match step:
+            case hx.Renew(held=held):
+                run = lambda: db.renew(self, dict(held), self.lease_ms)  # noqa: E731
+            case hx.ReadCluster(live_window_ms=window):
+                run = lambda: db.read_cluster(self, window)  # noqa: E731
+            case hx.Acquire(partition=number, lease_ms=lease_ms):
+                run = lambda: db.acquire(self, number, lease_ms)  # noqa: E731
+            case hx.Release(partition=number, epoch=epoch):
+                run = lambda: db.release(self, number, epoch)  # noqa: E731
+            case hx.ReadCatalog(since=since):
+                run, timeout = (lambda: db.catalog_state(since)), READ_TIMEOUT_MS
+            case hx.Register():
+                run = lambda: db.register(self)  # noqa: E731
+            case hx.Deregister():
+                run = lambda: db.deregister(self)  # noqa: E731
+            case hx.HandOff(partition=number, epoch=epoch, runtime=runtime):
+                self.log(f"hand-off p{number} epoch {epoch}")
+                finished = partial(self.at, self.sim.now, self._step_done, (step, None))
+                if runtime is not None:
+                    runtime.stop(finished)
+                else:
+                    finished()
                 return
-            while numbers:
-                number = numbers.pop(0)
-                if number in self.partitions:
-                    self._hand_off(number, next_one)
-                    return
-            self.db.submit(self, lambda: self.db.deregister(self), finished,
-                           self._statement_timeout())
+            case _:
+                raise TypeError(f"unknown step {step!r}")
+        db.submit(self, run, lambda result: self._step_done((step, result)), timeout)
 
-        def finished(_: Any) -> None:
-            self.log("stopped")
-            self._exit()  # the process exits: nothing of it remains
-            then()
-
-        next_one()
+    def _step_done(self, arg: tuple[hx.Step, Any]) -> None:
+        step, result = arg
+        if isinstance(result, StatementFailed):
+            self.machine.failed(self.now(), step, str(result))
+        else:
+            self.machine.done(self.now(), step, result)
+        self._perform()
 
     def _statement_timeout(self) -> int:
+        """Leases.timeout_s, as PartitionHost sets it."""
         return max(500, self.lease_ms // 2)
 
-    # ------------------------------------------------------------ the round
-
     def _round(self, _: Any = None) -> None:
-        if self.stopping:
-            return
-        self._round_token += 1
-        token = self._round_token
-        held = {n: p.lease.epoch for n, p in self.partitions.items() if not p.leaving}
-        sent_at = self.local() / 1000
-        self.db.submit(self, lambda: self.db.renew_and_read(self, held, self.lease_ms,
-                                                            self.live_window_ms),
-                       lambda result: self._renewed(token, held, sent_at, result),
-                       self._statement_timeout())
+        self.machine.begin_round(self.now())
+        self._perform()
 
-    def _renewed(self, token: int, held: dict[int, int], sent_at: float, result: Any) -> None:
-        if token != self._round_token:
-            return
-        if isinstance(result, StatementFailed):
-            # The database is unreachable: the leases run out by this clock.
-            if self.cluster.verbose:
-                self.log(f"round failed: {result}")
-            self._end_round()
-            return
-        renewed, live, rows, (catalog, catalog_epoch, placement) = result
-        for number in held:
-            part = self.partitions.get(number)
-            if part is None or part.leaving:
-                continue
-            if number in renewed:
-                part.lease = part.lease.renewed(sent_at)
-            else:
-                self._drop(number, "not renewed")
-        self._arm_expiry()
-        self.live = live
-        self.lease_rows = rows
-        self._pending_catalog = (catalog, catalog_epoch, placement)
-        owners = {p: str(owner) for p, (owner, _, _, left) in rows.items()
-                  if owner is not None and left > 0
-                  and (owner != self.id or p in self.partitions)}
-        plan = balance(self.id, live, owners, self.db.partitions)
-        releases = [n for n in plan.release
-                    if n in self.partitions and self.partitions[n].runtime is not None]
-        acquires = list(plan.acquire)
-        self._step(token, releases, acquires)
-
-    def _step(self, token: int, releases: list[int], acquires: list[int]) -> None:
-        if token != self._round_token or self.stopping:
-            return
-        if releases:
-            number = releases.pop(0)
-            self._hand_off(number, lambda: self._step(token, releases, acquires))
-            return
-        if acquires:
-            number = acquires.pop(0)
-            if number in self.partitions:
-                self._step(token, releases, acquires)
-                return
-            sent_at = self.local() / 1000
-            self.db.submit(self, lambda: self.db.acquire(self, number, self.lease_ms),
-                           lambda epoch: self._acquired(token, number, sent_at, epoch,
-                                                        releases, acquires),
-                           self._statement_timeout())
-            return
-        catalog, epoch, placement = self._pending_catalog
-        self.adopt_catalog(catalog, epoch, placement)
-        self._end_round()
-
-    def _acquired(self, token: int, number: int, sent_at: float, epoch: Any,
-                  releases: list[int], acquires: list[int]) -> None:
-        if isinstance(epoch, int) and number not in self.partitions and not self.stopping:
-            part = Part(number, LocalLease.granted(number, epoch, self.lease_ms, sent_at))
-            self.partitions[number] = part
-            self.log(f"acquired p{number} epoch {epoch}")
-            self._arm_expiry()
-            self._load(part)
-        self._step(token, releases, acquires)
-
-    def _end_round(self) -> None:
-        self._expire()
-        # host.run: the next round after a tick, or when a dead owner's lease runs out.
-        live = set(self.live) | {self.id}
-        waits = [left + EXPIRY_MARGIN_MS for owner, _, _, left in self.lease_rows.values()
-                 if owner is not None and left > 0 and owner not in live]
-        delay = min([self.lease_ms // TICKS_PER_LEASE, *[max(0, w) for w in waits]])
-        self.after_local(max(1, delay), self._round)
-
-    # ------------------------------------------------------------ partitions
-
-    def _load(self, part: Part) -> None:
-        part.loads += 1
-        load = part.loads
-        self.db.submit(self, lambda: self.db.load(part.number),
-                       lambda records: self._loaded(part, load, records), READ_TIMEOUT_MS)
-
-    def _loaded(self, part: Part, load: int, records: Any) -> None:
-        if part.loads != load or part.leaving or self.partitions.get(part.number) is not part:
-            return
+    def _loaded(self, part: Partition[SimCoordinator], epoch: int, records: Any) -> None:
         if isinstance(records, StatementFailed):
-            self._drop(part.number, "its load failed")
-            return
-        runtime = self.cluster.make_runtime(self, part, records)
-        part.runtime = runtime
-        self.log(f"serving p{part.number} epoch {part.lease.epoch} "
-                 f"({len(records)} records)")
-        runtime.start()
-        if runtime.core is not None:
-            runtime.submit(AdoptCatalog(tuple(sorted(self.catalog.items())),
-                                        self.resources_epoch,
-                                        tuple(sorted(self.placement.items()))))
+            self.machine.load_failed(self.now(), part.number, epoch)
+        else:
+            runtime = self.cluster.make_runtime(self, part, records)
+            self.machine.loaded(self.now(), part.number, epoch, runtime)
+        self._perform()
 
-    def write(self, part: Part, runtime: SimCoordinator, batch: tuple[Record, ...]) -> None:
+    def write(self, part: Partition[SimCoordinator], runtime: SimCoordinator,
+              batch: tuple[Record, ...]) -> None:
         """PartitionStore.write: checked against the lease by this clock, then
         fenced by the epoch at the database (timeout: a lease)."""
-        if not part.lease.valid(self.local() / 1000):
+        if not part.lease.valid(self.now()):
             self._failed(part, runtime, "its lease ran out by this coordinator's clock")
             return
         records = list(batch)
@@ -681,61 +680,16 @@ class SimNode:
 
         self.db.write(self, part.number, epoch, records, done, self.lease_ms)
 
-    def _failed(self, part: Part, runtime: SimCoordinator, why: str) -> None:
-        if self.partitions.get(part.number) is part and part.runtime is runtime:
-            self._drop(part.number, why)
+    def _failed(self, part: Partition[SimCoordinator], runtime: SimCoordinator,
+                why: str) -> None:
+        self.machine.runtime_failed(self.now(), part.number, runtime, why)
+        self._perform()
 
-    def _hand_off(self, number: int, then: Callable[[], None]) -> None:
-        part = self.partitions.get(number)
-        if part is None or part.leaving:
-            then()
-            return
-        part.leaving = True
-        self.log(f"hand-off p{number} epoch {part.lease.epoch}")
-
-        def release() -> None:
-            self._forget(part)
-            self.db.submit(self, lambda: self.db.release(self, number, part.lease.epoch),
-                           lambda _: then(), self._statement_timeout())
-
-        if part.runtime is not None:
-            part.runtime.stop(release)
-        else:
-            release()
-
-    def _drop(self, number: int, why: str) -> None:
-        part = self.partitions.get(number)
-        if part is None:
-            return
-        part.leaving = True
-        self.log(f"drop p{number} epoch {part.lease.epoch}: {why}")
-        if part.runtime is not None:
-            part.runtime.abandon()
-        self._forget(part)
-        if not self.stopping:
-            self.db.submit(self, lambda: self.db.release(self, number, part.lease.epoch),
-                           lambda _: None, self._statement_timeout())
-
-    def _forget(self, part: Part) -> None:
-        if self.partitions.get(part.number) is part:
-            del self.partitions[part.number]
-
-    def _expire(self, _: Any = None) -> None:
-        now = self.local() / 1000
-        for number, part in sorted(self.partitions.items()):
-            if not part.lease.valid(now):
-                self._drop(number, "its lease ran out by this coordinator's clock")
-        self._arm_expiry()
-
-    def _arm_expiry(self) -> None:
-        """host._arm_expiry: a timer at the earliest ``valid_until`` of the owned
-        leases. One event at a time: an armed one that fires earlier than needed
-        (the lease was renewed since) just arms the next."""
-        if not self.partitions or self.stopping:
-            return
-        earliest = min(p.lease.valid_until for p in self.partitions.values())
+    def _arm_expiry(self, at: float) -> None:
+        """The expiry timer at ``at``. One event at a time: an armed one that fires
+        earlier than needed (the lease was renewed since) just arms the next."""
         # One ms past: LocalLease.valid is then false by this clock.
-        when = self.clock.global_at(int(earliest * 1000) + 1)
+        when = self.clock.global_at(int(at * 1000) + 1)
         armed = self._expiry_at
         if armed is not None and self.sim.now <= armed <= when:
             return
@@ -745,29 +699,14 @@ class SimNode:
     def _expiry_event(self, when: int) -> None:
         if self._expiry_at == when:
             self._expiry_at = None
-            self._expire()
+            self.machine.expire(self.now())
+            self._perform()
 
-    def adopt_catalog(self, catalog: dict[str, int], epoch: int,
-                      placement: dict[str, Placement]) -> None:
-        if epoch <= self.resources_epoch:
-            return
-        self.catalog, self.resources_epoch = dict(catalog), epoch
-        self.placement = dict(placement)
-        command = AdoptCatalog(tuple(sorted(catalog.items())), epoch,
-                               tuple(sorted(placement.items())))
-        for part in self.partitions.values():
-            runtime = part.runtime
-            if runtime is not None and runtime.up and runtime.core is not None \
-                    and not part.leaving:
-                runtime.submit(command)
+    def adopt_catalog(self, state: CatalogState) -> None:
+        self.machine.adopt_catalog(state)
+        self._perform()
 
     # ------------------------------------------------------------ routing (host.route)
-
-    def owner_url(self, number: int) -> str:
-        row = self.lease_rows.get(number)
-        if row is None or row[0] is None or row[3] <= 0 or row[0] == self.id:
-            return ""
-        return row[1]
 
     def on_request(self, conn: Conn) -> None:
         if self.state == NODE_DOWN:
@@ -787,35 +726,24 @@ class SimNode:
 
     def _route(self, conn: Conn) -> None:
         net = self.cluster.net
+        machine = self.machine
         number = self.cluster.group_partition
         if conn.finding:
-            part = self.partitions.get(number)
-            if part is not None and not part.leaving:
-                net.answer(conn, FindCoordinatorResponse(None, self.url, number))
-                return
-            url = self.owner_url(number)
-            net.answer(conn, FindCoordinatorResponse(
-                None if url else ErrorCode.COORDINATOR_NOT_AVAILABLE, url, number))
+            net.answer(conn, machine.find_coordinator(number))
             return
         if conn.api == CATALOG_API:
-            net.answer(conn, CatalogResponse(self.resources_epoch, dict(self.catalog),
-                                             dict(self.placement)))
+            net.answer(conn, CatalogResponse(machine.resources_epoch, dict(machine.catalog),
+                                             dict(machine.placement)))
             return
-        part = self.partitions.get(number)
-        if part is None or part.leaving:
-            net.answer(conn, NotCoordinatorAnswer(ErrorCode.NOT_COORDINATOR,
-                                                  self.owner_url(number)))
-            return
-        if not part.lease.valid(self.local() / 1000):
-            self._drop(number, "its lease ran out by this coordinator's clock")
-            net.answer(conn, NotCoordinatorAnswer(ErrorCode.NOT_COORDINATOR, ""))
-            return
-        runtime = part.runtime
-        if runtime is None or not runtime.up:
-            net.answer(conn, NotCoordinatorAnswer(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
-            return
-        conn.server = runtime
-        runtime.on_request(conn)
+        target = machine.route(self.now(), number)
+        self._perform()
+        if isinstance(target, NotCoordinatorAnswer):
+            net.answer(conn, target)
+        elif not target.up:
+            net.answer(conn, NotCoordinatorAnswer(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ""))
+        else:
+            conn.server = target
+            target.on_request(conn)
 
     def on_close(self, conn: Conn) -> None:
         if self.state == NODE_PAUSED:
@@ -871,7 +799,8 @@ class Cluster:
         self._member_ids += 1
         return f"{name}-m{self._member_ids}"
 
-    def make_runtime(self, node: SimNode, part: Part, records: list[Record]) -> SimCoordinator:
+    def make_runtime(self, node: SimNode, part: Partition[SimCoordinator],
+                     records: list[Record]) -> SimCoordinator:
         runtime = SimCoordinator(self.sim, self.net, random.Random(self.rng.getrandbits(64)),
                                  self.core_config, disk_ms=(0, 0), clock=node.clock)
         runtime.durable = records
@@ -919,7 +848,8 @@ class Cluster:
         self.db.change_catalog(name, partitions, placement)
         for node in self.nodes:
             if node.state == NODE_UP:
-                node.adopt_catalog(self.db.catalog, self.db.catalog_epoch, self.db.placement)
+                node.adopt_catalog(CatalogState(dict(self.db.catalog), dict(self.db.placement),
+                                                self.db.catalog_epoch))
                 break
 
 
