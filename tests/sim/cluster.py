@@ -74,7 +74,7 @@ from coordinator.cluster import host_effects as hx
 from coordinator.cluster.host_machine import HostMachine, Partition
 from coordinator.core.config import CoreConfig
 from coordinator.core.records import Record
-from coordinator.storage.leases import CoordinatorRow, LeaseRow
+from coordinator.storage.leases import CoordinatorRow, LeaseRow, quotas
 from coordinator.storage.postgres import CatalogState, partition_of
 from protocol.catalog import Placement
 from protocol.errors import ErrorCode
@@ -833,6 +833,25 @@ class Cluster:
             if part is not None and runtime is not None and part.runtime is runtime:
                 return node
         return None
+
+    def placed(self) -> bool:
+        """Every partition served (loaded, not leaving) by exactly one coordinator
+        that is up, and each of those holding its quota (``quotas``, the real
+        share): the cluster's start-up hand-offs are over."""
+        up = [n for n in self.nodes if n.state == NODE_UP]
+        if not up:
+            return False
+        share = quotas((n.id for n in up), self.db.partitions)
+        served: dict[int, int] = {}
+        for node in up:
+            mine = [p for p, part in node.partitions.items()
+                    if part.runtime is not None and not part.leaving]
+            if len(mine) != len(node.partitions) or len(mine) != share[node.id]:
+                return False
+            for p in mine:
+                served[p] = served.get(p, 0) + 1
+        return (len(served) == self.db.partitions
+                and all(count == 1 for count in served.values()))
 
     def node(self, name: str) -> SimNode | None:
         for node in self.nodes:

@@ -338,6 +338,10 @@ CLUSTER_REGRESSION_SEEDS = {
         "partition over: the coordinators' wall clocks are modelled within a minute of "
         "one another (days apart, the new owner counted the group's retention as over)",
     10884: "the same: the group left Empty kept its checkpoints across the takeover",
+    10096: "the workers start once the coordinators have shared the partitions out: "
+           "start-up hand-offs still going on after the warm-up made a fault-free "
+           "member's join meet COORDINATOR_NOT_AVAILABLE, counted as a liveness violation",
+    1000027: "the same, with static members",
 }
 
 
