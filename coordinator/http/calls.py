@@ -29,6 +29,8 @@ and answered 500 ``UNKNOWN_SERVER_ERROR``.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import time
@@ -38,7 +40,7 @@ from typing import Any
 
 from coordinator import auth, offload
 from coordinator.auth import TokenEntry, TokenStore
-from coordinator.core.commands import Command, Commit, Fetch, Heartbeat, Join, Leave, Sync
+from coordinator.core.commands import CallCommand, Commit, Fetch, Heartbeat, Join, Leave, Sync
 from coordinator.core.effects import AdminResult
 from coordinator.metrics import Metrics
 from coordinator.runtime.runtime import Answer, error_answer
@@ -71,7 +73,11 @@ SERVER_FAILED = "the server failed on this request; see its log"
 #: (HTTP status, msgpack body).
 Result = tuple[int, bytes]
 #: make the command of a validated request: (request, request id, remote address, token).
-MakeCommand = Callable[[Any, int, str, TokenEntry | None], Command]
+MakeCommand = Callable[[Any, int, str, TokenEntry | None], CallCommand]
+
+
+def _cancel(future: asyncio.Future[Answer], _done: object) -> None:
+    future.cancel()
 
 
 def _principal(token: TokenEntry | None) -> str | None:
@@ -79,7 +85,7 @@ def _principal(token: TokenEntry | None) -> str | None:
     return None if token is None else token.name
 
 
-def _join(msg: JoinRequest, rid: int, remote: str, token: TokenEntry | None) -> Command:
+def _join(msg: JoinRequest, rid: int, remote: str, token: TokenEntry | None) -> CallCommand:
     return Join(rid, msg, remote, auth.new_member_id(msg.client_id, msg.group_id, token),
                 _principal(token))
 
@@ -226,12 +232,15 @@ class Calls:
         self._observe(api, ErrorCode.UNKNOWN_SERVER_ERROR, 0.0)
         return 500, error_body(ErrorCode.UNKNOWN_SERVER_ERROR, SERVER_FAILED, json_body)
 
-    async def call(self, api: str, body: bytes, content_type: str | None, remote: str,
-                   token: TokenEntry | None, started: float) -> Result:
+    def call(self, api: str, body: bytes, content_type: str | None, remote: str,
+             token: TokenEntry | None, started: float) -> Result | asyncio.Future[Result]:
         """Answer one call; ``started`` is the ``time.perf_counter()`` of its arrival.
 
         ``token`` is the caller's entry when authentication is on (the caller
-        has answered 401 already when there is none).
+        has answered 401 already when there is none). The answer, or a future of
+        it when the runtime's answer waits (a parked call) or the body is decoded
+        off the loop; cancelling that future (the client went away) tells the
+        core (``Cancelled``).
         """
         as_json = is_json(content_type)
         try:
@@ -240,54 +249,93 @@ class Calls:
                 return refused
             if api == FindCoordinatorRequest.API:
                 return self._find_coordinator(body, as_json, token, started)
-            parse, command = self._apis[api]
-
-            def read() -> Any:
-                return parse(json_wire.decode_request(api, body) if as_json
-                             else codec.decode(body))
-
-            try:
+            if len(body) >= offload.LARGE_BODY_BYTES:
                 # A large body (a commit of thousands of checkpoints) is decoded and
                 # validated off the event loop, which answers other groups meanwhile.
-                msg = (await offload.run(read) if len(body) >= offload.LARGE_BODY_BYTES
-                       else read())
-                if api == "join" or api == "sync":
-                    check_metadata(msg, self.max_metadata_bytes)
+                return asyncio.ensure_future(
+                    self._call_offloaded(api, body, remote, token, started, as_json))
+            try:
+                msg = self._decode(api, body, as_json)
             except (codec.DecodeError, ValidationError) as exc:
                 return self.refuse(api, 400, str(exc), started, as_json)
-            answer: Answer
-            # Before routing: a caller not granted the group learns nothing of it,
-            # not even which coordinator owns it.
-            forbidden = self._forbidden(api, token, msg.group_id, started, as_json)
-            if forbidden is not None:
-                return forbidden
-            # v1.1: the runtime serving the group here, or NOT_COORDINATOR /
-            # COORDINATOR_LOAD_IN_PROGRESS (a one-process server serves every group).
-            target = self.runtime.route(msg.group_id)
-            if isinstance(target, NotCoordinatorAnswer):
-                self._observe(api, target.error, time.perf_counter() - started)
-                return 200, self._encode(api, target.to_wire(), as_json)
-            if self.tokens is None:
-                answer = await target.call(lambda rid: command(msg, rid, remote, None))
-            else:
-                if all(auth.member_bound(token, msg.group_id, m) for m in _member_ids(msg)):
-                    answer = await target.call(
-                        lambda rid: command(msg, rid, remote, token))
-                else:
-                    answer = error_answer(command(msg, 0, remote, token),
-                                          ErrorCode.UNKNOWN_MEMBER_ID)
-            assert not isinstance(answer, AdminResult)
-            self._observe(api, answer.error, time.perf_counter() - started)
-            if answer.error is ErrorCode.INVALID_REQUEST:
-                # Refused by the core on what the request says (a checkpoint
-                # outside the catalog, a value over its limit, a fetch too big
-                # for one answer): a 400 like any bad input, naming the field.
-                message = getattr(answer, "message", "") or "invalid request"
-                return 400, error_body(ErrorCode.INVALID_REQUEST, message, as_json)
-            return 200, self._encode(api, answer.to_wire(), as_json)
+            return self._submit(api, msg, remote, token, started, as_json)
         except Exception:
             log.exception("unhandled error on POST /v1/%s", api)
             return self.server_error(api, as_json)
+
+    def _decode(self, api: str, body: bytes, as_json: bool) -> Any:
+        """The request's message, validated (:class:`ValidationError` naming the field)."""
+        msg = self._apis[api][0](json_wire.decode_request(api, body) if as_json
+                                 else codec.decode(body))
+        if api == "join" or api == "sync":
+            check_metadata(msg, self.max_metadata_bytes)
+        return msg
+
+    async def _call_offloaded(self, api: str, body: bytes, remote: str,
+                              token: TokenEntry | None, started: float,
+                              as_json: bool) -> Result:
+        try:
+            try:
+                msg = await offload.run(functools.partial(self._decode, api, body, as_json))
+            except (codec.DecodeError, ValidationError) as exc:
+                return self.refuse(api, 400, str(exc), started, as_json)
+            answer = self._submit(api, msg, remote, token, started, as_json)
+            return answer if isinstance(answer, tuple) else await answer
+        except Exception:
+            log.exception("unhandled error on POST /v1/%s", api)
+            return self.server_error(api, as_json)
+
+    def _submit(self, api: str, msg: Any, remote: str, token: TokenEntry | None,
+                started: float, as_json: bool) -> Result | asyncio.Future[Result]:
+        """Authorise the call, build its command and hand it to the runtime serving
+        its group."""
+        # Before routing: a caller not granted the group learns nothing of it,
+        # not even which coordinator owns it.
+        forbidden = self._forbidden(api, token, msg.group_id, started, as_json)
+        if forbidden is not None:
+            return forbidden
+        # v1.1: the runtime serving the group here, or NOT_COORDINATOR /
+        # COORDINATOR_LOAD_IN_PROGRESS (a one-process server serves every group).
+        target = self.runtime.route(msg.group_id)
+        if isinstance(target, NotCoordinatorAnswer):
+            self._observe(api, target.error, time.perf_counter() - started)
+            return 200, self._encode(api, target.to_wire(), as_json)
+        command = self._apis[api][1]
+        if self.tokens is not None and not all(auth.member_bound(token, msg.group_id, m)
+                                               for m in _member_ids(msg)):
+            answer = error_answer(command(msg, 0, remote, token), ErrorCode.UNKNOWN_MEMBER_ID)
+        else:
+            outcome = target.request(command(msg, target.new_request_id(), remote, token))
+            if isinstance(outcome, asyncio.Future):
+                waiting = asyncio.ensure_future(self._answer_later(api, outcome, started,
+                                                                   as_json))
+                # Cancelled before it ever ran, the task never cancelled the runtime's
+                # future: do it, so the core hears the caller is gone.
+                waiting.add_done_callback(functools.partial(_cancel, outcome))
+                return waiting
+            answer = outcome
+        return self._answered(api, answer, started, as_json)
+
+    async def _answer_later(self, api: str, answer: asyncio.Future[Answer], started: float,
+                            as_json: bool) -> Result:
+        done = await answer
+        try:
+            return self._answered(api, done, started, as_json)
+        except Exception:
+            log.exception("unhandled error on POST /v1/%s", api)
+            return self.server_error(api, as_json)
+
+    def _answered(self, api: str, answer: Answer, started: float, as_json: bool) -> Result:
+        """The runtime's answer to a call, counted and encoded."""
+        assert not isinstance(answer, AdminResult)
+        self._observe(api, answer.error, time.perf_counter() - started)
+        if answer.error is ErrorCode.INVALID_REQUEST:
+            # Refused by the core on what the request says (a checkpoint
+            # outside the catalog, a value over its limit, a fetch too big
+            # for one answer): a 400 like any bad input, naming the field.
+            message = getattr(answer, "message", "") or "invalid request"
+            return 400, error_body(ErrorCode.INVALID_REQUEST, message, as_json)
+        return 200, self._encode(api, answer.to_wire(), as_json)
 
     def _forbidden(self, api: str, token: TokenEntry | None, group_id: str, started: float,
                    as_json: bool) -> Result | None:
