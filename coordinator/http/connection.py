@@ -182,6 +182,8 @@ class Connection:
         self.stopped = False
         #: the answer just framed by :meth:`send` closes the connection.
         self.must_close = False
+        #: a request that does not keep the connection alive was read: it is the last.
+        self._last = False
         #: (keep-alive, HTTP/1.0) of each request given out and not yet answered.
         self._owed: deque[tuple[bool, bool]] = deque()
         #: an accepted head whose ``100 Continue`` waits for the answers before it.
@@ -223,9 +225,10 @@ class Connection:
     def receive_data(self, data: bytes, now: float) -> list[Event]:
         """Parse ``data`` (read at ``now``); the events it completed, in order.
 
-        Nothing once :attr:`stopped`: the caller drops what follows.
+        Nothing once :attr:`stopped`, or after a request that closes the connection:
+        the caller drops what follows.
         """
-        if self.stopped:
+        if self.stopped or self._last:
             return []
         self._now = now
         events: list[Event] = []
@@ -249,7 +252,7 @@ class Connection:
                 view = memoryview(view)[offset:]
                 continue
             except httptools.HttpParserCallbackError:
-                if not self.stopped:  # not our _Stop: a bug in a callback
+                if not (self.stopped or self._last):  # not our _Stop: a bug in a callback
                     log.exception("HTTP parser callback failed")
                     self._error(400, "malformed", "request could not be handled")
                 return events
@@ -257,7 +260,7 @@ class Connection:
                 self._error(400, "malformed", f"malformed request: {exc}")
                 return events
             break
-        if self.request_began is None or self.stopped:
+        if self.request_began is None or self.stopped or self._last:
             return events
         if (inside and messages == self._messages
                 and reported == self._field_bytes + self._body_len + self._trailer_bytes):
@@ -426,6 +429,9 @@ class Connection:
             self._continue_owed = None
         self._owed.append((request.keep_alive, request.http10))
         self._events.append(request)
+        if not request.keep_alive:
+            self._last = True  # its answer closes: nothing after it is read
+            raise _Stop
 
     # ------------------------------------------------------------ refusals
 
