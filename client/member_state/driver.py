@@ -50,7 +50,7 @@ from client.errors import (
 from client.member_state.actions import Call, InvokeListener, Resource, Stop, Wait
 from client.member_state.machine import MemberStateMachine
 from protocol.errors import ErrorCode
-from protocol.messages import CommitRequest, Scalar
+from protocol.messages import Api, CommitRequest, Scalar
 
 __all__ = ["Cancel", "Channel", "DriverEffect", "MemberDriver", "Send", "Stopped"]
 
@@ -75,7 +75,7 @@ class Send:
 @dataclass(frozen=True, slots=True)
 class Cancel:
     channel: Channel
-    api: str
+    api: Api
     #: no answer within the call's timeout (else: the machine abandoned it).
     timed_out: bool
 

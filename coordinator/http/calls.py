@@ -50,6 +50,7 @@ from protocol.catalog import catalog_json
 from protocol.errors import ErrorCode
 from protocol.limits import DEFAULT_MAX_METADATA_BYTES
 from protocol.messages import (
+    Api,
     CommitRequest,
     FetchRequest,
     FindCoordinatorRequest,
@@ -91,13 +92,13 @@ def _join(msg: JoinRequest, rid: int, remote: str, token: TokenEntry | None) -> 
 
 
 #: api -> (parse the wire map, make the command).
-PROTOCOL_APIS: dict[str, tuple[Callable[[object], Any], MakeCommand]] = {
-    "join": (JoinRequest.from_wire, _join),
-    "sync": (SyncRequest.from_wire, lambda m, i, _r, t: Sync(i, m, _principal(t))),
-    "heartbeat": (HeartbeatRequest.from_wire, lambda m, i, _r, _t: Heartbeat(i, m)),
-    "leave": (LeaveRequest.from_wire, lambda m, i, _r, t: Leave(i, m, _principal(t))),
-    "commit": (CommitRequest.from_wire, lambda m, i, _r, t: Commit(i, m, _principal(t))),
-    "fetch": (FetchRequest.from_wire, lambda m, i, _r, _t: Fetch(i, m)),
+PROTOCOL_APIS: dict[Api, tuple[Callable[[object], Any], MakeCommand]] = {
+    Api.JOIN: (JoinRequest.from_wire, _join),
+    Api.SYNC: (SyncRequest.from_wire, lambda m, i, _r, t: Sync(i, m, _principal(t))),
+    Api.HEARTBEAT: (HeartbeatRequest.from_wire, lambda m, i, _r, _t: Heartbeat(i, m)),
+    Api.LEAVE: (LeaveRequest.from_wire, lambda m, i, _r, t: Leave(i, m, _principal(t))),
+    Api.COMMIT: (CommitRequest.from_wire, lambda m, i, _r, t: Commit(i, m, _principal(t))),
+    Api.FETCH: (FetchRequest.from_wire, lambda m, i, _r, _t: Fetch(i, m)),
 }
 
 
@@ -180,7 +181,7 @@ class Calls:
     def __init__(self, runtime: Service, metrics: Metrics, *, max_body_bytes: int,
                  max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
                  tokens: TokenStore | None = None,
-                 apis: Mapping[str, tuple[Callable[[object], Any], MakeCommand]] | None = None
+                 apis: Mapping[Api, tuple[Callable[[object], Any], MakeCommand]] | None = None
                  ) -> None:
         self.runtime = runtime
         self.metrics = metrics
@@ -192,7 +193,7 @@ class Calls:
         self._observe = metrics.observe_request
 
     @property
-    def apis(self) -> frozenset[str]:
+    def apis(self) -> frozenset[Api]:
         """The paths ``POST /v1/<api>`` served: the calls, and ``find_coordinator``."""
         return frozenset(self._apis) | {FindCoordinatorRequest.API}
 
@@ -204,13 +205,13 @@ class Calls:
         assert self.tokens is not None
         return auth.entry_for_header(self.tokens, authorization)
 
-    def refuse(self, api: str, status: int, message: str, started: float,
+    def refuse(self, api: Api, status: int, message: str, started: float,
                json_body: bool = False) -> Result:
         """A counted ``INVALID_REQUEST`` refusal (4xx) of a call that never reached the core."""
         self._observe(api, ErrorCode.INVALID_REQUEST, time.perf_counter() - started)
         return status, error_body(ErrorCode.INVALID_REQUEST, message, json_body)
 
-    def early_refusal(self, api: str, content_type: str | None, content_length: int | None,
+    def early_refusal(self, api: Api, content_type: str | None, content_length: int | None,
                       started: float) -> Result | None:
         """415 or 413 from the headers alone (before the body is read), else ``None``."""
         # The raw header usually is exactly the media type: skip parsing it then.
@@ -228,11 +229,11 @@ class Calls:
         """The JSON answer of ``GET /v1/resources`` (:func:`catalog_answer`)."""
         return catalog_answer(self.runtime)
 
-    def server_error(self, api: str, json_body: bool = False) -> Result:
+    def server_error(self, api: Api, json_body: bool = False) -> Result:
         self._observe(api, ErrorCode.UNKNOWN_SERVER_ERROR, 0.0)
         return 500, error_body(ErrorCode.UNKNOWN_SERVER_ERROR, SERVER_FAILED, json_body)
 
-    def call(self, api: str, body: bytes, content_type: str | None, remote: str,
+    def call(self, api: Api, body: bytes, content_type: str | None, remote: str,
              token: TokenEntry | None, started: float) -> Result | asyncio.Future[Result]:
         """Answer one call; ``started`` is the ``time.perf_counter()`` of its arrival.
 
@@ -263,15 +264,15 @@ class Calls:
             log.exception("unhandled error on POST /v1/%s", api)
             return self.server_error(api, as_json)
 
-    def _decode(self, api: str, body: bytes, as_json: bool) -> Any:
+    def _decode(self, api: Api, body: bytes, as_json: bool) -> Any:
         """The request's message, validated (:class:`ValidationError` naming the field)."""
         msg = self._apis[api][0](json_wire.decode_request(api, body) if as_json
                                  else codec.decode(body))
-        if api == "join" or api == "sync":
+        if api is Api.JOIN or api is Api.SYNC:
             check_metadata(msg, self.max_metadata_bytes)
         return msg
 
-    async def _call_offloaded(self, api: str, body: bytes, remote: str,
+    async def _call_offloaded(self, api: Api, body: bytes, remote: str,
                               token: TokenEntry | None, started: float,
                               as_json: bool) -> Result:
         try:
@@ -285,7 +286,7 @@ class Calls:
             log.exception("unhandled error on POST /v1/%s", api)
             return self.server_error(api, as_json)
 
-    def _submit(self, api: str, msg: Any, remote: str, token: TokenEntry | None,
+    def _submit(self, api: Api, msg: Any, remote: str, token: TokenEntry | None,
                 started: float, as_json: bool) -> Result | asyncio.Future[Result]:
         """Authorise the call, build its command and hand it to the runtime serving
         its group."""
@@ -316,7 +317,7 @@ class Calls:
             answer = outcome
         return self._answered(api, answer, started, as_json)
 
-    async def _answer_later(self, api: str, answer: asyncio.Future[Answer], started: float,
+    async def _answer_later(self, api: Api, answer: asyncio.Future[Answer], started: float,
                             as_json: bool) -> Result:
         done = await answer
         try:
@@ -325,7 +326,7 @@ class Calls:
             log.exception("unhandled error on POST /v1/%s", api)
             return self.server_error(api, as_json)
 
-    def _answered(self, api: str, answer: Answer, started: float, as_json: bool) -> Result:
+    def _answered(self, api: Api, answer: Answer, started: float, as_json: bool) -> Result:
         """The runtime's answer to a call, counted and encoded."""
         assert not isinstance(answer, AdminResult)
         self._observe(api, answer.error, time.perf_counter() - started)
@@ -337,7 +338,7 @@ class Calls:
             return 400, error_body(ErrorCode.INVALID_REQUEST, message, as_json)
         return 200, self._encode(api, answer.to_wire(), as_json)
 
-    def _forbidden(self, api: str, token: TokenEntry | None, group_id: str, started: float,
+    def _forbidden(self, api: Api, token: TokenEntry | None, group_id: str, started: float,
                    as_json: bool) -> Result | None:
         """403 ``GROUP_AUTHORIZATION_FAILED`` for a group outside the token's grant
         (authentication on), counted; ``None`` when the call may go on."""

@@ -79,7 +79,7 @@ from coordinator.http.connection import (
 )
 from protocol import codec
 from protocol.errors import ErrorCode
-from protocol.messages import LISTENER_FIELD, PROTOCOL_LISTENER
+from protocol.messages import LISTENER_FIELD, PROTOCOL_LISTENER, Api
 
 log = logging.getLogger("groupcoord.http")
 
@@ -254,7 +254,7 @@ class FastServer:
             return refused[0], refused[1], reply_type, b""
         return None
 
-    def _refuse_other(self, method: bytes, path: bytes, api: str | None, request: Request,
+    def _refuse_other(self, method: bytes, path: bytes, api: Api | None, request: Request,
                       remote: str) -> Reply | None:
         """Anything but a protocol call: the catalog read and the self-check pass
         (``None``), else 404/405."""

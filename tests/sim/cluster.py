@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from client.errors import CoordinatorUnavailableError, NotCoordinatorError
-from client.transport import CATALOG_API, CatalogResponse, CoordinatorChoice, CoordinatorRouter
+from client.transport import CatalogResponse, CoordinatorChoice, CoordinatorRouter
 from coordinator.cluster.host import TICKS_PER_LEASE
 from coordinator.core.commands import AdoptCatalog
 from coordinator.core.config import CoreConfig
@@ -72,7 +72,7 @@ from coordinator.storage.leases import LocalLease, balance
 from coordinator.storage.postgres import partition_of
 from protocol.catalog import Placement
 from protocol.errors import ErrorCode
-from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer
+from protocol.messages import Api, FindCoordinatorResponse, NotCoordinatorAnswer
 from sim.events import DriftClock, Sim
 from sim.server import SimCoordinator
 
@@ -797,7 +797,7 @@ class SimNode:
             net.answer(conn, FindCoordinatorResponse(
                 None if url else ErrorCode.COORDINATOR_NOT_AVAILABLE, url, number))
             return
-        if conn.api == CATALOG_API:
+        if conn.api == Api.RESOURCES:
             net.answer(conn, CatalogResponse(self.resources_epoch, dict(self.catalog),
                                              dict(self.placement)))
             return
