@@ -86,20 +86,6 @@ def _status_line(status: int) -> bytes:
 _STATUS_LINES: dict[int, bytes] = {}
 
 
-def response(status: int, body: bytes, date: bytes, *, content_type: bytes = MSGPACK,
-             close: bool = False, http10_keep_alive: bool = False, extra: bytes = b"") -> bytes:
-    """One whole response: status line, headers, body (``extra``: more header lines)."""
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        line = _STATUS_LINES[status] = _status_line(status)
-    if close:
-        extra += b"Connection: close\r\n"
-    elif http10_keep_alive:
-        extra += b"Connection: keep-alive\r\n"
-    return b"%bContent-Type: %b\r\nContent-Length: %d\r\nDate: %b\r\n%b\r\n%b" % (
-        line, content_type, len(body), date, extra, body)
-
-
 class Request:
     """A request's head (and, once it is whole, its body) as the connection read it.
 
@@ -282,16 +268,21 @@ class Connection:
         accepted head follows the last answer before it."""
         owed = self._owed
         keep_alive, http10 = owed.popleft() if owed else (False, False)
-        close = close or not keep_alive
-        data = response(status, body, date, content_type=content_type, close=close,
-                        http10_keep_alive=http10 and not close, extra=extra)
-        if close:
+        line = _STATUS_LINES.get(status)
+        if line is None:
+            line = _STATUS_LINES[status] = _status_line(status)
+        if close or not keep_alive:
+            extra += b"Connection: close\r\n"
             self.must_close = True
             self.stop()
-        elif not owed and self._continue_owed is not None:
-            self._continue_owed = None
-            data += CONTINUE
-        return data
+        elif http10:
+            extra += b"Connection: keep-alive\r\n"
+        data = b"%bContent-Type: %b\r\nContent-Length: %d\r\nDate: %b\r\n%b\r\n%b" % (
+            line, content_type, len(body), date, extra, body)
+        if owed or self._continue_owed is None or self.must_close:
+            return data
+        self._continue_owed = None
+        return data + CONTINUE
 
     def accept(self, head: ContinueWanted) -> bytes:
         """Accept a head that waits for ``100 Continue``: the bytes to write now (the

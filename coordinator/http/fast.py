@@ -480,7 +480,10 @@ class FastProtocol(asyncio.Protocol):
             return
         for event in conn.receive_data(data, time.perf_counter()):
             if type(event) is Request:
-                self._enqueue(event)
+                if self._task is None and not self._queue:
+                    self._run(event)  # nothing before it: answered now
+                else:
+                    self._enqueue(event)
             elif type(event) is ContinueWanted:
                 self._continue(event)
             elif type(event) is BodyTooLarge:
