@@ -66,6 +66,7 @@ from collections import deque
 from typing import cast
 
 from coordinator import auth
+from coordinator.auth import TokenEntry
 from coordinator.http.calls import Calls, Result, is_json
 from coordinator.http.connection import (
     JSON,
@@ -191,48 +192,51 @@ class FastServer:
     def answer(self, request: Request, remote: str) -> Reply | asyncio.Future[Result]:
         """The answer to a whole request, or a future of a call's ``(status, body)``
         (its content type: :meth:`reply_type`)."""
-        refusal = self.refusal(request, remote)
-        if refusal is not None:
-            return refusal
         path = request.path
         api = self.paths.get(path)
-        if api is not None:  # a POST: refusal() refused any other method
-            calls = self.calls
-            content_type = request.content_type
-            outcome = calls.call(api, request.body, _text(content_type), remote,
-                                 self._token(request), request.started)
-            if not isinstance(outcome, tuple):
-                return outcome
-            status, body = outcome
-            return status, body, self.reply_type(request), b""
-        if path == CATALOG_PATH:
-            status, body = self.calls.catalog()
-            return status, body, JSON, b""
-        # The start-up check that the advertised URL reaches this process: the
-        # proof needs the key, which never leaves it (refusal() let it through).
-        key = self.self_check_key
-        assert key is not None
-        return 200, self_check_proof(key, path[len(SELF_CHECK_PREFIX):]), TEXT, b""
+        if api is None or request.method != b"POST":
+            refusal = self._refuse_other(request.method, path, api, request, remote)
+            if refusal is not None:
+                return refusal
+            if path == CATALOG_PATH:
+                status, body = self.calls.catalog()
+                return status, body, JSON, b""
+            # The start-up check that the advertised URL reaches this process: the
+            # proof needs the key, which never leaves it (_refuse_other let it through).
+            key = self.self_check_key
+            assert key is not None
+            return 200, self_check_proof(key, path[len(SELF_CHECK_PREFIX):]), TEXT, b""
+        admitted = self._admit(api, request, remote)
+        if isinstance(admitted, tuple):
+            return admitted
+        content_type = request.content_type
+        outcome = self.calls.call(api, request.body, _text(content_type), remote, admitted,
+                                  request.started)
+        if not isinstance(outcome, tuple):
+            return outcome
+        status, body = outcome
+        return status, body, JSON if _as_json(request) else MSGPACK, b""
 
     @staticmethod
     def reply_type(request: Request) -> bytes:
         """The content type of a call's answer: JSON for a call in JSON, else msgpack."""
         return JSON if _as_json(request) else MSGPACK
 
-    def _token(self, request: Request) -> auth.TokenEntry | None:
-        if self.calls.tokens is None:
-            return None
-        return self.calls.authenticate(_text(request.authorization))
-
     def refusal(self, request: Request, remote: str) -> Reply | None:
         """What to refuse a request with, judged from its head alone, else ``None``:
         404/405 for what this listener does not serve, 415 for a coded body, 401
         without a valid token, 415/413 for a call's content type or length."""
-        method = request.method
         path = request.path
         api = self.paths.get(path)
-        if api is None or method != b"POST":
-            return self._refuse_other(method, path, api, request, remote)
+        if api is None or request.method != b"POST":
+            return self._refuse_other(request.method, path, api, request, remote)
+        admitted = self._admit(api, request, remote)
+        return admitted if isinstance(admitted, tuple) else None
+
+    def _admit(self, api: Api, request: Request, remote: str) -> Reply | TokenEntry | None:
+        """A call's refusal from its head (415 for a coded body, 401 without a valid
+        token, 415/413 for its content type or length), else the caller's token
+        entry (``None``: authentication off)."""
         calls = self.calls
         as_json = _as_json(request)
         reply_type = JSON if as_json else MSGPACK
@@ -244,22 +248,26 @@ class FastServer:
                 api, 415, f"Content-Encoding {_shown(encoding.strip())!r} is not accepted: "
                           f"send the body unencoded", request.started, as_json)
             return status, payload, reply_type, b""
-        if calls.tokens is not None and self._token(request) is None:
-            return (401, _error_json(ErrorCode.GROUP_AUTHORIZATION_FAILED,
-                                     auth.UNAUTHORIZED_MESSAGE)
-                    if as_json else auth.unauthorized_msgpack(), reply_type, _UNAUTHORIZED)
+        token = None
+        if calls.tokens is not None:
+            token = calls.authenticate(_text(request.authorization))
+            if token is None:
+                return (401, _error_json(ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                         auth.UNAUTHORIZED_MESSAGE)
+                        if as_json else auth.unauthorized_msgpack(), reply_type, _UNAUTHORIZED)
         refused = calls.early_refusal(api, _text(request.content_type),
                                       request.content_length, request.started)
         if refused is not None:
             return refused[0], refused[1], reply_type, b""
-        return None
+        return token
 
     def _refuse_other(self, method: bytes, path: bytes, api: Api | None, request: Request,
                       remote: str) -> Reply | None:
         """Anything but a protocol call: the catalog read and the self-check pass
         (``None``), else 404/405."""
         if path == CATALOG_PATH and method == b"GET":
-            if self.calls.tokens is not None and self._token(request) is None:
+            if (self.calls.tokens is not None
+                    and self.calls.authenticate(_text(request.authorization)) is None):
                 return (401, _error_json(ErrorCode.GROUP_AUTHORIZATION_FAILED,
                                          auth.UNAUTHORIZED_MESSAGE), JSON, _UNAUTHORIZED)
             return None
