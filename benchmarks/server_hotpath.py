@@ -54,6 +54,7 @@ from coordinator.runtime.clock import WallClock
 from coordinator.runtime.runtime import Runtime
 from coordinator.storage.sqlite import Storage
 from protocol.limits import DEFAULT_MAX_BODY_BYTES
+from protocol.messages import Api
 
 SESSION_MS = 120_000
 
@@ -128,8 +129,8 @@ async def measure(args: argparse.Namespace, members: int) -> None:
                 n = len(bodies)
                 call = calls.call
                 for i in range(count):
-                    answer = call("heartbeat", bodies[i % n], "application/msgpack",
-                                  "127.0.0.1", None, time.perf_counter())
+                    answer = call(Api.HEARTBEAT, bodies[i % n], False, "127.0.0.1", None,
+                                  time.perf_counter())
                     if not isinstance(answer, tuple):
                         raise AssertionError("a heartbeat waited")
                     status, payload = answer

@@ -3,14 +3,19 @@
 The protocol listener (:mod:`coordinator.http.fast`) answers every call with
 this, and nothing else answers them. Given the call's name, its raw body, its
 ``Content-Type`` header, the caller's address and token entry,
-:meth:`Calls.call` returns the HTTP status and the msgpack body to send.
+:meth:`Calls.call` returns the HTTP status and the body to send, or a future of
+them when the answer waits. It builds the call's command itself and hands it
+to the runtime serving the group (:meth:`Runtime.request`), which returns the
+answer or a future of it; nothing here is called back from below.
 
 What a call goes through, in order (a refused request never reaches the
 core, so it changes no state):
 
-1. 415 for another content type than msgpack or JSON (v1.1: a JSON call is
-   answered in JSON, bytes as base64: :mod:`protocol.json_wire`), 413 for a
-   body over ``--max-body-bytes`` (``{error: INVALID_REQUEST, message}``);
+1. from the head, before :meth:`Calls.call` (the listener asks
+   :meth:`Calls.early_refusal`): 415 for another content type than msgpack or
+   JSON (v1.1: a JSON call is answered in JSON, bytes as base64:
+   :mod:`protocol.json_wire`), 413 for a body over ``--max-body-bytes``
+   (``{error: INVALID_REQUEST, message}``);
 2. decode and validate into the request's dataclass (a body of at least
    ``offload.LARGE_BODY_BYTES`` on :mod:`coordinator.offload`'s worker thread,
    so the event loop goes on answering meanwhile); 400 ``INVALID_REQUEST``
@@ -19,7 +24,8 @@ core, so it changes no state):
 3. with authentication on: 403 ``GROUP_AUTHORIZATION_FAILED`` for a group the
    token is not granted, ``UNKNOWN_MEMBER_ID`` for a member id not minted for
    the token (:func:`coordinator.auth.member_bound`);
-4. :meth:`Runtime.call`, and the answer encoded; an answer the core gave
+4. the command (a fresh member id for a join) to :meth:`Runtime.request`,
+   and the answer encoded; an answer the core gave
    ``INVALID_REQUEST`` (a commit or fetch refused on what it says)
    is sent as that 400 with its message.
 
@@ -233,21 +239,18 @@ class Calls:
         self._observe(api, ErrorCode.UNKNOWN_SERVER_ERROR, 0.0)
         return 500, error_body(ErrorCode.UNKNOWN_SERVER_ERROR, SERVER_FAILED, json_body)
 
-    def call(self, api: Api, body: bytes, content_type: str | None, remote: str,
+    def call(self, api: Api, body: bytes, as_json: bool, remote: str,
              token: TokenEntry | None, started: float) -> Result | asyncio.Future[Result]:
-        """Answer one call; ``started`` is the ``time.perf_counter()`` of its arrival.
+        """Answer one call whose head the listener has admitted (its content type
+        and length by :meth:`early_refusal`, its token); ``as_json``: the call came
+        in JSON; ``started`` is the ``time.perf_counter()`` of its arrival.
 
-        ``token`` is the caller's entry when authentication is on (the caller
-        has answered 401 already when there is none). The answer, or a future of
-        it when the runtime's answer waits (a parked call) or the body is decoded
-        off the loop; cancelling that future (the client went away) tells the
-        core (``Cancelled``).
+        ``token`` is the caller's entry when authentication is on. The answer, or
+        a future of it when the runtime's answer waits (a parked call) or the body
+        is decoded off the loop; cancelling that future (the client went away)
+        tells the core (``Cancelled``).
         """
-        as_json = is_json(content_type)
         try:
-            refused = self.early_refusal(api, content_type, len(body), started)
-            if refused is not None:
-                return refused
             if api == FindCoordinatorRequest.API:
                 return self._find_coordinator(body, as_json, token, started)
             if len(body) >= offload.LARGE_BODY_BYTES:

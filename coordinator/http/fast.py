@@ -30,9 +30,8 @@ within its apply step); one whose answer waits (a parked join, sync or
 long-poll heartbeat, a commit waiting for its write, a large body decoded off
 the loop) is a future, and the next request waits for it.
 
-Refusals, each answered before the body is read where the head suffices, and
-counted in ``groupcoord_http_refused_total{listener="protocol", reason}``;
-none is logged above DEBUG, so no client can fill the log:
+Refusals, counted in ``groupcoord_http_refused_total{listener="protocol",
+reason}``; none is logged above DEBUG, so no client can fill the log:
 
 - the connection's own (:mod:`coordinator.http.connection`): ``malformed`` and
   ``duplicate_header`` (400), ``head_too_large`` (431), all closing;
@@ -206,16 +205,16 @@ class FastServer:
             key = self.self_check_key
             assert key is not None
             return 200, self_check_proof(key, path[len(SELF_CHECK_PREFIX):]), TEXT, b""
-        admitted = self._admit(api, request, remote)
+        as_json = _as_json(request)
+        admitted = self._admit(api, request, as_json, remote)
         if isinstance(admitted, tuple):
             return admitted
-        content_type = request.content_type
-        outcome = self.calls.call(api, request.body, _text(content_type), remote, admitted,
+        outcome = self.calls.call(api, request.body, as_json, remote, admitted,
                                   request.started)
         if not isinstance(outcome, tuple):
             return outcome
         status, body = outcome
-        return status, body, JSON if _as_json(request) else MSGPACK, b""
+        return status, body, JSON if as_json else MSGPACK, b""
 
     @staticmethod
     def reply_type(request: Request) -> bytes:
@@ -230,15 +229,15 @@ class FastServer:
         api = self.paths.get(path)
         if api is None or request.method != b"POST":
             return self._refuse_other(request.method, path, api, request, remote)
-        admitted = self._admit(api, request, remote)
+        admitted = self._admit(api, request, _as_json(request), remote)
         return admitted if isinstance(admitted, tuple) else None
 
-    def _admit(self, api: Api, request: Request, remote: str) -> Reply | TokenEntry | None:
+    def _admit(self, api: Api, request: Request, as_json: bool,
+               remote: str) -> Reply | TokenEntry | None:
         """A call's refusal from its head (415 for a coded body, 401 without a valid
         token, 415/413 for its content type or length), else the caller's token
         entry (``None``: authentication off)."""
         calls = self.calls
-        as_json = _as_json(request)
         reply_type = JSON if as_json else MSGPACK
         encoding = request.content_encoding
         if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):

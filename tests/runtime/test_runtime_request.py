@@ -18,7 +18,7 @@ import pytest
 from coordinator.core.commands import Cancelled, Heartbeat, Join
 from coordinator.http.calls import Calls
 from protocol.errors import ErrorCode
-from protocol.messages import HeartbeatRequest, HeartbeatResponse, JoinRequest
+from protocol.messages import Api, HeartbeatRequest, HeartbeatResponse, JoinRequest
 from tests.runtime.runtime_kit import SESSION_MS, Harness, make_harness, settle
 
 
@@ -77,11 +77,11 @@ async def test_a_call_given_up_on_before_it_ever_ran_still_tells_the_core(
                           "protocols": [["range", b"meta"]],
                           "session_timeout_ms": SESSION_MS,
                           "rebalance_timeout_ms": SESSION_MS, "client_id": "test"})
-    answered = calls.call("join", body, "application/msgpack", "h", None, 0.0)
+    answered = calls.call(Api.JOIN, body, False, "h", None, 0.0)
     assert isinstance(answered, tuple)
     member_id = msgpack.unpackb(answered[1])["member_id"]
     rejoin = msgpack.packb({**msgpack.unpackb(body), "member_id": member_id})
-    parked = calls.call("join", rejoin, "application/msgpack", "h", None, 0.0)
+    parked = calls.call(Api.JOIN, rejoin, False, "h", None, 0.0)
     assert isinstance(parked, asyncio.Future)
     assert harness.core.parked_request_count() == 1
     parked.cancel()  # before the loop ran anything
