@@ -7,8 +7,8 @@ SQLite database as Stable generations and restored by ``Runtime.start`` (the
 state a formed group is in); then ``--heartbeats`` heartbeats, cycling through
 every member, are answered through one of two layers:
 
-- ``calls``: ``Calls.call`` stepped by hand, exactly as the lean HTTP path
-  (``coordinator/http/fast.py``, ``FastProtocol._call``) does it;
+- ``calls``: ``Calls.call``, as the protocol listener calls it
+  (``coordinator/http/fast.py``, ``FastServer.answer``);
 - ``http``: a whole request fed to ``FastProtocol.data_received`` on a fake
   transport that drops the response (parser, headers, the call, the response
   bytes).
@@ -54,6 +54,7 @@ from coordinator.runtime.clock import WallClock
 from coordinator.runtime.runtime import Runtime
 from coordinator.storage.sqlite import Storage
 from protocol.limits import DEFAULT_MAX_BODY_BYTES
+from protocol.messages import Api
 
 SESSION_MS = 120_000
 
@@ -128,14 +129,11 @@ async def measure(args: argparse.Namespace, members: int) -> None:
                 n = len(bodies)
                 call = calls.call
                 for i in range(count):
-                    coro = call("heartbeat", bodies[i % n], "application/msgpack",
-                                "127.0.0.1", None, time.perf_counter())
-                    try:
-                        coro.send(None)
-                    except StopIteration as done:
-                        status, payload = done.value
-                    else:
+                    answer = call(Api.HEARTBEAT, bodies[i % n], False, "127.0.0.1", None,
+                                  time.perf_counter())
+                    if not isinstance(answer, tuple):
                         raise AssertionError("a heartbeat waited")
+                    status, payload = answer
                     if status != 200 or msgpack.unpackb(payload)["error"] is not None:
                         raise AssertionError(f"heartbeat failed: {status} {payload!r}")
         else:

@@ -95,7 +95,7 @@ from client.transport import (
 )
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_FETCH_CHECKPOINTS
-from protocol.messages import FetchRequest, FetchResponse, Scalar
+from protocol.messages import Api, FetchRequest, FetchResponse, Scalar
 
 __all__ = ["GroupMember", "LoadCallback", "monotonic_ms", "wall_ms"]
 
@@ -431,7 +431,7 @@ class GroupMember:
         self._raise_failure()
         request, timeout_ms = self._driver.commit_call(self._clock(), checkpoints,
                                                        self.config.request_timeout_ms)
-        response = await self._user_call("commit", request, timeout_ms)
+        response = await self._user_call(Api.COMMIT, request, timeout_ms)
         error = self._driver.commit_answered(self._clock(), request, response.error)
         self._wakeup.set()
         if error is not None:
@@ -458,7 +458,7 @@ class GroupMember:
         found: dict[Resource, Scalar] = {}
         while requests:
             request = requests.pop()
-            response = await self._user_call("fetch", request)
+            response = await self._user_call(Api.FETCH, request)
             assert isinstance(response, FetchResponse)
             if response.error is not None:
                 raise CoordinatorUnavailableError(f"fetch: {response.error.value}")
@@ -467,7 +467,7 @@ class GroupMember:
                 requests.append(FetchRequest(group_id, paged=True, after=response.next))
         return found
 
-    async def _user_call(self, api: str, request: Any, timeout_ms: int | None = None) -> Any:
+    async def _user_call(self, api: Api, request: Any, timeout_ms: int | None = None) -> Any:
         limit_ms = self.config.request_timeout_ms if timeout_ms is None else timeout_ms
         call = asyncio.ensure_future(self._transport.call(api, request))
         try:
@@ -695,7 +695,7 @@ class GroupMember:
         """The member's clock ``timeout_s`` seconds from now (None: never)."""
         return None if timeout_s is None else self._clock() + round(timeout_s * 1000)
 
-    def _timed_out(self, api: str) -> None:
+    def _timed_out(self, api: Api) -> None:
         """A call got no answer within its timeout: tell a transport that
         cares (a router looks for the coordinator again)."""
         timed_out = getattr(self._transport, "timed_out", None)

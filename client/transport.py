@@ -70,6 +70,7 @@ from protocol.messages import (
     ADMIN_LISTENER,
     APIS,
     LISTENER_FIELD,
+    Api,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
     Request,
@@ -78,8 +79,6 @@ from protocol.messages import (
 from protocol.validate import ValidationError
 
 __all__ = [
-    "CATALOG_API",
-    "FIND_COORDINATOR_API",
     "AiohttpTransport",
     "CallRequest",
     "CallResponse",
@@ -94,10 +93,6 @@ __all__ = [
 
 log = logging.getLogger("groupcoord.client")
 
-#: the pseudo-api name of ``GET /v1/resources``.
-CATALOG_API = "resources"
-#: v1.1: which coordinator serves a group (any coordinator answers).
-FIND_COORDINATOR_API = "find_coordinator"
 #: the answers a coordinator gives instead of a call's own response (v1.1).
 _NOT_SERVED = frozenset({ErrorCode.NOT_COORDINATOR.value,
                          ErrorCode.COORDINATOR_LOAD_IN_PROGRESS.value})
@@ -142,7 +137,7 @@ def check_coordinator_url(url: object, *, tls_settings: bool = False) -> str:
 class CatalogRequest:
     """``GET /v1/resources``: the leader reads the catalog before it assigns."""
 
-    API = CATALOG_API
+    API = Api.RESOURCES
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,20 +232,20 @@ class AiohttpTransport:
     async def call(self, api: str, request: Any) -> Any:
         session = self._get_session()
         try:
-            if api == CATALOG_API:
+            if api == Api.RESOURCES:
                 async with session.get(f"{self._base}/v1/resources") as resp:
                     body = await resp.read()
                     self._check_status(api, resp.status, body, json_body=True)
                     return CatalogResponse.from_json(json.loads(body))
             if api not in APIS:
                 raise ValueError(f"unknown api {api!r}")
-            response_type = APIS[api][1]
+            response_type = APIS[Api(api)][1]
             async with session.post(f"{self._base}/v1/{api}", data=encode(request.to_wire()),
                                     headers={"Content-Type": CONTENT_TYPE}) as resp:
                 body = await resp.read()
                 self._check_status(api, resp.status, body, json_body=False)
                 obj = decode(body)
-                if api != FIND_COORDINATOR_API:
+                if api != Api.FIND_COORDINATOR:
                     self._check_served(api, obj)
                 result: Response = response_type.from_wire(obj)
                 return result
@@ -634,7 +629,7 @@ class CoordinatorRouter:
             for url in choice.find_order():
                 try:
                     response = await asyncio.wait_for(
-                        self._transports[url].call(FIND_COORDINATOR_API,
+                        self._transports[url].call(Api.FIND_COORDINATOR,
                                                    FindCoordinatorRequest(self._group_id)),
                         self._find_timeout_ms / 1000)
                 except TimeoutError:

@@ -8,6 +8,7 @@ the two sides can never disagree on a field's name or type.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -32,6 +33,7 @@ from protocol.validate import (
 )
 
 __all__ = [
+    "Api",
     "CommitRequest",
     "CommitResponse",
     "FetchRequest",
@@ -72,6 +74,21 @@ def _generation(f: Fields) -> int:
 # ---------------------------------------------------------------- join
 
 
+class Api(enum.StrEnum):
+    """The protocol calls by their wire names: ``POST /v1/<api>``; ``resources`` is
+    the catalog read (``GET /v1/resources``), which a leader makes like a call."""
+
+    JOIN = "join"
+    SYNC = "sync"
+    HEARTBEAT = "heartbeat"
+    LEAVE = "leave"
+    COMMIT = "commit"
+    FETCH = "fetch"
+    #: v1.1: which coordinator serves a group (any coordinator answers).
+    FIND_COORDINATOR = "find_coordinator"
+    RESOURCES = "resources"
+
+
 @dataclass(frozen=True, slots=True)
 class JoinRequest:
     group_id: str
@@ -95,7 +112,7 @@ class JoinRequest:
     #: up on it) is not applied. Absent: no such check (v1 clients).
     sequence: int | None = None
 
-    API = "join"
+    API = Api.JOIN
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
@@ -247,7 +264,7 @@ class SyncRequest:
     protocol_type: str | None = None
     protocol_name: str | None = None
 
-    API = "sync"
+    API = Api.SYNC
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
@@ -326,7 +343,7 @@ class HeartbeatRequest:
     group_instance_id: str | None = None
     wait_ms: int = 0
 
-    API = "heartbeat"
+    API = Api.HEARTBEAT
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
@@ -416,7 +433,7 @@ class LeaveRequest:
     group_id: str
     members: tuple[LeaveMember, ...]
 
-    API = "leave"
+    API = Api.LEAVE
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
@@ -507,7 +524,7 @@ class CommitRequest:
     #: is not applied. Absent: no such check (v1 clients, simple commits).
     sequence: int | None = None
 
-    API = "commit"
+    API = Api.COMMIT
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
@@ -577,7 +594,7 @@ class FetchRequest:
     paged: bool = False
     after: ResourceKey | None = None
 
-    API = "fetch"
+    API = Api.FETCH
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
@@ -638,7 +655,7 @@ class FindCoordinatorRequest:
 
     group_id: str
 
-    API = "find_coordinator"
+    API = Api.FIND_COORDINATOR
 
     @classmethod
     def from_wire(cls, obj: object) -> Self:
@@ -701,12 +718,12 @@ Response = (JoinResponse | SyncResponse | HeartbeatResponse | LeaveResponse | Co
             | FetchResponse)
 
 #: ``/v1/<api>`` -> (request type, response type)
-APIS: dict[str, tuple[type[Any], type[Any]]] = {
-    "join": (JoinRequest, JoinResponse),
-    "sync": (SyncRequest, SyncResponse),
-    "heartbeat": (HeartbeatRequest, HeartbeatResponse),
-    "leave": (LeaveRequest, LeaveResponse),
-    "commit": (CommitRequest, CommitResponse),
-    "fetch": (FetchRequest, FetchResponse),
-    "find_coordinator": (FindCoordinatorRequest, FindCoordinatorResponse),
+APIS: dict[Api, tuple[type[Any], type[Any]]] = {
+    Api.JOIN: (JoinRequest, JoinResponse),
+    Api.SYNC: (SyncRequest, SyncResponse),
+    Api.HEARTBEAT: (HeartbeatRequest, HeartbeatResponse),
+    Api.LEAVE: (LeaveRequest, LeaveResponse),
+    Api.COMMIT: (CommitRequest, CommitResponse),
+    Api.FETCH: (FetchRequest, FetchResponse),
+    Api.FIND_COORDINATOR: (FindCoordinatorRequest, FindCoordinatorResponse),
 }

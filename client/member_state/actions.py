@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from client.errors import FatalMemberError
 from protocol.errors import ErrorCode
+from protocol.messages import Api
 
 __all__ = [
     "COMMIT_CONTENT_ERRORS",
@@ -102,7 +103,7 @@ COMMIT_CONTENT_ERRORS = frozenset({ErrorCode.INVALID_REQUEST,
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    api: str
+    api: Api
     request: object
     timeout_ms: int
     #: a parked heartbeat may be abandoned when there is other work to do;

@@ -60,7 +60,7 @@ from client.member_state.actions import (
 )
 from client.member_state.machine import MemberStateMachine
 from protocol.errors import ErrorCode
-from protocol.messages import CommitRequest, Scalar
+from protocol.messages import Api, CommitRequest, Scalar
 
 __all__ = ["Cancel", "Channel", "DriverEffect", "MeasureLoad", "MemberDriver", "Send", "Stopped"]
 
@@ -85,7 +85,7 @@ class Send:
 @dataclass(frozen=True, slots=True)
 class Cancel:
     channel: Channel
-    api: str
+    api: Api
     #: no answer within the call's timeout (else: the machine abandoned it).
     timed_out: bool
 

@@ -90,9 +90,10 @@ from client.member_state.heartbeat import SideChannel
 from client.member_state.lease import Lease
 from client.member_state.main_channel import MainCall, Schedule
 from client.member_state.states import Ended, Joining, Phase, Stable, Syncing
-from client.transport import CATALOG_API, CatalogRequest, CatalogResponse
+from client.transport import CatalogRequest, CatalogResponse
 from protocol.errors import ErrorCode
 from protocol.messages import (
+    Api,
     CommitRequest,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -303,7 +304,7 @@ class MemberStateMachine:
         main = self._in_flight
         if not isinstance(main, MainCall):
             return False
-        if main.call.api == "leave":
+        if main.call.api == Api.LEAVE:
             return False
         if main.stale or self.state is MemberState.FAILED:
             return True
@@ -344,7 +345,7 @@ class MemberStateMachine:
         main = self._in_flight
         return (self._closing and not self._join_released and bool(self._owned)
                 and isinstance(self._phase, Joining) and isinstance(main, MainCall)
-                and main.call.api == "join")
+                and main.call.api == Api.JOIN)
 
     def _finishing_sync(self) -> bool:
         """Closing while SYNCING and owning something: the sync goes on.
@@ -510,7 +511,7 @@ class MemberStateMachine:
         # (simulator seed 121489, docs/client.md "A commit racing a rebalance").
         rebalancing = self.state in (MemberState.JOINING, MemberState.SYNCING)
         if not stale and self.state is MemberState.STABLE and action is not ErrorAction.RETRY:
-            self._apply(now_ms, "commit", code, action)
+            self._apply(now_ms, Api.COMMIT, code, action)
         if self._closing and code in (ErrorCode.REBALANCE_IN_PROGRESS,
                                       ErrorCode.ILLEGAL_GENERATION):
             # No "commit again": a closing member does not rejoin.
@@ -576,16 +577,16 @@ class MemberStateMachine:
                                                     LeaveResponse)) else None)
         if self._drop_stale(now_ms, main):
             return
-        if call.api == "join" and isinstance(response, JoinResponse):
+        if call.api == Api.JOIN and isinstance(response, JoinResponse):
             self._on_join(now_ms, sent, response)
-        elif call.api == "sync" and isinstance(response, SyncResponse):
+        elif call.api == Api.SYNC and isinstance(response, SyncResponse):
             self._on_sync(now_ms, sent, response)
-        elif (call.api == "heartbeat" and isinstance(response, HeartbeatResponse)
+        elif (call.api == Api.HEARTBEAT and isinstance(response, HeartbeatResponse)
               and isinstance(call.request, HeartbeatRequest)):
             self._on_heartbeat(now_ms, sent, call.request, response)
-        elif call.api == CATALOG_API and isinstance(response, CatalogResponse):
+        elif call.api == Api.RESOURCES and isinstance(response, CatalogResponse):
             self._on_catalog(now_ms, response)
-        elif call.api == "leave" and isinstance(response, LeaveResponse):
+        elif call.api == Api.LEAVE and isinstance(response, LeaveResponse):
             self._finish_close()
         else:
             raise RuntimeError(f"response {type(response).__name__} to a {call.api} call")
@@ -601,7 +602,7 @@ class MemberStateMachine:
             return
         api = main.call.api
         self.last_error = _with_api(api, str(error))
-        if api == "leave":
+        if api == Api.LEAVE:
             # The session timeout will remove us; do not hang on close.
             self._finish_close()
             return
@@ -613,7 +614,7 @@ class MemberStateMachine:
         main = self._take_call()
         if self._drop_stale(now_ms, main):
             return
-        if main.call.api == "heartbeat":
+        if main.call.api == Api.HEARTBEAT:
             self._schedule.due_ms = now_ms
         elif self.state is MemberState.LEAVING:
             self._finish_close()
@@ -664,7 +665,7 @@ class MemberStateMachine:
         # Answered at once (wait_ms 0), so within reply_ms on a healthy
         # network; a later answer is not waited for (the timing rule).
         timeout = self._timing.heartbeat_timeout_ms(now_ms, 0, self._lease_end_now())
-        call = Call("heartbeat", request, timeout, interruptible=True)
+        call = Call(Api.HEARTBEAT, request, timeout, interruptible=True)
         side.sent(call, now_ms, self._timing.heartbeat_interval_ms)
         return call
 
@@ -719,7 +720,7 @@ class MemberStateMachine:
                                               self._timing.heartbeat_interval_ms)
             return
         if (code is ErrorCode.ILLEGAL_GENERATION and self.state is MemberState.JOINING
-                and isinstance(main, MainCall) and main.call.api == "join"):
+                and isinstance(main, MainCall) and main.call.api == Api.JOIN):
             # Member validation passed, so the coordinator formed a newer
             # generation *with us* (a member that did not rejoin is removed,
             # and answered UNKNOWN_MEMBER_ID): the join phase completed and
@@ -784,7 +785,7 @@ class MemberStateMachine:
             return True
         if isinstance(phase, Stable) or (self._closing and not self._finishing_rebalance()):
             return False  # the main channel heartbeats; a closing member leaves
-        return not (isinstance(main, MainCall) and main.call.api == "heartbeat")
+        return not (isinstance(main, MainCall) and main.call.api == Api.HEARTBEAT)
 
     def _apply_side(self, now_ms: int, code: ErrorCode, action: ErrorAction) -> None:
         """The table's action for a background heartbeat's answer: like the
@@ -793,7 +794,7 @@ class MemberStateMachine:
         self._mark_stale()
         self._fail_rebalance(now_ms, f"heartbeat: {code.value}")
         if action is ErrorAction.FATAL:
-            self._fail(fatal_error_for(code, "heartbeat"))
+            self._fail(fatal_error_for(code, Api.HEARTBEAT))
             return
         # RESET_GENERATION, RESET_MEMBER, SET_MEMBER_ID (KIP-429 step 1.4)
         self._lose_all(f"heartbeat: {code.value}")
@@ -865,7 +866,7 @@ class MemberStateMachine:
             # Waiting longer than a session for the leave gains nothing: the
             # session timeout removes the member by then anyway.
             timeout = min(self.config.request_timeout_ms, self.config.session_timeout_ms)
-            return self._send(now_ms, Call("leave", request, timeout))
+            return self._send(now_ms, Call(Api.LEAVE, request, timeout))
         self._finish_close()
         return Stop(None)
 
@@ -892,7 +893,7 @@ class MemberStateMachine:
         # Should this heartbeat start a rebalance, the side channel carries on
         # one interval later.
         self._side.next_ms = now_ms + self._timing.heartbeat_interval_ms
-        return self._send(now_ms, Call("heartbeat", request, timeout, interruptible=True))
+        return self._send(now_ms, Call(Api.HEARTBEAT, request, timeout, interruptible=True))
 
     def _joining_step(self, now_ms: int, phase: Joining) -> Action:
         due = self._schedule.due_ms
@@ -920,7 +921,7 @@ class MemberStateMachine:
         )
         if phase.first_sent_ms is None:
             phase.first_sent_ms = now_ms
-        return self._send(now_ms, Call("join", request, self._rebalance_call_timeout()))
+        return self._send(now_ms, Call(Api.JOIN, request, self._rebalance_call_timeout()))
 
     def _join_protocols(self) -> tuple[tuple[str, bytes], ...]:
         """Each protocol's metadata: the same subscription and claims; the
@@ -960,18 +961,18 @@ class MemberStateMachine:
             # request_timeout_ms (simulator seed 217816: 30 s, with the
             # group converged without it meanwhile).
             timeout = self._timing.heartbeat_timeout_ms(now_ms, 0, None)
-            return self._send(now_ms, Call("heartbeat", request, timeout))
+            return self._send(now_ms, Call(Api.HEARTBEAT, request, timeout))
         needs_assignment = self.is_leader and not phase.skip_assignment
         if needs_assignment and phase.request is None:
             if phase.catalog is None:
-                return self._send(now_ms, Call(CATALOG_API, CatalogRequest(),
+                return self._send(now_ms, Call(Api.RESOURCES, CatalogRequest(),
                                                self.config.request_timeout_ms))
             phase.request = self._leader_sync_request(now_ms, phase, phase.catalog)
         if phase.request is None:
             phase.request = SyncRequest(
                 self.config.group_id, self.member_id, self.generation_id, (),
                 self.config.group_instance_id, PROTOCOL_TYPE, self.protocol_name)
-        return self._send(now_ms, Call("sync", phase.request, self._rebalance_call_timeout()))
+        return self._send(now_ms, Call(Api.SYNC, phase.request, self._rebalance_call_timeout()))
 
     def _leader_sync_request(self, now_ms: int, phase: Syncing,
                              catalog: CatalogResponse) -> SyncRequest:
@@ -1040,7 +1041,7 @@ class MemberStateMachine:
             self._schedule.due_ms = now_ms
             return
         if resp.error is not None:
-            self._apply(now_ms, "join", resp.error, detail=resp.message)
+            self._apply(now_ms, Api.JOIN, resp.error, detail=resp.message)
             return
         # The coordinator restarts our session timer when the join phase
         # completes, which is no earlier than when we sent the join.
@@ -1067,7 +1068,7 @@ class MemberStateMachine:
 
     def _on_sync(self, now_ms: int, sent_ms: int, resp: SyncResponse) -> None:
         if resp.error is not None:
-            self._apply(now_ms, "sync", resp.error)
+            self._apply(now_ms, Api.SYNC, resp.error)
             return
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
         phase = self._phase
@@ -1184,7 +1185,7 @@ class MemberStateMachine:
             if resp.error is ErrorCode.REBALANCE_IN_PROGRESS:
                 # The coordinator re-armed our session: proven contact.
                 self._lease.known(sent_ms)
-            self._apply(now_ms, "heartbeat", resp.error)
+            self._apply(now_ms, Api.HEARTBEAT, resp.error)
             return
         self._lease.settled(sent_ms)
         phase = self._phase
@@ -1205,7 +1206,7 @@ class MemberStateMachine:
 
     # ------------------------------------------------------------ the error table
 
-    def _apply(self, now_ms: int, api: str, code: ErrorCode,
+    def _apply(self, now_ms: int, api: Api, code: ErrorCode,
                action: ErrorAction | None = None, detail: str = "") -> None:
         """React to ``code`` answered to ``api``; ``detail``: the coordinator's
         message, if it sent one (a fatal error carries it)."""
@@ -1214,13 +1215,13 @@ class MemberStateMachine:
             # The coordinator answered: the backoff grows only while it is
             # unreachable or unavailable (simulator seed 1424).
             self._schedule.attempts = 0
-        in_rebalance = api in ("join", "sync")
+        in_rebalance = api in (Api.JOIN, Api.SYNC)
         if in_rebalance and action is not ErrorAction.RETRY:
             self._fail_rebalance(now_ms, f"{api}: {code.value}")
         if action is ErrorAction.REJOIN:
             self._enter_joining(now_ms, f"{api}: {code.value}",
                                 at_ms=now_ms + (self._schedule.backoff_ms()
-                                                if api == "join" else 0))
+                                                if api == Api.JOIN else 0))
         elif action in (ErrorAction.RESET_GENERATION, ErrorAction.RESET_MEMBER,
                         ErrorAction.SET_MEMBER_ID):
             # KIP-429 step 1.4: we are out of the generation; whatever we own
@@ -1232,13 +1233,13 @@ class MemberStateMachine:
                 self.member_id = ""
             self._enter_joining(now_ms, f"{api}: {code.value}",
                                 at_ms=now_ms + (self._schedule.backoff_ms()
-                                                if api == "join" else 0))
+                                                if api == Api.JOIN else 0))
         elif action is ErrorAction.FATAL:
             self._fail(fatal_error_for(code, api, detail))
         else:
             self._retry_later(now_ms, api, code.value)
 
-    def _retry_later(self, now_ms: int, api: str, reason: str,
+    def _retry_later(self, now_ms: int, api: Api, reason: str,
                      sent_ms: int | None = None) -> None:
         # The same step again after a backoff: a join is rebuilt, a sync is
         # re-sent as is (the coordinator answers a repeated sync with the
@@ -1251,10 +1252,10 @@ class MemberStateMachine:
         # retry_backoff_max_ms after that kept a member that owns nothing out
         # of its group past the convergence bound at short sessions
         # (simulator seed 415932).
-        if api in ("join", "sync", CATALOG_API):
+        if api in (Api.JOIN, Api.SYNC, Api.RESOURCES):
             self._fail_rebalance(now_ms, _with_api(api, reason), retriable=True)
         schedule = self._schedule
-        if api == "heartbeat" and self.state is MemberState.STABLE:
+        if api == Api.HEARTBEAT and self.state is MemberState.STABLE:
             # A failed heartbeat is retried no later than a healthy member's
             # next one (the backoff capped at the interval), as Kafka's
             # defaults have it (retry.backoff.max.ms 1 s, heartbeat.interval.ms

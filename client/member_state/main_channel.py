@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from client.member_state.actions import ERROR_ACTIONS, Call, ErrorAction
 from protocol.errors import ErrorCode
+from protocol.messages import Api
 
 __all__ = ["MainCall", "Schedule"]
 
@@ -41,9 +42,9 @@ class MainCall:
         side-channel answer to a heartbeat sent at ``hb_sent_ms`` with the
         generation the member still has (:mod:`client.member_state.heartbeat`)."""
         api = self.call.api
-        if api not in ("join", "sync") or hb_sent_ms < self.sent_ms or self.resend:
+        if api not in (Api.JOIN, Api.SYNC) or hb_sent_ms < self.sent_ms or self.resend:
             return  # not a join or sync, or the heartbeat left before it: says nothing of it
-        if api == "join":
+        if api == Api.JOIN:
             # No error: no join phase (ours would have started one, or been
             # answered at once). ILLEGAL_GENERATION: a join phase completed
             # with us in it, and our join was answered then.

@@ -25,7 +25,7 @@ from typing import Any
 
 from coordinator.cluster.host import PartitionHost
 from coordinator.core.admin import resource_problem
-from coordinator.core.commands import Command, DeleteResource, PutResource
+from coordinator.core.commands import CallCommand, DeleteResource, PutResource
 from coordinator.core.effects import AdminResult
 from coordinator.core.health import HEALTHY, Health
 from coordinator.core.records import CheckpointMeta
@@ -210,7 +210,7 @@ class ClusterService:
         return sorted((g for runtime in self.host.serving() for g in runtime.core.list_groups()),
                       key=lambda g: g.group_id)
 
-    async def call(self, make: Callable[[int], Command]) -> Answer:
+    async def call(self, make: Callable[[int], CallCommand]) -> Answer:
         probe = make(0)
         if isinstance(probe, (PutResource, DeleteResource)):
             return await self._change_catalog(probe)

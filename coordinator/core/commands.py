@@ -197,10 +197,11 @@ class AdoptCatalog:
     placement: tuple[tuple[str, Placement], ...] = ()
 
 
-Command = (Join | Sync | Heartbeat | Leave | Commit | Fetch | DeleteGroup | PutResource
-           | DeleteResource | RemoveMember | DrainMember | ResetCheckpoints | TimerFired
-           | Cancelled
-           | ReleaseHeartbeat | AdoptCatalog)
+#: the commands a caller waits for an answer to: each carries the ``request_id`` its
+#: runtime minted (``Runtime.new_request_id``).
+CallCommand = (Join | Sync | Heartbeat | Leave | Commit | Fetch | DeleteGroup | PutResource
+               | DeleteResource | RemoveMember | DrainMember | ResetCheckpoints)
+Command = CallCommand | TimerFired | Cancelled | ReleaseHeartbeat | AdoptCatalog
 
 
 def command_group(command: Command) -> str | None:

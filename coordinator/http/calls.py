@@ -3,14 +3,19 @@
 The protocol listener (:mod:`coordinator.http.fast`) answers every call with
 this, and nothing else answers them. Given the call's name, its raw body, its
 ``Content-Type`` header, the caller's address and token entry,
-:meth:`Calls.call` returns the HTTP status and the msgpack body to send.
+:meth:`Calls.call` returns the HTTP status and the body to send, or a future of
+them when the answer waits. It builds the call's command itself and hands it
+to the runtime serving the group (:meth:`Runtime.request`), which returns the
+answer or a future of it; nothing here is called back from below.
 
 What a call goes through, in order (a refused request never reaches the
 core, so it changes no state):
 
-1. 415 for another content type than msgpack or JSON (v1.1: a JSON call is
-   answered in JSON, bytes as base64: :mod:`protocol.json_wire`), 413 for a
-   body over ``--max-body-bytes`` (``{error: INVALID_REQUEST, message}``);
+1. from the head, before :meth:`Calls.call` (the listener asks
+   :meth:`Calls.early_refusal`): 415 for another content type than msgpack or
+   JSON (v1.1: a JSON call is answered in JSON, bytes as base64:
+   :mod:`protocol.json_wire`), 413 for a body over ``--max-body-bytes``
+   (``{error: INVALID_REQUEST, message}``);
 2. decode and validate into the request's dataclass (a body of at least
    ``offload.LARGE_BODY_BYTES`` on :mod:`coordinator.offload`'s worker thread,
    so the event loop goes on answering meanwhile); 400 ``INVALID_REQUEST``
@@ -19,7 +24,8 @@ core, so it changes no state):
 3. with authentication on: 403 ``GROUP_AUTHORIZATION_FAILED`` for a group the
    token is not granted, ``UNKNOWN_MEMBER_ID`` for a member id not minted for
    the token (:func:`coordinator.auth.member_bound`);
-4. :meth:`Runtime.call`, and the answer encoded; an answer the core gave
+4. the command (a fresh member id for a join) to :meth:`Runtime.request`,
+   and the answer encoded; an answer the core gave
    ``INVALID_REQUEST`` (a commit or fetch refused on what it says)
    is sent as that 400 with its message.
 
@@ -29,6 +35,8 @@ and answered 500 ``UNKNOWN_SERVER_ERROR``.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import time
@@ -38,7 +46,7 @@ from typing import Any
 
 from coordinator import auth, offload
 from coordinator.auth import TokenEntry, TokenStore
-from coordinator.core.commands import Command, Commit, Fetch, Heartbeat, Join, Leave, Sync
+from coordinator.core.commands import CallCommand, Commit, Fetch, Heartbeat, Join, Leave, Sync
 from coordinator.core.effects import AdminResult
 from coordinator.metrics import Metrics
 from coordinator.runtime.runtime import Answer, error_answer
@@ -48,6 +56,7 @@ from protocol.catalog import catalog_json
 from protocol.errors import ErrorCode
 from protocol.limits import DEFAULT_MAX_METADATA_BYTES
 from protocol.messages import (
+    Api,
     CommitRequest,
     FetchRequest,
     FindCoordinatorRequest,
@@ -71,7 +80,11 @@ SERVER_FAILED = "the server failed on this request; see its log"
 #: (HTTP status, msgpack body).
 Result = tuple[int, bytes]
 #: make the command of a validated request: (request, request id, remote address, token).
-MakeCommand = Callable[[Any, int, str, TokenEntry | None], Command]
+MakeCommand = Callable[[Any, int, str, TokenEntry | None], CallCommand]
+
+
+def _cancel(future: asyncio.Future[Answer], _done: object) -> None:
+    future.cancel()
 
 
 def _principal(token: TokenEntry | None) -> str | None:
@@ -79,19 +92,19 @@ def _principal(token: TokenEntry | None) -> str | None:
     return None if token is None else token.name
 
 
-def _join(msg: JoinRequest, rid: int, remote: str, token: TokenEntry | None) -> Command:
+def _join(msg: JoinRequest, rid: int, remote: str, token: TokenEntry | None) -> CallCommand:
     return Join(rid, msg, remote, auth.new_member_id(msg.client_id, msg.group_id, token),
                 _principal(token))
 
 
 #: api -> (parse the wire map, make the command).
-PROTOCOL_APIS: dict[str, tuple[Callable[[object], Any], MakeCommand]] = {
-    "join": (JoinRequest.from_wire, _join),
-    "sync": (SyncRequest.from_wire, lambda m, i, _r, t: Sync(i, m, _principal(t))),
-    "heartbeat": (HeartbeatRequest.from_wire, lambda m, i, _r, _t: Heartbeat(i, m)),
-    "leave": (LeaveRequest.from_wire, lambda m, i, _r, t: Leave(i, m, _principal(t))),
-    "commit": (CommitRequest.from_wire, lambda m, i, _r, t: Commit(i, m, _principal(t))),
-    "fetch": (FetchRequest.from_wire, lambda m, i, _r, _t: Fetch(i, m)),
+PROTOCOL_APIS: dict[Api, tuple[Callable[[object], Any], MakeCommand]] = {
+    Api.JOIN: (JoinRequest.from_wire, _join),
+    Api.SYNC: (SyncRequest.from_wire, lambda m, i, _r, t: Sync(i, m, _principal(t))),
+    Api.HEARTBEAT: (HeartbeatRequest.from_wire, lambda m, i, _r, _t: Heartbeat(i, m)),
+    Api.LEAVE: (LeaveRequest.from_wire, lambda m, i, _r, t: Leave(i, m, _principal(t))),
+    Api.COMMIT: (CommitRequest.from_wire, lambda m, i, _r, t: Commit(i, m, _principal(t))),
+    Api.FETCH: (FetchRequest.from_wire, lambda m, i, _r, _t: Fetch(i, m)),
 }
 
 
@@ -174,7 +187,7 @@ class Calls:
     def __init__(self, runtime: Service, metrics: Metrics, *, max_body_bytes: int,
                  max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
                  tokens: TokenStore | None = None,
-                 apis: Mapping[str, tuple[Callable[[object], Any], MakeCommand]] | None = None
+                 apis: Mapping[Api, tuple[Callable[[object], Any], MakeCommand]] | None = None
                  ) -> None:
         self.runtime = runtime
         self.metrics = metrics
@@ -186,7 +199,7 @@ class Calls:
         self._observe = metrics.observe_request
 
     @property
-    def apis(self) -> frozenset[str]:
+    def apis(self) -> frozenset[Api]:
         """The paths ``POST /v1/<api>`` served: the calls, and ``find_coordinator``."""
         return frozenset(self._apis) | {FindCoordinatorRequest.API}
 
@@ -198,13 +211,13 @@ class Calls:
         assert self.tokens is not None
         return auth.entry_for_header(self.tokens, authorization)
 
-    def refuse(self, api: str, status: int, message: str, started: float,
+    def refuse(self, api: Api, status: int, message: str, started: float,
                json_body: bool = False) -> Result:
         """A counted ``INVALID_REQUEST`` refusal (4xx) of a call that never reached the core."""
         self._observe(api, ErrorCode.INVALID_REQUEST, time.perf_counter() - started)
         return status, error_body(ErrorCode.INVALID_REQUEST, message, json_body)
 
-    def early_refusal(self, api: str, content_type: str | None, content_length: int | None,
+    def early_refusal(self, api: Api, content_type: str | None, content_length: int | None,
                       started: float) -> Result | None:
         """415 or 413 from the headers alone (before the body is read), else ``None``."""
         # The raw header usually is exactly the media type: skip parsing it then.
@@ -222,74 +235,113 @@ class Calls:
         """The JSON answer of ``GET /v1/resources`` (:func:`catalog_answer`)."""
         return catalog_answer(self.runtime)
 
-    def server_error(self, api: str, json_body: bool = False) -> Result:
+    def server_error(self, api: Api, json_body: bool = False) -> Result:
         self._observe(api, ErrorCode.UNKNOWN_SERVER_ERROR, 0.0)
         return 500, error_body(ErrorCode.UNKNOWN_SERVER_ERROR, SERVER_FAILED, json_body)
 
-    async def call(self, api: str, body: bytes, content_type: str | None, remote: str,
-                   token: TokenEntry | None, started: float) -> Result:
-        """Answer one call; ``started`` is the ``time.perf_counter()`` of its arrival.
+    def call(self, api: Api, body: bytes, as_json: bool, remote: str,
+             token: TokenEntry | None, started: float) -> Result | asyncio.Future[Result]:
+        """Answer one call whose head the listener has admitted (its content type
+        and length by :meth:`early_refusal`, its token); ``as_json``: the call came
+        in JSON; ``started`` is the ``time.perf_counter()`` of its arrival.
 
-        ``token`` is the caller's entry when authentication is on (the caller
-        has answered 401 already when there is none).
+        ``token`` is the caller's entry when authentication is on. The answer, or
+        a future of it when the runtime's answer waits (a parked call) or the body
+        is decoded off the loop; cancelling that future (the client went away)
+        tells the core (``Cancelled``).
         """
-        as_json = is_json(content_type)
         try:
-            refused = self.early_refusal(api, content_type, len(body), started)
-            if refused is not None:
-                return refused
             if api == FindCoordinatorRequest.API:
                 return self._find_coordinator(body, as_json, token, started)
-            parse, command = self._apis[api]
-
-            def read() -> Any:
-                return parse(json_wire.decode_request(api, body) if as_json
-                             else codec.decode(body))
-
-            try:
+            if len(body) >= offload.LARGE_BODY_BYTES:
                 # A large body (a commit of thousands of checkpoints) is decoded and
                 # validated off the event loop, which answers other groups meanwhile.
-                msg = (await offload.run(read) if len(body) >= offload.LARGE_BODY_BYTES
-                       else read())
-                if api == "join" or api == "sync":
-                    check_metadata(msg, self.max_metadata_bytes)
+                return asyncio.ensure_future(
+                    self._call_offloaded(api, body, remote, token, started, as_json))
+            try:
+                msg = self._decode(api, body, as_json)
             except (codec.DecodeError, ValidationError) as exc:
                 return self.refuse(api, 400, str(exc), started, as_json)
-            answer: Answer
-            # Before routing: a caller not granted the group learns nothing of it,
-            # not even which coordinator owns it.
-            forbidden = self._forbidden(api, token, msg.group_id, started, as_json)
-            if forbidden is not None:
-                return forbidden
-            # v1.1: the runtime serving the group here, or NOT_COORDINATOR /
-            # COORDINATOR_LOAD_IN_PROGRESS (a one-process server serves every group).
-            target = self.runtime.route(msg.group_id)
-            if isinstance(target, NotCoordinatorAnswer):
-                self._observe(api, target.error, time.perf_counter() - started)
-                return 200, self._encode(api, target.to_wire(), as_json)
-            if self.tokens is None:
-                answer = await target.call(lambda rid: command(msg, rid, remote, None))
-            else:
-                if all(auth.member_bound(token, msg.group_id, m) for m in _member_ids(msg)):
-                    answer = await target.call(
-                        lambda rid: command(msg, rid, remote, token))
-                else:
-                    answer = error_answer(command(msg, 0, remote, token),
-                                          ErrorCode.UNKNOWN_MEMBER_ID)
-            assert not isinstance(answer, AdminResult)
-            self._observe(api, answer.error, time.perf_counter() - started)
-            if answer.error is ErrorCode.INVALID_REQUEST:
-                # Refused by the core on what the request says (a checkpoint
-                # outside the catalog, a value over its limit, a fetch too big
-                # for one answer): a 400 like any bad input, naming the field.
-                message = getattr(answer, "message", "") or "invalid request"
-                return 400, error_body(ErrorCode.INVALID_REQUEST, message, as_json)
-            return 200, self._encode(api, answer.to_wire(), as_json)
+            return self._submit(api, msg, remote, token, started, as_json)
         except Exception:
             log.exception("unhandled error on POST /v1/%s", api)
             return self.server_error(api, as_json)
 
-    def _forbidden(self, api: str, token: TokenEntry | None, group_id: str, started: float,
+    def _decode(self, api: Api, body: bytes, as_json: bool) -> Any:
+        """The request's message, validated (:class:`ValidationError` naming the field)."""
+        msg = self._apis[api][0](json_wire.decode_request(api, body) if as_json
+                                 else codec.decode(body))
+        if api is Api.JOIN or api is Api.SYNC:
+            check_metadata(msg, self.max_metadata_bytes)
+        return msg
+
+    async def _call_offloaded(self, api: Api, body: bytes, remote: str,
+                              token: TokenEntry | None, started: float,
+                              as_json: bool) -> Result:
+        try:
+            try:
+                msg = await offload.run(functools.partial(self._decode, api, body, as_json))
+            except (codec.DecodeError, ValidationError) as exc:
+                return self.refuse(api, 400, str(exc), started, as_json)
+            answer = self._submit(api, msg, remote, token, started, as_json)
+            return answer if isinstance(answer, tuple) else await answer
+        except Exception:
+            log.exception("unhandled error on POST /v1/%s", api)
+            return self.server_error(api, as_json)
+
+    def _submit(self, api: Api, msg: Any, remote: str, token: TokenEntry | None,
+                started: float, as_json: bool) -> Result | asyncio.Future[Result]:
+        """Authorise the call, build its command and hand it to the runtime serving
+        its group."""
+        # Before routing: a caller not granted the group learns nothing of it,
+        # not even which coordinator owns it.
+        forbidden = self._forbidden(api, token, msg.group_id, started, as_json)
+        if forbidden is not None:
+            return forbidden
+        # v1.1: the runtime serving the group here, or NOT_COORDINATOR /
+        # COORDINATOR_LOAD_IN_PROGRESS (a one-process server serves every group).
+        target = self.runtime.route(msg.group_id)
+        if isinstance(target, NotCoordinatorAnswer):
+            self._observe(api, target.error, time.perf_counter() - started)
+            return 200, self._encode(api, target.to_wire(), as_json)
+        command = self._apis[api][1]
+        if self.tokens is not None and not all(auth.member_bound(token, msg.group_id, m)
+                                               for m in _member_ids(msg)):
+            answer = error_answer(command(msg, 0, remote, token), ErrorCode.UNKNOWN_MEMBER_ID)
+        else:
+            outcome = target.request(command(msg, target.new_request_id(), remote, token))
+            if isinstance(outcome, asyncio.Future):
+                waiting = asyncio.ensure_future(self._answer_later(api, outcome, started,
+                                                                   as_json))
+                # Cancelled before it ever ran, the task never cancelled the runtime's
+                # future: do it, so the core hears the caller is gone.
+                waiting.add_done_callback(functools.partial(_cancel, outcome))
+                return waiting
+            answer = outcome
+        return self._answered(api, answer, started, as_json)
+
+    async def _answer_later(self, api: Api, answer: asyncio.Future[Answer], started: float,
+                            as_json: bool) -> Result:
+        done = await answer
+        try:
+            return self._answered(api, done, started, as_json)
+        except Exception:
+            log.exception("unhandled error on POST /v1/%s", api)
+            return self.server_error(api, as_json)
+
+    def _answered(self, api: Api, answer: Answer, started: float, as_json: bool) -> Result:
+        """The runtime's answer to a call, counted and encoded."""
+        assert not isinstance(answer, AdminResult)
+        self._observe(api, answer.error, time.perf_counter() - started)
+        if answer.error is ErrorCode.INVALID_REQUEST:
+            # Refused by the core on what the request says (a checkpoint
+            # outside the catalog, a value over its limit, a fetch too big
+            # for one answer): a 400 like any bad input, naming the field.
+            message = getattr(answer, "message", "") or "invalid request"
+            return 400, error_body(ErrorCode.INVALID_REQUEST, message, as_json)
+        return 200, self._encode(api, answer.to_wire(), as_json)
+
+    def _forbidden(self, api: Api, token: TokenEntry | None, group_id: str, started: float,
                    as_json: bool) -> Result | None:
         """403 ``GROUP_AUTHORIZATION_FAILED`` for a group outside the token's grant
         (authentication on), counted; ``None`` when the call may go on."""

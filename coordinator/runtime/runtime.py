@@ -80,7 +80,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from coordinator import history, offload
-from coordinator.core.commands import Command
+from coordinator.core.commands import CallCommand, Command
 from coordinator.core.effects import (
     DrainRequested,
     GroupStateChanged,
@@ -267,31 +267,44 @@ class Runtime:
 
     # ------------------------------------------------------------ requests
 
-    async def call(self, make: Callable[[int], Command]) -> Answer:
-        """Apply the command ``make(request_id)`` and wait for its answer.
+    def new_request_id(self) -> int:
+        """A request id for a command of :meth:`request`, unique within this runtime."""
+        return next(self._ids)
 
-        If the caller goes away (the awaiting task is cancelled, as aiohttp
-        does when a client disconnects) while the request is parked in the
-        core, the core is told with ``Cancelled(request_id)``.
+    def request(self, command: CallCommand) -> Answer | asyncio.Future[Answer]:
+        """Apply ``command`` (its ``request_id`` from :meth:`new_request_id`): its
+        answer, or a future of it when the command waits (a parked join, sync or
+        long-poll heartbeat, a reply held until its writes commit).
+
+        Most calls (a heartbeat of a Stable group with no write of its group or the
+        catalog pending, most fetches) are answered within the apply step, with no
+        future. Cancelling the future (the caller went away) tells the core:
+        ``Cancelled(request_id)``.
         """
-        request_id = next(self._ids)
+        request_id = command.request_id
         machine = self.machine
-        answer = machine.request(self.clock.now_ms(), request_id, make(request_id))
+        answer = machine.request(self.clock.now_ms(), request_id, command)
         if machine.pending:
             self._perform()
         if answer is not None:
-            # Answered within the apply step (a heartbeat of a Stable group with no
-            # write of its group or the catalog pending, most fetches): no future.
             return answer
         future: asyncio.Future[Answer] = self._running_loop().create_future()
         self._futures[request_id] = future
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if self._futures.pop(request_id, None) is not None:
-                machine.caller_gone(self.clock.now_ms(), request_id)
-                self._perform()
-            raise
+        future.add_done_callback(functools.partial(self._caller_gone, request_id))
+        return future
+
+    async def call(self, make: Callable[[int], CallCommand]) -> Answer:
+        """Apply the command ``make(request_id)`` and wait for its answer (the admin
+        calls; :meth:`request` without the wait)."""
+        answer = self.request(make(self.new_request_id()))
+        return await answer if isinstance(answer, asyncio.Future) else answer
+
+    def _caller_gone(self, request_id: int, future: asyncio.Future[Answer]) -> None:
+        """A request's future is done: if it was cancelled before its answer, the
+        caller went away (its connection closed) while the request was parked."""
+        if future.cancelled() and self._futures.pop(request_id, None) is not None:
+            self.machine.caller_gone(self.clock.now_ms(), request_id)
+            self._perform()
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop

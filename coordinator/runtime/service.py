@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from coordinator.core.commands import Command
+from coordinator.core.commands import CallCommand
 from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class Service(Protocol):
     @property
     def advertised_url(self) -> str: ...
 
-    async def call(self, make: Callable[[int], Command]) -> Answer:
+    async def call(self, make: Callable[[int], CallCommand]) -> Answer:
         """Apply a command (an admin call) where its group is served and wait for the
         answer; a group served elsewhere is answered ``NOT_COORDINATOR``."""
 

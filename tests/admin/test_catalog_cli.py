@@ -18,8 +18,9 @@ from typing import Any
 from server_harness import GROUPCOORD, ServerProcess, StartServer
 
 from client.admin import AdminClient
-from client.transport import CATALOG_API, AiohttpTransport, CatalogRequest, CatalogResponse
+from client.transport import AiohttpTransport, CatalogRequest, CatalogResponse
 from protocol.catalog import Placement, Weights, Zones
+from protocol.messages import Api
 
 
 def run(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
@@ -35,7 +36,7 @@ def catalog(server: ServerProcess) -> dict[str, Any]:
 async def leader_read(url: str) -> CatalogResponse:
     transport = AiohttpTransport(url)
     try:
-        answer: CatalogResponse = await transport.call(CATALOG_API, CatalogRequest())
+        answer: CatalogResponse = await transport.call(Api.RESOURCES, CatalogRequest())
         return answer
     finally:
         await transport.aclose()

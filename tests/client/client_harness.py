@@ -23,7 +23,7 @@ from typing import Any
 from client.errors import CoordinatorUnavailableError
 from client.listener import RebalanceListener, Resource
 from client.member import GroupMember
-from client.transport import CATALOG_API, CatalogResponse
+from client.transport import CatalogResponse
 from coordinator.core.commands import (
     Commit,
     Fetch,
@@ -37,6 +37,7 @@ from coordinator.core.records import Record, Snapshot
 from coordinator.runtime.runtime import Runtime
 from protocol.catalog import Weights, Zones
 from protocol.messages import (
+    Api,
     CommitRequest,
     FetchRequest,
     HeartbeatRequest,
@@ -89,7 +90,7 @@ class InProcessTransport:
             await asyncio.sleep(self.cut_delay_s)
             raise CoordinatorUnavailableError(f"{api}: partitioned (test)")
         runtime = self.coordinator.runtime
-        if api == CATALOG_API:
+        if api == Api.RESOURCES:
             return CatalogResponse(runtime.core.resources_epoch, dict(runtime.core.catalog()),
                                    dict(runtime.core.catalog_placement()))
         if isinstance(request, JoinRequest):

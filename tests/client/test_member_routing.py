@@ -29,11 +29,11 @@ from virtual_time import LoopClock, loop_ms, run_virtual
 from client.errors import CoordinatorUnavailableError, NotCoordinatorError
 from client.member import GroupMember
 from client.member_state import ERROR_ACTIONS, ErrorAction
-from client.transport import FIND_COORDINATOR_API, CoordinatorRouter
+from client.transport import CoordinatorRouter
 from coordinator.core import CoreConfig, GroupCoordinator
 from coordinator.runtime.runtime import Runtime
 from protocol.errors import ErrorCode
-from protocol.messages import FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse
+from protocol.messages import Api, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -93,7 +93,7 @@ class Node:
         await asyncio.sleep(RTT_MS / 2000)
         await self._gate(api)
         cluster = self.cluster
-        if api == FIND_COORDINATOR_API:
+        if api == Api.FIND_COORDINATOR:
             response: Any = (FindCoordinatorResponse(None, cluster.owner, 7) if cluster.owner
                              else FindCoordinatorResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE))
         else:
@@ -220,7 +220,7 @@ def test_a_member_given_one_url_follows_not_coordinator_away_from_it() -> None:
         w.cluster.move(B, a="redirect", b="serve")
         await asyncio.sleep(SESSION_MS / 1000 + 0.5)
         assert w.cluster.count(B, "heartbeat", since=moved) >= 2
-        assert sum(w.cluster.count(u, FIND_COORDINATOR_API) for u in (A, B)) == 0
+        assert sum(w.cluster.count(u, Api.FIND_COORDINATOR) for u in (A, B)) == 0
         _keeps_everything(w, generation)
         await _stop(w)
 
@@ -236,7 +236,7 @@ def test_not_coordinator_without_an_owner_sends_the_member_to_find_coordinator()
         w.cluster.move(B, a="redirect", b="serve")
         await asyncio.sleep(3 * SESSION_MS / 1000)
         assert w.member.coordinator_url == B
-        assert sum(w.cluster.count(u, FIND_COORDINATOR_API, since=moved) for u in (A, B)) == 1
+        assert sum(w.cluster.count(u, Api.FIND_COORDINATOR, since=moved) for u in (A, B)) == 1
         _keeps_everything(w, generation)
         await _stop(w)
 
@@ -278,7 +278,7 @@ def test_a_paused_coordinator_is_given_up_when_its_heartbeat_times_out() -> None
         await asyncio.sleep(3 * SESSION_MS / 1000)
         assert w.member.coordinator_url == B
         # found by asking B, not by waiting on the paused A
-        assert w.cluster.count(A, FIND_COORDINATOR_API, since=paused) == 0
+        assert w.cluster.count(A, Api.FIND_COORDINATOR, since=paused) == 0
         _keeps_everything(w, generation)
         await _stop(w)
 
@@ -340,7 +340,7 @@ def test_redirects_are_followed_a_bounded_number_of_times_per_call() -> None:
 
         class Pingpong(Node):
             async def call(self, api: str, request: Any) -> Any:
-                if api == FIND_COORDINATOR_API:
+                if api == Api.FIND_COORDINATOR:
                     return FindCoordinatorResponse(None, A)
                 self.cluster.calls.append((0.0, self.url, api))
                 raise NotCoordinatorError(f"{api}: NOT_COORDINATOR", ErrorCode.NOT_COORDINATOR,
@@ -372,7 +372,7 @@ def test_a_member_given_https_urls_follows_no_server_to_http() -> None:
             self.url = url
 
         async def call(self, api: str, request: Any) -> Any:
-            if api == FIND_COORDINATOR_API:
+            if api == Api.FIND_COORDINATOR:
                 return FindCoordinatorResponse(None, "http://plain:9080")
             raise NotCoordinatorError(f"{api}: NOT_COORDINATOR", ErrorCode.NOT_COORDINATOR,
                                       "http://plain:9080")
@@ -439,7 +439,7 @@ def test_find_coordinator_answers_without_a_url_or_404_name_the_server_asked() -
             self.url = url
 
         async def call(self, api: str, request: Any) -> Any:
-            if api != FIND_COORDINATOR_API:
+            if api != Api.FIND_COORDINATOR:
                 return HeartbeatResponse(None)
             answer = answers[self.url]
             if isinstance(answer, Exception):
@@ -489,7 +489,7 @@ def test_a_call_timed_out_gives_its_coordinator_up_even_after_other_answers() ->
             self.url = url
 
         async def call(self, api: str, request: Any) -> Any:
-            if api == FIND_COORDINATOR_API:
+            if api == Api.FIND_COORDINATOR:
                 return FindCoordinatorResponse(None, A, 0)
             if api == "heartbeat" and self.url == A:
                 await asyncio.get_running_loop().create_future()

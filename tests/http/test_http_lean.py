@@ -31,7 +31,8 @@ from coordinator import tls
 from coordinator.auth import TokenEntry, TokenStore
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.http.fast import MAX_HEAD_BYTES, FastServer
+from coordinator.http.connection import MAX_HEAD_BYTES
+from coordinator.http.fast import FastServer
 from coordinator.http.listeners import Listeners
 from coordinator.metrics import Metrics
 from coordinator.runtime.clock import WallClock
@@ -602,54 +603,6 @@ async def test_shutdown_answers_parked_calls_and_closes(tmp_path: Path) -> None:
         status, doc = await asyncio.wait_for(task, 5)
         assert status == 200 and doc["error"] == "COORDINATOR_NOT_AVAILABLE"
         assert not connections
-
-
-# ---------------------------------------------------------------- calls stepped by hand
-
-
-async def test_a_call_stepped_by_hand_finishes_or_is_cancelled_like_a_task() -> None:
-    """fast._resume: what a task would do with a coroutine started by ``send(None)``."""
-    from coordinator.http.fast import _cancel_if_suspended, _resume
-
-    loop = asyncio.get_running_loop()
-    seen: list[str] = []
-
-    async def parked(future: asyncio.Future[tuple[int, bytes]]) -> tuple[int, bytes]:
-        try:
-            return await future
-        except asyncio.CancelledError:
-            seen.append("cancelled")  # where Runtime.call tells the core
-            raise
-
-    def started() -> tuple[asyncio.Future[tuple[int, bytes]], Any, Any]:
-        future: asyncio.Future[tuple[int, bytes]] = loop.create_future()
-        coro = parked(future)
-        waiting_for = coro.send(None)
-        assert waiting_for is future
-        return future, coro, waiting_for
-
-    future, coro, waiting_for = started()
-    task = loop.create_task(_resume(coro, waiting_for))
-    await asyncio.sleep(0)
-    future.set_result((200, b"ok"))
-    assert await task == (200, b"ok")
-
-    future, coro, waiting_for = started()
-    task = loop.create_task(_resume(coro, waiting_for))
-    await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert seen == ["cancelled"]
-
-    # Cancelled before its first step: the done callback cancels the coroutine.
-    future, coro, waiting_for = started()
-    task = loop.create_task(_resume(coro, waiting_for))
-    task.add_done_callback(lambda t: _cancel_if_suspended(coro, t))
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert seen == ["cancelled", "cancelled"]
 
 
 # ---------------------------------------------------------------- one strict parser

@@ -69,7 +69,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from client.errors import CoordinatorUnavailableError, NotCoordinatorError
-from client.transport import CATALOG_API, CatalogResponse, CoordinatorChoice, CoordinatorRouter
+from client.transport import CatalogResponse, CoordinatorChoice, CoordinatorRouter
 from coordinator.cluster import host_effects as hx
 from coordinator.cluster.host_machine import HostMachine, Partition
 from coordinator.core.config import CoreConfig
@@ -78,7 +78,7 @@ from coordinator.storage.leases import CoordinatorRow, LeaseRow, quotas
 from coordinator.storage.postgres import CatalogState, partition_of
 from protocol.catalog import Placement
 from protocol.errors import ErrorCode
-from protocol.messages import FindCoordinatorResponse, NotCoordinatorAnswer
+from protocol.messages import Api, FindCoordinatorResponse, NotCoordinatorAnswer
 from sim.events import DriftClock, Sim
 from sim.server import SimCoordinator
 
@@ -731,7 +731,7 @@ class SimNode:
         if conn.finding:
             net.answer(conn, machine.find_coordinator(number))
             return
-        if conn.api == CATALOG_API:
+        if conn.api == Api.RESOURCES:
             net.answer(conn, CatalogResponse(machine.resources_epoch, dict(machine.catalog),
                                              dict(machine.placement)))
             return

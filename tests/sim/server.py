@@ -42,7 +42,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from client.transport import CATALOG_API, CatalogResponse
+from client.transport import CatalogResponse
 from coordinator.config import ServerConfig
 from coordinator.core.commands import (
     Command,
@@ -63,7 +63,7 @@ from coordinator.runtime import machine as rm
 from coordinator.runtime.commits import record_group
 from protocol.catalog import Weights, Zones
 from protocol.errors import ErrorCode
-from protocol.messages import CommitRequest, HeartbeatRequest, JoinRequest, LeaveRequest
+from protocol.messages import Api, CommitRequest, HeartbeatRequest, JoinRequest, LeaveRequest
 
 if TYPE_CHECKING:
     from sim.events import DriftClock, Sim
@@ -195,7 +195,7 @@ class SimCoordinator:
             return
         core = self.core
         assert core is not None
-        if conn.api == CATALOG_API:
+        if conn.api == Api.RESOURCES:
             self.net.answer(conn, CatalogResponse(core.resources_epoch, dict(core.catalog()),
                                                   dict(core.catalog_placement())))
             return
