@@ -14,8 +14,10 @@ chunk by chunk (at most 1,000 seeds each), so a run of a million seeds keeps
 only its failed seeds in memory; ``--progress SECONDS`` prints the running
 totals while it goes. ``--seed S`` runs one
 seed; ``--trace`` prints its whole trace (byte-identical on every run).
-``--profile chaos`` draws the real-process chaos harness's settings instead
-of the whole valid space; ``--profile cluster`` draws the whole valid space
+``--profile plain`` draws the whole valid space without the runtime's own
+faults and limits (a third of the seeds of the default profile draw them:
+sim.server); ``--profile chaos`` draws the real-process chaos harness's
+settings instead of the whole valid space; ``--profile cluster`` draws the whole valid space
 with two or three coordinators sharing a simulated database (leases, epochs,
 failover; tests/sim/cluster.py).
 
@@ -322,7 +324,8 @@ def main() -> int:
     p.add_argument("--first", type=int, default=0, help="the first seed")
     p.add_argument("--seed", type=int, help="run this one seed")
     p.add_argument("--trace", action="store_true", help="print the seed's whole trace")
-    p.add_argument("--profile", choices=("space", "chaos", "cluster"), default="space")
+    p.add_argument("--profile", choices=("space", "plain", "chaos", "cluster"),
+                   default="space")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes (the machine's other users permitting)")
     p.add_argument("--progress", type=float, metavar="SECONDS",

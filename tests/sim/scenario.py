@@ -82,7 +82,10 @@ class SimConfig:
     faulty: bool
     fault_ms: int
     upgrade: bool
-    #: "space": drawn from the whole valid space; "chaos": the chaos harness's settings.
+    #: "space": drawn from the whole valid space; "plain": the same without the
+    #: runtime's own draws (``runtime``: every seed as it was before they existed,
+    #: the seeds that found a bug as they found it); "chaos": the chaos harness's
+    #: settings; "cluster": several coordinators.
     profile: str = "space"
     faults: tuple[Fault, ...] = field(default=())
     #: several coordinators (sim.cluster; 1: the single server of every other seed).
@@ -101,6 +104,7 @@ class SimConfig:
     loads: tuple[LoadChange, ...] = ()
     load_rejoin_interval_ms: int = 30_000
     #: one server: what only the real runtime meets, drawn in a third of the seeds
+    #: of profile "space"
     #: (sim.server.RuntimeFaults): the parked-request limits (None: the server's
     #: defaults) and whose token each worker's calls carry ("each": its own,
     #: "shared": one for all), the idle storage check's interval (0: none), the
