@@ -34,8 +34,7 @@ whose it was or not), a write or the idle storage check failing (serving
 stops: the server exits and is started again), and the parked-request limits
 (``max_parked_requests``, ``max_parked_per_token`` with each worker's token
 as the principal), cut down for a while as when other groups' calls fill
-them. A failure the world injected is expected: it is counted
-(``injected``), not a finding; any other is.
+them. A failure the world injected is expected, not a finding; any other is.
 
 With several coordinators (:mod:`sim.cluster`) one of these is the runtime
 of one partition a coordinator owns: its clock is the coordinator's drifting
@@ -154,8 +153,6 @@ class SimCoordinator:
         #: worker name -> its token (authentication on: the principal of its calls).
         self.tokens = tokens or {}
         self.faults = RuntimeFaults()
-        #: failures the world injected that the machine handled (not findings).
-        self.injected = 0
         #: the record a refused write held (refused again in every write holding it).
         self._refused_record: Record | None = None
         #: a serving stop the world caused (a failed write or check) is expected.
@@ -406,14 +403,10 @@ class SimCoordinator:
             case fx.DisarmStorageCheck():
                 self._check_at = None
             case fx.CheckStorage():
-                if self.storage_check_ms:
-                    self.sim.after(self._disk_latency(), self._checked, self.epoch)
-                else:
-                    machine.storage_checked(self.now())
+                self.sim.after(self._disk_latency(), self._checked, self.epoch)
             case fx.CoreRaised(command=name, error=error):
-                if isinstance(error, CoreFailure) and isinstance(error.cause, InjectedFault):
-                    self.injected += 1
-                else:
+                if not (isinstance(error, CoreFailure)
+                        and isinstance(error.cause, InjectedFault)):
                     self.core_errors.append(f"core raised {error!r} on {name}")
                 self.sim.log(f"coord CORE ERROR {error!r}")
             case fx.GroupEvicted(group_id=group_id, why=why):
@@ -483,14 +476,12 @@ class SimCoordinator:
             refuse = self.faults.refuse
             says = refuse is None or refuse[1]
             self.faults.refuse = None
-            self.injected += 1
             group_id = record_group(poisoned) if says else None
             self.sim.log(f"coord write REFUSED ({group_id or 'whose not said'})")
             machine.write_refused(now, StoreRefusal(group_id, "injected: a value it cannot hold"))
         elif self.faults.fail_write is not None:
             committed = self.faults.fail_write
             self.faults.fail_write = None
-            self.injected += 1
             if committed:
                 self.durable.extend(records)  # the COMMIT went through, its answer was lost
             self.sim.log(f"coord write FAILED (committed={committed})")
@@ -516,7 +507,6 @@ class SimCoordinator:
             return
         if self.faults.fail_check:
             self.faults.fail_check = False
-            self.injected += 1
             self._expect_stop = True
             self.sim.log("coord storage check FAILED")
             machine.storage_failed(self.now(), "injected: the database is read-only")

@@ -60,6 +60,7 @@ from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.effects import Effect, GroupStateChanged, MemberExpired, Reply
 from coordinator.core.records import CheckpointsWritten
+from coordinator.runtime.machine import RuntimeMachine
 from protocol.catalog import Placement, Weights, Zones
 from protocol.errors import ErrorCode
 from protocol.messages import CommitRequest, JoinRequest
@@ -173,9 +174,8 @@ class World:
         self.notes: list[str] = []
         self.value = 0
         self.acked: dict[Resource, int] = {}
-        #: the bystander group's checkpoint value acknowledged, and its commits answered.
+        #: the bystander group's checkpoint value acknowledged.
         self.bystander_acked = 0
-        self.bystander_answers = 0
         #: one server: checkpoints durable so far, (group, set, index) -> largest
         #: value (read from ``server.durable``, which only grows, up to ``_durable_seen``).
         self._durable: dict[tuple[str, str, int], int] = {}
@@ -422,7 +422,7 @@ class World:
                         ErrorCode.COORDINATOR_NOT_AVAILABLE)
         return True
 
-    def _uncrowd(self, machine: Any) -> None:
+    def _uncrowd(self, machine: RuntimeMachine) -> None:
         server = self.server
         assert server is not None
         machine.max_parked_requests = server.max_parked_requests
@@ -841,7 +841,6 @@ class World:
     def _bystander_answered(self, request: CommitRequest, value: int, answer: Any) -> None:
         server = self.server
         assert server is not None
-        self.bystander_answers += 1
         error = getattr(answer, "error", None)
         if error is None:
             self._check_commit_durable(request, "group b")
