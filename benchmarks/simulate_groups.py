@@ -14,10 +14,22 @@ chunk by chunk (at most 1,000 seeds each), so a run of a million seeds keeps
 only its failed seeds in memory; ``--progress SECONDS`` prints the running
 totals while it goes. ``--seed S`` runs one
 seed; ``--trace`` prints its whole trace (byte-identical on every run).
-``--profile chaos`` draws the real-process chaos harness's settings instead
-of the whole valid space; ``--profile cluster`` draws the whole valid space
+``--profile plain`` draws the whole valid space without the runtime's own
+faults and limits (a third of the seeds of the default profile draw them:
+sim.server); ``--profile chaos`` draws the real-process chaos harness's
+settings instead of the whole valid space; ``--profile cluster`` draws the whole valid space
 with two or three coordinators sharing a simulated database (leases, epochs,
 failover; tests/sim/cluster.py).
+
+``--coverage`` measures which lines of the production step objects the
+seeds run (coverage.py, a dev dependency): the runtime's machine
+(coordinator/runtime: machine.py, effects.py, commits.py), the member's
+(client/member_state/*.py) and the partition host
+(coordinator/cluster/host*.py). Each worker process records its own data,
+combined at the end; it prints each file's line coverage and names those
+under 80 %; ``--show-missing`` adds the lines not run. The asyncio shells
+around the machines (coordinator/runtime/runtime.py, client/member.py) are
+not run by the simulator and not listed.
 
 ``--compiled DIR`` runs the same seeds 1.6-1.9 times as fast on modules
 compiled by mypyc: build them first, outside the source tree, with
@@ -31,8 +43,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import glob
+import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -40,9 +56,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
 
 if TYPE_CHECKING:
+    import coverage
     from sim import SeedResult
 # ``sim`` is imported where it is used: ``--compiled`` must install its
 # import hook before the simulator's modules are first imported.
@@ -129,8 +147,99 @@ class Totals:
         return totals
 
 
+#: the production step objects the simulator drives (globs under the repository root).
+COVERED = ("coordinator/runtime/machine.py", "coordinator/runtime/effects.py",
+           "coordinator/runtime/commits.py", "client/member_state/*.py",
+           "coordinator/cluster/host*.py")
+#: the line coverage a file of COVERED is expected to reach.
+COVERAGE_TARGET = 80.0
+
+#: a worker's coverage measurement (``--coverage``), started before it imports
+#: the simulator so that the modules' own top-level lines count.
+_measuring: coverage.Coverage | None = None
+
+
+def covered_files() -> list[Path]:
+    return sorted(Path(f) for pattern in COVERED for f in glob.glob(str(ROOT / pattern)))
+
+
+def _start_measuring(data_file: str) -> None:
+    """A worker's initializer: its own data file (``data_suffix``: named after the
+    process), combined by :func:`coverage_report`."""
+    import coverage
+
+    global _measuring
+    _measuring = coverage.Coverage(data_file=data_file, data_suffix=True,
+                                   include=[str(f) for f in covered_files()])
+    _measuring.start()
+
+
 def _block_totals(args: tuple[int, int, str]) -> Totals:
-    return Totals.of(_block(args))
+    totals = Totals.of(_block(args))
+    if _measuring is not None:
+        # Saved after every chunk: a pool's workers are ended without atexit.
+        _measuring.stop()
+        _measuring.save()
+        _measuring.start()
+    return totals
+
+
+@dataclass(frozen=True)
+class FileCoverage:
+    path: str
+    statements: int
+    missing: tuple[int, ...]
+
+    @property
+    def percent(self) -> float:
+        if not self.statements:
+            return 100.0
+        return 100.0 * (self.statements - len(self.missing)) / self.statements
+
+
+def coverage_of(data_dir: str) -> list[FileCoverage]:
+    """Combine the workers' data files in ``data_dir``; the line coverage of each
+    file of COVERED (one never imported has every statement missing)."""
+    import coverage
+
+    cov = coverage.Coverage(data_file=os.path.join(data_dir, "data"),
+                            include=[str(f) for f in covered_files()])
+    cov.combine([data_dir], keep=False)
+    cov.save()
+    out = []
+    for f in covered_files():
+        _, statements, _, missing, _ = cov.analysis2(str(f))
+        out.append(FileCoverage(str(f.relative_to(ROOT)), len(statements), tuple(missing)))
+    return out
+
+
+def _ranges(lines: tuple[int, ...]) -> str:
+    parts: list[str] = []
+    start = prev = None
+    for n in lines:
+        if prev is not None and n == prev + 1:
+            prev = n
+            continue
+        if start is not None:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+        start = prev = n
+    if start is not None:
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ", ".join(parts)
+
+
+def coverage_table(files: list[FileCoverage], show_missing: bool = False) -> str:
+    width = max(len(f.path) for f in files)
+    lines = [f"{'line coverage':<{width}}  stmts  miss   cover"]
+    for f in files:
+        mark = "  < 80 %" if f.percent < COVERAGE_TARGET else ""
+        lines.append(f"{f.path:<{width}}  {f.statements:5}  {len(f.missing):4}  "
+                     f"{f.percent:5.1f}%{mark}")
+        if show_missing and f.missing:
+            lines.append(f"    missing: {_ranges(f.missing)}")
+    low = [f.path for f in files if f.percent < COVERAGE_TARGET]
+    lines.append(f"under {COVERAGE_TARGET:.0f} %: " + (", ".join(low) if low else "none"))
+    return "\n".join(lines)
 
 
 def _chunks(first: int, count: int, profile: str, jobs: int,
@@ -155,16 +264,24 @@ def run_many(first: int, count: int, profile: str = "space",
 
 
 def run_totals(first: int, count: int, profile: str = "space", jobs: int = 1,
-               progress_s: float | None = None) -> tuple[Totals, float]:
+               progress_s: float | None = None,
+               coverage_dir: str | None = None) -> tuple[Totals, float]:
     """The same seeds as ``run_many``, added up chunk by chunk (chunks of at
     most 1,000 seeds), for runs too long to keep every result; with
-    ``progress_s``, a line of running totals at most that often."""
+    ``progress_s``, a line of running totals at most that often; with
+    ``coverage_dir``, each worker records its coverage data there."""
     from sim import report
 
     started = time.monotonic()
     totals = Totals()
     shown = started
-    with ProcessPoolExecutor(jobs) as pool:
+    # Measuring: fresh worker processes (spawned, not forked from this one, which
+    # imported the simulator already) that start measuring before they import it.
+    pool = (ProcessPoolExecutor(jobs) if coverage_dir is None else
+            ProcessPoolExecutor(jobs, multiprocessing.get_context("spawn"),
+                                initializer=_start_measuring,
+                                initargs=(os.path.join(coverage_dir, "data"),)))
+    with pool:
         for part in pool.map(_block_totals, _chunks(first, count, profile, jobs, 1_000)):
             totals.merge(part)
             for r in part.failed:
@@ -207,11 +324,17 @@ def main() -> int:
     p.add_argument("--first", type=int, default=0, help="the first seed")
     p.add_argument("--seed", type=int, help="run this one seed")
     p.add_argument("--trace", action="store_true", help="print the seed's whole trace")
-    p.add_argument("--profile", choices=("space", "chaos", "cluster"), default="space")
+    p.add_argument("--profile", choices=("space", "plain", "chaos", "cluster"),
+                   default="space")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes (the machine's other users permitting)")
     p.add_argument("--progress", type=float, metavar="SECONDS",
                    help="print running totals at most this often (long runs)")
+    p.add_argument("--coverage", action="store_true",
+                   help="measure and print the line coverage of the runtime's machine, the "
+                        "member's and the partition host (coverage.py)")
+    p.add_argument("--show-missing", action="store_true",
+                   help="with --coverage: the lines not run, per file")
     p.add_argument("--compiled", type=Path, metavar="DIR",
                    help="run on the modules compiled by benchmarks/build_sim_mypyc.py into "
                         "DIR (same traces, 1.6-1.9 times as fast; not needed by the tests)")
@@ -248,9 +371,19 @@ def main() -> int:
         p.error("give --seeds N (with --first S) or --seed S")
     if args.seeds <= 0 or args.jobs <= 0:
         p.error("--seeds and --jobs must be positive")
+    if args.coverage and args.compiled is not None:
+        p.error("--coverage measures the interpreted modules: not with --compiled")
     jobs = min(args.jobs, os.cpu_count() or 1)
-    totals, wall = run_totals(args.first, args.seeds, args.profile, jobs, args.progress)
-    print(summary(totals, wall))
+    coverage_dir = tempfile.mkdtemp(prefix="simulate-coverage-") if args.coverage else None
+    try:
+        totals, wall = run_totals(args.first, args.seeds, args.profile, jobs, args.progress,
+                                  coverage_dir)
+        print(summary(totals, wall))
+        if coverage_dir is not None:
+            print(coverage_table(coverage_of(coverage_dir), args.show_missing))
+    finally:
+        if coverage_dir is not None:
+            shutil.rmtree(coverage_dir, ignore_errors=True)
     return 0 if totals.violations == 0 else 1
 
 

@@ -82,7 +82,10 @@ class SimConfig:
     faulty: bool
     fault_ms: int
     upgrade: bool
-    #: "space": drawn from the whole valid space; "chaos": the chaos harness's settings.
+    #: "space": drawn from the whole valid space; "plain": the same without the
+    #: runtime's own draws (``runtime``: every seed as it was before they existed,
+    #: the seeds that found a bug as they found it); "chaos": the chaos harness's
+    #: settings; "cluster": several coordinators.
     profile: str = "space"
     faults: tuple[Fault, ...] = field(default=())
     #: several coordinators (sim.cluster; 1: the single server of every other seed).
@@ -100,6 +103,17 @@ class SimConfig:
     max_moves: int | None = None
     loads: tuple[LoadChange, ...] = ()
     load_rejoin_interval_ms: int = 30_000
+    #: one server: what only the real runtime meets, drawn in a third of the seeds
+    #: of profile "space"
+    #: (sim.server.RuntimeFaults): the parked-request limits (None: the server's
+    #: defaults) and whose token each worker's calls carry ("each": its own,
+    #: "shared": one for all), the idle storage check's interval (0: none), the
+    #: runtime faults (``draw_faults``), and a second group "b" of simple commits
+    #: that nothing of the group's faults may touch.
+    runtime: bool = False
+    limits: tuple[int, int] | None = None
+    tokens: str = ""
+    storage_check_ms: int = 0
 
     @property
     def placed(self) -> bool:
@@ -158,6 +172,8 @@ class SimConfig:
                 + (f" coordinators={self.coordinators} partitions={self.partitions} "
                    f"lease={self.lease_ms} coord_drift_ppm={list(self.coord_drift_ppm)}"
                    if self.coordinators > 1 else "")
+                + (f" runtime limits={self.limits} tokens={self.tokens or None} "
+                   f"storage_check={self.storage_check_ms}" if self.runtime else "")
                 + (f" placement={dict(self.placement)} capacities={list(self.capacities)} "
                    f"racks={list(self.racks)} max_moves={self.max_moves} "
                    f"loads={list(self.loads)} "
@@ -248,6 +264,8 @@ def draw_config(seed: int, profile: str = "space") -> SimConfig:
     if placed:
         assignors = ("balanced",)
         extra = _draw_placement(prng, catalog, members + 2, session)
+    if profile == "space":
+        extra.update(_draw_runtime(random.Random(seed * 3_000_017 + 59), members, session))
     return SimConfig(
         seed=seed, members=members, static=static, assignors=assignors,
         session_timeout_ms=session, rebalance_timeout_ms=rebalance,
@@ -266,6 +284,25 @@ def draw_config(seed: int, profile: str = "space") -> SimConfig:
         coordinators=coordinators, partitions=partitions, lease_ms=lease_ms,
         coord_drift_ppm=coord_drift, profile=profile, **extra,
     )
+
+
+def _draw_runtime(rng: random.Random, members: int, session: int) -> dict[str, Any]:
+    """A third of the one-server seeds, drawn apart (the others are as they were):
+    parked-request limits the group fills (one parked join, sync or long-poll per
+    worker at most, so the limit of all is at least the workers a run may have,
+    and a join or sync at it releases a parked long-poll), tokens, the storage
+    check."""
+    if rng.random() >= 1 / 3:
+        return {}
+    slots = members + 2
+    limits: tuple[int, int] | None = None
+    tokens = ""
+    if rng.random() < 0.7:
+        tokens = rng.choice(["each", "shared"])
+        per_token = rng.choice([1, 2]) if tokens == "each" else slots
+        limits = (rng.randint(slots, 2 * slots), per_token)
+    check = rng.randint(max(1, session // 4), 2 * session) if rng.random() < 0.5 else 0
+    return {"runtime": True, "limits": limits, "tokens": tokens, "storage_check_ms": check}
 
 
 def _draw_placement(rng: random.Random, catalog: tuple[tuple[str, int], ...], slots: int,
@@ -320,8 +357,48 @@ CLUSTER_WEIGHTS: tuple[tuple[str, float], ...] = (
 )
 
 
+#: the runtime's own faults (one server, ``SimConfig.runtime``), drawn apart.
+RUNTIME_WEIGHTS: tuple[tuple[str, float], ...] = (
+    ("core_fail", 3), ("refuse", 2), ("write_fail", 1), ("check_fail", 1), ("crowd", 2),
+    ("coord_stop", 1),
+)
+
+
+def draw_runtime_faults(config: SimConfig) -> list[Fault]:
+    """One to four faults of the runtime in the fault window: the core failing over
+    the group (before or after its handler changed it), the store refusing one of
+    its records (saying whose or not), a write failing (committed or not) or the
+    storage check failing (the server exits; started again after ``duration``),
+    the parked-request limits cut to a few for ``duration`` (other groups' calls
+    fill them), a graceful stop and start."""
+    rng = random.Random(config.seed * 4_000_037 + 71)
+    s = config.session_timeout_ms
+    table = [(k, w) for k, w in RUNTIME_WEIGHTS
+             if k != "check_fail" or config.storage_check_ms]
+    kinds = [k for k, _ in table]
+    weights = [w for _, w in table]
+    faults = []
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.choices(kinds, weights)[0]
+        at = s + rng.randint(0, config.fault_ms)
+        params: tuple[tuple[str, Any], ...] = ()
+        duration = rng.randint(1, s)
+        if kind == "core_fail":
+            params, duration = (("after", rng.random() < 0.5),), 0
+        elif kind == "refuse":
+            params, duration = (("says", rng.random() < 0.5),), 0
+        elif kind == "write_fail":
+            params = (("committed", rng.random() < 0.5),)
+        elif kind == "crowd":
+            params = (("requests", rng.randint(1, config.members)),
+                      ("per_token", rng.randint(1, config.members)))
+        faults.append(Fault(at, kind, "", duration, params))
+    return faults
+
+
 def draw_faults(config: SimConfig) -> tuple[Fault, ...]:
-    """The schedule against a model of which slots are up (one always stays up)."""
+    """The schedule against a model of which slots are up (one always stays up),
+    and the runtime's own faults (``draw_runtime_faults``)."""
     if not config.faulty:
         return ()
     rng = random.Random(config.seed * 7919 + 1)
@@ -432,6 +509,8 @@ def draw_faults(config: SimConfig) -> tuple[Fault, ...]:
         if fault is not None:
             faults.append(fault)
         t += max(1, int(rng.expovariate(1 / mean_gap)))
+    if config.runtime:
+        faults = sorted(faults + draw_runtime_faults(config), key=lambda f: f.at)
     return tuple(faults)
 
 

@@ -26,6 +26,16 @@ The catalog read (``GET /v1/resources``) is answered from memory at once,
 as the HTTP layer does. Anything the core raises is recorded as a finding
 (``core_errors``), after the machine handled it as the runtime does.
 
+What only the real runtime meets is drawn too (:class:`RuntimeFaults`, armed
+by the world's faults): the core failing over one group (:class:`SimCore`
+raises ``CoreFailure`` for the group's next call, before or after changing
+its state), the store refusing one group's record (``write_refused``, saying
+whose it was or not), a write or the idle storage check failing (serving
+stops: the server exits and is started again), and the parked-request limits
+(``max_parked_requests``, ``max_parked_per_token`` with each worker's token
+as the principal), cut down for a while as when other groups' calls fill
+them. A failure the world injected is expected, not a finding; any other is.
+
 With several coordinators (:mod:`sim.cluster`) one of these is the runtime
 of one partition a coordinator owns: its clock is the coordinator's drifting
 clock, its writes are fenced writes to the simulated database (``write``, the
@@ -40,6 +50,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from client.transport import CatalogResponse
@@ -54,13 +65,13 @@ from coordinator.core.commands import (
     Sync,
 )
 from coordinator.core.config import CoreConfig
-from coordinator.core.coordinator import GroupCoordinator
+from coordinator.core.coordinator import CoreFailure, GroupCoordinator
 from coordinator.core.effects import Effect, GroupStateChanged
 from coordinator.core.records import Record
 from coordinator.core.replay import fold
 from coordinator.runtime import effects as fx
 from coordinator.runtime import machine as rm
-from coordinator.runtime.commits import record_group
+from coordinator.runtime.commits import command_group, record_group
 from protocol.catalog import Weights, Zones
 from protocol.errors import ErrorCode
 from protocol.messages import Api, CommitRequest, HeartbeatRequest, JoinRequest, LeaveRequest
@@ -69,7 +80,7 @@ if TYPE_CHECKING:
     from sim.events import DriftClock, Sim
     from sim.network import Conn, Network
 
-__all__ = ["SimCoordinator"]
+__all__ = ["InjectedFault", "RuntimeFaults", "SimCoordinator", "SimCore", "StoreRefusal"]
 
 _COMMANDS: dict[type, Callable[[int, Any], Command]] = {
     HeartbeatRequest: Heartbeat, LeaveRequest: Leave, CommitRequest: Commit,
@@ -78,10 +89,85 @@ _COMMANDS: dict[type, Callable[[int, Any], Command]] = {
 _DEFAULTS = ServerConfig()
 
 
+class InjectedFault(RuntimeError):
+    """What the simulated core raises when the world made it fail (a bug in a handler)."""
+
+
+class SimCore(GroupCoordinator):
+    """The real core, made to fail once over one group when the world says so:
+    its next call of that group (join, sync, heartbeat, leave, commit) raises
+    ``CoreFailure`` as a handler that raised does -- before the handler ran, or
+    after it (its state changed, its effects lost: what the runtime must not
+    serve from)."""
+
+    def __init__(self, config: CoreConfig) -> None:
+        super().__init__(config)
+        #: (group, after the handler ran) of the next failure; None: none armed.
+        self.fail_next: tuple[str, bool] | None = None
+
+    def handle(self, now_ms: int, command: Command) -> list[Effect]:
+        armed = self.fail_next
+        if armed is None or not hasattr(command, "request") or command_group(command) != armed[0]:
+            return super().handle(now_ms, command)
+        self.fail_next = None
+        group_id, after = armed
+        if after:
+            super().handle(now_ms, command)
+        raise CoreFailure(group_id, command, InjectedFault(
+            f"injected {'after' if after else 'before'} {type(command).__name__}"))
+
+
+@dataclass(frozen=True)
+class StoreRefusal:
+    """The store's ``RecordError`` (coordinator/storage/sqlite.py): a record it cannot
+    store; ``group_id`` None when it could not say whose."""
+
+    group_id: str | None
+    problem: str
+
+
+@dataclass
+class RuntimeFaults:
+    """What the world armed, each striking once (see the module docs)."""
+
+    #: the next write holding a record of this group is refused: (group, says whose).
+    refuse: tuple[str, bool] | None = None
+    #: the next write fails (the database gone): whether it committed all the same
+    #: (its answer lost: the outcome is unknown to the server); None: not armed.
+    fail_write: bool | None = None
+    #: the next idle storage check fails.
+    fail_check: bool = False
+
+
 class SimCoordinator:
     def __init__(self, sim: Sim, net: Network, rng: random.Random, config: CoreConfig, *,
-                 disk_ms: tuple[int, int], clock: DriftClock | None = None) -> None:
+                 disk_ms: tuple[int, int], clock: DriftClock | None = None,
+                 max_parked_requests: int = _DEFAULTS.max_parked_requests,
+                 max_parked_per_token: int = _DEFAULTS.max_parked_per_token,
+                 storage_check_ms: int = 0, tokens: dict[str, str] | None = None) -> None:
         self.sim, self.net, self.rng, self.config = sim, net, rng, config
+        #: the limits and the idle storage check each machine runs with.
+        self.max_parked_requests = max_parked_requests
+        self.max_parked_per_token = max_parked_per_token
+        self.storage_check_ms = storage_check_ms
+        #: worker name -> its token (authentication on: the principal of its calls).
+        self.tokens = tokens or {}
+        self.faults = RuntimeFaults()
+        #: the record a refused write held (refused again in every write holding it).
+        self._refused_record: Record | None = None
+        #: a serving stop the world caused (a failed write or check) is expected.
+        self._expect_stop = False
+        #: when the idle storage check is due (None: not armed).
+        self._check_at: int | None = None
+        #: the server exited on a failure (the world starts it again).
+        self.on_exit: Callable[[], None] | None = None
+        #: request id -> who waits for the answer of a call made in-process
+        #: (:meth:`call`: the world's own client of another group).
+        self._calls: dict[int, Callable[[fx.Answer], None]] = {}
+        #: after every step: the world's checks of the machine's bookkeeping.
+        self.on_step: Callable[[], None] | None = None
+        #: an answer sent on a connection (the world's reply-after-commit check).
+        self.on_sent: Callable[[Conn, fx.Answer], None] | None = None
         #: the process's monotonic clock (None: the global one, a single coordinator).
         self.clock = clock
         #: (min, max) commit latency of one batch.
@@ -94,7 +180,7 @@ class SimCoordinator:
         #: bumped by every crash, abandon and stop: events of an older incarnation
         #: are dropped.
         self.epoch = 0
-        self.core: GroupCoordinator | None = None
+        self.core: SimCore | None = None
         #: the runtime's machine; kept after an abandon until its write returns.
         self.machine: rm.RuntimeMachine | None = None
         self.durable: list[Record] = []
@@ -135,12 +221,15 @@ class SimCoordinator:
     # ------------------------------------------------------------ life cycle
 
     def start(self) -> None:
-        self.core = GroupCoordinator(self.config)
+        self.core = SimCore(self.config)
         machine = self.machine = rm.RuntimeMachine(
-            self.core, max_parked_requests=_DEFAULTS.max_parked_requests,
-            max_parked_per_token=_DEFAULTS.max_parked_per_token)
+            self.core, max_parked_requests=self.max_parked_requests,
+            max_parked_per_token=self.max_parked_per_token,
+            storage_check_interval_ms=self.storage_check_ms)
         machine.trace = True
         self._writing = None
+        self._check_at = None
+        self._expect_stop = False
         self.up = True
         self.sim.log(f"coord up epoch={self.epoch} records={len(self.durable)}")
         machine.start(self.now(), fold(self.durable))
@@ -170,6 +259,8 @@ class SimCoordinator:
         self.machine = None
         self._timers.clear()
         self._writing = None
+        self._check_at = None
+        self._calls.clear()
 
     def admin(self, command_of: Callable[[int], Command]) -> bool:
         """An admin call (catalog change) applied here; its answer is not awaited."""
@@ -177,6 +268,22 @@ class SimCoordinator:
             return False
         self._rid += 1
         self.submit(command_of(self._rid))
+        return True
+
+    def call(self, command_of: Callable[[int], Command],
+             answered: Callable[[fx.Answer], None]) -> bool:
+        """A call made in-process (the world's own client of another group): its
+        answer goes to ``answered``, unless the server goes down first."""
+        machine = self.machine
+        if not self.up or machine is None:
+            return False
+        self._rid += 1
+        rid = self._rid
+        self._calls[rid] = answered
+        answer = machine.request(self.now(), rid, command_of(rid))
+        self._perform(machine)
+        if answer is not None:
+            self._answer(rid, answer)
         return True
 
     def submit(self, command: Command) -> None:
@@ -204,15 +311,16 @@ class SimCoordinator:
         conn.rid = rid
         request = conn.request
         command: Command
+        principal = self.tokens.get(conn.member.name)
         if isinstance(request, JoinRequest):
             if self.new_member_id is not None:
                 new_id = self.new_member_id(conn.member.name)
             else:
                 self._member_ids += 1
                 new_id = f"{conn.member.name}-m{self._member_ids}"
-            command = Join(rid, request, conn.member.name, new_id)
+            command = Join(rid, request, conn.member.name, new_id, principal)
         elif conn.api == "sync":
-            command = Sync(rid, request)
+            command = Sync(rid, request, principal)
         else:
             command = _COMMANDS[type(request)](rid, request)
         self._conns[rid] = conn
@@ -220,6 +328,10 @@ class SimCoordinator:
         self._perform(machine)
         if answer is not None:
             self._answer(rid, answer)
+
+    def awaited(self, rid: int) -> bool:
+        """Whether a caller still waits for the answer of request ``rid``."""
+        return rid in self._conns or rid in self._calls
 
     def on_close(self, conn: Conn) -> None:
         rid = conn.rid
@@ -233,10 +345,15 @@ class SimCoordinator:
     def _answer(self, rid: int, answer: fx.Answer) -> None:
         conn = self._conns.pop(rid, None)
         if conn is None:
+            answered = self._calls.pop(rid, None)
+            if answered is not None:
+                answered(answer)
             return
         # Sent even if the member gave up meanwhile (its close is still on the
         # way): the member drops an answer on a connection it closed.
         self.net.answer(conn, answer)
+        if self.on_sent is not None:
+            self.on_sent(conn, answer)
         if self.on_resolved is not None:
             self.on_resolved(rid, answer)
 
@@ -246,10 +363,14 @@ class SimCoordinator:
         while machine.pending:
             for effect in machine.take():
                 self._carry_out(machine, effect)
+        if self.on_step is not None and self.machine is machine:
+            self.on_step()
         if machine.failed and self.machine is machine:
             # The server exits on a failure (a supervisor restarts it).
             self.sim.log(f"coord exits epoch={self.epoch}")
             self._gone()
+            if self.on_exit is not None:
+                self.on_exit()
 
     def _carry_out(self, machine: rm.RuntimeMachine, effect: fx.MachineEffect) -> None:
         match effect:
@@ -275,17 +396,30 @@ class SimCoordinator:
                 self._start_write(records)
             case fx.LoadGroup(group_id=group_id):
                 self.sim.after(self._disk_latency(), self._loaded, (self.epoch, group_id))
+            case fx.ArmStorageCheck(deadline_ms=deadline_ms):
+                self._check_at = deadline_ms
+                when = deadline_ms if self.clock is None else self.clock.global_at(deadline_ms)
+                self.sim.at(when, self._check_due, (self.epoch, deadline_ms))
+            case fx.DisarmStorageCheck():
+                self._check_at = None
             case fx.CheckStorage():
-                machine.storage_checked(self.now())
+                self.sim.after(self._disk_latency(), self._checked, self.epoch)
             case fx.CoreRaised(command=name, error=error):
-                self.core_errors.append(f"core raised {error!r} on {name}")
+                if not (isinstance(error, CoreFailure)
+                        and isinstance(error.cause, InjectedFault)):
+                    self.core_errors.append(f"core raised {error!r} on {name}")
                 self.sim.log(f"coord CORE ERROR {error!r}")
             case fx.GroupEvicted(group_id=group_id, why=why):
                 self.sim.log(f"coord evicted {group_id}: {why}")
             case fx.GroupReloaded(group_id=group_id, found=found):
                 self.sim.log(f"coord reloaded {group_id}: {found}")
+                if self.on_restored is not None:
+                    self.on_restored()
             case fx.ServingStopped(why=why):
-                self.core_errors.append(f"stopped serving: {why}")
+                if self._expect_stop:
+                    self._expect_stop = False
+                else:
+                    self.core_errors.append(f"stopped serving: {why}")
                 self.sim.log(f"coord STOPPED SERVING {why}")
             case fx.Stopped():
                 self._stop_done()
@@ -320,6 +454,11 @@ class SimCoordinator:
         if self.write is not None:
             self.write(records)
             return
+        refuse = self.faults.refuse
+        if refuse is not None:
+            poisoned = next((r for r in records if record_group(r) == refuse[0]), None)
+            if poisoned is not None:
+                self._refused_record = poisoned
         ms = self._disk_latency()
         self.inflight_done_at = self.sim.now + ms
         self.sim.after(ms, self._written, (self.epoch, records, ms))
@@ -330,8 +469,49 @@ class SimCoordinator:
         if epoch != self.epoch or machine is None or self._writing is not records:
             return  # the crash lost it
         self._writing = None
-        self.durable.extend(records)
-        machine.write_done(self.now(), ms / 1000)
+        now = self.now()
+        poisoned = self._refused_record
+        if poisoned is not None and any(r is poisoned for r in records):
+            # The store cannot hold this record: nothing of the transaction is written.
+            refuse = self.faults.refuse
+            says = refuse is None or refuse[1]
+            self.faults.refuse = None
+            group_id = record_group(poisoned) if says else None
+            self.sim.log(f"coord write REFUSED ({group_id or 'whose not said'})")
+            machine.write_refused(now, StoreRefusal(group_id, "injected: a value it cannot hold"))
+        elif self.faults.fail_write is not None:
+            committed = self.faults.fail_write
+            self.faults.fail_write = None
+            if committed:
+                self.durable.extend(records)  # the COMMIT went through, its answer was lost
+            self.sim.log(f"coord write FAILED (committed={committed})")
+            self._expect_stop = True
+            machine.write_failed(now, "injected: the database went away")
+        else:
+            self.durable.extend(records)
+            machine.write_done(now, ms / 1000)
+        self._perform(machine)
+
+    def _check_due(self, arg: tuple[int, int]) -> None:
+        epoch, deadline = arg
+        machine = self.machine
+        if epoch != self.epoch or machine is None or self._check_at != deadline:
+            return
+        self._check_at = None
+        machine.storage_check_due(self.now())
+        self._perform(machine)
+
+    def _checked(self, epoch: int) -> None:
+        machine = self.machine
+        if epoch != self.epoch or machine is None:
+            return
+        if self.faults.fail_check:
+            self.faults.fail_check = False
+            self._expect_stop = True
+            self.sim.log("coord storage check FAILED")
+            machine.storage_failed(self.now(), "injected: the database is read-only")
+        else:
+            machine.storage_checked(self.now())
         self._perform(machine)
 
     def _loaded(self, arg: tuple[int, str]) -> None:
@@ -380,16 +560,18 @@ class SimCoordinator:
         if not machine.writing:
             self.machine = None
 
-    def stop(self, done: Callable[[], None]) -> None:
-        """``Runtime.stop(NOT_COORDINATOR)``, a hand-off: timers cancelled, the
-        pending writes committed, then every call still waiting answered
-        ``NOT_COORDINATOR`` (nothing was done for it); then ``done()``."""
+    def stop(self, done: Callable[[], None],
+             code: ErrorCode = ErrorCode.NOT_COORDINATOR) -> None:
+        """``Runtime.stop(code)``: timers cancelled, the pending writes committed,
+        then every call still waiting answered ``code`` (nothing was done for it);
+        then ``done()``. ``NOT_COORDINATOR``: a hand-off; ``COORDINATOR_NOT_AVAILABLE``:
+        the server shutting down."""
         machine = self.machine
         if not self.up or machine is None:
             done()
             return
         self._stopped = done
-        machine.stop(self.now(), ErrorCode.NOT_COORDINATOR)
+        machine.stop(self.now(), code)
         self._perform(machine)
 
     def _stop_done(self) -> None:

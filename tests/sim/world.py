@@ -13,7 +13,16 @@ safety
     generation, by a member of it, and no other process holds one of its
     resources at that instant;
   * *deadline*: a member never acts on (processes, commits) a resource at or
-    after its safety deadline.
+    after its safety deadline;
+  * *reply after commit*: a commit is answered without an error only once its
+    checkpoints are durable (one server: checked as the answer is sent);
+  * *parked*: every call parked in the core has a caller still waiting for
+    it (a caller gone is cancelled there, freeing its slot of the limits),
+    checked after every step of the coordinator;
+  * *bystander*: a second group "b", committing on its own (seeds drawing
+    the runtime's faults), is never answered an error while the coordinator
+    serves, whatever the faults of group "g" (its core failures, refused
+    records, limits), and its acknowledged checkpoints are durable.
 
 liveness
   * without faults no member loses anything (``on_lost``) or stops, no call
@@ -46,10 +55,12 @@ from typing import TYPE_CHECKING, Any
 from client.assignors import RebalanceProtocol
 from client.errors import FatalMemberError
 from client.member_state import CallbackKind, InvokeListener, MemberConfig, MemberState, Resource
-from coordinator.core.commands import Command, Commit, Sync
+from coordinator.core.commands import Command, Commit, Sync, command_group
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.effects import Effect, GroupStateChanged, MemberExpired, Reply
+from coordinator.core.records import CheckpointsWritten
+from coordinator.runtime.machine import RuntimeMachine
 from protocol.catalog import Placement, Weights, Zones
 from protocol.errors import ErrorCode
 from protocol.messages import CommitRequest, JoinRequest
@@ -67,14 +78,16 @@ from sim.scenario import (
     SimConfig,
     last_fault_end,
 )
-from sim.server import SimCoordinator
+from sim.server import RuntimeFaults, SimCoordinator
 
 if TYPE_CHECKING:
     from sim.network import Conn
 
-__all__ = ["GROUP", "World"]
+__all__ = ["BYSTANDER", "GROUP", "World"]
 
 GROUP = "g"
+#: the second group of a seed drawing the runtime's faults: simple commits only.
+BYSTANDER = "b"
 WALL_BASE_MS = 1_700_000_000_000
 MAX_VIOLATIONS = 10
 #: several coordinators: how long after the warm-up the members' start may wait
@@ -133,12 +146,23 @@ class World:
             self.cluster.on_runtime = self._wire_runtime
             self.cluster.db.on_violation = self.violation
         else:
+            limits: dict[str, Any] = {}
+            if config.limits is not None:
+                limits = {"max_parked_requests": config.limits[0],
+                          "max_parked_per_token": config.limits[1]}
+            slots = [f"w{i}" for i in range(config.members + 2)]
+            tokens = ({w: f"token-{w}" for w in slots} if config.tokens == "each" else
+                      dict.fromkeys(slots, "token") if config.tokens == "shared" else {})
             server = SimCoordinator(self.sim, self.net, random.Random(seed * 17 + 5), core,
-                                    disk_ms=config.disk_ms)
+                                    disk_ms=config.disk_ms, tokens=tokens,
+                                    storage_check_ms=config.storage_check_ms, **limits)
             self.server = server
             self.net.server = server
             server.on_effects = self._on_effects
             server.on_restored = self._check_durable
+            server.on_sent = self._check_reply_durable
+            server.on_step = self._check_parked
+            server.on_exit = self._server_exited
         self.net.on_cut = self._cut
         self.net.on_lost_call = self._lost_call
         #: several coordinators: a commit's checks, made when it is applied, kept
@@ -153,6 +177,14 @@ class World:
         self.notes: list[str] = []
         self.value = 0
         self.acked: dict[Resource, int] = {}
+        #: the bystander group's checkpoint value acknowledged.
+        self.bystander_acked = 0
+        #: one server: checkpoints durable so far, (group, set, index) -> largest
+        #: value (read from ``server.durable``, which only grows, up to ``_durable_seen``).
+        self._durable: dict[tuple[str, str, int], int] = {}
+        self._durable_seen = 0
+        #: how long the server stays down after exiting on a failure the world caused.
+        self._downtime = 0
         #: several coordinators start first (members and faults come after).
         self.t0 = config.warmup_ms
         #: when every fault is ended (the run restarts, resumes and heals everything).
@@ -290,6 +322,8 @@ class World:
             self.sim.at(t0 + fault.at, self._apply, fault)
         for change in c.loads:
             self.sim.at(t0 + change.at, self._load_change, change)
+        if c.runtime and self.server is not None:
+            self.sim.at(t0 + 1, self._bystander_commit)
         if c.faults:
             self.sim.at(self.t_end, self._end_faults)
         while self.sim.now < self.end:
@@ -331,6 +365,9 @@ class World:
         elif kind == "coord_crash" and self.server is not None and self.server.up:
             self.server.crash()
             self.sim.after(fault.duration, self._restart_server)
+        elif kind in ("core_fail", "refuse", "write_fail", "check_fail", "crowd",
+                      "coord_stop") and self.server is not None:
+            applied = self._apply_runtime(fault)
         elif kind == "slow_disk" and self.server is not None:
             self.server.slow_disk_until = self.sim.now + fault.duration
             self.server.slow_disk_factor = params["factor"]
@@ -376,6 +413,48 @@ class World:
             self.applied[kind] = self.applied.get(kind, 0) + 1
         else:
             self.skipped += 1
+
+    def _apply_runtime(self, fault: Fault) -> bool:
+        """A fault of the runtime (one server; sim.server.RuntimeFaults)."""
+        server = self.server
+        assert server is not None
+        machine, core = server.machine, server.core
+        if not server.up or machine is None or core is None:
+            return False
+        params = dict(fault.params)
+        kind = fault.kind
+        if kind == "core_fail":
+            core.fail_next = (GROUP, params["after"])
+        elif kind == "refuse":
+            server.faults.refuse = (GROUP, params["says"])
+        elif kind == "write_fail":
+            server.faults.fail_write = params["committed"]
+            self._downtime = fault.duration
+        elif kind == "check_fail":
+            server.faults.fail_check = True
+            self._downtime = fault.duration
+        elif kind == "crowd":
+            # Other groups' calls fill the limits: the group gets what is left.
+            machine.max_parked_requests = params["requests"]
+            machine.max_parked_per_token = params["per_token"]
+            self.sim.after(fault.duration, self._uncrowd, machine)
+        else:  # coord_stop: a graceful stop, started again after the fault's duration
+            until = self.sim.now + fault.duration
+            server.stop(lambda: self.sim.at(until if self.sim.now < self.t_end
+                                            else self.sim.now, self._restart_server),
+                        ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        return True
+
+    def _uncrowd(self, machine: RuntimeMachine) -> None:
+        server = self.server
+        assert server is not None
+        machine.max_parked_requests = server.max_parked_requests
+        machine.max_parked_per_token = server.max_parked_per_token
+
+    def _server_exited(self) -> None:
+        """The server exited on a failure: a supervisor starts it again."""
+        self.sim.after(self._downtime if self.sim.now < self.t_end else 0,
+                       self._restart_server)
 
     def _placement_for(self, name: str, partitions: int) -> Placement | None:
         """What an admin sends with a catalog change of a placement seed: the
@@ -502,6 +581,12 @@ class World:
         self.sim.log("FAULTS END")
         self._restart_server()
         if self.server is not None:
+            # Runtime faults armed and not yet struck never strike.
+            self.server.faults = RuntimeFaults()
+            if self.server.core is not None:
+                self.server.core.fail_next = None
+            if self.server.machine is not None:
+                self._uncrowd(self.server.machine)
             self.server.slow_disk_until = -1
             if self.server.up and self.server.inflight_done_at > self.quiet_at:
                 # A write started on the slow disk ends when it ends.
@@ -714,6 +799,80 @@ class World:
             if not isinstance(got, int) or got < value:
                 self.violation(f"durable: checkpoint {key} acknowledged at {value}, "
                                f"the restarted coordinator has {got!r}")
+        if self.bystander_acked:
+            got = core.checkpoints(BYSTANDER).get(("s0", 0))
+            if not isinstance(got, int) or got < self.bystander_acked:
+                self.violation(f"durable: group b's checkpoint acknowledged at "
+                               f"{self.bystander_acked}, the coordinator has {got!r}")
+
+    def _durable_value(self, group_id: str, name: str, index: int) -> int | None:
+        server = self.server
+        assert server is not None
+        durable = server.durable
+        for record in durable[self._durable_seen:]:
+            if type(record) is CheckpointsWritten:
+                for n, i, v in record.checkpoints:
+                    if isinstance(v, int):
+                        key = (record.group_id, n, i)
+                        if self._durable.get(key, -1) < v:
+                            self._durable[key] = v
+        self._durable_seen = len(durable)
+        return self._durable.get((group_id, name, index))
+
+    def _check_reply_durable(self, conn: Conn, answer: Any) -> None:
+        """Reply after commit: a commit answered without an error is durable."""
+        request = conn.request
+        if isinstance(request, CommitRequest) and getattr(answer, "error", 1) is None:
+            self._check_commit_durable(request, conn.member.tag)
+
+    def _check_commit_durable(self, request: CommitRequest, who: str) -> None:
+        for name, index, value in request.checkpoints:
+            if not isinstance(value, int):
+                continue
+            durable = self._durable_value(request.group_id, name, index)
+            if durable is None or durable < value:
+                self.violation(f"reply after commit: {who}'s commit of {(name, index)} = "
+                               f"{value} (group {request.group_id}) answered while the "
+                               f"coordinator's storage holds {durable!r}")
+
+    def _check_parked(self) -> None:
+        """Every call parked in the core has a caller still waiting for it."""
+        server = self.server
+        core = server.core if server is not None else None
+        machine = server.machine if server is not None else None
+        if server is None or core is None or machine is None or not machine.ready:
+            return  # stopped serving: every waiting call was answered, the core is moot
+        for rid, parked in core._k.parked.items():
+            if not server.awaited(rid):
+                self.violation(f"parked: call {rid} of group {parked.group_id} is still "
+                               f"parked in the core ({core.parked_request_count()} parked), "
+                               f"its caller gone")
+                return
+
+    def _bystander_commit(self, _: Any = None) -> None:
+        """Group "b": a simple commit of a growing value, every few hundred ms."""
+        server = self.server
+        if server is None or self.sim.now >= self.end - self.config.session_timeout_ms:
+            return
+        self.sim.after(max(50, self.config.session_timeout_ms // 3), self._bystander_commit)
+        self.value += 1
+        value = self.value
+        request = CommitRequest(BYSTANDER, "", -1, (("s0", 0, value),))
+        server.call(lambda rid: Commit(rid, request),
+                    lambda answer: self._bystander_answered(request, value, answer))
+
+    def _bystander_answered(self, request: CommitRequest, value: int, answer: Any) -> None:
+        server = self.server
+        assert server is not None
+        error = getattr(answer, "error", None)
+        if error is None:
+            self._check_commit_durable(request, "group b")
+            self.bystander_acked = max(self.bystander_acked, value)
+            return
+        machine = server.machine
+        if machine is not None and machine.ready:
+            self.violation(f"bystander: group b's commit answered {error} while the "
+                           f"coordinator serves")
 
     def _wire_runtime(self, runtime: SimCoordinator, serves_group: bool) -> None:
         """Several coordinators: the checks of a partition's runtime, as of the one server."""
@@ -734,6 +893,8 @@ class World:
                     runtime: SimCoordinator | None = None) -> None:
         core = runtime.core if runtime is not None else self.group_core()
         assert core is not None
+        if command_group(command) == BYSTANDER:
+            return
         if isinstance(command, Commit):
             self._check_commit(command, effects, conn, core, runtime)
         elif isinstance(command, Sync):
