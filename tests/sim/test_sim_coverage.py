@@ -28,7 +28,7 @@ def test_the_covered_files_are_the_runtimes_machine_the_members_and_the_host() -
     names = {str(f.relative_to(ROOT)) for f in covered_files()}
     assert {"coordinator/runtime/machine.py", "coordinator/runtime/effects.py",
             "coordinator/runtime/commits.py", "client/member_state/driver.py",
-            "client/member_state/machine.py", "coordinator/cluster/host.py"} <= names
+            "client/member_state/machine.py", "coordinator/cluster/host_machine.py"} <= names
     assert "coordinator/runtime/runtime.py" not in names  # the asyncio shell: not simulated
     assert len(COVERED) == 5
 
