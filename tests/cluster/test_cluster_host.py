@@ -228,9 +228,9 @@ async def test_a_catalog_change_through_one_coordinator_reaches_the_others(pg_ur
     b = await Node.start(pg_url, "b", partitions=P)
     try:
         await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
-        put = await a.service.call(lambda rid: PutResource(rid, "orders", 4))
+        put = await a.service.call(PutResource(a.service.new_request_id(), "orders", 4))
         assert put == AdminResult(None, 1)
-        put = await b.service.call(lambda rid: PutResource(rid, "users", 2))
+        put = await b.service.call(PutResource(b.service.new_request_id(), "users", 2))
         assert put == AdminResult(None, 2)         # ordered by the database, not per process
         await wait_for(lambda: a.host.resources_epoch == 2, 5, "a adopts epoch 2")
         for node in (a, b):
@@ -239,7 +239,7 @@ async def test_a_catalog_change_through_one_coordinator_reaches_the_others(pg_ur
                 core = node.host.partitions[number].runtime.core  # type: ignore[union-attr]
                 assert core.resources_epoch == 2
                 assert dict(core.catalog()) == {"orders": 4, "users": 2}
-        bad = await a.service.call(lambda rid: PutResource(rid, "orders", 0))
+        bad = await a.service.call(PutResource(a.service.new_request_id(), "orders", 0))
         assert isinstance(bad, AdminResult) and bad.error is ErrorCode.INVALID_REQUEST
         store = await PostgresStorage.open(pg_url)
         try:
@@ -257,7 +257,7 @@ async def test_weights_and_zones_changed_through_one_coordinator_reach_the_other
     hot = Placement(Weights(1.0, ((3, 40.0), (7, 12.5))), Zones(None, ((3, ("eu-1a",)),)))
     try:
         await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
-        put = await a.service.call(lambda rid: PutResource(rid, "orders", 8, hot.weights,
+        put = await a.service.call(PutResource(a.service.new_request_id(), "orders", 8, hot.weights,
                                                            hot.zones))
         assert put == AdminResult(None, 1)
         # b learns it from the database at its next round, and so do its partitions.
@@ -269,9 +269,9 @@ async def test_weights_and_zones_changed_through_one_coordinator_reach_the_other
                 assert core.catalog_placement() == {"orders": hot}
         # A PUT through b without them keeps them (b read the row in its transaction);
         # a shrink that leaves index 7 outside is refused, through either.
-        grown = await b.service.call(lambda rid: PutResource(rid, "orders", 16))
+        grown = await b.service.call(PutResource(b.service.new_request_id(), "orders", 16))
         assert grown == AdminResult(None, 2)
-        refused = await a.service.call(lambda rid: PutResource(rid, "orders", 5))
+        refused = await a.service.call(PutResource(a.service.new_request_id(), "orders", 5))
         assert isinstance(refused, AdminResult) and refused.error is ErrorCode.INVALID_REQUEST
         assert refused.message.startswith("weights.overrides: the set has an override for "
                                           "index 7")
@@ -285,7 +285,8 @@ async def test_weights_and_zones_changed_through_one_coordinator_reach_the_other
         finally:
             await store.close()
         # The weights cleared through a: b's partitions serve the default weights.
-        cleared = await a.service.call(lambda rid: PutResource(rid, "orders", 16, Weights()))
+        cleared = await a.service.call(PutResource(a.service.new_request_id(), "orders", 16,
+                                                   Weights()))
         assert cleared == AdminResult(None, 3)
         zoned = Placement(zones=hot.zones)
         await wait_for(lambda: b.host.resources_epoch == 3, 5, "b adopts epoch 3")

@@ -171,13 +171,10 @@ class SimCoordinator:
         self._timers.clear()
         self._writing = None
 
-    def admin(self, command_of: Callable[[int], Command]) -> bool:
-        """An admin call (catalog change) applied here; its answer is not awaited."""
-        if not self.up:
-            return False
+    def new_request_id(self) -> int:
+        """``Runtime.new_request_id``: the next request id of this server."""
         self._rid += 1
-        self.submit(command_of(self._rid))
-        return True
+        return self._rid
 
     def submit(self, command: Command) -> None:
         """``Runtime.submit``: a command whose answer nobody waits for."""
@@ -199,9 +196,7 @@ class SimCoordinator:
             self.net.answer(conn, CatalogResponse(core.resources_epoch, dict(core.catalog()),
                                                   dict(core.catalog_placement())))
             return
-        self._rid += 1
-        rid = self._rid
-        conn.rid = rid
+        rid = conn.rid = self.new_request_id()
         request = conn.request
         command: Command
         if isinstance(request, JoinRequest):
@@ -409,4 +404,8 @@ class SimCoordinator:
 
     def put_resource(self, name: str, partitions: int, weights: Weights | None = None,
                      zones: Zones | None = None) -> bool:
-        return self.admin(lambda rid: PutResource(rid, name, partitions, weights, zones))
+        """An admin call (catalog change) applied here; its answer is not awaited."""
+        if not self.up:
+            return False
+        self.submit(PutResource(self.new_request_id(), name, partitions, weights, zones))
+        return True
