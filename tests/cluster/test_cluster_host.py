@@ -30,13 +30,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "chaos"))
 from proxy import FaultProxy
 
 from coordinator.cluster.host import writer_settings
-from coordinator.core.commands import PutResource
+from coordinator.core.commands import Heartbeat, PutResource, RemoveMember
 from coordinator.core.effects import AdminResult
 from coordinator.storage.leases import LocalLease
 from coordinator.storage.postgres import PostgresStorage, connect, partition_of
 from protocol.catalog import Placement, Weights, Zones
 from protocol.errors import ErrorCode
-from protocol.messages import CommitResponse, FetchResponse, NotCoordinatorAnswer
+from protocol.messages import (
+    CommitResponse,
+    FetchResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    NotCoordinatorAnswer,
+)
 
 P = 6
 
@@ -218,6 +224,46 @@ async def test_an_owner_late_with_its_round_is_still_named_for_admin_calls(pg_ur
                                                            "http://b:9080")
         assert a.service.owner_admin_url(group) == "http://b:9081"
         assert a.service.owner_admin_url(mine) is None
+    finally:
+        await stop_all(a, b)
+
+
+async def test_an_admin_call_runs_where_its_group_is_served_with_an_id_unique_there(
+        pg_url: str) -> None:
+    """The admin edge builds its command, the id minted by the service, before the
+    service routes it: the id must not be one a partition runtime gives a protocol
+    call, whichever partition (loaded now or later) runs it."""
+    a = await Node.start(pg_url, "a", partitions=P)
+    b = await Node.start(pg_url, "b", partitions=P)
+    try:
+        await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
+        await wait_for(lambda: all(row.held for row in a.host.lease_rows.values()), 5, "reads")
+        mine = next(g for g in (f"g{i}" for i in range(100)) if partition_of(g, P) in a.owned())
+        theirs = next(g for g in (f"g{i}" for i in range(100))
+                      if partition_of(g, P) in b.owned())
+        runtime = a.runtime_for(mine)
+        member, generation = await stable_member(runtime, mine)
+        # A long-poll heartbeat parked in the partition's runtime, then the removal
+        # of its member through the service: that answers the heartbeat at once.
+        parked = runtime.request(Heartbeat(runtime.new_request_id(), HeartbeatRequest(
+            mine, member, generation, wait_ms=30_000)))
+        assert isinstance(parked, asyncio.Future)
+        removed = await a.service.call(RemoveMember(a.service.new_request_id(), mine, member))
+        assert isinstance(removed, AdminResult) and removed.error is None
+        beat = await asyncio.wait_for(parked, 5)
+        assert isinstance(beat, HeartbeatResponse)
+        assert beat.error is ErrorCode.UNKNOWN_MEMBER_ID
+        assert runtime.core.describe_group(mine).members == ()  # type: ignore[union-attr]
+        # A group served by b: answered NOT_COORDINATOR (the admin app forwards it).
+        elsewhere = await a.service.call(RemoveMember(a.service.new_request_id(), theirs, "m"))
+        assert elsewhere.error is ErrorCode.NOT_COORDINATOR
+        # Ids minted by the service and by each partition runtime never meet.
+        ids = [a.service.new_request_id()]
+        for number in sorted(a.owned()):
+            partition_runtime = a.host.partitions[number].runtime
+            assert partition_runtime is not None
+            ids += [partition_runtime.new_request_id(), a.service.new_request_id()]
+        assert len(set(ids)) == len(ids) == 7
     finally:
         await stop_all(a, b)
 
