@@ -275,8 +275,7 @@ async def reset_checkpoints(runtime: Service, group_id: str, doc: dict[str, Any]
 
     Bad input raises :class:`ValidationError` before anything is submitted.
     """
-    parse_reset(group_id, doc, 0)
-    return await runtime.call(lambda rid: parse_reset(group_id, doc, rid))
+    return await runtime.call(parse_reset(group_id, doc, runtime.new_request_id()))
 
 
 def reset_doc(group_id: str, doc: dict[str, Any], result: AdminResult) -> dict[str, Any]:

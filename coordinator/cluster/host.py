@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -254,6 +255,13 @@ class PartitionHost:
         self.metrics = metrics
         self.max_parked_requests = max_parked_requests
         self.max_parked_per_token = max_parked_per_token
+        #: the request ids of every partition runtime this host starts, from one
+        #: counter: an admin call's command is built, its id minted
+        #: (:meth:`new_request_id`), before the service routes it by its group, and
+        #: the id is then unique in whichever partition runtime runs it (one started
+        #: since, too). Simpler than routing before minting: a catalog change runs on
+        #: no runtime, and nothing is re-stamped.
+        self._request_ids = itertools.count(1)
         #: True once registered and the first round ran; False from stop on.
         self.ready = False
         #: True from stop on: the loop ends.
@@ -271,6 +279,10 @@ class PartitionHost:
         #: when the machine wants its next round (monotonic seconds).
         self._next_round = 0.0
         self._start_failure: str | None = None
+
+    def new_request_id(self) -> int:
+        """A request id unique within every partition runtime of this host."""
+        return next(self._request_ids)
 
     # ------------------------------------------------------------ the machine's state
 
@@ -520,7 +532,7 @@ class PartitionHost:
         runtime = Runtime(self._make_core(), PartitionStore(self, partition), self.clock,
                           self.metrics, max_parked_requests=self.max_parked_requests,
                           max_parked_per_token=self.max_parked_per_token,
-                          partition=number)
+                          partition=number, request_ids=self._request_ids)
         try:
             await runtime.start()
         except Exception as exc:

@@ -18,21 +18,19 @@ listeners are written against, over a :class:`PartitionHost`:
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from coordinator.cluster.host import PartitionHost
 from coordinator.core.admin import resource_problem
-from coordinator.core.commands import CallCommand, DeleteResource, PutResource
+from coordinator.core.commands import CallCommand, DeleteResource, PutResource, command_group
 from coordinator.core.effects import AdminResult
 from coordinator.core.health import HEALTHY, Health
 from coordinator.core.records import CheckpointMeta
 from coordinator.core.states import GroupState
 from coordinator.core.views import DrainCounts, GroupSummary, GroupView
 from coordinator.runtime.clock import Clock
-from coordinator.runtime.commits import command_group
 from coordinator.runtime.runtime import Answer, Core, Runtime, error_answer
 from coordinator.storage.sqlite import StorageError
 from protocol.catalog import Placement
@@ -147,7 +145,6 @@ class ClusterService:
         self._core = ClusterCore(host)
         self._journal = _Journal(host)
         self._failed = asyncio.Event()
-        self._ids = itertools.count(1)
 
     @property
     def ready(self) -> bool:
@@ -210,17 +207,20 @@ class ClusterService:
         return sorted((g for runtime in self.host.serving() for g in runtime.core.list_groups()),
                       key=lambda g: g.group_id)
 
-    async def call(self, make: Callable[[int], CallCommand]) -> Answer:
-        probe = make(0)
-        if isinstance(probe, (PutResource, DeleteResource)):
-            return await self._change_catalog(probe)
-        group_id = command_group(probe)
+    def new_request_id(self) -> int:
+        # Every partition runtime here draws from the host's one counter (host.py).
+        return self.host.new_request_id()
+
+    async def call(self, command: CallCommand) -> Answer:
+        if isinstance(command, (PutResource, DeleteResource)):
+            return await self._change_catalog(command)
+        group_id = command_group(command)
         if group_id is None:
-            raise TypeError(f"{type(probe).__name__} belongs to no group")
+            raise TypeError(f"{type(command).__name__} belongs to no group")
         target = self.route(group_id)
         if isinstance(target, NotCoordinatorAnswer):
-            return error_answer(probe, target.error)
-        return await target.call(make)
+            return error_answer(command, target.error)
+        return await target.call(command)
 
     async def _change_catalog(self, command: PutResource | DeleteResource) -> AdminResult:
         partitions = command.partitions if isinstance(command, PutResource) else None

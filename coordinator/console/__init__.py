@@ -591,7 +591,8 @@ async def drain_member(request: web.Request) -> web.StreamResponse:
                            "the admin API: draining a member needs the admin role.")
     member = request.match_info["member_id"]
     console = request.app[CONSOLE_KEY]
-    result = await console.runtime.call(lambda rid: DrainMember(rid, group_id, member))
+    runtime = console.runtime
+    result = await runtime.call(DrainMember(runtime.new_request_id(), group_id, member))
     assert isinstance(result, AdminResult)
     if result.error is None:
         if not result.draining:

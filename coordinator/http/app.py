@@ -237,7 +237,8 @@ async def describe_group(request: web.Request) -> web.StreamResponse:
 
 async def delete_group(request: web.Request) -> web.StreamResponse:
     group_id = _path_name(request, "group_id")
-    result = await request.app[RUNTIME_KEY].call(lambda rid: DeleteGroup(rid, group_id))
+    runtime = request.app[RUNTIME_KEY]
+    result = await runtime.call(DeleteGroup(runtime.new_request_id(), group_id))
     return _admin_answer(result, lambda _: web.Response(status=204), "UNKNOWN_GROUP")
 
 
@@ -285,8 +286,8 @@ async def remove_member(request: web.Request) -> web.StreamResponse:
     """``DELETE /v1/groups/{group_id}/members/{member_id}`` (Kafka's ``--remove-members``)."""
     group_id = _path_name(request, "group_id")
     member_id = _path_name(request, "member_id")
-    result = await request.app[RUNTIME_KEY].call(
-        lambda rid: RemoveMember(rid, group_id, member_id))
+    runtime = request.app[RUNTIME_KEY]
+    result = await runtime.call(RemoveMember(runtime.new_request_id(), group_id, member_id))
     return _admin_answer(result, lambda _: web.json_response(
         {"group_id": group_id, "removed": member_id}), "UNKNOWN_MEMBER_ID")
 
@@ -297,8 +298,8 @@ async def drain_member(request: web.Request) -> web.StreamResponse:
     to drain through its heartbeat answers. No body."""
     group_id = _path_name(request, "group_id")
     member = _path_name(request, "member_id")
-    result = await request.app[RUNTIME_KEY].call(
-        lambda rid: DrainMember(rid, group_id, member))
+    runtime = request.app[RUNTIME_KEY]
+    result = await runtime.call(DrainMember(runtime.new_request_id(), group_id, member))
     return _admin_answer(result, lambda r: web.json_response(
         admin_views.drain_doc(group_id, r)), ErrorCode.UNKNOWN_MEMBER_ID.value)
 
@@ -322,7 +323,8 @@ async def put_resource(request: web.Request) -> web.StreamResponse:
     except ValidationError as exc:
         raise Refused(400, str(exc)) from None
     runtime = request.app[RUNTIME_KEY]
-    result = await runtime.call(lambda rid: PutResource(rid, name, partitions, weights, zones))
+    result = await runtime.call(PutResource(runtime.new_request_id(), name, partitions, weights,
+                                            zones))
 
     def answer(r: AdminResult) -> web.StreamResponse:
         placement = runtime.core.catalog_placement().get(name, DEFAULT_PLACEMENT)
@@ -336,7 +338,8 @@ async def put_resource(request: web.Request) -> web.StreamResponse:
 
 async def delete_resource(request: web.Request) -> web.StreamResponse:
     name = _path_name(request, "name")
-    result = await request.app[RUNTIME_KEY].call(lambda rid: DeleteResource(rid, name))
+    runtime = request.app[RUNTIME_KEY]
+    result = await runtime.call(DeleteResource(runtime.new_request_id(), name))
     return _admin_answer(result, lambda r: web.json_response(
         {"name": name, "resources_epoch": r.resources_epoch}), "UNKNOWN_RESOURCE")
 

@@ -64,7 +64,7 @@ docs/architecture.md practices 4 and 5, after Kafka's group coordinator runtime:
 
 Every rule above is decided by :class:`~coordinator.runtime.machine.RuntimeMachine`,
 which does no I/O; :class:`Runtime` is its asyncio shell: it gives the machine
-the clock's time and each call a request id, turns the machine's effects into
+the clock's time and mints the request ids, turns the machine's effects into
 futures answered, storage writes and loads run as tasks (their outcome fed back),
 loop timers on the :class:`~coordinator.runtime.clock.Clock`, log lines and
 metrics. The simulator (tests/sim/server.py) drives the same machine.
@@ -76,7 +76,7 @@ import asyncio
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from coordinator import history, offload
@@ -140,7 +140,8 @@ class Runtime:
                  metrics: Metrics | None = None, *, max_parked_requests: int = 0,
                  max_parked_per_token: int = 0,
                  storage_check_interval_ms: int = STORAGE_CHECK_INTERVAL_MS,
-                 partition: int | None = None) -> None:
+                 partition: int | None = None,
+                 request_ids: Iterator[int] | None = None) -> None:
         self.machine = RuntimeMachine(core, max_parked_requests=max_parked_requests,
                                       max_parked_per_token=max_parked_per_token,
                                       storage_check_interval_ms=storage_check_interval_ms)
@@ -164,7 +165,9 @@ class Runtime:
         #: the loop serving this runtime, kept at the first call: asyncio.get_running_loop()
         #: costs a getpid() system call per call in CPython (its fork check).
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ids = itertools.count(1)
+        #: where :meth:`new_request_id` draws from: the runtimes of several
+        #: coordinators' partitions share their host's (coordinator.cluster).
+        self._ids = itertools.count(1) if request_ids is None else request_ids
         #: the calls waiting for an Answered effect.
         self._futures: dict[int, asyncio.Future[Answer]] = {}
         self._loop_timers: dict[str, TimerHandle] = {}
@@ -268,7 +271,8 @@ class Runtime:
     # ------------------------------------------------------------ requests
 
     def new_request_id(self) -> int:
-        """A request id for a command of :meth:`request`, unique within this runtime."""
+        """A request id for a command of :meth:`request` or :meth:`call`, unique
+        within this runtime."""
         return next(self._ids)
 
     def request(self, command: CallCommand) -> Answer | asyncio.Future[Answer]:
@@ -293,10 +297,10 @@ class Runtime:
         future.add_done_callback(functools.partial(self._caller_gone, request_id))
         return future
 
-    async def call(self, make: Callable[[int], CallCommand]) -> Answer:
-        """Apply the command ``make(request_id)`` and wait for its answer (the admin
-        calls; :meth:`request` without the wait)."""
-        answer = self.request(make(self.new_request_id()))
+    async def call(self, command: CallCommand) -> Answer:
+        """Apply ``command`` (its ``request_id`` from :meth:`new_request_id`) and wait
+        for its answer (the admin calls; :meth:`request` with the wait)."""
+        answer = self.request(command)
         return await answer if isinstance(answer, asyncio.Future) else answer
 
     def _caller_gone(self, request_id: int, future: asyncio.Future[Answer]) -> None:

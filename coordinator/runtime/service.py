@@ -11,7 +11,6 @@ work the same on both.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from coordinator.core.commands import CallCommand
@@ -48,9 +47,14 @@ class Service(Protocol):
     @property
     def advertised_url(self) -> str: ...
 
-    async def call(self, make: Callable[[int], CallCommand]) -> Answer:
-        """Apply a command (an admin call) where its group is served and wait for the
-        answer; a group served elsewhere is answered ``NOT_COORDINATOR``."""
+    def new_request_id(self) -> int:
+        """A request id for a command of :meth:`call`: unique within whichever
+        runtime behind this service runs the command."""
+
+    async def call(self, command: CallCommand) -> Answer:
+        """Apply ``command`` (an admin call, its ``request_id`` from
+        :meth:`new_request_id`) where its group is served and wait for the answer;
+        a group served elsewhere is answered ``NOT_COORDINATOR``."""
 
     def route(self, group_id: str) -> Runtime | NotCoordinatorAnswer:
         """The runtime serving ``group_id`` here, or what to answer instead."""

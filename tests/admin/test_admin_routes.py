@@ -40,7 +40,7 @@ class Admin:
         return await resp.json() if resp.status != 204 else None
 
     async def simple_commit(self, group: str, checkpoints: list[tuple[str, int, Any]]) -> None:
-        answer = await self.runtime.call(lambda rid: Commit(rid, CommitRequest(
+        answer = await self.runtime.call(Commit(self.runtime.new_request_id(), CommitRequest(
             group, "tool", -1, tuple(checkpoints))))
         assert answer.error is None  # type: ignore[union-attr]
 
@@ -48,10 +48,11 @@ class Admin:
         """One member joined and synced (it leads): (member id, generation)."""
         req = JoinRequest(group, "", "resources", (("range", b""),), 10_000, 10_000,
                           group_instance_id="w1", client_id="admin-test")
-        joined = await self.runtime.call(lambda rid: Join(rid, req, "127.0.0.1", "m-1"))
+        joined = await self.runtime.call(Join(self.runtime.new_request_id(), req, "127.0.0.1",
+                                              "m-1"))
         member_id, generation = joined.member_id, joined.generation_id  # type: ignore[union-attr]
         blob = ResourceAssignment(assigned).encode()
-        synced = await self.runtime.call(lambda rid: Sync(rid, SyncRequest(
+        synced = await self.runtime.call(Sync(self.runtime.new_request_id(), SyncRequest(
             group, member_id, generation, (SyncAssignment(member_id, blob),))))
         assert synced.error is None  # type: ignore[union-attr]
         return member_id, generation
@@ -129,7 +130,7 @@ async def test_bad_reset_bodies_are_400_and_change_nothing(admin: Admin, body: A
 async def test_reset_of_an_active_group_is_409(admin: Admin) -> None:
     await admin.send("PUT", "/v1/resources/s", {"partitions": 2})
     member_id, generation = await admin.member("g", {"s": [0]})
-    answer = await admin.runtime.call(lambda rid: Commit(rid, CommitRequest(
+    answer = await admin.runtime.call(Commit(admin.runtime.new_request_id(), CommitRequest(
         "g", member_id, generation, (("s", 0, 5),), "w1")))
     assert answer.error is None  # type: ignore[union-attr]
     doc = await admin.send("POST", "/v1/groups/g/checkpoints/reset",

@@ -68,7 +68,8 @@ class InProcessCoordinator:
 
     async def put_resource(self, name: str, partitions: int, weights: Weights | None = None,
                            zones: Zones | None = None) -> None:
-        await self.runtime.call(lambda rid: PutResource(rid, name, partitions, weights, zones))
+        runtime = self.runtime
+        await runtime.call(PutResource(runtime.new_request_id(), name, partitions, weights, zones))
 
     def transport(self) -> InProcessTransport:
         return InProcessTransport(self)
@@ -94,11 +95,11 @@ class InProcessTransport:
             return CatalogResponse(runtime.core.resources_epoch, dict(runtime.core.catalog()),
                                    dict(runtime.core.catalog_placement()))
         if isinstance(request, JoinRequest):
-            return await runtime.call(
-                lambda rid: Join(rid, request, "127.0.0.1", f"m-{uuid.uuid4().hex}"))
+            return await runtime.call(Join(runtime.new_request_id(), request, "127.0.0.1",
+                                           f"m-{uuid.uuid4().hex}"))
         command: Any = {SyncRequest: Sync, HeartbeatRequest: Heartbeat, LeaveRequest: Leave,
                         CommitRequest: Commit, FetchRequest: Fetch}[type(request)]
-        return await runtime.call(lambda rid: command(rid, request))
+        return await runtime.call(command(runtime.new_request_id(), request))
 
 
 # ---------------------------------------------------------------- the ledger

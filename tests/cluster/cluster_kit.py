@@ -120,32 +120,33 @@ async def stable_member(runtime: Runtime, group: str, instance: str = "i-1"
                       protocols=(("range", b"meta"),), session_timeout_ms=SESSION_MS,
                       rebalance_timeout_ms=SESSION_MS, group_instance_id=instance,
                       client_id="test")
+    rid = runtime.new_request_id()
     joined = await asyncio.wait_for(runtime.call(
-        lambda rid: Join(rid, req, "127.0.0.1", f"{instance}-{rid:08x}")), 5)
+        Join(rid, req, "127.0.0.1", f"{instance}-{rid:08x}")), 5)
     assert isinstance(joined, JoinResponse) and joined.error is None, joined
     sync = SyncRequest(group_id=group, member_id=joined.member_id,
                        generation_id=joined.generation_id, group_instance_id=instance,
                        assignments=(SyncAssignment(joined.member_id, b"A"),))
-    synced = await asyncio.wait_for(runtime.call(lambda rid: Sync(rid, sync)), 5)
+    synced = await asyncio.wait_for(runtime.call(Sync(runtime.new_request_id(), sync)), 5)
     assert synced.error is None, synced
     return joined.member_id, joined.generation_id
 
 
 async def heartbeat(runtime: Runtime, group: str, member_id: str, generation: int) -> Answer:
     req = HeartbeatRequest(group_id=group, member_id=member_id, generation_id=generation)
-    return await asyncio.wait_for(runtime.call(lambda rid: Heartbeat(rid, req)), 5)
+    return await asyncio.wait_for(runtime.call(Heartbeat(runtime.new_request_id(), req)), 5)
 
 
 async def commit(runtime: Runtime, group: str, member_id: str, generation: int,
                  value: int) -> Answer:
     req = CommitRequest(group_id=group, member_id=member_id, generation_id=generation,
                         checkpoints=(("orders", 0, value),))
-    return await asyncio.wait_for(runtime.call(lambda rid: Commit(rid, req)), 5)
+    return await asyncio.wait_for(runtime.call(Commit(runtime.new_request_id(), req)), 5)
 
 
 async def fetch(runtime: Runtime, group: str) -> Answer:
     return await asyncio.wait_for(runtime.call(
-        lambda rid: Fetch(rid, FetchRequest(group_id=group))), 5)
+        Fetch(runtime.new_request_id(), FetchRequest(group_id=group))), 5)
 
 
 async def stop_all(*nodes: Node) -> None:

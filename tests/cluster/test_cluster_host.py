@@ -30,13 +30,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "chaos"))
 from proxy import FaultProxy
 
 from coordinator.cluster.host import writer_settings
-from coordinator.core.commands import PutResource
+from coordinator.core.commands import Heartbeat, PutResource, RemoveMember
 from coordinator.core.effects import AdminResult
 from coordinator.storage.leases import LocalLease
 from coordinator.storage.postgres import PostgresStorage, connect, partition_of
 from protocol.catalog import Placement, Weights, Zones
 from protocol.errors import ErrorCode
-from protocol.messages import CommitResponse, FetchResponse, NotCoordinatorAnswer
+from protocol.messages import (
+    CommitResponse,
+    FetchResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    NotCoordinatorAnswer,
+)
 
 P = 6
 
@@ -222,15 +228,55 @@ async def test_an_owner_late_with_its_round_is_still_named_for_admin_calls(pg_ur
         await stop_all(a, b)
 
 
+async def test_an_admin_call_runs_where_its_group_is_served_with_an_id_unique_there(
+        pg_url: str) -> None:
+    """The admin edge builds its command, the id minted by the service, before the
+    service routes it: the id must not be one a partition runtime gives a protocol
+    call, whichever partition (loaded now or later) runs it."""
+    a = await Node.start(pg_url, "a", partitions=P)
+    b = await Node.start(pg_url, "b", partitions=P)
+    try:
+        await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
+        await wait_for(lambda: all(row.held for row in a.host.lease_rows.values()), 5, "reads")
+        mine = next(g for g in (f"g{i}" for i in range(100)) if partition_of(g, P) in a.owned())
+        theirs = next(g for g in (f"g{i}" for i in range(100))
+                      if partition_of(g, P) in b.owned())
+        runtime = a.runtime_for(mine)
+        member, generation = await stable_member(runtime, mine)
+        # A long-poll heartbeat parked in the partition's runtime, then the removal
+        # of its member through the service: that answers the heartbeat at once.
+        parked = runtime.request(Heartbeat(runtime.new_request_id(), HeartbeatRequest(
+            mine, member, generation, wait_ms=30_000)))
+        assert isinstance(parked, asyncio.Future)
+        removed = await a.service.call(RemoveMember(a.service.new_request_id(), mine, member))
+        assert isinstance(removed, AdminResult) and removed.error is None
+        beat = await asyncio.wait_for(parked, 5)
+        assert isinstance(beat, HeartbeatResponse)
+        assert beat.error is ErrorCode.UNKNOWN_MEMBER_ID
+        assert runtime.core.describe_group(mine).members == ()  # type: ignore[union-attr]
+        # A group served by b: answered NOT_COORDINATOR (the admin app forwards it).
+        elsewhere = await a.service.call(RemoveMember(a.service.new_request_id(), theirs, "m"))
+        assert elsewhere.error is ErrorCode.NOT_COORDINATOR
+        # Ids minted by the service and by each partition runtime never meet.
+        ids = [a.service.new_request_id()]
+        for number in sorted(a.owned()):
+            partition_runtime = a.host.partitions[number].runtime
+            assert partition_runtime is not None
+            ids += [partition_runtime.new_request_id(), a.service.new_request_id()]
+        assert len(set(ids)) == len(ids) == 7
+    finally:
+        await stop_all(a, b)
+
+
 async def test_a_catalog_change_through_one_coordinator_reaches_the_others(pg_url: str
                                                                           ) -> None:
     a = await Node.start(pg_url, "a", partitions=P)
     b = await Node.start(pg_url, "b", partitions=P)
     try:
         await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
-        put = await a.service.call(lambda rid: PutResource(rid, "orders", 4))
+        put = await a.service.call(PutResource(a.service.new_request_id(), "orders", 4))
         assert put == AdminResult(None, 1)
-        put = await b.service.call(lambda rid: PutResource(rid, "users", 2))
+        put = await b.service.call(PutResource(b.service.new_request_id(), "users", 2))
         assert put == AdminResult(None, 2)         # ordered by the database, not per process
         await wait_for(lambda: a.host.resources_epoch == 2, 5, "a adopts epoch 2")
         for node in (a, b):
@@ -239,7 +285,7 @@ async def test_a_catalog_change_through_one_coordinator_reaches_the_others(pg_ur
                 core = node.host.partitions[number].runtime.core  # type: ignore[union-attr]
                 assert core.resources_epoch == 2
                 assert dict(core.catalog()) == {"orders": 4, "users": 2}
-        bad = await a.service.call(lambda rid: PutResource(rid, "orders", 0))
+        bad = await a.service.call(PutResource(a.service.new_request_id(), "orders", 0))
         assert isinstance(bad, AdminResult) and bad.error is ErrorCode.INVALID_REQUEST
         store = await PostgresStorage.open(pg_url)
         try:
@@ -257,7 +303,7 @@ async def test_weights_and_zones_changed_through_one_coordinator_reach_the_other
     hot = Placement(Weights(1.0, ((3, 40.0), (7, 12.5))), Zones(None, ((3, ("eu-1a",)),)))
     try:
         await wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, 10, "3 and 3")
-        put = await a.service.call(lambda rid: PutResource(rid, "orders", 8, hot.weights,
+        put = await a.service.call(PutResource(a.service.new_request_id(), "orders", 8, hot.weights,
                                                            hot.zones))
         assert put == AdminResult(None, 1)
         # b learns it from the database at its next round, and so do its partitions.
@@ -269,9 +315,9 @@ async def test_weights_and_zones_changed_through_one_coordinator_reach_the_other
                 assert core.catalog_placement() == {"orders": hot}
         # A PUT through b without them keeps them (b read the row in its transaction);
         # a shrink that leaves index 7 outside is refused, through either.
-        grown = await b.service.call(lambda rid: PutResource(rid, "orders", 16))
+        grown = await b.service.call(PutResource(b.service.new_request_id(), "orders", 16))
         assert grown == AdminResult(None, 2)
-        refused = await a.service.call(lambda rid: PutResource(rid, "orders", 5))
+        refused = await a.service.call(PutResource(a.service.new_request_id(), "orders", 5))
         assert isinstance(refused, AdminResult) and refused.error is ErrorCode.INVALID_REQUEST
         assert refused.message.startswith("weights.overrides: the set has an override for "
                                           "index 7")
@@ -285,7 +331,8 @@ async def test_weights_and_zones_changed_through_one_coordinator_reach_the_other
         finally:
             await store.close()
         # The weights cleared through a: b's partitions serve the default weights.
-        cleared = await a.service.call(lambda rid: PutResource(rid, "orders", 16, Weights()))
+        cleared = await a.service.call(PutResource(a.service.new_request_id(), "orders", 16,
+                                                   Weights()))
         assert cleared == AdminResult(None, 3)
         zoned = Placement(zones=hot.zones)
         await wait_for(lambda: b.host.resources_epoch == 3, 5, "b adopts epoch 3")

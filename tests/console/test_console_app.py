@@ -144,7 +144,7 @@ async def _console(tmp_path: Path, tokens: TokenStore | None, token: str | None
     metrics = Metrics()
     runtime = Runtime(core, storage, WallClock(), metrics)
     await runtime.start()
-    await runtime.call(lambda rid: PutResource(rid, "orders", 4))
+    await runtime.call(PutResource(runtime.new_request_id(), "orders", 4))
     app = build_admin_app(runtime, metrics, max_body_bytes=64 * 1024, tokens=tokens)
     # No cookie jar: each request says which session cookie it sends.
     async with TestClient(TestServer(app), cookie_jar=DummyCookieJar()) as client, \
@@ -243,8 +243,9 @@ async def test_the_catalog_shows_each_sets_weights_and_zones(open_console: Conso
     c = open_console
     hot = Placement(Weights(1.0, ((1, 40.0), (3, 12.5))),
                     Zones(None, ((1, ("eu-1a",)), (2, ("eu-1a", "<b>eu-1b</b>")))))
-    await c.runtime.call(lambda rid: PutResource(rid, "orders", 4, hot.weights, hot.zones))
-    await c.runtime.call(lambda rid: PutResource(rid, "users", 6, zones=Zones(("eu-1c",))))
+    runtime = c.runtime
+    await runtime.call(PutResource(runtime.new_request_id(), "orders", 4, hot.weights, hot.zones))
+    await runtime.call(PutResource(runtime.new_request_id(), "users", 6, zones=Zones(("eu-1c",))))
     await c.stable("orders-eu", {"a": {"orders": [0, 1]}, "b": {"orders": [2, 3]}})
     html = await c.page("/console/")
     catalog = _text(html[html.index('<table class="catalog">'):])

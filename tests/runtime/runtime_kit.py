@@ -109,35 +109,38 @@ class Harness:
                           protocols=(("range", b"meta"),), session_timeout_ms=SESSION_MS,
                           rebalance_timeout_ms=SESSION_MS, group_instance_id=instance,
                           client_id="test")
+        rid = self.runtime.new_request_id()
         return asyncio.ensure_future(self.runtime.call(
-            lambda rid: Join(rid, req, "127.0.0.1", f"test-{rid:032x}", principal)))
+            Join(rid, req, "127.0.0.1", f"test-{rid:032x}", principal)))
 
     def sync(self, member_id: str, generation: int, assignments: dict[str, bytes] | None = None,
              group: str = "g", principal: str | None = None) -> asyncio.Task[Answer]:
         req = SyncRequest(group_id=group, member_id=member_id, generation_id=generation,
                           assignments=tuple(SyncAssignment(m, a)
                                             for m, a in (assignments or {}).items()))
-        return asyncio.ensure_future(self.runtime.call(lambda rid: Sync(rid, req, principal)))
+        return asyncio.ensure_future(self.runtime.call(
+            Sync(self.runtime.new_request_id(), req, principal)))
 
     def heartbeat(self, member_id: str, generation: int, group: str = "g",
                   wait_ms: int = 0) -> asyncio.Task[Answer]:
         req = HeartbeatRequest(group_id=group, member_id=member_id, generation_id=generation,
                                wait_ms=wait_ms)
-        return asyncio.ensure_future(self.runtime.call(lambda rid: Heartbeat(rid, req)))
+        return asyncio.ensure_future(self.runtime.call(
+            Heartbeat(self.runtime.new_request_id(), req)))
 
     def commit(self, member_id: str, generation: int, value: int,
                group: str = "g") -> asyncio.Task[Answer]:
         req = CommitRequest(group_id=group, member_id=member_id, generation_id=generation,
                             checkpoints=(("orders", 0, value),))
-        return asyncio.ensure_future(self.runtime.call(lambda rid: Commit(rid, req)))
+        return asyncio.ensure_future(self.runtime.call(Commit(self.runtime.new_request_id(), req)))
 
     def fetch(self, group: str = "g") -> asyncio.Task[Answer]:
         req = FetchRequest(group_id=group)
-        return asyncio.ensure_future(self.runtime.call(lambda rid: Fetch(rid, req)))
+        return asyncio.ensure_future(self.runtime.call(Fetch(self.runtime.new_request_id(), req)))
 
     def put_resource(self, name: str, partitions: int) -> asyncio.Task[Answer]:
         return asyncio.ensure_future(self.runtime.call(
-            lambda rid: PutResource(rid, name, partitions)))
+            PutResource(self.runtime.new_request_id(), name, partitions)))
 
     async def stable_member(self, group: str = "g", principal: str | None = None
                             ) -> tuple[str, int]:

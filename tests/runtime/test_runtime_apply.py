@@ -39,7 +39,7 @@ async def test_calls_before_start_answer_load_in_progress(tmp_path: Path) -> Non
     try:
         runtime = Runtime(GroupCoordinator(CONFIG), storage, FakeClock())
         req = HeartbeatRequest(group_id="g", member_id="m", generation_id=1)
-        answer = await runtime.call(lambda rid: Heartbeat(rid, req))
+        answer = await runtime.call(Heartbeat(runtime.new_request_id(), req))
         assert answer.error is ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
     finally:
         await storage.close()
@@ -189,13 +189,13 @@ async def test_a_core_bug_answers_unknown_server_error_and_stops_serving(
         join = JoinRequest(group_id="g", member_id="", protocol_type="resources",
                            protocols=(("range", b""),), session_timeout_ms=SESSION_MS,
                            rebalance_timeout_ms=SESSION_MS)
-        answer = await runtime.call(lambda rid: Join(rid, join, "h", "fresh-id"))
+        answer = await runtime.call(Join(runtime.new_request_id(), join, "h", "fresh-id"))
         assert answer.error is ErrorCode.MEMBER_ID_REQUIRED
         req = HeartbeatRequest(group_id="g", member_id="m", generation_id=1)
-        answer = await runtime.call(lambda rid: Heartbeat(rid, req))
+        answer = await runtime.call(Heartbeat(runtime.new_request_id(), req))
         assert answer.error is ErrorCode.UNKNOWN_SERVER_ERROR
         assert runtime.failed.is_set() and not runtime.ready
-        answer = await runtime.call(lambda rid: Join(rid, join, "h", "other-id"))
+        answer = await runtime.call(Join(runtime.new_request_id(), join, "h", "other-id"))
         assert answer.error is ErrorCode.COORDINATOR_NOT_AVAILABLE
         await runtime.stop()
     finally:

@@ -40,7 +40,7 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
 async def heartbeat_now(h: Harness, member: str, generation: int, group: str) -> Any:
     """A heartbeat applied at once (no task in between)."""
     req = HeartbeatRequest(group_id=group, member_id=member, generation_id=generation)
-    return await h.runtime.call(lambda rid: Heartbeat(rid, req))
+    return await h.runtime.call(Heartbeat(h.runtime.new_request_id(), req))
 
 
 async def until(predicate: Callable[[], bool]) -> None:

@@ -195,13 +195,13 @@ async def test_session_expires_one_timeout_after_the_last_of_many_heartbeats(
         join = JoinRequest(group_id="g", member_id="", protocol_type="resources",
                            protocols=(("range", b"m"),), session_timeout_ms=SESSION_MS,
                            rebalance_timeout_ms=SESSION_MS, client_id="t")
-        first = await runtime.call(lambda rid: Join(rid, join, "127.0.0.1", "t-1"))
+        first = await runtime.call(Join(runtime.new_request_id(), join, "127.0.0.1", "t-1"))
         assert isinstance(first, JoinResponse) and first.member_id == "t-1"
         rejoin = JoinRequest(group_id="g", member_id="t-1", protocol_type="resources",
                              protocols=(("range", b"m"),), session_timeout_ms=SESSION_MS,
                              rebalance_timeout_ms=SESSION_MS, client_id="t")
         joining = asyncio.ensure_future(
-            runtime.call(lambda rid: Join(rid, rejoin, "127.0.0.1", "unused")))
+            runtime.call(Join(runtime.new_request_id(), rejoin, "127.0.0.1", "unused")))
         await settle()
         clock.advance(0)
         joined = await asyncio.wait_for(joining, 5)
@@ -209,14 +209,14 @@ async def test_session_expires_one_timeout_after_the_last_of_many_heartbeats(
         generation = joined.generation_id
         sync = SyncRequest(group_id="g", member_id="t-1", generation_id=generation,
                            assignments=(SyncAssignment("t-1", b"A"),))
-        assert (await asyncio.wait_for(runtime.call(lambda rid: Sync(rid, sync)), 5)
+        assert (await asyncio.wait_for(runtime.call(Sync(runtime.new_request_id(), sync)), 5)
                 ).error is None
         created = clock.created
         beat = HeartbeatRequest(group_id="g", member_id="t-1", generation_id=generation)
         for _ in range(50):  # 50 heartbeats, 300 ms apart: 15 s > 15 sessions
             clock.advance(300)
             await settle()
-            assert (await runtime.call(lambda rid: Heartbeat(rid, beat))).error is None
+            assert (await runtime.call(Heartbeat(runtime.new_request_id(), beat))).error is None
         # The session's loop timer re-schedules itself when it fires early, about
         # once a session (15 here), instead of once per heartbeat (50).
         assert clock.created - created <= 16, "heartbeats must not each create a loop timer"
@@ -226,7 +226,7 @@ async def test_session_expires_one_timeout_after_the_last_of_many_heartbeats(
         clock.advance(1)
         await settle()
         assert metrics.session_expiries._value.get() == 1, "expiry lost or late"
-        gone = await runtime.call(lambda rid: Heartbeat(rid, beat))
+        gone = await runtime.call(Heartbeat(runtime.new_request_id(), beat))
         assert gone.error is ErrorCode.UNKNOWN_MEMBER_ID
     finally:
         await runtime.stop()

@@ -262,13 +262,10 @@ class SimCoordinator:
         self._check_at = None
         self._calls.clear()
 
-    def admin(self, command_of: Callable[[int], Command]) -> bool:
-        """An admin call (catalog change) applied here; its answer is not awaited."""
-        if not self.up:
-            return False
+    def new_request_id(self) -> int:
+        """``Runtime.new_request_id``: the next request id of this server."""
         self._rid += 1
-        self.submit(command_of(self._rid))
-        return True
+        return self._rid
 
     def call(self, command_of: Callable[[int], Command],
              answered: Callable[[fx.Answer], None]) -> bool:
@@ -306,9 +303,7 @@ class SimCoordinator:
             self.net.answer(conn, CatalogResponse(core.resources_epoch, dict(core.catalog()),
                                                   dict(core.catalog_placement())))
             return
-        self._rid += 1
-        rid = self._rid
-        conn.rid = rid
+        rid = conn.rid = self.new_request_id()
         request = conn.request
         command: Command
         principal = self.tokens.get(conn.member.name)
@@ -591,4 +586,8 @@ class SimCoordinator:
 
     def put_resource(self, name: str, partitions: int, weights: Weights | None = None,
                      zones: Zones | None = None) -> bool:
-        return self.admin(lambda rid: PutResource(rid, name, partitions, weights, zones))
+        """An admin call (catalog change) applied here; its answer is not awaited."""
+        if not self.up:
+            return False
+        self.submit(PutResource(self.new_request_id(), name, partitions, weights, zones))
+        return True

@@ -23,7 +23,7 @@ CONFIG = CoreConfig(max_checkpoint_bytes_per_token=10 * SIZE)
 async def _commit(runtime: Runtime, group: str, indexes: range, principal: str
                   ) -> CommitResponse:
     req = CommitRequest(group, "tool", -1, tuple(("s", i, i) for i in indexes))
-    answer = await runtime.call(lambda rid: Commit(rid, req, principal))
+    answer = await runtime.call(Commit(runtime.new_request_id(), req, principal))
     assert isinstance(answer, CommitResponse)
     return answer
 
