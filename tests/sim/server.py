@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 from client.transport import CatalogResponse
 from coordinator.config import ServerConfig
 from coordinator.core.commands import (
+    CallCommand,
     Command,
     Commit,
     Heartbeat,
@@ -267,17 +268,16 @@ class SimCoordinator:
         self._rid += 1
         return self._rid
 
-    def call(self, command_of: Callable[[int], Command],
-             answered: Callable[[fx.Answer], None]) -> bool:
-        """A call made in-process (the world's own client of another group): its
-        answer goes to ``answered``, unless the server goes down first."""
+    def call(self, command: CallCommand, answered: Callable[[fx.Answer], None]) -> bool:
+        """A call made in-process (the world's own client of another group), its
+        ``request_id`` from :meth:`new_request_id`: its answer goes to
+        ``answered``, unless the server goes down first."""
         machine = self.machine
         if not self.up or machine is None:
             return False
-        self._rid += 1
-        rid = self._rid
+        rid = command.request_id
         self._calls[rid] = answered
-        answer = machine.request(self.now(), rid, command_of(rid))
+        answer = machine.request(self.now(), rid, command)
         self._perform(machine)
         if answer is not None:
             self._answer(rid, answer)

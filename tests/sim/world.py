@@ -858,7 +858,7 @@ class World:
         self.value += 1
         value = self.value
         request = CommitRequest(BYSTANDER, "", -1, (("s0", 0, value),))
-        server.call(lambda rid: Commit(rid, request),
+        server.call(Commit(server.new_request_id(), request),
                     lambda answer: self._bystander_answered(request, value, answer))
 
     def _bystander_answered(self, request: CommitRequest, value: int, answer: Any) -> None:
