@@ -72,7 +72,6 @@ from client.errors import NotCoordinatorError
 from client.routing import (
     Answer,
     AskFind,
-    CoordinatorChoice,
     Fail,
     RoutedCall,
     Routing,
@@ -896,10 +895,6 @@ class SimRouter:
         self.routing = Routing(cluster.urls, cluster.group,
                                find_timeout_ms=member.config.timing.reply_ms)
         self._conns: dict[RoutedCall, Conn] = {}
-
-    @property
-    def choice(self) -> CoordinatorChoice:
-        return self.routing.choice
 
     def open(self, conn: Conn) -> None:
         routed = self.routing.new_call(conn.api)
