@@ -40,15 +40,17 @@ and the members' router (several coordinators: docs/operations.md,
     (the process exits and is started again a lease later).
 
 :class:`SimRouter`
-    a member's ``CoordinatorRouter``: its choices are the real
-    :class:`~client.transport.CoordinatorChoice`; the calls travel as legs on
-    one connection: ``find_coordinator`` to the bootstrap URLs in the choice's
-    order (each bounded by ``find_timeout_ms``, the member's ``reply_ms`` as
-    ``GroupMember`` sets it), the call to the coordinator
-    found, ``NOT_COORDINATOR`` followed (at most ``MAX_REDIRECTS`` times),
-    ``COORDINATOR_LOAD_IN_PROGRESS`` and failures handed to the member; a
-    call that timed out gives its coordinator up, and finding another fails
-    the calls still waiting on the old one.
+    a member's ``CoordinatorRouter``: the simulator's driver of the production
+    :class:`~client.routing.Routing`, which decides every leg of a call (the
+    ``find_coordinator`` round, one at a time, over the bootstrap URLs; the
+    call to the coordinator found; ``NOT_COORDINATOR`` followed, at most
+    ``MAX_REDIRECTS`` times; ``COORDINATOR_LOAD_IN_PROGRESS`` and failures
+    handed to the member; a call that timed out giving its coordinator up;
+    the calls still waiting on the old coordinator failed when another is
+    found). The driver's own are the legs' travel on one connection, the
+    ``find_timeout_ms`` timer (the member's ``reply_ms``, as ``GroupMember``
+    sets it) on the member's drifting clock, and the translation of a
+    ``NOT_COORDINATOR`` answer into the transport's ``NotCoordinatorError``.
 
 Simplifications (docs/reliability.md): the machine's read of the cluster
 (heartbeat, live coordinators, leases: three statements in production) is

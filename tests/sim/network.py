@@ -29,9 +29,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from client.errors import CoordinatorUnavailableError
+from client.routing import RoutedCall
 
 if TYPE_CHECKING:
-    from client.routing import RoutedCall
     from sim.events import Sim
     from sim.member import SimMember
     from sim.server import SimCoordinator
