@@ -31,7 +31,8 @@ coordinators (docs/protocol.md, "Several coordinators sharing groups"): it
 finds the group's coordinator with ``find_coordinator``, sends every call
 there through per-URL :class:`AiohttpTransport` views of one HTTP session,
 follows ``NOT_COORDINATOR``, and looks for the coordinator again when the
-current one fails (docs/client.md, "Several coordinators").
+current one fails (docs/client.md, "Several coordinators"): the asyncio
+driver of :class:`client.routing.Routing`, which decides all of that.
 
 Tests swap in an in-memory transport: any object with this ``call`` method.
 A transport may also have ``timed_out(api)``: the member calls it when a call

@@ -908,8 +908,8 @@ class SimRouter:
     def on_answer(self, conn: Conn, response: Any, leg: int) -> tuple[bool, Any]:
         """A leg's answer: (True, the call's outcome) or (False, _) while it goes on."""
         routed = conn.routed
-        if leg != conn.leg or routed is None or routed.done:
-            return False, None
+        if leg != conn.leg or routed is None:
+            return False, None  # an older leg's (a find given up)
         if isinstance(response, NotCoordinatorAnswer):
             # The transport's translation (AiohttpTransport._check_served).
             response = NotCoordinatorError(
@@ -924,8 +924,8 @@ class SimRouter:
     def _find_timeout(self, arg: tuple[Conn, int]) -> None:
         conn, leg = arg
         routed = conn.routed
-        if conn.closed or conn.leg != leg or routed is None or not routed.finding:
-            return
+        if conn.closed or conn.leg != leg or routed is None:
+            return  # answered in time, or closed
         final, outcome = self._perform(self.routing.find_timed_out(routed), conn)
         if final:
             self.member.router_final(conn, outcome)
@@ -933,9 +933,8 @@ class SimRouter:
     def cancelled(self, conn: Conn) -> None:
         """The member closed ``conn`` before its outcome (its timeout, a reset,
         its process killed)."""
-        routed = conn.routed
-        if routed is not None and not routed.done:
-            self._perform(self.routing.cancelled(routed), conn)
+        if conn.routed is not None:
+            self._perform(self.routing.cancelled(conn.routed), conn)
 
     def timed_out(self, conn: Conn) -> None:
         """The member's own timeout ended the call: its coordinator is given up."""
@@ -962,7 +961,8 @@ class SimRouter:
                 if conn is current:
                     final = (True, outcome)
                 else:
-                    # A call waiting on a coordinator given up (router._perform).
+                    # A call waiting on a coordinator given up: closed, then failed
+                    # (as CoordinatorRouter cancels its leg).
                     member.sim.after(0, member.router_event, (member.gone, (conn, outcome)))
             elif member.sim.verbose:
                 member.sim.log(f"{member.tag} router {effect}")
