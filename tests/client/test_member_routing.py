@@ -355,6 +355,18 @@ def test_redirects_are_followed_a_bounded_number_of_times_per_call() -> None:
     run_virtual(main)
 
 
+async def _router_over_a_and_b(owner: str, **modes: str) -> tuple[Runtime, Cluster,
+                                                                   CoordinatorRouter]:
+    """A started runtime, the cluster in front of it (``owner``, ``modes``) and
+    a router over A and B (no member)."""
+    runtime = Runtime(GroupCoordinator(CoreConfig()), MemoryStore(), LoopClock())
+    await runtime.start()
+    cluster = Cluster(InProcessCoordinator(runtime))
+    cluster.move(owner, **modes)
+    return runtime, cluster, CoordinatorRouter([A, B], "g", cluster.connect,
+                                               find_timeout_ms=500)
+
+
 def test_calls_that_need_the_coordinator_together_share_one_find_round() -> None:
     """Three calls sent while the coordinator is unknown: one asks
     find_coordinator (a paused first URL costs it the find timeout), the others
@@ -362,11 +374,7 @@ def test_calls_that_need_the_coordinator_together_share_one_find_round() -> None
     timeout of its own round."""
 
     async def main() -> None:
-        runtime = Runtime(GroupCoordinator(CoreConfig()), MemoryStore(), LoopClock())
-        await runtime.start()
-        cluster = Cluster(InProcessCoordinator(runtime))
-        cluster.move(B, a="silent", b="serve")
-        router = CoordinatorRouter([A, B], "g", cluster.connect, find_timeout_ms=500)
+        runtime, cluster, router = await _router_over_a_and_b(B, a="silent", b="serve")
         beat = HeartbeatRequest("g", "nobody", 1)
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -424,11 +432,7 @@ def test_calls_waiting_on_a_coordinator_given_up_fail_when_another_is_found() ->
     coordinator that no longer serves."""
 
     async def main() -> None:
-        runtime = Runtime(GroupCoordinator(CoreConfig()), MemoryStore(), LoopClock())
-        await runtime.start()
-        cluster = Cluster(InProcessCoordinator(runtime))
-        cluster.move(A, a="serve", b="redirect")
-        router = CoordinatorRouter([A, B], "g", cluster.connect, find_timeout_ms=500)
+        runtime, cluster, router = await _router_over_a_and_b(A, a="serve", b="redirect")
         beat = HeartbeatRequest("g", "nobody", 1)
         assert (await router.call("heartbeat", beat)).error is ErrorCode.UNKNOWN_MEMBER_ID
         assert router.current_url == A
