@@ -31,7 +31,8 @@ coordinators (docs/protocol.md, "Several coordinators sharing groups"): it
 finds the group's coordinator with ``find_coordinator``, sends every call
 there through per-URL :class:`AiohttpTransport` views of one HTTP session,
 follows ``NOT_COORDINATOR``, and looks for the coordinator again when the
-current one fails (docs/client.md, "Several coordinators").
+current one fails (docs/client.md, "Several coordinators"): the asyncio
+driver of :class:`client.routing.Routing`, which decides all of that.
 
 Tests swap in an in-memory transport: any object with this ``call`` method.
 A transport may also have ``timed_out(api)``: the member calls it when a call
@@ -50,7 +51,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -62,6 +62,20 @@ from client.errors import (
     TLSVerificationError,
     WrongListenerError,
 )
+from client.routing import (
+    MAX_REDIRECTS,
+    Answer,
+    AskFind,
+    CoordinatorChanged,
+    CoordinatorChoice,
+    Fail,
+    RoutedCall,
+    Routing,
+    RoutingEffect,
+    SendCall,
+    check_coordinator_url,
+    redact_url,
+)
 from client.tls import client_ssl_context
 from protocol.catalog import Placement, parse_catalog_placement
 from protocol.codec import CONTENT_TYPE, DecodeError, decode, encode
@@ -72,7 +86,6 @@ from protocol.messages import (
     LISTENER_FIELD,
     Api,
     FindCoordinatorRequest,
-    FindCoordinatorResponse,
     Request,
     Response,
 )
@@ -96,41 +109,6 @@ log = logging.getLogger("groupcoord.client")
 #: the answers a coordinator gives instead of a call's own response (v1.1).
 _NOT_SERVED = frozenset({ErrorCode.NOT_COORDINATOR.value,
                          ErrorCode.COORDINATOR_LOAD_IN_PROGRESS.value})
-
-
-def redact_url(url: str) -> str:
-    """``url`` without the user name and password it may carry (for logs and
-    error messages)."""
-    try:
-        parts = urlsplit(url)
-        if parts.username is None and parts.password is None:
-            return url
-        host = parts.hostname or ""
-        netloc = f"{host}:{parts.port}" if parts.port is not None else host
-    except ValueError:  # a port that is not a number: show no part of the netloc
-        return "<unparsable URL>"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def check_coordinator_url(url: object, *, tls_settings: bool = False) -> str:
-    """``url`` if it can name a coordinator (``http://`` or ``https://`` and a
-    host); else ``ValueError`` naming it. ``tls_settings``: the caller gave a
-    CA or an SSL context, which only an ``https://`` URL can use."""
-    if not isinstance(url, str):
-        raise ValueError(f"coordinator URL must be a string, got {url!r}")
-    shown = redact_url(url)
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"coordinator URL must start with http:// or https://: {shown!r}")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError as exc:
-        raise ValueError(f"coordinator URL {shown!r} cannot be parsed: {exc}") from None
-    if not parts.hostname:
-        raise ValueError(f"coordinator URL has no host: {shown!r}")
-    if tls_settings and url.startswith("http://"):
-        raise ValueError(f"ca_file/ssl_context need an https:// coordinator URL: {shown!r}")
-    return url
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,91 +320,6 @@ def _error_message(body: bytes, json_body: bool) -> str:
     return str(obj)[:200]
 
 
-class CoordinatorChoice:
-    """Which coordinator a member's calls go to: the decisions of
-    :class:`CoordinatorRouter`, without I/O (the deterministic simulator,
-    tests/sim/cluster.py, drives the same object).
-
-    ``current``: the group's coordinator as last learned (``None``: unknown;
-    with one bootstrap URL, that URL from the start). ``find_order()``: whom to
-    ask ``find_coordinator``, from the last that answered, the coordinator just
-    given up last.
-    """
-
-    __slots__ = ("bootstrap", "current", "failed", "first", "https_only")
-
-    def __init__(self, bootstrap: Sequence[str]) -> None:
-        urls = tuple(dict.fromkeys(u.rstrip("/") for u in bootstrap))
-        if not urls:
-            raise ValueError("give at least one coordinator URL")
-        self.bootstrap = urls
-        #: given https:// URLs, the member follows no server to http:// (its
-        #: token would then travel in clear).
-        self.https_only = any(u.startswith("https://") for u in urls)
-        self.current: str | None = urls[0] if len(urls) == 1 else None
-        #: where the next find_coordinator round starts (the last that answered).
-        self.first = 0
-        #: the coordinator last given up (asked last in the next round).
-        self.failed: str | None = None
-
-    def find_order(self) -> list[str]:
-        """The bootstrap URLs in the order a ``find_coordinator`` round asks them:
-        from the last that answered; the coordinator just given up last (killed
-        or paused, it would cost a timeout each round)."""
-        urls = self.bootstrap
-        order = [(self.first + k) % len(urls) for k in range(len(urls))]
-        order.sort(key=lambda j: urls[j] == self.failed)
-        return [urls[j] for j in order]
-
-    def answered(self, url: str) -> None:
-        """``url`` (a bootstrap URL) answered ``find_coordinator``."""
-        self.first = self.bootstrap.index(url)
-
-    def none_answered(self) -> None:
-        """A ``find_coordinator`` round got no answer: the next starts one further."""
-        self.first = (self.first + 1) % len(self.bootstrap)
-
-    def check_named(self, url: str) -> None:
-        """A coordinator URL a server named; ``ValueError`` if this member must not use it."""
-        if self.https_only and not url.startswith("https://"):
-            raise ValueError(f"{redact_url(url)!r} is not an https:// URL, and this member "
-                             f"was given https:// URLs")
-
-    def forget(self, url: str) -> None:
-        """``url`` failed (no answer, a reset, ``COORDINATOR_NOT_AVAILABLE``): the
-        coordinator is unknown again, if it was ``url``."""
-        if self.current == url:
-            self.current = None
-            self.failed = url
-
-    def redirect_target(self, url: str, owner: str) -> str | None:
-        """``url`` answered ``NOT_COORDINATOR`` naming ``owner`` (or nobody): the
-        URL to follow (to be checked with :meth:`check_named`), or ``None`` (the
-        caller forgets ``url``: look again). Only while ``url`` is current:
-        another call may have moved on already (then ``""``: nothing to do)."""
-        if self.current != url:
-            return ""
-        owner = owner.rstrip("/")
-        if not owner or owner == url:
-            return None
-        return owner
-
-    def found_target(self, asked: str, response: FindCoordinatorResponse) -> str:
-        """``asked`` answered ``find_coordinator``: the group's coordinator (to be
-        checked with :meth:`check_named` unless it is ``asked``), or
-        :class:`CoordinatorUnavailableError` when none serves the group now."""
-        if response.error is not None:
-            raise CoordinatorUnavailableError(
-                f"no coordinator serves the group now (find_coordinator at "
-                f"{redact_url(asked)}: {response.error.value})")
-        if not response.url:
-            # No error and no other URL: the server asked serves the group (a
-            # one-process server that does not know its advertised URL); should
-            # it not, its NOT_COORDINATOR corrects it.
-            return asked
-        return response.url.rstrip("/")
-
-
 class CoordinatorRouter:
     """The transport of one group's member when coordinators may change
     (docs/protocol.md, "Several coordinators sharing groups"; Kafka's
@@ -435,129 +328,80 @@ class CoordinatorRouter:
     ``bootstrap``: the URLs the member was given; ``connect(url)``: the
     transport that talks to one coordinator (for HTTP,
     :meth:`AiohttpTransport.at`, so every coordinator shares one session).
-    A call goes to the group's current coordinator:
+    Where each call goes is decided by :class:`client.routing.Routing` (its
+    docs say how: ``find_coordinator`` over the bootstrap URLs, each attempt
+    bounded by ``find_timeout_ms``, ``NOT_COORDINATOR`` followed at most
+    ``MAX_REDIRECTS`` times per call, the coordinator given up on a failure
+    or ``COORDINATOR_NOT_AVAILABLE``, ``COORDINATOR_LOAD_IN_PROGRESS`` handed
+    to the member); this class carries its legs out with asyncio:
 
-    - none known: with several bootstrap URLs, ``find_coordinator`` is asked
-      of each in turn, starting with the last that answered, the coordinator
-      just given up last (each attempt bounded by ``find_timeout_ms``); the
-      first answer decides. A server that does not have the call (HTTP 404:
-      a v1 server), or answers no error and no URL, is the coordinator
-      itself. With one URL, that URL is presumed to be the coordinator
-      (a one-process server serves every group; anything else redirects).
-    - ``NOT_COORDINATOR`` (nothing changed there): the call goes at once to
-      the owner it names, or, when it names none, to the one
-      ``find_coordinator`` names; at most ``MAX_REDIRECTS`` times per call,
-      then it fails retriably.
     - a failure to get an answer (network, 5xx, an unreadable answer, the
-      member's timeout reported through :meth:`timed_out`), or
-      ``COORDINATOR_NOT_AVAILABLE``: the coordinator is unknown again; the
-      error goes to the member, which retries with its backoff (bounded by
-      its safety lease) and the next call looks for the coordinator. When it
-      finds another one, the calls still waiting on the old one fail (they
-      are retried), so none stays parked at a coordinator given up.
-    - ``COORDINATOR_LOAD_IN_PROGRESS``: the owner, still loading; the member
-      retries there after its backoff.
-
-    A coordinator URL a server names must be one ``connect`` accepts, and
-    ``https://`` when the member was given ``https://`` URLs; else the answer
-    counts as a failure. One INFO line is logged whenever the coordinator
-    changes (URLs without credentials).
+      member's timeout reported through :meth:`timed_out`) goes to the
+      member, which retries with its backoff (bounded by its safety lease)
+      and the next call looks for the coordinator. When it finds another
+      one, the calls still waiting on the old one fail (they are retried),
+      so none stays parked at a coordinator given up.
+    - a coordinator URL a server names must be one ``connect`` accepts, and
+      ``https://`` when the member was given ``https://`` URLs; else the
+      answer counts as a failure. One INFO line is logged whenever the
+      coordinator changes (URLs without credentials).
     """
 
     #: NOT_COORDINATOR answers followed within one call.
-    MAX_REDIRECTS = 3
+    MAX_REDIRECTS: int = MAX_REDIRECTS
 
     def __init__(self, bootstrap: Sequence[str], group_id: str,
                  connect: Callable[[str], Transport], *, find_timeout_ms: int = 5_000,
                  name: str | None = None) -> None:
-        if find_timeout_ms <= 0:
-            raise ValueError(f"find_timeout_ms must be positive, got {find_timeout_ms!r}")
-        self._choice = CoordinatorChoice(bootstrap)
-        urls = self._choice.bootstrap
+        self._routing = Routing(bootstrap, group_id, find_timeout_ms=find_timeout_ms)
         self._group_id = group_id
         self._connect = connect
-        self._find_timeout_ms = find_timeout_ms
         self._name = name or f"of group {group_id!r}"
         self._transports: dict[str, Transport] = {}
-        for url in urls:
+        for url in self._routing.choice.bootstrap:
             self._transport_for(url)  # a URL the transport refuses: ValueError now
-        #: the coordinator last announced in the log.
-        self._announced: str | None = self._choice.current
-        self._finding = asyncio.Lock()
-        #: per api, the coordinator the last call cancelled while waiting was sent to.
-        self._cancelled: dict[str, str] = {}
-        #: per coordinator, resolved when another one is found: the calls
-        #: still waiting on it fail then (a join parked at a paused process).
-        self._gone: dict[str, asyncio.Future[None]] = {}
+        #: the calls under way: the request, the leg in flight, the outcome awaited.
+        self._calls: dict[RoutedCall, _Pending] = {}
 
     @property
     def bootstrap_urls(self) -> tuple[str, ...]:
-        return self._choice.bootstrap
+        return self._routing.choice.bootstrap
 
     @property
     def current_url(self) -> str | None:
         """The group's coordinator as last learned, ``None`` while unknown."""
-        return self._choice.current
+        return self._routing.choice.current
 
     @property
     def failed_url(self) -> str | None:
         """The coordinator last given up (no answer, ``COORDINATOR_NOT_AVAILABLE``)."""
-        return self._choice.failed
+        return self._routing.choice.failed
 
     async def call(self, api: str, request: Any) -> Any:
-        self._cancelled.pop(api, None)
-        redirects = 0
-        while True:
-            current = self._choice.current
-            url = current if current is not None else await self._find(api)
-            try:
-                response = await self._send(url, api, request)
-            except NotCoordinatorError as exc:
-                if exc.code is not ErrorCode.NOT_COORDINATOR:
-                    raise  # loading: the owner; retried there after the member's backoff
-                self._redirect(url, exc.owner_url)
-                redirects += 1
-                if redirects > self.MAX_REDIRECTS:
-                    raise
-                continue
-            except CoordinatorUnavailableError:
-                self._forget(url)
-                raise
-            if getattr(response, "error", None) is ErrorCode.COORDINATOR_NOT_AVAILABLE:
-                self._forget(url)  # Kafka's consumer marks the coordinator unknown too
-            return response
-
-    async def _send(self, url: str, api: str, request: Any) -> Any:
-        """``request`` to the coordinator at ``url``; fails when another
-        coordinator is found while the call waits on this one (Kafka's client
-        fails the requests in flight to a coordinator it marks dead)."""
-        gone = self._gone.get(url)
-        if gone is None:
-            gone = self._gone[url] = asyncio.get_running_loop().create_future()
-        call = asyncio.ensure_future(self._transports[url].call(api, request))
+        routing = self._routing
+        routed = routing.new_call(api)
+        pending = _Pending(request, asyncio.get_running_loop().create_future())
+        self._calls[routed] = pending
         try:
-            await asyncio.wait((call, gone), return_when=asyncio.FIRST_COMPLETED)
+            self._perform(routing.route(routed))
+            return await asyncio.shield(pending.outcome)
         except asyncio.CancelledError:
-            self._cancelled[api] = url
-            await _cancel(call)
+            if pending.outcome.done():
+                pending.outcome.exception()  # over already: its outcome goes unread
+            elif not routed.done:
+                leg = pending.leg
+                self._perform(routing.cancelled(routed))
+                if leg is not None:
+                    await _cancel(leg)
             raise
-        if not call.done():
-            await _cancel(call)
-            raise CoordinatorUnavailableError(
-                f"{api}: gave up waiting on {redact_url(url)}: the group's coordinator "
-                "changed or stopped answering", url=redact_url(url))
-        return call.result()
+        finally:
+            del self._calls[routed]
 
     def timed_out(self, api: str) -> None:
         """The member's last ``api`` call got no answer within its timeout (a
-        paused process, a black hole): look for the coordinator again. Even if it
-        answered other calls since that one was sent: those may have been answered
-        just before it stopped (a busy member commits between heartbeats), and a
-        coordinator still serving
-        is found again at the cost of one ``find_coordinator``."""
-        url = self._cancelled.pop(api, None)
-        if url is not None:
-            self._forget(url)
+        paused process, a black hole): look for the coordinator again
+        (:meth:`client.routing.Routing.timed_out`)."""
+        self._routing.timed_out(api)
 
     async def aclose(self) -> None:
         for transport in self._transports.values():
@@ -574,103 +418,69 @@ class CoordinatorRouter:
             self._transports[url] = transport
         return transport
 
-    def _named(self, url: str) -> None:
-        """Check a coordinator URL a server named; ``ValueError`` if unusable."""
-        self._choice.check_named(url)
-        self._transport_for(url)
+    def _perform(self, effects: list[RoutingEffect]) -> None:
+        for effect in effects:
+            if isinstance(effect, (SendCall, AskFind)):
+                pending = self._calls[effect.call]
+                pending.leg = asyncio.ensure_future(self._leg(effect))
+            elif isinstance(effect, (Answer, Fail)):
+                pending = self._calls[effect.call]
+                leg, pending.leg = pending.leg, None
+                if leg is not None:
+                    # Waiting on a coordinator given up (Kafka's client fails the
+                    # requests in flight to a coordinator it marks dead).
+                    leg.cancel()
+                if isinstance(effect, Answer):
+                    pending.outcome.set_result(effect.response)
+                else:
+                    pending.outcome.set_exception(effect.error)
+            elif isinstance(effect, CoordinatorChanged):
+                log.info("member %s: the coordinator of group %r is now %s (%s%s)", self._name,
+                         self._group_id, redact_url(effect.url), effect.how,
+                         f"; was {redact_url(effect.was)}" if effect.was is not None else "")
+            else:
+                log.warning("member %s: %s named an unusable coordinator URL: %s", self._name,
+                            redact_url(effect.url), effect.reason)
 
-    def _forget(self, url: str) -> None:
-        self._choice.forget(url)
-
-    def _use(self, url: str, how: str) -> None:
-        self._choice.current = url
-        # The calls still waiting on another coordinator fail now (found
-        # again, the same coordinator keeps its calls: with one URL nothing
-        # changes).
-        for other in [u for u in self._gone if u != url]:
-            gone = self._gone.pop(other)
-            if not gone.done():
-                gone.set_result(None)
-        if url != self._announced:
-            was = self._announced
-            self._announced = url
-            log.info("member %s: the coordinator of group %r is now %s (%s%s)", self._name,
-                     self._group_id, redact_url(url), how,
-                     f"; was {redact_url(was)}" if was is not None else "")
-
-    def _redirect(self, url: str, owner: str) -> None:
-        """``url`` answered NOT_COORDINATOR naming ``owner`` (or nobody)."""
-        target = self._choice.redirect_target(url, owner)
-        if target == "":
-            return  # another call moved on already
-        if target is None:
-            self._forget(url)
-            return
-        owner = target
+    async def _leg(self, step: SendCall | AskFind) -> None:
+        """One leg of a call: the call itself or a ``find_coordinator``, at
+        ``step.url``; what came back goes to the routing."""
+        routed = step.call
+        routing = self._routing
+        effects: list[RoutingEffect]
         try:
-            self._named(owner)
-        except ValueError as exc:
-            log.warning("member %s: %s named an unusable coordinator URL: %s", self._name,
-                        redact_url(url), exc)
-            self._forget(url)
-            return
-        self._use(owner, f"NOT_COORDINATOR from {redact_url(url)}")
+            try:
+                transport = self._transport_for(step.url)
+            except ValueError as exc:
+                raise CoordinatorUnavailableError(
+                    f"{routed.api}: cannot use the coordinator URL {redact_url(step.url)}: {exc}",
+                    url=redact_url(step.url)) from None
+            if isinstance(step, AskFind):
+                response = await asyncio.wait_for(
+                    transport.call(Api.FIND_COORDINATOR, FindCoordinatorRequest(self._group_id)),
+                    routing.find_timeout_ms / 1000)
+            else:
+                response = await transport.call(routed.api, self._calls[routed].request)
+        except Exception as exc:  # every failure is the routing's to judge
+            if isinstance(step, AskFind) and isinstance(exc, TimeoutError):
+                effects = routing.find_timed_out(routed)
+            else:
+                effects = routing.failed(routed, exc)
+        else:
+            effects = routing.answered(routed, response)
+        pending = self._calls.get(routed)
+        if pending is not None and pending.leg is asyncio.current_task():
+            pending.leg = None
+        self._perform(effects)
 
-    async def _find(self, api: str) -> str:
-        async with self._finding:
-            choice = self._choice
-            if choice.current is not None:
-                return choice.current  # found by another call meanwhile
-            urls = choice.bootstrap
-            if len(urls) == 1:
-                self._use(urls[0], "the only URL given")
-                return urls[0]
-            failures: list[str] = []
-            for url in choice.find_order():
-                try:
-                    response = await asyncio.wait_for(
-                        self._transports[url].call(Api.FIND_COORDINATOR,
-                                                   FindCoordinatorRequest(self._group_id)),
-                        self._find_timeout_ms / 1000)
-                except TimeoutError:
-                    failures.append(f"{redact_url(url)}: no answer within "
-                                    f"{self._find_timeout_ms} ms")
-                    continue
-                except CoordinatorUnavailableError as exc:
-                    if exc.http_status == 404:
-                        # A server without find_coordinator (v1): one process
-                        # that serves every group.
-                        choice.answered(url)
-                        self._use(url, "a server without find_coordinator")
-                        return url
-                    failures.append(f"{redact_url(url)}: {exc}")
-                    continue
-                choice.answered(url)
-                return self._found(api, url, response)
-            choice.none_answered()
-            raise CoordinatorUnavailableError(
-                f"{api}: find_coordinator for group {self._group_id!r} got no answer: "
-                + "; ".join(failures))
 
-    def _found(self, api: str, asked: str, response: FindCoordinatorResponse) -> str:
-        try:
-            owner = self._choice.found_target(asked, response)
-        except CoordinatorUnavailableError:
-            assert response.error is not None
-            raise CoordinatorUnavailableError(
-                f"{api}: no coordinator serves group {self._group_id!r} now "
-                f"(find_coordinator at {redact_url(asked)}: {response.error.value})") from None
-        if not response.url:
-            self._use(asked, f"find_coordinator at {redact_url(asked)} named itself")
-            return asked
-        try:
-            self._named(owner)
-        except ValueError as exc:
-            raise CoordinatorUnavailableError(
-                f"{api}: find_coordinator at {redact_url(asked)} named an unusable "
-                f"coordinator URL: {exc}") from None
-        self._use(owner, f"find_coordinator at {redact_url(asked)}")
-        return owner
+@dataclass(slots=True)
+class _Pending:
+    """A call of :class:`CoordinatorRouter` under way."""
+
+    request: Any
+    outcome: asyncio.Future[Any]
+    leg: asyncio.Future[None] | None = None
 
 
 async def _cancel(task: asyncio.Future[Any]) -> None:

@@ -1,11 +1,11 @@
-"""CoordinatorChoice: the router's decisions without I/O (the simulator drives it too)."""
+"""CoordinatorChoice: which coordinator the router's calls go to (client.routing)."""
 
 from __future__ import annotations
 
 import pytest
 
 from client.errors import CoordinatorUnavailableError
-from client.transport import CoordinatorChoice
+from client.routing import CoordinatorChoice
 from protocol.errors import ErrorCode
 from protocol.messages import FindCoordinatorResponse
 

@@ -355,6 +355,40 @@ def test_redirects_are_followed_a_bounded_number_of_times_per_call() -> None:
     run_virtual(main)
 
 
+async def _router_over_a_and_b(owner: str, **modes: str) -> tuple[Runtime, Cluster,
+                                                                   CoordinatorRouter]:
+    """A started runtime, the cluster in front of it (``owner``, ``modes``) and
+    a router over A and B (no member)."""
+    runtime = Runtime(GroupCoordinator(CoreConfig()), MemoryStore(), LoopClock())
+    await runtime.start()
+    cluster = Cluster(InProcessCoordinator(runtime))
+    cluster.move(owner, **modes)
+    return runtime, cluster, CoordinatorRouter([A, B], "g", cluster.connect,
+                                               find_timeout_ms=500)
+
+
+def test_calls_that_need_the_coordinator_together_share_one_find_round() -> None:
+    """Three calls sent while the coordinator is unknown: one asks
+    find_coordinator (a paused first URL costs it the find timeout), the others
+    wait for that round and go where it found, instead of each paying the
+    timeout of its own round."""
+
+    async def main() -> None:
+        runtime, cluster, router = await _router_over_a_and_b(B, a="silent", b="serve")
+        beat = HeartbeatRequest("g", "nobody", 1)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        answers = await asyncio.gather(*(router.call("heartbeat", beat) for _ in range(3)))
+        assert [a.error for a in answers] == [ErrorCode.UNKNOWN_MEMBER_ID] * 3
+        assert cluster.count(A, Api.FIND_COORDINATOR) == 1
+        assert cluster.count(B, Api.FIND_COORDINATOR) == 1
+        assert loop.time() - start < 0.6  # one find timeout, not one per call
+        assert router.current_url == B
+        await runtime.stop()
+
+    run_virtual(main)
+
+
 def test_a_router_refuses_bad_settings_and_names_the_url() -> None:
     with pytest.raises(ValueError, match="at least one"):
         CoordinatorRouter([], "g", lambda url: Node(Cluster.__new__(Cluster), url))
@@ -398,11 +432,7 @@ def test_calls_waiting_on_a_coordinator_given_up_fail_when_another_is_found() ->
     coordinator that no longer serves."""
 
     async def main() -> None:
-        runtime = Runtime(GroupCoordinator(CoreConfig()), MemoryStore(), LoopClock())
-        await runtime.start()
-        cluster = Cluster(InProcessCoordinator(runtime))
-        cluster.move(A, a="serve", b="redirect")
-        router = CoordinatorRouter([A, B], "g", cluster.connect, find_timeout_ms=500)
+        runtime, cluster, router = await _router_over_a_and_b(A, a="serve", b="redirect")
         beat = HeartbeatRequest("g", "nobody", 1)
         assert (await router.call("heartbeat", beat)).error is ErrorCode.UNKNOWN_MEMBER_ID
         assert router.current_url == A

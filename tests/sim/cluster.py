@@ -40,15 +40,17 @@ and the members' router (several coordinators: docs/operations.md,
     (the process exits and is started again a lease later).
 
 :class:`SimRouter`
-    a member's ``CoordinatorRouter``: its choices are the real
-    :class:`~client.transport.CoordinatorChoice`; the calls travel as legs on
-    one connection: ``find_coordinator`` to the bootstrap URLs in the choice's
-    order (each bounded by ``find_timeout_ms``, the member's ``reply_ms`` as
-    ``GroupMember`` sets it), the call to the coordinator
-    found, ``NOT_COORDINATOR`` followed (at most ``MAX_REDIRECTS`` times),
-    ``COORDINATOR_LOAD_IN_PROGRESS`` and failures handed to the member; a
-    call that timed out gives its coordinator up, and finding another fails
-    the calls still waiting on the old one.
+    a member's ``CoordinatorRouter``: the simulator's driver of the production
+    :class:`~client.routing.Routing`, which decides every leg of a call (the
+    ``find_coordinator`` round, one at a time, over the bootstrap URLs; the
+    call to the coordinator found; ``NOT_COORDINATOR`` followed, at most
+    ``MAX_REDIRECTS`` times; ``COORDINATOR_LOAD_IN_PROGRESS`` and failures
+    handed to the member; a call that timed out giving its coordinator up;
+    the calls still waiting on the old coordinator failed when another is
+    found). The driver's own are the legs' travel on one connection, the
+    ``find_timeout_ms`` timer (the member's ``reply_ms``, as ``GroupMember``
+    sets it) on the member's drifting clock, and the translation of a
+    ``NOT_COORDINATOR`` answer into the transport's ``NotCoordinatorError``.
 
 Simplifications (docs/reliability.md): the machine's read of the cluster
 (heartbeat, live coordinators, leases: three statements in production) is
@@ -68,8 +70,17 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from client.errors import CoordinatorUnavailableError, NotCoordinatorError
-from client.transport import CatalogResponse, CoordinatorChoice, CoordinatorRouter
+from client.errors import NotCoordinatorError
+from client.routing import (
+    Answer,
+    AskFind,
+    Fail,
+    RoutedCall,
+    Routing,
+    RoutingEffect,
+    SendCall,
+)
+from client.transport import CatalogResponse
 from coordinator.cluster import host_effects as hx
 from coordinator.cluster.host_machine import HostMachine, Partition
 from coordinator.core.config import CoreConfig
@@ -78,7 +89,7 @@ from coordinator.storage.leases import CoordinatorRow, LeaseRow, quotas
 from coordinator.storage.postgres import CatalogState, partition_of
 from protocol.catalog import Placement
 from protocol.errors import ErrorCode
-from protocol.messages import Api, FindCoordinatorResponse, NotCoordinatorAnswer
+from protocol.messages import Api, NotCoordinatorAnswer
 from sim.events import DriftClock, Sim
 from sim.server import SimCoordinator
 
@@ -769,6 +780,7 @@ class Cluster:
         self.db = SimDatabase(sim, random.Random(seed * 89 + 29), partitions, db_ms, catalog)
         self.db.idle_timeout_ms = lease_ms
         self.db.placement = dict(placement or {})
+        self.group = group
         self.group_partition = partition_of(group, partitions)
         # The coordinators' wall clocks: NTP keeps them within WALL_SKEW_MS of one
         # another (far more than a lease, far less than a group's retention, which
@@ -875,100 +887,85 @@ class Cluster:
 # ---------------------------------------------------------------- the member's router
 
 class SimRouter:
-    """One member process's ``CoordinatorRouter`` (see the module docs)."""
+    """One member process's ``CoordinatorRouter`` (see the module docs): the
+    simulator's driver of the production :class:`~client.routing.Routing`."""
 
     def __init__(self, member: SimMember, cluster: Cluster) -> None:
         self.member = member
         self.cluster = cluster
-        self.choice = CoordinatorChoice(cluster.urls)
         # GroupMember gives its router the timing rule's reply allowance.
-        self.find_timeout_ms = member.config.timing.reply_ms
+        self.routing = Routing(cluster.urls, cluster.group,
+                               find_timeout_ms=member.config.timing.reply_ms)
+        self._conns: dict[RoutedCall, Conn] = {}
 
     def open(self, conn: Conn) -> None:
-        current = self.choice.current
-        if current is not None:
-            self._send(conn, current)
-        else:
-            self._find(conn, self.choice.find_order())
-
-    def _send(self, conn: Conn, url: str) -> None:
-        conn.finding = False
-        conn.url = url
-        self.cluster.net.send_leg(conn, self.cluster.by_url[url])
-
-    def _find(self, conn: Conn, order: list[str]) -> None:
-        if not order:
-            self.choice.none_answered()
-            self._final(conn, CoordinatorUnavailableError(
-                f"{conn.api}: find_coordinator got no answer"))
-            return
-        url = order[0]
-        conn.finding = True
-        conn.url = url
-        conn.find_left = order[1:]
-        self.cluster.net.send_leg(conn, self.cluster.by_url[url])
-        member = self.member
-        member.sim.at(member.clock.global_at(member.local() + self.find_timeout_ms),
-                      member.router_event, (self._find_timeout, (conn, conn.leg)))
-
-    def _find_timeout(self, arg: tuple[Conn, int]) -> None:
-        conn, leg = arg
-        if conn.closed or conn.leg != leg or not conn.finding:
-            return
-        self._find(conn, conn.find_left)
-
-    def _final(self, conn: Conn, response: Any) -> None:
-        """The call's outcome, as the member gets it (``on_answer`` goes on)."""
-        self.member.router_final(conn, response)
+        routed = self.routing.new_call(conn.api)
+        conn.routed = routed
+        self._conns[routed] = conn
+        final, _ = self._perform(self.routing.route(routed), conn)
+        assert not final, "a call's first step is a leg"
 
     def on_answer(self, conn: Conn, response: Any, leg: int) -> tuple[bool, Any]:
         """A leg's answer: (True, the call's outcome) or (False, _) while it goes on."""
-        if leg != conn.leg:
-            return False, None
-        choice = self.choice
-        url = conn.url
-        if conn.finding:
-            if isinstance(response, Exception):
-                self._find(conn, conn.find_left)
-                return False, None
-            assert isinstance(response, FindCoordinatorResponse)
-            choice.answered(url)
-            try:
-                owner = choice.found_target(url, response)
-            except CoordinatorUnavailableError as exc:
-                return True, CoordinatorUnavailableError(f"{conn.api}: {exc}")
-            self._use(owner)
-            self._send(conn, owner)
-            return False, None
-        error = getattr(response, "error", None)
-        if error is ErrorCode.NOT_COORDINATOR:
-            owner = getattr(response, "url", "")
-            target = choice.redirect_target(url, owner)
-            if target is None:
-                choice.forget(url)
-            elif target:
-                self._use(target)
-            conn.redirects += 1
-            if conn.redirects > CoordinatorRouter.MAX_REDIRECTS:
-                return True, NotCoordinatorError(f"{conn.api}: NOT_COORDINATOR", error, owner)
-            self.open(conn)
-            return False, None
-        if error is ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
-            return True, NotCoordinatorError(f"{conn.api}: loading", error)
-        if isinstance(response, CoordinatorUnavailableError) \
-                or error is ErrorCode.COORDINATOR_NOT_AVAILABLE:
-            choice.forget(url)
-        return True, response
+        routed = conn.routed
+        if leg != conn.leg or routed is None:
+            return False, None  # an older leg's (a find given up)
+        if isinstance(response, NotCoordinatorAnswer):
+            # The transport's translation (AiohttpTransport._check_served).
+            response = NotCoordinatorError(
+                f"{conn.api}: {response.error.value} at {conn.url}", response.error,
+                response.url)
+        if isinstance(response, Exception):
+            effects = self.routing.failed(routed, response)
+        else:
+            effects = self.routing.answered(routed, response)
+        return self._perform(effects, conn)
 
-    def _use(self, url: str) -> None:
-        self.choice.current = url
-        # The calls still waiting on another coordinator fail (router._use).
-        member = self.member
-        for conn in (member.main, member.bg, member.commit_conn):
-            if conn is not None and not conn.closed and not conn.finding and conn.url != url:
-                member.sim.after(0, member.router_event, (member.gone, (conn, conn.leg)))
+    def _find_timeout(self, arg: tuple[Conn, int]) -> None:
+        conn, leg = arg
+        routed = conn.routed
+        if conn.closed or conn.leg != leg or routed is None:
+            return  # answered in time, or closed
+        final, outcome = self._perform(self.routing.find_timed_out(routed), conn)
+        if final:
+            self.member.router_final(conn, outcome)
+
+    def cancelled(self, conn: Conn) -> None:
+        """The member closed ``conn`` before its outcome (its timeout, a reset,
+        its process killed)."""
+        if conn.routed is not None:
+            self._perform(self.routing.cancelled(conn.routed), conn)
 
     def timed_out(self, conn: Conn) -> None:
         """The member's own timeout ended the call: its coordinator is given up."""
-        if not conn.finding and conn.url:
-            self.choice.forget(conn.url)
+        self.cancelled(conn)
+        self.routing.timed_out(conn.api)
+
+    def _perform(self, effects: list[RoutingEffect], current: Conn) -> tuple[bool, Any]:
+        """Carry ``effects`` out; (True, outcome) when they end ``current``'s call."""
+        final: tuple[bool, Any] = (False, None)
+        member = self.member
+        for effect in effects:
+            if isinstance(effect, (SendCall, AskFind)):
+                conn = self._conns[effect.call]
+                conn.finding = isinstance(effect, AskFind)
+                conn.url = effect.url
+                self.cluster.net.send_leg(conn, self.cluster.by_url[effect.url])
+                if conn.finding:
+                    member.sim.at(member.clock.global_at(member.local()
+                                                         + self.routing.find_timeout_ms),
+                                  member.router_event, (self._find_timeout, (conn, conn.leg)))
+            elif isinstance(effect, (Answer, Fail)):
+                conn = self._conns.pop(effect.call)
+                outcome = effect.response if isinstance(effect, Answer) else effect.error
+                if conn is current:
+                    final = (True, outcome)
+                else:
+                    # A call waiting on a coordinator given up: closed, then failed
+                    # (as CoordinatorRouter cancels its leg).
+                    member.sim.after(0, member.router_event, (member.gone, (conn, outcome)))
+            elif member.sim.verbose:
+                member.sim.log(f"{member.tag} router {effect}")
+        if current.routed is not None and current.routed.done:
+            self._conns.pop(current.routed, None)
+        return final

@@ -358,14 +358,14 @@ class SimMember:
         conn.closed = True
         self._deliver(conn, response)
 
-    def gone(self, arg: tuple[Conn, int]) -> None:
-        """Another coordinator was found: a call still waiting on the old one fails."""
-        conn, leg = arg
-        if conn.closed or conn.leg != leg:
+    def gone(self, arg: tuple[Conn, Exception]) -> None:
+        """Another coordinator was found: a call still waiting on the old one
+        fails (``error``), its connection closed."""
+        conn, error = arg
+        if conn.closed:
             return
         self.world.net.close(conn)
-        self._deliver(conn, CoordinatorUnavailableError(
-            f"{conn.api}: gave up waiting on {conn.url}: the group's coordinator changed"))
+        self._deliver(conn, error)
 
     def _commit_finished(self) -> None:
         if self.listener_commit is not None and self.listener is not None:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from client.errors import CoordinatorUnavailableError
+from client.routing import RoutedCall
 
 if TYPE_CHECKING:
     from sim.events import Sim
@@ -39,8 +40,8 @@ __all__ = ["Conn", "Link", "Network"]
 
 
 class Conn:
-    __slots__ = ("api", "arrive_at", "closed", "find_left", "finding", "id", "leg", "member",
-                 "redirects", "request", "rid", "server", "target", "url")
+    __slots__ = ("api", "arrive_at", "closed", "finding", "id", "leg", "member", "request",
+                 "rid", "routed", "server", "target", "url")
 
     def __init__(self, cid: int, member: SimMember, api: str, request: Any) -> None:
         self.id = cid
@@ -61,8 +62,8 @@ class Conn:
         self.server: Any = None
         self.url = ""
         self.finding = False
-        self.find_left: list[str] = []
-        self.redirects = 0
+        #: the call as the router's :class:`~client.routing.Routing` sees it.
+        self.routed: RoutedCall | None = None
 
 
 class Link:
@@ -177,7 +178,10 @@ class Network:
         if conn.closed:
             return
         conn.closed = True
-        link = conn.member.link
+        member = conn.member
+        if member.router is not None and member.state != "dead":
+            member.router.cancelled(conn)  # ends the call's routing (a find it had under way)
+        link = member.link
         if link.partitioned:
             link.held.append((self._close_arrive, conn))
             return
@@ -190,7 +194,8 @@ class Network:
         if conn.target is not None:
             conn.target.on_close(conn)
             return
-        assert self.server is not None
+        if self.server is None:
+            return  # a routed call closed before any leg (it waited for a find round)
         self.server.on_close(conn)
 
     # ------------------------------------------------------------ coordinator -> member
