@@ -24,7 +24,8 @@ failover; tests/sim/cluster.py).
 ``--coverage`` measures which lines of the production step objects the
 seeds run (coverage.py, a dev dependency): the runtime's machine
 (coordinator/runtime: machine.py, effects.py, commits.py), the member's
-(client/member_state/*.py) and the partition host's
+(client/member_state/*.py, and its router's client/routing.py) and the
+partition host's
 (coordinator/cluster/host_machine.py, host_effects.py). Each worker process records its own data,
 combined at the end; it prints each file's line coverage and names those
 under 80 %; ``--show-missing`` adds the lines not run. The asyncio shells
@@ -149,7 +150,7 @@ class Totals:
 
 #: the production step objects the simulator drives (globs under the repository root).
 COVERED = ("coordinator/runtime/machine.py", "coordinator/runtime/effects.py",
-           "coordinator/runtime/commits.py", "client/member_state/*.py",
+           "coordinator/runtime/commits.py", "client/member_state/*.py", "client/routing.py",
            "coordinator/cluster/host_machine.py", "coordinator/cluster/host_effects.py")
 #: the line coverage a file of COVERED is expected to reach.
 COVERAGE_TARGET = 80.0
