@@ -24,7 +24,21 @@ Semantics"):
   group (a stale generation, an unknown member id, no heartbeat for a session
   timeout, a fatal error) -- the resources may already belong to someone else,
   so do not commit for them.
+
+Standbys (v1.2; only an assignor that warms up, ``balanced`` with
+``warmup``, gives them): ``on_standby(resources)`` after the assignment's
+``on_assigned``, for resources the member will probably be given soon --
+load their state, fill caches, never act on them (they are not owned, not in
+``assignment``, not committable). When it returns the member reports them
+warm and rejoins (cooperatively), and the assignor moves them. An async
+``on_standby`` may take as long as warming takes, but the member takes no
+protocol step meanwhile (heartbeats go on): a rebalance the group starts
+then waits for it at most the rebalance timeout. ``on_standby_dropped(resources)``
+when standbys are no longer wanted (and not owned: a standby that becomes
+owned is in ``on_assigned`` instead), and when the member closes. The
+defaults do nothing, so a member reports its standbys warm at once.
 """
+
 
 from __future__ import annotations
 
@@ -49,4 +63,13 @@ class RebalanceListener:
 
     def on_lost(self, resources: set[Resource]) -> Awaitable[None] | None:
         """Stop processing ``resources`` at once; they are no longer owned."""
+        return None
+
+    def on_standby(self, resources: set[Resource]) -> Awaitable[None] | None:
+        """Warm ``resources`` up (load state, fill caches) without acting on
+        them; return when they are warm."""
+        return None
+
+    def on_standby_dropped(self, resources: set[Resource]) -> Awaitable[None] | None:
+        """Forget the warm-up of ``resources``: no longer wanted as standbys."""
         return None

@@ -199,6 +199,8 @@ class GroupMember:
         self._wakeup = asyncio.Event()
         self._assigned_once = asyncio.Event()
         self._stopped = asyncio.Event()
+        #: set once a drain is done (the member owns nothing; see drain()).
+        self._drained = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         #: the driver's decisions (sans-IO); this class performs them.
@@ -217,6 +219,18 @@ class GroupMember:
         a resource the group may have given to another member is never
         reported. Safe to read from any thread."""
         return self._machine.owned_at(self._clock())
+
+    @property
+    def standby(self) -> frozenset[Resource]:
+        """The standbys the last assignment gave: resources to warm up
+        (``on_standby``), never to act on. Never in ``assignment``, never
+        committable."""
+        return self._machine.standby
+
+    @property
+    def draining(self) -> bool:
+        """The member drains (``drain()``, or the coordinator asked it to)."""
+        return self._machine.draining
 
     @property
     def member_id(self) -> str:
@@ -341,6 +355,43 @@ class GroupMember:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         # A failure is kept in self._failure; the task itself raises nothing.
+
+    async def drain(self, *, timeout_s: float | None = None, leave: bool = True) -> bool:
+        """Hand everything over before going (docs/client.md, "Drain"): the
+        member rejoins saying it drains, keeps serving what it owns until each
+        resource is revoked (``on_revoked``, final commits as usual), and is
+        given nothing new; an assignor that warms up (``balanced`` with
+        ``warmup``) has the new owners warm each resource first. Once it owns
+        nothing it leaves and stops (``leave=True``), or stays in the group as
+        an idle member (``leave=False``). Returns True then.
+
+        ``timeout_s``: after that long (None: no bound) the rest is given up
+        the way a plain leave does (``close(leave=True)``: ``on_revoked`` on
+        what is left, leave, stop), and it returns False. Raises the member's
+        fatal error if it failed, ``MemberClosedError`` if it is closing.
+        From inside a listener callback it only starts the drain."""
+        if self._task is None:
+            raise RuntimeError("the member was not started")
+        self._raise_failure()
+        self._machine.drain(self._clock(), leave=leave)
+        self._wakeup.set()
+        if asyncio.current_task() is self._task:
+            return False
+        done = asyncio.ensure_future((self._stopped if leave else self._drained).wait())
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        try:
+            finished = await self._first_of({done, stopped}, self._after_s(timeout_s))
+        finally:
+            done.cancel()
+            stopped.cancel()
+        self._raise_failure()
+        if finished:
+            return leave or self._machine.drained
+        log.warning("member %s: drain timed out after %.1fs owning %s; closing", self.client_id,
+                    timeout_s or 0.0, _fmt(self._machine.owned) or "nothing")
+        await self.close(leave=True)
+        self._raise_failure()
+        return False
 
     async def __aenter__(self) -> Self:
         self.start()
@@ -484,6 +535,8 @@ class GroupMember:
                 effects = driver.step(self._clock())
                 callback = await self._apply(effects) if effects else None
                 self._drain_events()
+                if self._machine.drained:
+                    self._drained.set()
                 if callback is not None:
                     await self._invoke(callback)
                     self._drain_events()
@@ -558,7 +611,8 @@ class GroupMember:
 
     async def _invoke(self, action: InvokeListener) -> None:
         name = action.kind.value
-        method = getattr(self._listener, f"on_{name}")
+        # A listener written before standbys may lack their callbacks: nothing to do.
+        method = getattr(self._listener, f"on_{name}", _nothing)
         started = time.perf_counter()
         failed = False
         keeper: asyncio.Future[None] | None = None
@@ -729,6 +783,10 @@ def _describe(transport: Transport) -> str:
 def _fmt(resources: Iterable[Resource]) -> str:
     """Resources as log lines name them: ``shards[0], shards[3]``."""
     return ", ".join(f"{s}[{i}]" for s, i in sorted(resources))
+
+
+def _nothing(resources: set[Resource]) -> None:
+    return None
 
 
 def _resolver(future: asyncio.Future[None]) -> Callable[[], None]:

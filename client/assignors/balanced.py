@@ -39,6 +39,7 @@ import math
 from bisect import bisect_right, insort
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 from itertools import repeat
 
 from ._claims import Claims, read_claims
@@ -73,6 +74,8 @@ class BalancedAssignor:
     round_delay_ms: int = 1_000
     name: str = "balanced"
     protocols: tuple[RebalanceProtocol, ...] = (RebalanceProtocol.COOPERATIVE,)
+    #: it places by ``Subscription.draining`` itself (client/leader.py).
+    reads_draining: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         b = self.band

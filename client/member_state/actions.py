@@ -52,6 +52,10 @@ class CallbackKind(enum.StrEnum):
     ASSIGNED = "assigned"
     REVOKED = "revoked"
     LOST = "lost"
+    #: v1.2: warm these up without acting on them (never owned meanwhile).
+    STANDBY = "standby"
+    #: v1.2: standbys no longer wanted (not owned either).
+    STANDBY_DROPPED = "standby_dropped"
 
 
 class ErrorAction(enum.Enum):

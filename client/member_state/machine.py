@@ -86,6 +86,7 @@ from client.member_state.actions import (
     Wait,
 )
 from client.member_state.config import MemberConfig, choose_protocol
+from client.member_state.handover import Handover
 from client.member_state.heartbeat import SideChannel
 from client.member_state.lease import Lease
 from client.member_state.main_channel import MainCall, Schedule
@@ -208,6 +209,8 @@ class MemberStateMachine:
         self._rebalance = RebalanceLog()
         #: set names already reported missing from the catalog (UnknownSets).
         self._unknown_sets_reported: set[str] = set()
+        #: standbys to warm, and the drain (client/member_state/handover.py).
+        self._handover = Handover()
         # ---- closing / failure
         self._closing = False
         #: side-channel heartbeats sent before the close (_finishing_join).
@@ -244,6 +247,20 @@ class MemberStateMachine:
         if deadline is not None and now_ms >= deadline:
             return frozenset()
         return owned
+
+    @property
+    def standby(self) -> frozenset[Resource]:
+        """The standbys of the last assignment: warmed, never owned."""
+        return self._handover.standby
+
+    @property
+    def draining(self) -> bool:
+        return self._handover.draining
+
+    @property
+    def drained(self) -> bool:
+        """Draining and done: owns nothing (and, staying, the group knows it)."""
+        return self._handover.drained(self._owned)
 
     @property
     def is_leader(self) -> bool:
@@ -431,6 +448,17 @@ class MemberStateMachine:
         self._check_open()
         self._request_rejoin(now_ms, reason)
 
+    def drain(self, now_ms: int, *, leave: bool = True) -> None:
+        """Hand everything over, then leave (``leave``) or stay idle: rejoin
+        with ``draining``, keep serving what is owned until it is revoked, take
+        nothing new (docs/protocol.md, "Drain")."""
+        self._check_open()
+        self._start_drain(now_ms, leave=leave, reason="the member drains")
+
+    def _start_drain(self, now_ms: int, *, leave: bool, reason: str) -> None:
+        if self._handover.start_drain(leave):
+            self._request_rejoin(now_ms, reason)
+
     def close(self, leave: bool | None = None) -> None:
         """Start a clean shutdown: revoke what is owned, then leave the group
         (dynamic members; static ones stay so a restart gets everything back)."""
@@ -439,6 +467,8 @@ class MemberStateMachine:
         self._closing = True
         if leave is not None:
             self._leave_on_close = leave
+        # Nothing is warmed up for a member that goes (the close drops the standbys).
+        self._callbacks = deque(c for c in self._callbacks if c.kind is not CallbackKind.STANDBY)
         # A join in flight waits for a side-channel answer to a heartbeat sent
         # from now on (_finishing_join): the next one goes at once.
         self._close_heartbeats = self._side.sent_count
@@ -550,6 +580,8 @@ class MemberStateMachine:
                 return callback
         if self.state in (MemberState.CLOSED, MemberState.FAILED):
             return Stop(self.failure)
+        if self._handover.leave and self.drained and not self._closing:
+            self.close(leave=True)  # drained: everything was handed over
         if (self._closing and self.state is not MemberState.LEAVING
                 and not self._finishing_rebalance()):
             return self._close_step(now_ms)
@@ -638,6 +670,10 @@ class MemberStateMachine:
             self._owned = self._owned - action.resources
         elif action.kind is CallbackKind.ASSIGNED:
             self._rebalance.assigned(now_ms, self.generation_id)
+        elif (action.kind is CallbackKind.STANDBY and self._handover.warmed(action.resources)
+              and self.protocol is RebalanceProtocol.COOPERATIVE and not self._closing):
+            # Reported warm at a cooperative rejoin (an eager one would stop all).
+            self._request_rejoin(now_ms, "standby resources are warm")
 
     # ------------------------------------------------------------ the side channel (KIP-62)
 
@@ -704,6 +740,7 @@ class MemberStateMachine:
             # generation: we are known, and no join phase was in progress.
             self._lease.settled(sent)
             self.last_resources_epoch = max(self.last_resources_epoch, response.resources_epoch)
+            self._drain_asked(now_ms, response)
             return
         action = ERROR_ACTIONS.get(code, ErrorAction.RETRY)
         if action is ErrorAction.REJOIN:
@@ -728,6 +765,12 @@ class MemberStateMachine:
             # the join's answer decides, and the rule's bounds hold meanwhile.
             return
         self._apply_side(now_ms, code, action)
+
+    def _drain_asked(self, now_ms: int, resp: HeartbeatResponse) -> None:
+        """An operator asked the coordinator to drain this member (the admin
+        drain route): it drains, then leaves."""
+        if resp.drain and not self._closing:
+            self._start_drain(now_ms, leave=True, reason="the coordinator asked to drain")
 
     def _release_join(self) -> None:
         """A side-channel outcome other than ILLEGAL_GENERATION, to a heartbeat
@@ -828,6 +871,12 @@ class MemberStateMachine:
                 self._owned = self._owned | action.resources
                 self._in_flight = action
                 return action
+            if action.kind in (CallbackKind.STANDBY, CallbackKind.STANDBY_DROPPED):
+                standby = self._handover.live(action)
+                if standby is None:
+                    continue
+                self._in_flight = standby
+                return standby
             live = action.resources & self._owned
             if not live:
                 continue
@@ -850,6 +899,10 @@ class MemberStateMachine:
         if self._owned:
             # Kafka's onLeavePrepare: a member with a valid generation revokes.
             return self._revoke_owned()
+        dropped = self._handover.close()
+        if dropped is not None:
+            self._in_flight = dropped
+            return dropped
         # A static member stays in the group when it closes (a restart gets its
         # assignment back without a rebalance), except in the middle of a hand-over
         # it started: it revoked resources and its rejoin was to start the follow-up
@@ -918,6 +971,7 @@ class MemberStateMachine:
             incarnation_ms=self.incarnation_ms if static else None,
             sequence=self._next_join_sequence(),
         )
+        self._handover.join_built()
         if phase.first_sent_ms is None:
             phase.first_sent_ms = now_ms
         return self._send(now_ms, Call("join", request, self._rebalance_call_timeout()))
@@ -935,6 +989,8 @@ class MemberStateMachine:
                 user_data=user_data,
                 capacity=self.config.capacity,
                 load=self._reported_load(),
+                warm=to_index_map(self._handover.warm),
+                draining=self._handover.draining,
             ).encode()
 
         plain = metadata(self.config.user_data)
@@ -1139,6 +1195,9 @@ class MemberStateMachine:
         self._owned_generation = self.generation_id
         self._callbacks.append(InvokeListener(CallbackKind.ASSIGNED, added))
         self._rebalance.assignment_delivered()
+        # Never standby while owned, now or until on_revoked returns.
+        self._callbacks.extend(self._handover.assigned(
+            new | self._owned, from_index_map(assignment.standby)).callbacks())
         if assignment.delay_ms > 0:
             # Deferred imbalance resolution (KIP-415 / incremental cooperative).
             self._request_rejoin(now_ms, "assignor asked for a delayed rebalance",
@@ -1197,6 +1256,7 @@ class MemberStateMachine:
             return
         self._schedule.due_ms = max(now_ms, sent_ms + self._timing.heartbeat_interval_ms)
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
+        self._drain_asked(now_ms, resp)
         if (self.is_leader and self._assigned_epoch is not None
                 and resp.resources_epoch > self._assigned_epoch):
             # docs/protocol.md, "Admin (JSON)": the coordinator does not rebalance on catalog
@@ -1297,10 +1357,8 @@ class MemberStateMachine:
 
     def _request_rejoin(self, now_ms: int, reason: str, delay_ms: int = 0) -> None:
         at = now_ms + max(0, delay_ms)
-        if self._rejoin is not None:
-            self._rejoin = (min(self._rejoin[0], at), self._rejoin[1])
-        else:
-            self._rejoin = (at, reason)
+        if self._rejoin is None or at < self._rejoin[0]:
+            self._rejoin = (at, reason)  # the reason of the rejoin that comes first
 
     def _enter_joining(self, now_ms: int, reason: str, *, at_ms: int) -> None:
         phase = self._phase
