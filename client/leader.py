@@ -61,8 +61,8 @@ __all__ = [
     "accepts_now",
     "hide_draining",
     "hold_back_moving",
-    "reads_draining",
     "perform_assignment",
+    "reads_draining",
 ]
 
 

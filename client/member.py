@@ -640,7 +640,7 @@ class GroupMember:
             done.set_result(None)
             await keeper  # an error in it is a bug in the library: the driver stops loudly
         self.metrics.callback(name, time.perf_counter() - started, failed)
-        self._driver.callback_returned(self._clock())
+        self._driver.callback_returned(self._clock(), failed=failed)
         self.metrics.owned(len(self._machine.owned))
         if action.kind is CallbackKind.ASSIGNED:
             self._assigned_once.set()

@@ -39,8 +39,8 @@ import math
 from bisect import bisect_right, insort
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
 from itertools import repeat
+from typing import ClassVar
 
 from ._claims import Claims, read_claims
 from ._echo import Echo, encode_echo, read_echo

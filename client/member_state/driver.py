@@ -139,10 +139,11 @@ class MemberDriver:
             self._side = None
             self.machine.background_failed(now_ms, error)
 
-    def callback_returned(self, now_ms: int) -> None:
-        """The callback of the latest ``InvokeListener`` returned (or raised)."""
+    def callback_returned(self, now_ms: int, *, failed: bool = False) -> None:
+        """The callback of the latest ``InvokeListener`` returned (or raised:
+        ``failed``)."""
         self._callback = None
-        self.machine.listener_done(now_ms)
+        self.machine.listener_done(now_ms, failed=failed)
 
     def abandon(self, now_ms: int) -> list[DriverEffect]:
         """The runtime goes away (its task cancelled, a crash): stop waiting

@@ -659,7 +659,10 @@ class MemberStateMachine:
                                    f"to heartbeats show it answered or never got it; sent again")
             self._schedule.due_ms = now_ms
 
-    def listener_done(self, now_ms: int) -> None:
+    def listener_done(self, now_ms: int, *, failed: bool = False) -> None:
+        """The callback in flight returned (``failed``: raised). Only a warm-up
+        cares: one that failed is not reported warm (the assignor moves the
+        resource cold once its warm-up timeout passed)."""
         action = self._in_flight
         if not isinstance(action, InvokeListener):
             raise RuntimeError(f"listener_done with {self._outstanding()!r} outstanding")
@@ -670,7 +673,8 @@ class MemberStateMachine:
             self._owned = self._owned - action.resources
         elif action.kind is CallbackKind.ASSIGNED:
             self._rebalance.assigned(now_ms, self.generation_id)
-        elif (action.kind is CallbackKind.STANDBY and self._handover.warmed(action.resources)
+        elif (action.kind is CallbackKind.STANDBY and not failed
+              and self._handover.warmed(action.resources)
               and self.protocol is RebalanceProtocol.COOPERATIVE and not self._closing):
             # Reported warm at a cooperative rejoin (an eager one would stop all).
             self._request_rejoin(now_ms, "standby resources are warm")
