@@ -965,7 +965,10 @@ class _Planner:
         """``(low, high)``, widened to hold the member's planned load where
         the plan leaves it outside (lumpy resources, zones), so that the
         member does not rejoin over a load the leader chose."""
-        x, margin = self.load[m], 1 - self.cfg.band
+        # A member planned to carry nothing may hold a rounding residue below
+        # zero (loads added and taken back, as a move held for warm-up is);
+        # a band is a load range, never below zero.
+        x, margin = max(0.0, self.load[m]), 1 - self.cfg.band
         low, high = self.low[m], self.high[m]
         if x < low:
             low = x * margin

@@ -93,6 +93,8 @@ class SimMember:
         #: the running listener waits for the commit lock with these resources.
         self.listener_commit: frozenset[Resource] | None = None
         self._wake_token = 0
+        #: close() was called (a drain closes the member itself once drained).
+        self.asked_to_close = False
         self.deferred: list[tuple[Callable[[Any], None], Any]] = []
         #: what the latest join claimed (KIP-429 ``owned``) and the latest delivered sync.
         self.join_claims: frozenset[Resource] = frozenset()
@@ -411,6 +413,7 @@ class SimMember:
         if self.state != UP:
             return
         self.sim.log(f"{self.tag} CLOSE")
+        self.asked_to_close = True
         self.machine.close()
         self.run()
         self.world.touched(self)

@@ -15,7 +15,7 @@ from typing import Any
 from client.lease import HEARTBEATS_PER_LEASE
 from protocol.catalog import Placement, Weights, Zones
 
-__all__ = ["Fault", "LoadChange", "SimConfig", "draw_config", "draw_faults"]
+__all__ = ["Fault", "LoadChange", "SimConfig", "draw_config", "draw_drains", "draw_faults"]
 
 EAGER_ASSIGNORS = ("range", "roundrobin", "sticky")
 COOPERATIVE_ASSIGNORS = ("cooperative-sticky", "incremental-cooperative")
@@ -100,6 +100,8 @@ class SimConfig:
     max_moves: int | None = None
     loads: tuple[LoadChange, ...] = ()
     load_rejoin_interval_ms: int = 30_000
+    #: balanced seeds: ``warmup`` on with this ``warmup_timeout_ms`` (None: off).
+    warmup_timeout_ms: int | None = None
 
     @property
     def placed(self) -> bool:
@@ -116,7 +118,10 @@ class SimConfig:
         plus a few for the rounds a change itself starts."""
         total = sum(n for _, n in self.catalog)
         moves = math.ceil(total / self.max_moves) if self.max_moves else 1
-        return 2 * moves + 2 * (self.members + 2) + 4
+        # Warm-up: each batch of moves first gives standbys (a round), and each
+        # receiver rejoins once to report them warm.
+        warm = moves + self.members + 2 if self.warmup_timeout_ms is not None else 0
+        return 2 * moves + 2 * (self.members + 2) + 4 + warm
 
     @property
     def warmup_ms(self) -> int:
@@ -140,8 +145,12 @@ class SimConfig:
         moves = math.ceil(sum(n for _, n in self.catalog) / self.max_moves) \
             if self.placed and self.max_moves else 0
         paced = moves * (BALANCED_ROUND_DELAY_MS + self.rebalance_timeout_ms)
+        # Warm-up: a move waits for its receiver's warm report, at most the
+        # warm-up timeout (a receiver that crashed, or restarted, never sends it).
+        warm = (max(1, moves) * self.warmup_timeout_ms
+                if self.placed and self.warmup_timeout_ms is not None else 0)
         return (2 * self.session_timeout_ms + self.rebalance_timeout_ms
-                + self.initial_rebalance_delay_ms + extra + cluster + paced)
+                + self.initial_rebalance_delay_ms + extra + cluster + paced + warm)
 
     def describe(self) -> str:
         interval = (f"{self.heartbeat_interval_ms}" if self.heartbeat_interval_ms is not None
@@ -161,7 +170,8 @@ class SimConfig:
                 + (f" placement={dict(self.placement)} capacities={list(self.capacities)} "
                    f"racks={list(self.racks)} max_moves={self.max_moves} "
                    f"loads={list(self.loads)} "
-                   f"load_rejoin_interval={self.load_rejoin_interval_ms}"
+                   f"load_rejoin_interval={self.load_rejoin_interval_ms} "
+                   f"warmup_timeout={self.warmup_timeout_ms}"
                    if self.placed else ""))
 
 
@@ -248,6 +258,10 @@ def draw_config(seed: int, profile: str = "space") -> SimConfig:
     if placed:
         assignors = ("balanced",)
         extra = _draw_placement(prng, catalog, members + 2, session)
+        # Half of them warm moving resources up first, drawn apart again.
+        wrng = random.Random(seed * 3_000_017 + 59)
+        if wrng.random() < 0.5:
+            extra["warmup_timeout_ms"] = wrng.randint(max(1, session // 2), 3 * session)
     return SimConfig(
         seed=seed, members=members, static=static, assignors=assignors,
         session_timeout_ms=session, rebalance_timeout_ms=rebalance,
@@ -432,7 +446,28 @@ def draw_faults(config: SimConfig) -> tuple[Fault, ...]:
         if fault is not None:
             faults.append(fault)
         t += max(1, int(rng.expovariate(1 / mean_gap)))
-    return tuple(faults)
+    return tuple(faults) + draw_drains(config, len(slots))
+
+
+def draw_drains(config: SimConfig, slots: int) -> tuple[Fault, ...]:
+    """Planned restarts among the faults, drawn apart (the other faults are as
+    they were): a worker drains (``machine.drain``), is given ``duration`` to
+    hand everything over (then it closes, giving up the rest, as
+    ``GroupMember.drain``'s timeout does) and starts again. Sometimes it is
+    killed mid-drain or mid-warm-up (``kill`` right after)."""
+    rng = random.Random(config.seed * 4_000_037 + 73)
+    if rng.random() >= 0.3:
+        return ()
+    s = config.session_timeout_ms
+    out: list[Fault] = []
+    for _ in range(rng.choice([1, 1, 2])):
+        duration = rng.randint(s, 4 * s)
+        at = s + rng.randint(0, max(0, config.fault_ms - duration))
+        slot = f"w{rng.randrange(min(slots, config.members))}"
+        out.append(Fault(at, "drain", slot, duration))
+        if rng.random() < 0.25:
+            out.append(Fault(at + rng.randint(0, s), "kill", slot, rng.randint(1, s)))
+    return tuple(out)
 
 
 def last_fault_end(config: SimConfig) -> int:
