@@ -461,8 +461,10 @@ def draw_drains(config: SimConfig, slots: int) -> tuple[Fault, ...]:
     s = config.session_timeout_ms
     out: list[Fault] = []
     for _ in range(rng.choice([1, 1, 2])):
-        duration = rng.randint(s, 4 * s)
-        at = s + rng.randint(0, max(0, config.fault_ms - duration))
+        # Over, and a worker closed at its end restarted (a session later), before
+        # the faults end.
+        duration = rng.randint(s, min(4 * s, config.fault_ms - s))
+        at = s + rng.randint(0, config.fault_ms - s - duration)
         slot = f"w{rng.randrange(min(slots, config.members))}"
         out.append(Fault(at, "drain", slot, duration))
         if rng.random() < 0.25:
