@@ -252,6 +252,19 @@ def unowned_gaps(events: list[Event], start: float, end: float) -> list[float]:
     return gaps
 
 
+def standbys(events: list[Event]) -> set[tuple[str, Resource]]:
+    """The standbys given and not yet taken over or dropped (a hand-over under
+    way: the group has not settled)."""
+    out: set[tuple[str, Resource]] = set()
+    for _, member, kind, rs in events:
+        for r in rs:
+            if kind == "standby":
+                out.add((member, r))
+            elif kind in ("assigned", "dropped"):
+                out.discard((member, r))
+    return out
+
+
 def holders(events: list[Event]) -> dict[Resource, str]:
     """Replay; raise on double ownership."""
     held: dict[Resource, str] = {}
@@ -365,11 +378,12 @@ class Bench:
         last: dict[Resource, str] | None = None
         since = time.monotonic()
         while time.monotonic() < deadline:
-            held = holders(read_events(self.ledgers))
+            events = read_events(self.ledgers)
+            held = holders(events)
             if held != last:
                 last, since = held, time.monotonic()
             elif (len(held) == len(self.resources) and set(held.values()) == expect
-                  and time.monotonic() - since >= quiet_s):
+                  and not standbys(events) and time.monotonic() - since >= quiet_s):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"{self.mode}: the group did not settle within {timeout_s}s")

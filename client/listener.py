@@ -26,17 +26,19 @@ Semantics"):
   so do not commit for them.
 
 Standbys (v1.2; only an assignor that warms up, ``balanced`` with
-``warmup``, gives them): ``on_standby(resources)`` after the assignment's
-``on_assigned``, for resources the member will probably be given soon --
-load their state, fill caches, never act on them (they are not owned, not in
-``assignment``, not committable). When it returns the member reports them
-warm and rejoins (cooperatively), and the assignor moves them. An async
-``on_standby`` may take as long as warming takes, but the member takes no
-protocol step meanwhile (heartbeats go on): a rebalance the group starts
-then waits for it at most the rebalance timeout. ``on_standby_dropped(resources)``
-when standbys are no longer wanted (and not owned: a standby that becomes
-owned is in ``on_assigned`` instead), and when the member closes. The
-defaults do nothing, so a member reports its standbys warm at once.
+``warmup``, gives them): ``on_standby(resources)`` for resources the member
+will probably be given soon -- load their state, fill caches, never act on
+them (they are not owned, not in ``assignment``, not committable). It runs
+beside the protocol steps, not as one of them (it may overlap the other
+callbacks): an async ``on_standby`` may take as long as warming takes, and
+the member goes on heartbeating and rebalancing meanwhile (a plain function
+blocks the event loop like any other callback). When it returns the member
+reports them warm and rejoins (cooperatively), and the assignor moves them;
+when it raises they are not reported warm. ``on_standby_dropped(resources)``
+(a callback in protocol order) when standbys are no longer wanted and not
+owned (a standby that becomes owned is in ``on_assigned`` instead), and
+when the member closes; it may come while their ``on_standby`` still runs.
+The defaults do nothing, so a member reports its standbys warm at once.
 """
 
 

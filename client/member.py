@@ -76,7 +76,14 @@ from client.member_state import (
     Resource,
     UnknownSets,
 )
-from client.member_state.driver import Cancel, Channel, DriverEffect, MemberDriver, Send
+from client.member_state.driver import (
+    Cancel,
+    Channel,
+    DriverEffect,
+    MemberDriver,
+    Send,
+    StartWarmup,
+)
 from client.metrics import MemberMetrics
 from client.retry_log import RetryLog
 from client.transport import (
@@ -201,6 +208,8 @@ class GroupMember:
         self._stopped = asyncio.Event()
         #: set once a drain is done (the member owns nothing; see drain()).
         self._drained = asyncio.Event()
+        #: the warm-ups (on_standby) running beside the driver's steps.
+        self._warmups: set[asyncio.Future[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         #: the driver's decisions (sans-IO); this class performs them.
@@ -555,6 +564,8 @@ class GroupMember:
             self._failure = FatalMemberError(f"internal error in the member driver: {exc!r}",
                                              ErrorCode.UNKNOWN_SERVER_ERROR)
         finally:
+            for warmup in list(self._warmups):
+                await _cancel(warmup)
             await self._apply(driver.abandon(self._clock()))
             self._drain_events()
             self.metrics.owned(len(self._machine.owned))
@@ -579,6 +590,10 @@ class GroupMember:
                         self._unreachable("heartbeat: no answer in time", self._given_up_url())
             elif isinstance(effect, InvokeListener):
                 callback = effect
+            elif isinstance(effect, StartWarmup):
+                task = asyncio.ensure_future(self._warm_up(effect.resources))
+                self._warmups.add(task)
+                task.add_done_callback(self._warmups.discard)
             else:
                 self._failure = effect.error
                 if effect.error is not None:
@@ -640,10 +655,28 @@ class GroupMember:
             done.set_result(None)
             await keeper  # an error in it is a bug in the library: the driver stops loudly
         self.metrics.callback(name, time.perf_counter() - started, failed)
-        self._driver.callback_returned(self._clock(), failed=failed)
+        self._driver.callback_returned(self._clock())
         self.metrics.owned(len(self._machine.owned))
         if action.kind is CallbackKind.ASSIGNED:
             self._assigned_once.set()
+
+    async def _warm_up(self, resources: frozenset[Resource]) -> None:
+        """``on_standby(resources)``, beside the driver's steps; its end is
+        reported to the driver (a rejoin reports them warm)."""
+        started = time.perf_counter()
+        failed = False
+        try:
+            result = getattr(self._listener, "on_standby", _nothing)(set(resources))
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            failed = True
+            log.exception("member %s: on_standby raised; %s not reported warm", self.client_id,
+                          _fmt(resources))
+        self.metrics.callback("standby", time.perf_counter() - started, failed)
+        if not self._driver.stopped:
+            self._driver.warmup_done(self._clock(), resources, failed=failed)
+            self._wakeup.set()
 
     async def _side_during_callback(self, done: asyncio.Future[None]) -> None:
         """Step the driver while a listener callback awaits (until ``done``):

@@ -52,9 +52,8 @@ class CallbackKind(enum.StrEnum):
     ASSIGNED = "assigned"
     REVOKED = "revoked"
     LOST = "lost"
-    #: v1.2: warm these up without acting on them (never owned meanwhile).
-    STANDBY = "standby"
-    #: v1.2: standbys no longer wanted (not owned either).
+    #: v1.2: standbys no longer wanted (not owned either). Their warm-up,
+    #: ``on_standby``, runs beside the steps (driver.StartWarmup), not as one.
     STANDBY_DROPPED = "standby_dropped"
 
 

@@ -21,6 +21,9 @@ effect             the runtime
                    :meth:`MemberDriver.callback_returned`; while a callback
                    that awaits runs, it steps the driver at once, then at
                    each ``wake_at`` and side-channel answer
+:class:`StartWarmup` runs ``on_standby`` beside the steps (the driver does not
+                   wait for it) and reports its end with
+                   :meth:`MemberDriver.warmup_done`
 :class:`Stopped`   the member stopped (``error``: the fatal one)
 =================  ==========================================================
 
@@ -52,7 +55,8 @@ from client.member_state.machine import MemberStateMachine
 from protocol.errors import ErrorCode
 from protocol.messages import CommitRequest, Scalar
 
-__all__ = ["Cancel", "Channel", "DriverEffect", "MemberDriver", "Send", "Stopped"]
+__all__ = ["Cancel", "Channel", "DriverEffect", "MemberDriver", "Send", "StartWarmup",
+           "Stopped"]
 
 #: steps of one wake-up before the driver calls it a livelock (each one sends,
 #: gives up or answers something; a handful is the most a real wake-up takes).
@@ -85,7 +89,15 @@ class Stopped:
     error: FatalMemberError | None
 
 
-DriverEffect = Send | Cancel | InvokeListener | Stopped
+@dataclass(frozen=True, slots=True)
+class StartWarmup:
+    """Run ``on_standby(resources)`` beside the member's steps (it may take as
+    long as warming takes); report its end with :meth:`MemberDriver.warmup_done`."""
+
+    resources: frozenset[Resource]
+
+
+DriverEffect = Send | Cancel | InvokeListener | StartWarmup | Stopped
 
 
 class MemberDriver:
@@ -139,11 +151,16 @@ class MemberDriver:
             self._side = None
             self.machine.background_failed(now_ms, error)
 
-    def callback_returned(self, now_ms: int, *, failed: bool = False) -> None:
-        """The callback of the latest ``InvokeListener`` returned (or raised:
-        ``failed``)."""
+    def callback_returned(self, now_ms: int) -> None:
+        """The callback of the latest ``InvokeListener`` returned (or raised)."""
         self._callback = None
-        self.machine.listener_done(now_ms, failed=failed)
+        self.machine.listener_done(now_ms)
+
+    def warmup_done(self, now_ms: int, resources: frozenset[Resource], *,
+                    failed: bool = False) -> None:
+        """The warm-up of a :class:`StartWarmup` returned (``failed``: raised).
+        The runtime steps the driver next (a rejoin to report them warm)."""
+        self.machine.warmup_done(now_ms, resources, failed=failed)
 
     def abandon(self, now_ms: int) -> list[DriverEffect]:
         """The runtime goes away (its task cancelled, a crash): stop waiting
@@ -196,6 +213,11 @@ class MemberDriver:
             self.wake_at = None
             return effects
         machine = self.machine
+        # Warm-ups start beside the steps: an assignment delivered since the
+        # last step may have given standbys.
+        warmups = machine.start_warmups()
+        if warmups:
+            effects.append(StartWarmup(warmups))
         for _ in range(_MAX_STEPS):
             side_due = self._service_side(now_ms, effects)
             if self._callback is not None:

@@ -2,20 +2,28 @@
 (docs/protocol.md, "Drain" and "Warm-up on the member").
 
 :class:`Handover` holds what outlives any one state: the standby resources
-the last assignment gave (to warm, never to act on), those whose
-``on_standby`` returned (reported ``warm`` at the next join), and whether the
-member drains. The machine consults it when an assignment arrives, when a
-standby callback returns, when it builds a join's metadata, and before each
-step (a drained member leaves).
+the last assignment gave (to warm, never to act on), those whose warm-up
+runs, those whose ``on_standby`` returned (reported ``warm`` at the next
+join), and whether the member drains. The machine consults it when an
+assignment arrives, when warm-ups are to start or one has ended, when it
+builds a join's metadata, and before each step (a drained member leaves).
+
+A warm-up runs beside the member's protocol steps, not on them: it may take
+as long as warming takes without holding up the group's rebalances (the
+driver starts it, the runtime reports its end). ``on_standby_dropped`` is a
+listener callback like the others, in protocol order.
 
 The rules it keeps:
 
 - a resource is never owned and standby at once: what an assignment gives
-  as owned is not standby, and a standby is never in ``owned``, so it is
-  never in ``on_assigned`` and never committable;
-- a standby that is no longer in the assignment, and is not owned now,
-  is dropped (``on_standby_dropped``); one that becomes owned is simply
-  in ``on_assigned``;
+  as owned (or the member still owns until ``on_revoked`` returns) is not
+  standby, and a standby is never in ``owned``, so it is never in
+  ``on_assigned`` and never committable;
+- a standby that is no longer in the assignment, and is not owned now, is
+  dropped (``on_standby_dropped``); one that becomes owned is simply in
+  ``on_assigned``;
+- a warm-up that failed is not reported warm, nor started again while the
+  resource stays a standby (the assignor's warm-up timeout moves it);
 - a draining member reports ``draining: true`` until it stops; it is
   drained once it owns nothing (with ``leave=False``, once an assignment
   answering a join that said so has been delivered: until then the group
@@ -24,40 +32,24 @@ The rules it keeps:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from client.member_state.actions import CallbackKind, InvokeListener, Resource
 
-__all__ = ["Handover", "StandbyChange"]
-
-
-@dataclass(frozen=True, slots=True)
-class StandbyChange:
-    """What an assignment changed about the standbys: the callbacks it calls for,
-    in order (``on_standby_dropped`` first, then ``on_standby``)."""
-
-    started: frozenset[Resource]
-    dropped: frozenset[Resource]
-
-    def callbacks(self) -> list[InvokeListener]:
-        out = []
-        if self.dropped:
-            out.append(InvokeListener(CallbackKind.STANDBY_DROPPED, self.dropped))
-        if self.started:
-            out.append(InvokeListener(CallbackKind.STANDBY, self.started))
-        return out
+__all__ = ["Handover"]
 
 
 class Handover:
     """Standbys and drain, for one member (see the module docstring)."""
 
-    __slots__ = ("_join_draining", "confirmed", "draining", "leave", "standby", "warm")
+    __slots__ = ("_join_draining", "confirmed", "draining", "failed", "leave", "standby",
+                 "warm", "warming")
 
     def __init__(self) -> None:
         #: the standbys of the last assignment (never owned at the same time).
         self.standby: frozenset[Resource] = frozenset()
-        #: the standbys whose ``on_standby`` returned (a subset of ``standby``).
+        #: standbys whose warm-up runs, whose on_standby returned, or raised.
+        self.warming: frozenset[Resource] = frozenset()
         self.warm: frozenset[Resource] = frozenset()
+        self.failed: frozenset[Resource] = frozenset()
         #: the member drains: its joins say ``draining``, it leaves (``leave``)
         #: or stays idle once it owns nothing.
         self.draining = False
@@ -70,38 +62,47 @@ class Handover:
     # ------------------------------------------------------------ standbys
 
     def assigned(self, owned: frozenset[Resource],
-                 standby: frozenset[Resource]) -> StandbyChange:
-        """An assignment arrived giving ``owned`` to own and ``standby`` to warm."""
+                 standby: frozenset[Resource]) -> InvokeListener | None:
+        """An assignment arrived giving ``standby`` to warm; ``owned``: what the
+        member owns or is given. Returns the ``on_standby_dropped`` it calls for."""
         standby = standby - owned
-        change = StandbyChange(started=standby - self.standby,
-                               dropped=self.standby - standby - owned)
+        dropped = self.standby - standby - owned
         self.standby = standby
+        self.warming &= standby
         self.warm &= standby
+        self.failed &= standby
         self.confirmed = self._join_draining
-        return change
+        return InvokeListener(CallbackKind.STANDBY_DROPPED, dropped) if dropped else None
 
     def live(self, action: InvokeListener) -> InvokeListener | None:
-        """``action`` (a standby callback) narrowed to what it still applies to:
-        an ``on_standby`` to what is still standby and not warm yet, an
-        ``on_standby_dropped`` to what has not become standby again."""
-        if action.kind is CallbackKind.STANDBY:
-            rest = action.resources & (self.standby - self.warm)
-        else:
-            rest = action.resources - self.standby
+        """An ``on_standby_dropped`` narrowed to what has not become a standby
+        again meanwhile (None: nothing is left)."""
+        rest = action.resources - self.standby
         if not rest:
             return None
         return action if rest == action.resources else InvokeListener(action.kind, rest)
 
-    def warmed(self, resources: frozenset[Resource]) -> bool:
-        """``on_standby(resources)`` returned; whether some are newly warm (to
-        report at a rejoin)."""
-        new = (resources & self.standby) - self.warm
-        self.warm |= new
-        return bool(new)
+    def start_warmups(self) -> frozenset[Resource]:
+        """The standbys whose warm-up is to start now (marked as running)."""
+        start = self.standby - self.warming - self.warm - self.failed
+        self.warming |= start
+        return start
+
+    def warmed(self, resources: frozenset[Resource], *, failed: bool) -> bool:
+        """``on_standby(resources)`` returned (``failed``: raised). Returns
+        whether some are newly warm (reported at a rejoin)."""
+        ended = resources & self.warming
+        self.warming -= ended
+        if failed:
+            self.failed |= ended
+            return False
+        self.warm |= ended
+        return bool(ended)
 
     def close(self) -> InvokeListener | None:
         """The member closes: every standby is dropped."""
-        standby, self.standby, self.warm = self.standby, frozenset(), frozenset()
+        standby = self.standby
+        self.standby = self.warming = self.warm = self.failed = frozenset()
         return InvokeListener(CallbackKind.STANDBY_DROPPED, standby) if standby else None
 
     # ------------------------------------------------------------ drain

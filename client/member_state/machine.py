@@ -467,8 +467,6 @@ class MemberStateMachine:
         self._closing = True
         if leave is not None:
             self._leave_on_close = leave
-        # Nothing is warmed up for a member that goes (the close drops the standbys).
-        self._callbacks = deque(c for c in self._callbacks if c.kind is not CallbackKind.STANDBY)
         # A join in flight waits for a side-channel answer to a heartbeat sent
         # from now on (_finishing_join): the next one goes at once.
         self._close_heartbeats = self._side.sent_count
@@ -659,10 +657,7 @@ class MemberStateMachine:
                                    f"to heartbeats show it answered or never got it; sent again")
             self._schedule.due_ms = now_ms
 
-    def listener_done(self, now_ms: int, *, failed: bool = False) -> None:
-        """The callback in flight returned (``failed``: raised). Only a warm-up
-        cares: one that failed is not reported warm (the assignor moves the
-        resource cold once its warm-up timeout passed)."""
+    def listener_done(self, now_ms: int) -> None:
         action = self._in_flight
         if not isinstance(action, InvokeListener):
             raise RuntimeError(f"listener_done with {self._outstanding()!r} outstanding")
@@ -673,9 +668,23 @@ class MemberStateMachine:
             self._owned = self._owned - action.resources
         elif action.kind is CallbackKind.ASSIGNED:
             self._rebalance.assigned(now_ms, self.generation_id)
-        elif (action.kind is CallbackKind.STANDBY and not failed
-              and self._handover.warmed(action.resources)
-              and self.protocol is RebalanceProtocol.COOPERATIVE and not self._closing):
+
+    # ------------------------------------------------------------ warm-ups (beside the steps)
+
+    def start_warmups(self) -> frozenset[Resource]:
+        """Standbys whose warm-up (``on_standby``) is to start now, beside the
+        protocol steps; report each end with :meth:`warmup_done`."""
+        if self._closing or self.state in (MemberState.CLOSED, MemberState.FAILED):
+            return frozenset()
+        return self._handover.start_warmups()
+
+    def warmup_done(self, now_ms: int, resources: frozenset[Resource], *,
+                    failed: bool = False) -> None:
+        """``on_standby(resources)`` returned (``failed``: raised: not reported
+        warm; the assignor moves them cold at its warm-up timeout)."""
+        if (self._handover.warmed(resources, failed=failed) and not self._closing
+                and self.protocol is RebalanceProtocol.COOPERATIVE
+                and self.state not in (MemberState.CLOSED, MemberState.FAILED)):
             # Reported warm at a cooperative rejoin (an eager one would stop all).
             self._request_rejoin(now_ms, "standby resources are warm")
 
@@ -875,12 +884,12 @@ class MemberStateMachine:
                 self._owned = self._owned | action.resources
                 self._in_flight = action
                 return action
-            if action.kind in (CallbackKind.STANDBY, CallbackKind.STANDBY_DROPPED):
-                standby = self._handover.live(action)
-                if standby is None:
+            if action.kind is CallbackKind.STANDBY_DROPPED:
+                dropped = self._handover.live(action)
+                if dropped is None:
                     continue
-                self._in_flight = standby
-                return standby
+                self._in_flight = dropped
+                return dropped
             live = action.resources & self._owned
             if not live:
                 continue
@@ -1200,8 +1209,9 @@ class MemberStateMachine:
         self._callbacks.append(InvokeListener(CallbackKind.ASSIGNED, added))
         self._rebalance.assignment_delivered()
         # Never standby while owned, now or until on_revoked returns.
-        self._callbacks.extend(self._handover.assigned(
-            new | self._owned, from_index_map(assignment.standby)).callbacks())
+        dropped = self._handover.assigned(new | self._owned, from_index_map(assignment.standby))
+        if dropped is not None:
+            self._callbacks.append(dropped)
         if assignment.delay_ms > 0:
             # Deferred imbalance resolution (KIP-415 / incremental cooperative).
             self._request_rejoin(now_ms, "assignor asked for a delayed rebalance",

@@ -133,3 +133,29 @@ async def _drain_times_out(coordinator: InProcessCoordinator) -> None:
         assert loop_s() - started == pytest.approx(2, abs=0.5)
         assert a.state is MemberState.CLOSED
         assert ledger.revoked_or_lost("a") == {("s", i) for i in range(3)}
+
+
+def test_a_long_warm_up_holds_up_no_rebalance() -> None:
+    """``on_standby`` runs beside the member's steps: a warm-up far longer than
+    the rebalance timeout neither delays the group's rebalances meanwhile nor
+    gets the warming member expelled."""
+    run_with_coordinator(_long_warmup)
+
+
+async def _long_warmup(coordinator: InProcessCoordinator) -> None:
+    await coordinator.put_resource("s", 6)
+    ledger = Ledger(clock=loop_s)
+    a, b = (member(coordinator, n, ledger, "balanced", warmup_s=10.0) for n in "ab")
+    async with a:
+        await eventually(lambda: len(a.assignment) == 6, 20)
+        async with b:  # b joins: its share goes to it as standbys, 30 s of warm-up
+            await eventually(lambda: len(b.standby) == 3, 10)
+            generation = b.generation_id
+            started = loop_s()
+            c = member(coordinator, "c", ledger, "balanced")
+            async with c:  # a rebalance while b warms up: not held up by it
+                assert loop_s() - started < 3
+                assert b.generation_id > generation and c.generation_id == b.generation_id
+                assert ledger.count("b", "lost") == 0 and b.standby
+            await eventually(lambda: len(b.assignment) == 3 == len(a.assignment), 60)
+        ledger.check()

@@ -33,18 +33,21 @@ def sync(m: MemberStateMachine, now: int, generation: int, owned: list[int],
         delay_ms=delay_ms).encode()))
 
 
-def test_a_standby_is_warmed_after_on_assigned_reported_warm_then_owned() -> None:
+def test_a_standby_is_warmed_beside_the_steps_reported_warm_then_owned() -> None:
     m = make(assignors=("balanced",))
     sync(m, 0, 1, [0, 1], standby=[5, 6])
+    # The warm-up starts beside the steps (it holds up none), once.
+    assert m.start_warmups() == frozenset(res(5, 6))
+    assert m.start_warmups() == frozenset()
     expect_callback(m, 0, CallbackKind.ASSIGNED, res(0, 1))
     # Warming: not owned, not committable, not in the next join's claims.
-    action = m.next_action(0)
-    assert action.kind is CallbackKind.STANDBY and set(action.resources) == res(5, 6)
     assert m.owned == frozenset(res(0, 1)) and m.standby == frozenset(res(5, 6))
     with pytest.raises(NotOwnedError):
         m.build_commit({("s", 5): 1})
+    assert expect_call(m, 0, "heartbeat")  # stable meanwhile
     assert not m.rejoin_requested
-    m.listener_done(10)
+    m.call_abandoned(10)
+    m.warmup_done(10, frozenset(res(5, 6)))
     # Warm: reported at a cooperative rejoin, at once.
     assert m.rejoin_requested
     join = expect_call(m, 10, "join")
@@ -72,15 +75,15 @@ def test_a_resource_owned_is_never_a_standby_too() -> None:
     sync(m, 1, 2, [0], standby=[1, 2])
     expect_callback(m, 1, CallbackKind.REVOKED, res(1))
     expect_callback(m, 1, CallbackKind.ASSIGNED, set())
-    expect_callback(m, 1, CallbackKind.STANDBY, res(2))
-    assert m.standby == frozenset(res(2))
+    assert m.standby == frozenset(res(2)) and m.start_warmups() == frozenset(res(2))
 
 
 def test_a_dropped_standby_is_no_longer_reported_warm() -> None:
     m = make(assignors=("balanced",))
     sync(m, 0, 1, [], standby=[3])
     expect_callback(m, 0, CallbackKind.ASSIGNED, set())
-    expect_callback(m, 0, CallbackKind.STANDBY, res(3))
+    assert m.start_warmups() == frozenset(res(3))
+    m.warmup_done(0, frozenset(res(3)))
     sync(m, 1, 2, [], standby=[])  # the warm rejoin
     expect_callback(m, 1, CallbackKind.ASSIGNED, set())
     expect_callback(m, 1, CallbackKind.STANDBY_DROPPED, res(3))
@@ -90,12 +93,23 @@ def test_a_dropped_standby_is_no_longer_reported_warm() -> None:
     assert metadata_of(expect_call(m, 2, "join")).warm == {}
 
 
+def test_a_failed_warm_up_is_not_reported_warm_nor_started_again() -> None:
+    m = make(assignors=("balanced",))
+    sync(m, 0, 1, [], standby=[3, 4])
+    expect_callback(m, 0, CallbackKind.ASSIGNED, set())
+    assert m.start_warmups() == frozenset(res(3, 4))
+    m.warmup_done(5, frozenset(res(3, 4)), failed=True)
+    assert not m.rejoin_requested and m.start_warmups() == frozenset()
+    m.request_rejoin(6, "test")
+    assert metadata_of(expect_call(m, 6, "join")).warm == {}
+
+
 def test_closing_drops_the_standbys_and_warms_nothing_more() -> None:
     m = make(assignors=("balanced",))
     sync(m, 0, 1, [0], standby=[4])
     expect_callback(m, 0, CallbackKind.ASSIGNED, res(0))
     m.close()
-    # The queued on_standby is not run; on_revoked, then the standby is dropped.
+    assert m.start_warmups() == frozenset()  # closing: nothing to warm up
     expect_callback(m, 0, CallbackKind.REVOKED, res(0))
     expect_callback(m, 0, CallbackKind.STANDBY_DROPPED, res(4))
     expect_call(m, 0, "leave")

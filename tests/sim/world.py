@@ -642,9 +642,6 @@ class World:
 
     def on_listener(self, member: SimMember, action: InvokeListener) -> None:
         kind = action.kind
-        if kind is CallbackKind.STANDBY and action.resources & member.machine.owned:
-            self.violation(f"standby: {member.tag} warms {sorted(action.resources)} up while "
-                           f"it owns {sorted(action.resources & member.machine.owned)}")
         if (kind is CallbackKind.REVOKED and member.machine.draining
                 and member.machine.closing and not member.asked_to_close):
             # A drain ends owning nothing: it closes (and leaves) only then.
@@ -664,6 +661,12 @@ class World:
             if planned is not None and not action.resources <= planned:
                 self.violation(f"cooperative: {member.tag} revokes "
                                f"{sorted(action.resources - planned)} the assignor did not move")
+
+    def on_warmup(self, member: SimMember, resources: frozenset[Resource]) -> None:
+        """A standby is never owned: never warmed up while owned."""
+        if resources & member.machine.owned:
+            self.violation(f"standby: {member.tag} warms {sorted(resources)} up while it "
+                           f"owns {sorted(resources & member.machine.owned)}")
 
     def on_join_sent(self, member: SimMember, request: JoinRequest) -> None:
         machine = member.machine
