@@ -379,7 +379,13 @@ class Bench:
         since = time.monotonic()
         while time.monotonic() < deadline:
             events = read_events(self.ledgers)
-            held = holders(events)
+            try:
+                held = holders(events)
+            except AssertionError:
+                # The ledgers are read one after another while the workers
+                # write them: a hand-over seen half. The final check is strict.
+                time.sleep(0.05)
+                continue
             if held != last:
                 last, since = held, time.monotonic()
             elif (len(held) == len(self.resources) and set(held.values()) == expect
@@ -392,7 +398,9 @@ class Bench:
         self.start_server()
         for slot in range(self.args.workers):
             self.go(slot, self.prepare(slot))
-        self.wait_settled(quiet_s=1.0)
+        # With warm-up, ten members joining one owner of everything settle
+        # slowly (each join re-plans the standbys under way): not measured.
+        self.wait_settled(quiet_s=1.0, timeout_s=300)
         rebalances0 = self.rebalances()
         t0 = time.time()
         for slot in range(self.args.workers):

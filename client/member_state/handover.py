@@ -40,8 +40,8 @@ __all__ = ["Handover"]
 class Handover:
     """Standbys and drain, for one member (see the module docstring)."""
 
-    __slots__ = ("_join_draining", "confirmed", "draining", "failed", "leave", "standby",
-                 "warm", "warming")
+    __slots__ = ("_join_draining", "_unreported", "confirmed", "draining", "failed", "leave",
+                 "standby", "warm", "warming")
 
     def __init__(self) -> None:
         #: the standbys of the last assignment (never owned at the same time).
@@ -50,6 +50,8 @@ class Handover:
         self.warming: frozenset[Resource] = frozenset()
         self.warm: frozenset[Resource] = frozenset()
         self.failed: frozenset[Resource] = frozenset()
+        #: some became warm since the last rejoin asked to report them.
+        self._unreported = False
         #: the member drains: its joins say ``draining``, it leaves (``leave``)
         #: or stays idle once it owns nothing.
         self.draining = False
@@ -90,14 +92,20 @@ class Handover:
 
     def warmed(self, resources: frozenset[Resource], *, failed: bool) -> bool:
         """``on_standby(resources)`` returned (``failed``: raised). Returns
-        whether some are newly warm (reported at a rejoin)."""
+        whether the member should rejoin to report what is warm: something
+        became warm since the last report, and none of its warm-ups runs any
+        more (one rebalance for a batch of warm-ups, not one each)."""
         ended = resources & self.warming
         self.warming -= ended
         if failed:
             self.failed |= ended
-            return False
-        self.warm |= ended
-        return bool(ended)
+        else:
+            self.warm |= ended
+            self._unreported = self._unreported or bool(ended)
+        if self._unreported and not self.warming:
+            self._unreported = False
+            return True
+        return False
 
     def close(self) -> InvokeListener | None:
         """The member closes: every standby is dropped."""

@@ -685,7 +685,10 @@ class MemberStateMachine:
         if (self._handover.warmed(resources, failed=failed) and not self._closing
                 and self.protocol is RebalanceProtocol.COOPERATIVE
                 and self.state not in (MemberState.CLOSED, MemberState.FAILED)):
-            # Reported warm at a cooperative rejoin (an eager one would stop all).
+            # Reported warm at a cooperative rejoin (an eager one would stop
+            # all), once no warm-up of this member runs: one rebalance for a
+            # batch of warm-ups, not one each (each rebalance may cut short
+            # another member's sync, whose claims then go stale).
             self._request_rejoin(now_ms, "standby resources are warm")
 
     # ------------------------------------------------------------ the side channel (KIP-62)

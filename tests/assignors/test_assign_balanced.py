@@ -475,6 +475,27 @@ def test_a_warm_hand_over_goes_to_its_receiver_though_the_revoker_left() -> None
     assert r3["b"].assigned == {S: [0, 1, 2, 3, 4, 5]} and r3["c"].assigned == {}
 
 
+def test_a_drains_standbys_stay_where_they_warm_up_round_after_round() -> None:
+    """Each receiver's warm report is a round of its own; the other receivers
+    keep their standbys (a warm-up is never restarted elsewhere)."""
+    res = {S: 12}
+    group = {"a": M(owned={S: tuple(range(6))}, generation=1, user_data=ECHO, draining=True),
+             "b": M(owned={S: (6, 7)}, generation=1, user_data=ECHO),
+             "c": M(owned={S: (8, 9)}, generation=1, user_data=ECHO),
+             "d": M(owned={S: (10, 11)}, generation=1, user_data=ECHO)}
+    assignor = get_assignor("balanced", warmup=True)
+    nxt, r1 = step(assignor, res, group)
+    first = {m: r1[m].standby for m in "bcd"}
+    assert sorted(i for s in first.values() for i in s.get(S, [])) == list(range(6))
+    for k, m in enumerate("bcd"):  # one receiver after another reports warm
+        nxt = {**nxt, m: replace(nxt[m], warm=first[m])}
+        nxt, r = step(assignor, res, nxt)
+        waiting = "bcd"[k + 1:]
+        assert all(r[o].standby == first[o] for o in waiting), (m, {o: r[o].standby
+                                                                   for o in "bcd"})
+        nxt = {o: replace(x, warm={}) for o, x in nxt.items()}
+
+
 def test_warmup_timeout_moves_without_a_warm_report_when_time_is_given() -> None:
     res = {S: 4}
     group = {"a": M(owned={S: (0, 1, 2, 3)}, generation=1, user_data=ECHO),

@@ -183,3 +183,22 @@ def test_an_assignor_that_ignores_draining_gives_a_draining_member_nothing() -> 
     members = (member("a", [0, 1, 2], False), member("b", [], True, ("s", "t")))
     result = perform_assignment(get_assignor("cooperative-sticky"), {"s": 6, "t": 2}, members)
     assert result.assignments["a"].assigned == {"s": list(range(6))}
+
+
+def test_warm_ups_running_together_are_reported_at_one_rejoin() -> None:
+    """One rebalance for a batch of warm-ups: each rebalance may cut another
+    member's sync short (its claims then go stale and move cold)."""
+    m = make(assignors=("balanced",))
+    sync(m, 0, 1, [], standby=[3])
+    expect_callback(m, 0, CallbackKind.ASSIGNED, set())
+    first = m.start_warmups()
+    m.request_rejoin(1, "another member joined")
+    sync(m, 1, 2, [], standby=[3, 4])  # (a rebalance meanwhile) another standby
+    expect_callback(m, 1, CallbackKind.ASSIGNED, set())
+    second = m.start_warmups()
+    assert (first, second) == (frozenset(res(3)), frozenset(res(4)))
+    m.warmup_done(2, first)
+    assert not m.rejoin_requested  # 4 still warms up
+    m.warmup_done(3, second)
+    assert m.rejoin_requested
+    assert metadata_of(expect_call(m, 3, "join")).warm == {"s": [3, 4]}
