@@ -1126,6 +1126,15 @@ class MemberStateMachine:
         first = phase.first_sent_ms if isinstance(phase, Joining) else None
         self.member_id = resp.member_id or self.member_id
         self.generation_id = resp.generation_id
+        if self._owned:
+            # Kafka's rule: a member's claims carry the generation of its join.
+            # This join claimed all it owns, so the generation it formed gave
+            # none of it to another member (a cooperative assignor withholds
+            # what is claimed): it is still ours in that generation even if
+            # our sync is cut short by the next rebalance. Claimed at the older
+            # generation instead, it went stale and moved cold (drain and
+            # warm-up rebalance often: docs/benchmarks.md).
+            self._owned_generation = resp.generation_id
         self.protocol_name = resp.protocol_name
         self.leader_id = resp.leader
         self._phase = Syncing(base_ms=sent_ms if first is None else min(first, sent_ms),

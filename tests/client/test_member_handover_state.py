@@ -12,6 +12,7 @@ from client.assignors import get_assignor
 from client.errors import NotOwnedError
 from client.leader import perform_assignment
 from client.member_state import CallbackKind, MemberState, MemberStateMachine, Stop
+from protocol.errors import ErrorCode
 from protocol.messages import (
     HeartbeatResponse,
     JoinMember,
@@ -202,3 +203,20 @@ def test_warm_ups_running_together_are_reported_at_one_rejoin() -> None:
     m.warmup_done(3, second)
     assert m.rejoin_requested
     assert metadata_of(expect_call(m, 3, "join")).warm == {"s": [3, 4]}
+
+
+def test_claims_carry_the_generation_of_the_join_when_its_sync_is_cut_short() -> None:
+    """Warm reports and drains rebalance often, so a sync is often cut short by
+    the next rebalance. The member's claims then carry its join's generation
+    (as Kafka's do): that generation gave none of them away, and claimed at
+    the older one they went stale and moved cold."""
+    m = make(assignors=("balanced",))
+    sync(m, 0, 1, [0, 1])
+    expect_callback(m, 0, CallbackKind.ASSIGNED, res(0, 1))
+    m.request_rejoin(1, "a warm report")
+    expect_call(m, 1, "join")
+    m.receive(1, JoinResponse(None, 2, "resources", "balanced", "leader", "m1"))
+    expect_call(m, 1, "sync")
+    m.receive(2, SyncResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    meta = metadata_of(expect_call(m, 2, "join"))
+    assert meta.owned == {"s": [0, 1]} and meta.generation == 2
