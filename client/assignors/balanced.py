@@ -261,9 +261,6 @@ class _Planner:
             self.load[m] = math.fsum(map(w.__getitem__, gids)) if gids else 0.0
         self.items: list[list[tuple[float, int]] | None] = [None] * n_m
         self.first_cause: dict[int, str] = {}  # g -> cause of its first planned move
-        #: warm-up: hand-overs under way, given to the member that warmed them
-        #: up; no later pass moves them on (cold) to another member.
-        self.pinned: set[int] = set()
         self.placed_cause: dict[int, str] = {}  # unowned g placed off its home zones
         self.newcomer = [
             not s.owned and self.echo[m] is None for m, s in enumerate(subs)
@@ -478,8 +475,6 @@ class _Planner:
             m = meant.get(g)
             if m is not None and self._may_hold(m, self._set_of(g)):
                 self._add(m, g)
-                if self.cfg.warmup:
-                    self.pinned.add(g)
             else:
                 rest.append(g)
         return rest
@@ -704,7 +699,7 @@ class _Planner:
         for inside in (True, False):
             for pos in order[:_DONOR_TRIES]:
                 x, g = items[pos]
-                if x <= 0.0 or g in self.pinned:
+                if x <= 0.0:
                     continue
                 for dst in self._receivers(g, x, self._set_of(g), act, d):
                     after = load[dst] + x
@@ -818,7 +813,7 @@ class _Planner:
         dkey = load[d] / cap[d]
         for k in range(pos - 1, max(-1, pos - 1 - _DONOR_TRIES), -1):
             x, g = items[k]
-            if x <= 0.0 or g in self.pinned or (load[j] + x) / cap[j] >= dkey:
+            if x <= 0.0 or (load[j] + x) / cap[j] >= dkey:
                 continue
             if not self.uniform and not self._may_hold(j, self._set_of(g)):
                 continue

@@ -496,25 +496,6 @@ def test_a_drains_standbys_stay_where_they_warm_up_round_after_round() -> None:
         nxt = {o: replace(x, warm={}) for o, x in nxt.items()}
 
 
-def test_a_warm_hand_over_is_not_moved_on_cold_to_a_member_that_joins_meanwhile() -> None:
-    """The follow-up of a drain's last revocation is also the round a
-    replacement joins in (a rolling restart): what the receivers warmed up
-    goes to them, and the newcomer gets its share as standbys, never a
-    handed-over resource cold."""
-    res = {S: 8}
-    group = {"a": M(owned={S: (4, 5, 6, 7)}, generation=1, user_data=ECHO, draining=True),
-             "b": M(owned={S: (0, 1, 2, 3)}, generation=1, user_data=ECHO)}
-    assignor = get_assignor("balanced", warmup=True)
-    nxt, r1 = step(assignor, res, group)
-    nxt = {**nxt, "b": replace(nxt["b"], warm={S: [4, 5, 6, 7]})}
-    nxt, r2 = step(assignor, res, nxt)
-    assert r2["a"].assigned == {} and r2["b"].standby == {S: [4, 5, 6, 7]}
-    nxt = {"b": replace(nxt["b"], warm={S: [4, 5, 6, 7]}), "c": M()}  # a left, c joins
-    _, r3 = step(assignor, res, nxt)
-    assert r3["b"].assigned == {S: list(range(8))} and r3["c"].assigned == {}
-    assert len(r3["c"].standby.get(S, [])) == 4
-
-
 def test_warmup_timeout_moves_without_a_warm_report_when_time_is_given() -> None:
     res = {S: 4}
     group = {"a": M(owned={S: (0, 1, 2, 3)}, generation=1, user_data=ECHO),
