@@ -7,14 +7,17 @@ standby is never owned (the ledger fails on it); every assignor drains.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
-from client_harness import InProcessCoordinator, Ledger, eventually, owners
+from client_harness import InProcessCoordinator, InProcessTransport, Ledger, eventually, owners
 from virtual_time import loop_ms, loop_s, run_with_coordinator
 
 from client import GroupMember
 from client.member_state import MemberState
+from protocol.messages import HeartbeatResponse
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -158,4 +161,40 @@ async def _long_warmup(coordinator: InProcessCoordinator) -> None:
                 assert b.generation_id > generation and c.generation_id == b.generation_id
                 assert ledger.count("b", "lost") == 0 and b.standby
             await eventually(lambda: len(b.assignment) == 3 == len(a.assignment), 60)
+        ledger.check()
+
+
+class AskToDrain(InProcessTransport):
+    """The coordinator's side of an operator's drain, as the member sees it:
+    once ``ask`` is set, heartbeat answers carry ``drain: true``."""
+
+    def __init__(self, coordinator: InProcessCoordinator) -> None:
+        super().__init__(coordinator)
+        self.ask = False
+
+    async def call(self, api: str, request: Any) -> Any:
+        response = await super().call(api, request)
+        if self.ask and isinstance(response, HeartbeatResponse):
+            return dataclasses.replace(response, drain=True)
+        return response
+
+
+def test_a_heartbeat_answer_asking_to_drain_drains_the_member_and_it_leaves() -> None:
+    run_with_coordinator(_asked_to_drain)
+
+
+async def _asked_to_drain(coordinator: InProcessCoordinator) -> None:
+    await coordinator.put_resource("s", 6)
+    ledger = Ledger(clock=loop_s)
+    transport = AskToDrain(coordinator)
+    a = member(coordinator, "a", ledger, "cooperative-sticky")
+    b = GroupMember(transport, "g", ["s"], client_id="b", assignors=["cooperative-sticky"],
+                    listener=ledger.listener("b"), **SETTINGS)
+    async with a, b:
+        await eventually(lambda: len(a.assignment) == 3 == len(b.assignment), 20)
+        transport.ask = True
+        await asyncio.wait_for(b.wait_closed(), 30)  # drained, left, stopped on its own
+        assert b.draining and b.assignment == frozenset() and b.failure is None
+        await eventually(lambda: len(a.assignment) == 6, 10)
+        assert b.member_id not in members_of(coordinator)
         ledger.check()
