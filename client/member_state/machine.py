@@ -10,7 +10,10 @@ it, and reports back (:meth:`~MemberStateMachine.receive`,
 
 - :class:`Call`: send one request (join, sync, heartbeat, leave, or the
   catalog read), bounded by ``timeout_ms``;
-- :class:`InvokeListener`: run ``on_assigned`` / ``on_revoked`` / ``on_lost``;
+- :class:`InvokeListener`: run ``on_assigned`` / ``on_revoked`` / ``on_lost`` /
+  ``on_standby_dropped`` (warm-ups, ``on_standby``, run beside the steps:
+  :meth:`~MemberStateMachine.start_warmups`, :meth:`~MemberStateMachine.warmup_done`;
+  the drain and the standbys are :mod:`client.member_state.handover`'s);
 - :class:`Wait`: nothing to do until ``until_ms`` (or until the caller pokes
   the member: a subscription change, a commit's answer, ``close()``);
 - :class:`Stop`: the member is done (closed, or failed with ``error``).
@@ -1127,13 +1130,10 @@ class MemberStateMachine:
         self.member_id = resp.member_id or self.member_id
         self.generation_id = resp.generation_id
         if self._owned:
-            # Kafka's rule: a member's claims carry the generation of its join.
-            # This join claimed all it owns, so the generation it formed gave
-            # none of it to another member (a cooperative assignor withholds
-            # what is claimed): it is still ours in that generation even if
-            # our sync is cut short by the next rebalance. Claimed at the older
-            # generation instead, it went stale and moved cold (drain and
-            # warm-up rebalance often: docs/benchmarks.md).
+            # Kafka's rule: claims carry the join's generation. This join claimed
+            # all we own, so that generation gave none of it away (what is
+            # claimed is withheld): still ours if our sync is cut short. At the
+            # older generation it went stale and moved cold (docs/benchmarks.md).
             self._owned_generation = resp.generation_id
         self.protocol_name = resp.protocol_name
         self.leader_id = resp.leader
