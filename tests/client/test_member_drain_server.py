@@ -17,7 +17,7 @@ import pytest
 from client_harness import check_ledger
 from server_harness import StartServer
 
-from client import GroupMember, RebalanceListener
+from client import BlockingGroupMember, GroupMember, RebalanceListener
 from client.listener import Resource
 from client.member_state import MemberState
 
@@ -138,3 +138,21 @@ async def test_a_failed_warm_up_falls_back_to_a_plain_move_at_the_timeout(
             assert first(events, "b", "revoked", r, since) >= since + 2.0
         assert not [e for e in events if e[2] == "warm"]
     check_ledger(events)
+
+
+def test_a_blocking_member_drains(start_server: StartServer) -> None:
+    server = start_server()
+    put_resources(server.admin_url, "s", 4)
+    a = BlockingGroupMember(server.url, "g", ["s"], client_id="a", session_timeout_ms=6_000)
+    b = BlockingGroupMember(server.url, "g", ["s"], client_id="b", session_timeout_ms=6_000)
+    with a, b:
+        deadline = time.monotonic() + 30
+        while not len(a.assignment) == 2 == len(b.assignment):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert b.drain(timeout_s=20) is True
+        assert b.assignment == frozenset() and b.member.state is MemberState.CLOSED
+        while len(a.assignment) != 4:
+            assert time.monotonic() < deadline + 30
+            time.sleep(0.05)
+        assert b.member.member_id not in group_members(server.admin_url)
