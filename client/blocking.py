@@ -122,6 +122,17 @@ class BlockingGroupMember:
             return self._member.report_load(dict(loads))
         return self._run(report(), None)
 
+    def drain(self, *, timeout_s: float | None = None, leave: bool = True) -> bool:
+        """:meth:`GroupMember.drain`: hand everything over, then leave (and
+        stop; call ``close()`` to end the member thread) or stay idle. Returns
+        False when it timed out and closed."""
+        return self._run(self._member.drain(timeout_s=timeout_s, leave=leave), None)
+
+    @property
+    def standby(self) -> frozenset[Resource]:
+        """:attr:`GroupMember.standby` (safe from any thread)."""
+        return self._member.standby
+
     def wait_closed(self, timeout_s: float | None = None) -> None:
         self._run(self._member.wait_closed(), timeout_s)
 

@@ -17,6 +17,12 @@ Steps (KIP-429, "For the leader", adapted):
    a resource to a new owner while another member still owns it: its output
    is validated as is, and a broken rule fails the rebalance loudly
    (:class:`AssignmentFailed`) rather than risking double ownership.
+   An assignor that does not place by ``draining`` (every one but
+   ``balanced``, which declares ``reads_draining``) is shown a draining
+   member as subscribed only to the sets no other member subscribes to
+   (:func:`hide_draining`): it gives such a member nothing new, and a
+   cooperative one revokes what it owns (a claim on a set not subscribed is
+   withheld from everybody this round, KIP-429), so drain works with it.
 4. An EAGER-only assignor ignores ``owned``. Members of an eager group revoke
    everything before they join, so ``owned`` is empty and nothing changes;
    should a member still claim something, KIP-429 step 2.4 applies: a
@@ -53,8 +59,10 @@ __all__ = [
     "LeaderResult",
     "TimedAssignor",
     "accepts_now",
+    "hide_draining",
     "hold_back_moving",
     "perform_assignment",
+    "reads_draining",
 ]
 
 
@@ -120,6 +128,23 @@ def hold_back_moving(subscriptions: Mapping[str, Subscription],
     return out
 
 
+def reads_draining(assignor: Assignor) -> bool:
+    """Does the assignor place by ``Subscription.draining`` itself (declares
+    ``reads_draining = True``)?"""
+    return getattr(assignor, "reads_draining", False) is True
+
+
+def hide_draining(subscriptions: Mapping[str, Subscription]) -> dict[str, Subscription]:
+    """The subscriptions an assignor that ignores ``draining`` is given: a
+    draining member subscribes only to the sets no member that stays
+    subscribes to (those it keeps serving: nobody else could), its claims
+    and everything else as sent."""
+    staying = {name for sub in subscriptions.values() if not sub.draining
+               for name in sub.sets}
+    return {member: replace(sub, sets=[n for n in sub.sets if n not in staying])
+            if sub.draining else sub for member, sub in subscriptions.items()}
+
+
 def catalog_resources(catalog: Mapping[str, int],
                       placement: Mapping[str, Placement]) -> dict[str, int | ResourceSet]:
     """What the assignor is given: each set's partition count, or, for a set whose
@@ -176,12 +201,14 @@ def perform_assignment(assignor: Assignor, catalog: Mapping[str, int],
             warm=meta.warm,
             draining=meta.draining,
         )
+    given = (subscriptions if reads_draining(assignor)
+             or not any(s.draining for s in subscriptions.values())
+             else hide_draining(subscriptions))
     try:
         if now_ms is not None and accepts_now(assignor):
-            result = cast(TimedAssignor, assignor).assign(resources, subscriptions,
-                                                          now_ms=now_ms)
+            result = cast(TimedAssignor, assignor).assign(resources, given, now_ms=now_ms)
         else:
-            result = assignor.assign(resources, subscriptions)
+            result = assignor.assign(resources, given)
     except Exception as exc:  # an assignor bug must fail the rebalance, not the member
         raise AssignmentFailed(f"assignor {assignor.name!r} raised {exc!r}") from exc
     cooperative = RebalanceProtocol.COOPERATIVE in assignor.protocols

@@ -24,7 +24,23 @@ Semantics"):
   group (a stale generation, an unknown member id, no heartbeat for a session
   timeout, a fatal error) -- the resources may already belong to someone else,
   so do not commit for them.
+
+Standbys (v1.2; only an assignor that warms up, ``balanced`` with
+``warmup``, gives them): ``on_standby(resources)`` for resources the member
+will probably be given soon -- load their state, fill caches, never act on
+them (they are not owned, not in ``assignment``, not committable). It runs
+beside the protocol steps, not as one of them (it may overlap the other
+callbacks): an async ``on_standby`` may take as long as warming takes, and
+the member goes on heartbeating and rebalancing meanwhile (a plain function
+blocks the event loop like any other callback). When it returns the member
+reports them warm and rejoins (cooperatively), and the assignor moves them;
+when it raises they are not reported warm. ``on_standby_dropped(resources)``
+(a callback in protocol order) when standbys are no longer wanted and not
+owned (a standby that becomes owned is in ``on_assigned`` instead), and
+when the member closes; it may come while their ``on_standby`` still runs.
+The defaults do nothing, so a member reports its standbys warm at once.
 """
+
 
 from __future__ import annotations
 
@@ -49,4 +65,13 @@ class RebalanceListener:
 
     def on_lost(self, resources: set[Resource]) -> Awaitable[None] | None:
         """Stop processing ``resources`` at once; they are no longer owned."""
+        return None
+
+    def on_standby(self, resources: set[Resource]) -> Awaitable[None] | None:
+        """Warm ``resources`` up (load state, fill caches) without acting on
+        them; return when they are warm."""
+        return None
+
+    def on_standby_dropped(self, resources: set[Resource]) -> Awaitable[None] | None:
+        """Forget the warm-up of ``resources``: no longer wanted as standbys."""
         return None

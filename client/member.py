@@ -83,6 +83,7 @@ from client.member_state.driver import (
     MeasureLoad,
     MemberDriver,
     Send,
+    StartWarmup,
 )
 from client.metrics import MemberMetrics
 from client.retry_log import RetryLog
@@ -212,6 +213,10 @@ class GroupMember:
         self._wakeup = asyncio.Event()
         self._assigned_once = asyncio.Event()
         self._stopped = asyncio.Event()
+        #: set once a drain is done (the member owns nothing; see drain()).
+        self._drained = asyncio.Event()
+        #: the warm-ups (on_standby) running beside the driver's steps.
+        self._warmups: set[asyncio.Future[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         #: asked for the owned resources' loads each heartbeat interval while
@@ -235,6 +240,18 @@ class GroupMember:
         a resource the group may have given to another member is never
         reported. Safe to read from any thread."""
         return self._machine.owned_at(self._clock())
+
+    @property
+    def standby(self) -> frozenset[Resource]:
+        """The standbys the last assignment gave: resources to warm up
+        (``on_standby``), never to act on. Never in ``assignment``, never
+        committable."""
+        return self._machine.standby
+
+    @property
+    def draining(self) -> bool:
+        """The member drains (``drain()``, or the coordinator asked it to)."""
+        return self._machine.draining
 
     @property
     def member_id(self) -> str:
@@ -359,6 +376,43 @@ class GroupMember:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         # A failure is kept in self._failure; the task itself raises nothing.
+
+    async def drain(self, *, timeout_s: float | None = None, leave: bool = True) -> bool:
+        """Hand everything over before going (docs/client.md, "Drain"): the
+        member rejoins saying it drains, keeps serving what it owns until each
+        resource is revoked (``on_revoked``, final commits as usual), and is
+        given nothing new; an assignor that warms up (``balanced`` with
+        ``warmup``) has the new owners warm each resource first. Once it owns
+        nothing it leaves and stops (``leave=True``), or stays in the group as
+        an idle member (``leave=False``). Returns True then.
+
+        ``timeout_s``: after that long (None: no bound) the rest is given up
+        the way a plain leave does (``close(leave=True)``: ``on_revoked`` on
+        what is left, leave, stop), and it returns False. Raises the member's
+        fatal error if it failed, ``MemberClosedError`` if it is closing.
+        From inside a listener callback it only starts the drain."""
+        if self._task is None:
+            raise RuntimeError("the member was not started")
+        self._raise_failure()
+        self._machine.drain(self._clock(), leave=leave)
+        self._wakeup.set()
+        if asyncio.current_task() is self._task:
+            return False
+        done = asyncio.ensure_future((self._stopped if leave else self._drained).wait())
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        try:
+            finished = await self._first_of({done, stopped}, self._after_s(timeout_s))
+        finally:
+            done.cancel()
+            stopped.cancel()
+        self._raise_failure()
+        if finished:
+            return leave or self._machine.drained
+        log.warning("member %s: drain timed out after %.1fs owning %s; closing", self.client_id,
+                    timeout_s or 0.0, _fmt(self._machine.owned) or "nothing")
+        await self.close(leave=True)
+        self._raise_failure()
+        return False
 
     async def __aenter__(self) -> Self:
         self.start()
@@ -504,6 +558,8 @@ class GroupMember:
                 effects = driver.step(self._clock())
                 callback = await self._apply(effects) if effects else None
                 self._drain_events()
+                if self._machine.drained:
+                    self._drained.set()
                 if callback is not None:
                     await self._invoke(callback)
                     self._drain_events()
@@ -524,6 +580,8 @@ class GroupMember:
         finally:
             if self._measuring is not None:
                 await _cancel(self._measuring)
+            for warmup in list(self._warmups):
+                await _cancel(warmup)
             await self._apply(driver.abandon(self._clock()))
             self._drain_events()
             self.metrics.owned(len(self._machine.owned))
@@ -550,6 +608,10 @@ class GroupMember:
                 callback = effect
             elif isinstance(effect, MeasureLoad):
                 self._measure(effect.resources)
+            elif isinstance(effect, StartWarmup):
+                task = asyncio.ensure_future(self._warm_up(effect.resources))
+                self._warmups.add(task)
+                task.add_done_callback(self._warmups.discard)
             else:
                 self._failure = effect.error
                 if effect.error is not None:
@@ -626,7 +688,8 @@ class GroupMember:
 
     async def _invoke(self, action: InvokeListener) -> None:
         name = action.kind.value
-        method = getattr(self._listener, f"on_{name}")
+        # A listener written before standbys may lack their callbacks: nothing to do.
+        method = getattr(self._listener, f"on_{name}", _nothing)
         started = time.perf_counter()
         failed = False
         keeper: asyncio.Future[None] | None = None
@@ -658,6 +721,24 @@ class GroupMember:
         self.metrics.owned(len(self._machine.owned))
         if action.kind is CallbackKind.ASSIGNED:
             self._assigned_once.set()
+
+    async def _warm_up(self, resources: frozenset[Resource]) -> None:
+        """``on_standby(resources)``, beside the driver's steps; its end is
+        reported to the driver (a rejoin reports them warm)."""
+        started = time.perf_counter()
+        failed = False
+        try:
+            result = getattr(self._listener, "on_standby", _nothing)(set(resources))
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            failed = True
+            log.exception("member %s: on_standby raised; %s not reported warm", self.client_id,
+                          _fmt(resources))
+        self.metrics.callback("standby", time.perf_counter() - started, failed)
+        if not self._driver.stopped:
+            self._driver.warmup_done(self._clock(), resources, failed=failed)
+            self._wakeup.set()
 
     async def _side_during_callback(self, done: asyncio.Future[None]) -> None:
         """Step the driver while a listener callback awaits (until ``done``):
@@ -797,6 +878,10 @@ def _describe(transport: Transport) -> str:
 def _fmt(resources: Iterable[Resource]) -> str:
     """Resources as log lines name them: ``shards[0], shards[3]``."""
     return ", ".join(f"{s}[{i}]" for s, i in sorted(resources))
+
+
+def _nothing(resources: set[Resource]) -> None:
+    return None
 
 
 def _resolver(future: asyncio.Future[None]) -> Callable[[], None]:

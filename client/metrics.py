@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
 __all__ = ["MemberMetrics"]
 
 HOUR_MS = 3_600_000
-CALLBACKS = ("assigned", "revoked", "lost")
+CALLBACKS = ("assigned", "revoked", "lost", "standby", "standby_dropped")
 _LABELS = ("group_id", "client_id")
 
 

@@ -19,11 +19,15 @@ its position every second. The listener is where ownership changes hands:
   meanwhile), and the next owner starts only after it returned;
 - ``on_lost``: stop at once, commit nothing (someone else may own it now).
 
-Ctrl-C or SIGTERM stops the worker at any time, also before its first
-assignment (while it cannot reach the coordinator, say): the member is
-closed -- everything is revoked (final commits) and the worker leaves the
-group, so the others take over at once -- and the process exits with status
-0. A fatal member error (e.g. FENCED_INSTANCE_ID) exits with status 1.
+SIGTERM (a deploy, Kubernetes stopping the pod) drains first: the member
+keeps serving what it owns while the others take it over, one resource after
+another (``member.drain()``; with the ``balanced`` assignor and ``warmup``,
+each new owner warms it up first), then leaves; after ``--drain-timeout-s``
+it gives up the rest as Ctrl-C does. Ctrl-C stops the worker at once, also
+before its first assignment (while it cannot reach the coordinator, say):
+the member is closed -- everything is revoked (final commits) and the
+worker leaves the group, so the others take over at once. Either way the
+process exits with status 0. A fatal member error (e.g. FENCED_INSTANCE_ID) exits with status 1.
 While the coordinator cannot be reached the member retries with backoff
 (at most a second apart) and logs it with lines that back off too.
 """
@@ -38,6 +42,7 @@ import signal
 import sys
 
 from client import GroupCoordError, GroupMember, RebalanceListener, Resource
+from client.member_state import MemberState
 
 log = logging.getLogger("worker")
 
@@ -122,6 +127,9 @@ async def main() -> int:
                         help="static membership: a restart within the session timeout "
                              "gets the same resources back without a rebalance")
     parser.add_argument("--assignor", default="cooperative-sticky")
+    parser.add_argument("--drain-timeout-s", type=float, default=60.0,
+                        help="on SIGTERM, how long to hand resources over before giving up "
+                             "the rest (keep it under Kubernetes' grace period)")
     parser.add_argument("--session-timeout-ms", type=int, default=10_000,
                         help="the heartbeat interval is derived from it (docs/client.md, "
                              "timing rule)")
@@ -138,9 +146,10 @@ async def main() -> int:
     # The handlers are in place before the member starts: a signal stops the
     # worker at any time, also before its first assignment (a wrong URL).
     stop = asyncio.Event()
+    signals: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, _on_signal, stop, sig)
+        loop.add_signal_handler(sig, _on_signal, stop, signals, sig)
     member.start()  # joins in the background; the listener starts the work
     stopping = asyncio.ensure_future(stop.wait())
     closed = asyncio.ensure_future(member.wait_closed())
@@ -151,6 +160,18 @@ async def main() -> int:
         if closed.done() and not closed.cancelled():
             closed.exception()  # the failure is reported below
         closed.cancel()
+        if signals[:1] == [signal.SIGTERM] and member.state in (
+                MemberState.JOINING, MemberState.SYNCING, MemberState.STABLE):
+            # A planned stop: hand over first (a second signal stops at once).
+            drain = asyncio.ensure_future(member.drain(timeout_s=args.drain_timeout_s))
+            stop.clear()
+            again = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({drain, again}, return_when=asyncio.FIRST_COMPLETED)
+            again.cancel()
+            drain.cancel()  # done already, or stopped by the second signal
+            if drain.done() and not drain.cancelled() and drain.exception() is None:
+                log.info("%s drained: %s", name, "handed everything over" if drain.result()
+                         else "timed out, gave up the rest")
         # Revokes everything (final commits) and leaves the group; before the
         # first assignment it only stops the join and its retries.
         await member.close()
@@ -161,8 +182,11 @@ async def main() -> int:
     return 0
 
 
-def _on_signal(stop: asyncio.Event, sig: signal.Signals) -> None:
-    log.info("%s: stopping", sig.name)
+def _on_signal(stop: asyncio.Event, signals: list[signal.Signals],
+               sig: signal.Signals) -> None:
+    log.info("%s: stopping%s", sig.name, " (draining first)"
+             if not signals and sig is signal.SIGTERM else "")
+    signals.append(sig)
     stop.set()
 
 

@@ -40,6 +40,7 @@ from bisect import bisect_right, insort
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import ClassVar
 
 from ._claims import Claims, read_claims
 from ._echo import Echo, encode_echo, read_echo
@@ -49,8 +50,10 @@ from .model import Assignment, RebalanceProtocol, Resources, ResourceSet, Subscr
 
 __all__ = ["BalancedAssignor"]
 
-#: causes whose move waits for the receiver to warm up (docs/protocol.md)
-WARMED = frozenset({"load", "zone", "capacity", "balance", "drain"})
+#: causes whose move waits for the receiver to warm up (docs/protocol.md): every
+#: move of a resource that has a live owner meanwhile (a member that joined is
+#: given its share warm too, as Kafka Streams' warm-up replicas do, KIP-441).
+WARMED = frozenset({"load", "zone", "capacity", "balance", "drain", "join"})
 
 # Members tried per move in the "under" pass before giving up on a receiver.
 _DONOR_TRIES = 64
@@ -73,6 +76,8 @@ class BalancedAssignor:
     round_delay_ms: int = 1_000
     name: str = "balanced"
     protocols: tuple[RebalanceProtocol, ...] = (RebalanceProtocol.COOPERATIVE,)
+    #: it places by ``Subscription.draining`` itself (client/leader.py).
+    reads_draining: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         b = self.band
@@ -115,6 +120,12 @@ class _Move:
 class _Round:
     revoke: list[list[_Move]] = field(default_factory=list)  # per source member
     standby: list[list[tuple[int, int | None]]] = field(default_factory=list)  # (g, since)
+    #: per receiver: what its warm-up completed, revoked from its owner this
+    #: round and handed over in the follow-up; still its standby meanwhile (so
+    #: it keeps the warm state, never "dropped" between the two rounds), and
+    #: in its echo (so the follow-up knows whose it is, should the revoker
+    #: have left by then: a drain). (g, since)
+    transit: list[list[tuple[int, int | None]]] = field(default_factory=list)
     truncated: bool = False
     next_deadline: int | None = None
 
@@ -824,7 +835,8 @@ class _Planner:
             for g in sorted(self.first_cause)
             if owner[g] >= 0 and where[g] != owner[g]
         ]
-        rnd = _Round([[] for _ in range(n_m)], [[] for _ in range(n_m)])
+        rnd = _Round([[] for _ in range(n_m)], [[] for _ in range(n_m)],
+                     [[] for _ in range(n_m)])
         limit = self.cfg.max_moves
         if limit is not None and len(moves) > limit:
             moves.sort(key=lambda mv: (mv.cause != "drain", -w[mv.g], mv.g))
@@ -844,6 +856,7 @@ class _Planner:
                         if rnd.next_deadline is None or due < rnd.next_deadline:
                             rnd.next_deadline = due
                     continue
+                rnd.transit[dst].append((mv.g, since))
             rnd.revoke[mv.src].append(mv)
         return rnd
 
@@ -936,9 +949,9 @@ class _Planner:
                 held = merged
             why += [(*self._key_of(mv.g), mv.cause) for mv in revoked]
             why += self._lost_claims(m, held, top)
-            standby = rnd.standby[m]
+            standby = sorted(rnd.standby[m] + rnd.transit[m])
             standby_map: dict[str, list[int]] = {}
-            for g, _ in sorted(standby):
+            for g, _ in standby:
                 name, i = self._key_of(g)
                 standby_map.setdefault(name, []).append(i)
             # State only while a hand-over is under way: a settled member
@@ -977,7 +990,10 @@ class _Planner:
         """``(low, high)``, widened to hold the member's planned load where
         the plan leaves it outside (lumpy resources, zones), so that the
         member does not rejoin over a load the leader chose."""
-        x, margin = self.load[m], 1 - self.cfg.band
+        # A member planned to carry nothing may hold a rounding residue below
+        # zero (loads added and taken back, as a move held for warm-up is);
+        # a band is a load range, never below zero.
+        x, margin = max(0.0, self.load[m]), 1 - self.cfg.band
         low, high = self.low[m], self.high[m]
         if x < low:
             low = x * margin

@@ -25,6 +25,8 @@ module             holds
                    due, the retry backoff
 ``states``         ``Joining``, ``Syncing``, ``Stable``: one object per
                    state, holding only what that state means
+``handover``       ``Handover``: the standbys to warm up (beside the steps) and
+                   the drain (docs/protocol.md, "Drain")
 ``machine``        ``MemberStateMachine``: the transitions
 ``driver``         ``MemberDriver``: the decisions around the machine (the
                    main call and the side channel's heartbeat, their

@@ -53,6 +53,9 @@ class CallbackKind(enum.StrEnum):
     ASSIGNED = "assigned"
     REVOKED = "revoked"
     LOST = "lost"
+    #: v1.2: standbys no longer wanted (not owned either). Their warm-up,
+    #: ``on_standby``, runs beside the steps (driver.StartWarmup), not as one.
+    STANDBY_DROPPED = "standby_dropped"
 
 
 class ErrorAction(enum.Enum):

@@ -24,6 +24,9 @@ effect             the runtime
 :class:`MeasureLoad` asks the application for the load of ``resources``
                    (what the member owns; the member's load callback) and
                    reports it with :meth:`MemberDriver.load_measured`
+:class:`StartWarmup` runs ``on_standby`` beside the steps (the driver does not
+                   wait for it) and reports its end with
+                   :meth:`MemberDriver.warmup_done`
 :class:`Stopped`   the member stopped (``error``: the fatal one)
 =================  ==========================================================
 
@@ -62,7 +65,8 @@ from client.member_state.machine import MemberStateMachine
 from protocol.errors import ErrorCode
 from protocol.messages import Api, CommitRequest, Scalar
 
-__all__ = ["Cancel", "Channel", "DriverEffect", "MeasureLoad", "MemberDriver", "Send", "Stopped"]
+__all__ = ["Cancel", "Channel", "DriverEffect", "MeasureLoad", "MemberDriver", "Send",
+           "StartWarmup", "Stopped"]
 
 #: steps of one wake-up before the driver calls it a livelock (each one sends,
 #: gives up or answers something; a handful is the most a real wake-up takes).
@@ -103,7 +107,15 @@ class MeasureLoad:
     resources: frozenset[Resource]
 
 
-DriverEffect = Send | Cancel | InvokeListener | MeasureLoad | Stopped
+@dataclass(frozen=True, slots=True)
+class StartWarmup:
+    """Run ``on_standby(resources)`` beside the member's steps (it may take as
+    long as warming takes); report its end with :meth:`MemberDriver.warmup_done`."""
+
+    resources: frozenset[Resource]
+
+
+DriverEffect = Send | Cancel | InvokeListener | MeasureLoad | StartWarmup | Stopped
 
 
 class MemberDriver:
@@ -181,6 +193,12 @@ class MemberDriver:
         self._callback = None
         self.machine.listener_done(now_ms)
 
+    def warmup_done(self, now_ms: int, resources: frozenset[Resource], *,
+                    failed: bool = False) -> None:
+        """The warm-up of a :class:`StartWarmup` returned (``failed``: raised).
+        The runtime steps the driver next (a rejoin to report them warm)."""
+        self.machine.warmup_done(now_ms, resources, failed=failed)
+
     def abandon(self, now_ms: int) -> list[DriverEffect]:
         """The runtime goes away (its task cancelled, a crash): stop waiting
         for whatever is in flight."""
@@ -232,6 +250,11 @@ class MemberDriver:
             self.wake_at = None
             return effects
         machine = self.machine
+        # Warm-ups start beside the steps: an assignment delivered since the
+        # last step may have given standbys.
+        warmups = machine.start_warmups()
+        if warmups:
+            effects.append(StartWarmup(warmups))
         for _ in range(_MAX_STEPS):
             side_due = self._service_side(now_ms, effects)
             if self._callback is not None:

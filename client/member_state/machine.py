@@ -10,7 +10,10 @@ it, and reports back (:meth:`~MemberStateMachine.receive`,
 
 - :class:`Call`: send one request (join, sync, heartbeat, leave, or the
   catalog read), bounded by ``timeout_ms``;
-- :class:`InvokeListener`: run ``on_assigned`` / ``on_revoked`` / ``on_lost``;
+- :class:`InvokeListener`: run ``on_assigned`` / ``on_revoked`` / ``on_lost`` /
+  ``on_standby_dropped`` (warm-ups, ``on_standby``, run beside the steps:
+  :meth:`~MemberStateMachine.start_warmups`, :meth:`~MemberStateMachine.warmup_done`;
+  the drain and the standbys are :mod:`client.member_state.handover`'s);
 - :class:`Wait`: nothing to do until ``until_ms`` (or until the caller pokes
   the member: a subscription change, a commit's answer, ``close()``);
 - :class:`Stop`: the member is done (closed, or failed with ``error``).
@@ -86,6 +89,7 @@ from client.member_state.actions import (
     Wait,
 )
 from client.member_state.config import MemberConfig, choose_protocol
+from client.member_state.handover import Handover
 from client.member_state.heartbeat import SideChannel
 from client.member_state.lease import Lease
 from client.member_state.main_channel import MainCall, Schedule
@@ -209,6 +213,8 @@ class MemberStateMachine:
         self._rebalance = RebalanceLog()
         #: set names already reported missing from the catalog (UnknownSets).
         self._unknown_sets_reported: set[str] = set()
+        #: standbys to warm, and the drain (client/member_state/handover.py).
+        self._handover = Handover()
         # ---- closing / failure
         self._closing = False
         #: side-channel heartbeats sent before the close (_finishing_join).
@@ -245,6 +251,20 @@ class MemberStateMachine:
         if deadline is not None and now_ms >= deadline:
             return frozenset()
         return owned
+
+    @property
+    def standby(self) -> frozenset[Resource]:
+        """The standbys of the last assignment: warmed, never owned."""
+        return self._handover.standby
+
+    @property
+    def draining(self) -> bool:
+        return self._handover.draining
+
+    @property
+    def drained(self) -> bool:
+        """Draining and done: owns nothing (and, staying, the group knows it)."""
+        return self._handover.drained(self._owned)
 
     @property
     def is_leader(self) -> bool:
@@ -432,6 +452,17 @@ class MemberStateMachine:
         self._check_open()
         self._request_rejoin(now_ms, reason)
 
+    def drain(self, now_ms: int, *, leave: bool = True) -> None:
+        """Hand everything over, then leave (``leave``) or stay idle: rejoin
+        with ``draining``, keep serving what is owned until it is revoked, take
+        nothing new (docs/protocol.md, "Drain")."""
+        self._check_open()
+        self._start_drain(now_ms, leave=leave, reason="the member drains")
+
+    def _start_drain(self, now_ms: int, *, leave: bool, reason: str) -> None:
+        if self._handover.start_drain(leave):
+            self._request_rejoin(now_ms, reason)
+
     def close(self, leave: bool | None = None) -> None:
         """Start a clean shutdown: revoke what is owned, then leave the group
         (dynamic members; static ones stay so a restart gets everything back)."""
@@ -551,6 +582,8 @@ class MemberStateMachine:
                 return callback
         if self.state in (MemberState.CLOSED, MemberState.FAILED):
             return Stop(self.failure)
+        if self._handover.leave and self.drained and not self._closing:
+            self.close(leave=True)  # drained: everything was handed over
         if (self._closing and self.state is not MemberState.LEAVING
                 and not self._finishing_rebalance()):
             return self._close_step(now_ms)
@@ -640,6 +673,28 @@ class MemberStateMachine:
         elif action.kind is CallbackKind.ASSIGNED:
             self._rebalance.assigned(now_ms, self.generation_id)
 
+    # ------------------------------------------------------------ warm-ups (beside the steps)
+
+    def start_warmups(self) -> frozenset[Resource]:
+        """Standbys whose warm-up (``on_standby``) is to start now, beside the
+        protocol steps; report each end with :meth:`warmup_done`."""
+        if self._closing or self.state in (MemberState.CLOSED, MemberState.FAILED):
+            return frozenset()
+        return self._handover.start_warmups()
+
+    def warmup_done(self, now_ms: int, resources: frozenset[Resource], *,
+                    failed: bool = False) -> None:
+        """``on_standby(resources)`` returned (``failed``: raised: not reported
+        warm; the assignor moves them cold at its warm-up timeout)."""
+        if (self._handover.warmed(resources, failed=failed) and not self._closing
+                and self.protocol is RebalanceProtocol.COOPERATIVE
+                and self.state not in (MemberState.CLOSED, MemberState.FAILED)):
+            # Reported warm at a cooperative rejoin (an eager one would stop
+            # all), once no warm-up of this member runs: one rebalance for a
+            # batch of warm-ups, not one each (each rebalance may cut short
+            # another member's sync, whose claims then go stale).
+            self._request_rejoin(now_ms, "standby resources are warm")
+
     # ------------------------------------------------------------ the side channel (KIP-62)
 
     def background_heartbeat(self, now_ms: int) -> Call | Wait | None:
@@ -705,6 +760,7 @@ class MemberStateMachine:
             # generation: we are known, and no join phase was in progress.
             self._lease.settled(sent)
             self.last_resources_epoch = max(self.last_resources_epoch, response.resources_epoch)
+            self._drain_asked(now_ms, response)
             return
         action = ERROR_ACTIONS.get(code, ErrorAction.RETRY)
         if action is ErrorAction.REJOIN:
@@ -729,6 +785,12 @@ class MemberStateMachine:
             # the join's answer decides, and the rule's bounds hold meanwhile.
             return
         self._apply_side(now_ms, code, action)
+
+    def _drain_asked(self, now_ms: int, resp: HeartbeatResponse) -> None:
+        """An operator asked the coordinator to drain this member (the admin
+        drain route): it drains, then leaves."""
+        if resp.drain and not self._closing:
+            self._start_drain(now_ms, leave=True, reason="the coordinator asked to drain")
 
     def _release_join(self) -> None:
         """A side-channel outcome other than ILLEGAL_GENERATION, to a heartbeat
@@ -829,6 +891,12 @@ class MemberStateMachine:
                 self._owned = self._owned | action.resources
                 self._in_flight = action
                 return action
+            if action.kind is CallbackKind.STANDBY_DROPPED:
+                dropped = self._handover.live(action)
+                if dropped is None:
+                    continue
+                self._in_flight = dropped
+                return dropped
             live = action.resources & self._owned
             if not live:
                 continue
@@ -851,6 +919,10 @@ class MemberStateMachine:
         if self._owned:
             # Kafka's onLeavePrepare: a member with a valid generation revokes.
             return self._revoke_owned()
+        dropped = self._handover.close()
+        if dropped is not None:
+            self._in_flight = dropped
+            return dropped
         # A static member stays in the group when it closes (a restart gets its
         # assignment back without a rebalance), except in the middle of a hand-over
         # it started: it revoked resources and its rejoin was to start the follow-up
@@ -919,6 +991,7 @@ class MemberStateMachine:
             incarnation_ms=self.incarnation_ms if static else None,
             sequence=self._next_join_sequence(),
         )
+        self._handover.join_built()
         if phase.first_sent_ms is None:
             phase.first_sent_ms = now_ms
         return self._send(now_ms, Call(Api.JOIN, request, self._rebalance_call_timeout()))
@@ -936,6 +1009,8 @@ class MemberStateMachine:
                 user_data=user_data,
                 capacity=self.config.capacity,
                 load=self._reported_load(),
+                warm=to_index_map(self._handover.warm),
+                draining=self._handover.draining,
             ).encode()
 
         plain = metadata(self.config.user_data)
@@ -1055,6 +1130,12 @@ class MemberStateMachine:
         first = phase.first_sent_ms if isinstance(phase, Joining) else None
         self.member_id = resp.member_id or self.member_id
         self.generation_id = resp.generation_id
+        if self._owned:
+            # Kafka's rule: claims carry the join's generation. This join claimed
+            # all we own, so that generation gave none of it away (what is
+            # claimed is withheld): still ours if our sync is cut short. At the
+            # older generation it went stale and moved cold (docs/benchmarks.md).
+            self._owned_generation = resp.generation_id
         self.protocol_name = resp.protocol_name
         self.leader_id = resp.leader
         self._phase = Syncing(base_ms=sent_ms if first is None else min(first, sent_ms),
@@ -1140,6 +1221,10 @@ class MemberStateMachine:
         self._owned_generation = self.generation_id
         self._callbacks.append(InvokeListener(CallbackKind.ASSIGNED, added))
         self._rebalance.assignment_delivered()
+        # Never standby while owned, now or until on_revoked returns.
+        dropped = self._handover.assigned(new | self._owned, from_index_map(assignment.standby))
+        if dropped is not None:
+            self._callbacks.append(dropped)
         if assignment.delay_ms > 0:
             # Deferred imbalance resolution (KIP-415 / incremental cooperative).
             self._request_rejoin(now_ms, "assignor asked for a delayed rebalance",
@@ -1198,6 +1283,7 @@ class MemberStateMachine:
             return
         self._schedule.due_ms = max(now_ms, sent_ms + self._timing.heartbeat_interval_ms)
         self.last_resources_epoch = max(self.last_resources_epoch, resp.resources_epoch)
+        self._drain_asked(now_ms, resp)
         if (self.is_leader and self._assigned_epoch is not None
                 and resp.resources_epoch > self._assigned_epoch):
             # docs/protocol.md, "Admin (JSON)": the coordinator does not rebalance on catalog
@@ -1298,10 +1384,8 @@ class MemberStateMachine:
 
     def _request_rejoin(self, now_ms: int, reason: str, delay_ms: int = 0) -> None:
         at = now_ms + max(0, delay_ms)
-        if self._rejoin is not None:
-            self._rejoin = (min(self._rejoin[0], at), self._rejoin[1])
-        else:
-            self._rejoin = (at, reason)
+        if self._rejoin is None or at < self._rejoin[0]:
+            self._rejoin = (at, reason)  # the reason of the rejoin that comes first
 
     def _enter_joining(self, now_ms: int, reason: str, *, at_ms: int) -> None:
         phase = self._phase

@@ -416,11 +416,18 @@ def test_a_draining_sole_subscriber_keeps_what_nobody_else_can_take() -> None:
 # ---------------------------------------------------------------- warm-up
 
 
-def test_a_join_moves_at_once_even_with_warmup() -> None:
+def test_a_join_is_given_its_share_as_standby_first_with_warmup() -> None:
+    """A member that joins gets its share warm, as a drain's receivers do: the
+    owner keeps serving until the newcomer reports it warm (a rolling restart
+    with warm-up serves nothing cold)."""
     group = {"a": M(owned={S: (0, 1, 2, 3)}, generation=1), "b": M()}
     _, r1 = step(get_assignor("balanced", warmup=True), {S: 4}, group)
-    assert r1["a"].assigned == {S: [0, 1]} and r1["b"].standby == {}
-    assert {c for _, _, c in r1["a"].why} == {"join"}
+    assert r1["a"].assigned == {S: [0, 1, 2, 3]} and r1["b"].standby == {S: [2, 3]}
+    assert r1["a"].why == () and r1["b"].assigned == {}
+    # Without warm-up a join moves at once.
+    _, r0 = step(get_assignor("balanced"), {S: 4}, group)
+    assert r0["a"].assigned == {S: [0, 1]} and r0["b"].standby == {}
+    assert {c for _, _, c in r0["a"].why} == {"join"}
 
 
 ECHO = b'{"balanced":1}'  # a member that took part in an earlier round
@@ -441,11 +448,52 @@ def test_warmup_gives_a_standby_first_and_moves_once_warm() -> None:
     nxt, r3 = step(assignor, res, nxt)  # warm: the owner revokes
     assert r3["a"].assigned == {S: [0, 1]}
     assert r3["a"].why == ((S, 2, "balance"), (S, 3, "balance"))
+    # In transit: still b's standby, so b keeps them warm (not "dropped").
+    assert r3["b"].standby == {S: [2, 3]} and r3["b"].assigned == {}
     nxt = {**nxt, "b": replace(nxt["b"], warm={})}
     nxt, r4 = step(assignor, res, nxt)  # and the follow-up hands them over
     assert r4["b"].assigned == {S: [2, 3]} and r4["b"].standby == {}
     assert r4["b"].why == ((S, 2, "warm"), (S, 3, "warm"))
     assert all(a.delay_ms == 0 for a in r4.values())
+
+
+def test_a_warm_hand_over_goes_to_its_receiver_though_the_revoker_left() -> None:
+    """A drain: the owner revokes what its receivers warmed up, then leaves; the
+    follow-up (which a newcomer joins) still gives each resource to the member
+    that warmed it (its echo names it), never cold to another."""
+    res = {S: 6}
+    group = {"a": M(owned={S: (0, 1, 2)}, generation=1, user_data=ECHO, draining=True),
+             "b": M(owned={S: (3, 4, 5)}, generation=1, user_data=ECHO)}
+    assignor = get_assignor("balanced", warmup=True)
+    nxt, r1 = step(assignor, res, group)
+    assert r1["b"].standby == {S: [0, 1, 2]}
+    nxt = {**nxt, "b": replace(nxt["b"], warm={S: [0, 1, 2]})}
+    nxt, r2 = step(assignor, res, nxt)
+    assert r2["a"].assigned == {} and r2["b"].standby == {S: [0, 1, 2]}
+    nxt = {"b": replace(nxt["b"], warm={S: [0, 1, 2]}), "c": M()}  # a left, c joins
+    _, r3 = step(assignor, res, nxt)
+    assert r3["b"].assigned == {S: [0, 1, 2, 3, 4, 5]} and r3["c"].assigned == {}
+
+
+def test_a_drains_standbys_stay_where_they_warm_up_round_after_round() -> None:
+    """Each receiver's warm report is a round of its own; the other receivers
+    keep their standbys (a warm-up is never restarted elsewhere)."""
+    res = {S: 12}
+    group = {"a": M(owned={S: tuple(range(6))}, generation=1, user_data=ECHO, draining=True),
+             "b": M(owned={S: (6, 7)}, generation=1, user_data=ECHO),
+             "c": M(owned={S: (8, 9)}, generation=1, user_data=ECHO),
+             "d": M(owned={S: (10, 11)}, generation=1, user_data=ECHO)}
+    assignor = get_assignor("balanced", warmup=True)
+    nxt, r1 = step(assignor, res, group)
+    first = {m: r1[m].standby for m in "bcd"}
+    assert sorted(i for s in first.values() for i in s.get(S, [])) == list(range(6))
+    for k, m in enumerate("bcd"):  # one receiver after another reports warm
+        nxt = {**nxt, m: replace(nxt[m], warm=first[m])}
+        nxt, r = step(assignor, res, nxt)
+        waiting = "bcd"[k + 1:]
+        assert all(r[o].standby == first[o] for o in waiting), (m, {o: r[o].standby
+                                                                   for o in "bcd"})
+        nxt = {o: replace(x, warm={}) for o, x in nxt.items()}
 
 
 def test_warmup_timeout_moves_without_a_warm_report_when_time_is_given() -> None:

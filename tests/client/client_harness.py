@@ -136,6 +136,11 @@ def check_ledger(events: Iterable[tuple[float, str, str, Iterable[Resource]]]) -
     holder: dict[Resource, str] = {}
     for t, member, kind, resources in sorted(events, key=lambda e: e[0]):
         for r in resources:
+            if kind in ("standby", "standby_dropped"):
+                # A standby is never owned: never given as one while held.
+                assert kind == "standby_dropped" or holder.get(r) != member, (
+                    f"{r} given to {member} as standby at {t:.6f} while it owns it")
+                continue
             if kind == "assigned":
                 other = holder.get(r)
                 assert other is None or other == member, (
@@ -168,6 +173,8 @@ class LedgerListener(RebalanceListener):
         self.ledger = ledger
         self.member = member
         self.assigned_calls = 0
+        #: seconds ``on_standby`` takes per resource (warming it up).
+        self.warmup_s = 0.0
 
     async def on_assigned(self, resources: set[Resource]) -> None:
         self.assigned_calls += 1
@@ -178,6 +185,14 @@ class LedgerListener(RebalanceListener):
 
     async def on_lost(self, resources: set[Resource]) -> None:
         self.ledger.record(self.member, "lost", resources)
+
+    async def on_standby(self, resources: set[Resource]) -> None:
+        self.ledger.record(self.member, "standby", resources)
+        if self.warmup_s:
+            await asyncio.sleep(self.warmup_s * len(resources))
+
+    async def on_standby_dropped(self, resources: set[Resource]) -> None:
+        self.ledger.record(self.member, "standby_dropped", resources)
 
 
 def owners(members: Iterable[GroupMember]) -> dict[Resource, int]:

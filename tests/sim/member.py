@@ -47,6 +47,7 @@ from client.member_state.driver import (
     DriverEffect,
     MemberDriver,
     Send,
+    StartWarmup,
     Stopped,
 )
 from protocol.messages import CommitRequest, JoinRequest, SyncResponse
@@ -93,6 +94,8 @@ class SimMember:
         #: the running listener waits for the commit lock with these resources.
         self.listener_commit: frozenset[Resource] | None = None
         self._wake_token = 0
+        #: close() was called (a drain closes the member itself once drained).
+        self.asked_to_close = False
         self.deferred: list[tuple[Callable[[Any], None], Any]] = []
         #: what the latest join claimed (KIP-429 ``owned``) and the latest delivered sync.
         self.join_claims: frozenset[Resource] = frozenset()
@@ -171,6 +174,13 @@ class SimMember:
                     self.world.net.close(conn)
             elif isinstance(effect, InvokeListener):
                 self._start_listener(effect)
+            elif isinstance(effect, StartWarmup):
+                # on_standby, beside the driver's steps: it takes simulated time.
+                self.sim.log(f"{self.tag} on_standby {sorted(effect.resources)}")
+                self.world.on_warmup(self, effect.resources)
+                lo, hi = self.listener_ms
+                self.sim.after(self.rng.randint(lo, hi), self._warmup_end,
+                               (self.incarnation, effect.resources))
             else:
                 self._stop(effect)
 
@@ -269,6 +279,13 @@ class SimMember:
             return
         assert self.driver.callback is not None
         self.driver.callback_returned(self.local())
+        self.run()
+        self.world.touched(self)
+
+    def _warmup_end(self, arg: tuple[int, frozenset[Resource]]) -> None:
+        if self._defer(self._warmup_end, arg):
+            return
+        self.driver.warmup_done(self.local(), arg[1])
         self.run()
         self.world.touched(self)
 
@@ -411,6 +428,7 @@ class SimMember:
         if self.state != UP:
             return
         self.sim.log(f"{self.tag} CLOSE")
+        self.asked_to_close = True
         self.machine.close()
         self.run()
         self.world.touched(self)

@@ -15,7 +15,7 @@ from typing import Any
 from client.lease import HEARTBEATS_PER_LEASE
 from protocol.catalog import Placement, Weights, Zones
 
-__all__ = ["Fault", "LoadChange", "SimConfig", "draw_config", "draw_faults"]
+__all__ = ["Fault", "LoadChange", "SimConfig", "draw_config", "draw_drains", "draw_faults"]
 
 EAGER_ASSIGNORS = ("range", "roundrobin", "sticky")
 COOPERATIVE_ASSIGNORS = ("cooperative-sticky", "incremental-cooperative")
@@ -114,6 +114,8 @@ class SimConfig:
     limits: tuple[int, int] | None = None
     tokens: str = ""
     storage_check_ms: int = 0
+    #: balanced seeds: ``warmup`` on with this ``warmup_timeout_ms`` (None: off).
+    warmup_timeout_ms: int | None = None
 
     @property
     def placed(self) -> bool:
@@ -130,7 +132,10 @@ class SimConfig:
         plus a few for the rounds a change itself starts."""
         total = sum(n for _, n in self.catalog)
         moves = math.ceil(total / self.max_moves) if self.max_moves else 1
-        return 2 * moves + 2 * (self.members + 2) + 4
+        # Warm-up: each batch of moves first gives standbys (a round), and each
+        # receiver rejoins once to report them warm.
+        warm = moves + self.members + 2 if self.warmup_timeout_ms is not None else 0
+        return 2 * moves + 2 * (self.members + 2) + 4 + warm
 
     @property
     def warmup_ms(self) -> int:
@@ -154,8 +159,12 @@ class SimConfig:
         moves = math.ceil(sum(n for _, n in self.catalog) / self.max_moves) \
             if self.placed and self.max_moves else 0
         paced = moves * (BALANCED_ROUND_DELAY_MS + self.rebalance_timeout_ms)
+        # Warm-up: a move waits for its receiver's warm report, at most the
+        # warm-up timeout (a receiver that crashed, or restarted, never sends it).
+        warm = (max(1, moves) * self.warmup_timeout_ms
+                if self.placed and self.warmup_timeout_ms is not None else 0)
         return (2 * self.session_timeout_ms + self.rebalance_timeout_ms
-                + self.initial_rebalance_delay_ms + extra + cluster + paced)
+                + self.initial_rebalance_delay_ms + extra + cluster + paced + warm)
 
     def describe(self) -> str:
         interval = (f"{self.heartbeat_interval_ms}" if self.heartbeat_interval_ms is not None
@@ -177,7 +186,8 @@ class SimConfig:
                 + (f" placement={dict(self.placement)} capacities={list(self.capacities)} "
                    f"racks={list(self.racks)} max_moves={self.max_moves} "
                    f"loads={list(self.loads)} "
-                   f"load_rejoin_interval={self.load_rejoin_interval_ms}"
+                   f"load_rejoin_interval={self.load_rejoin_interval_ms} "
+                   f"warmup_timeout={self.warmup_timeout_ms}"
                    if self.placed else ""))
 
 
@@ -264,6 +274,10 @@ def draw_config(seed: int, profile: str = "space") -> SimConfig:
     if placed:
         assignors = ("balanced",)
         extra = _draw_placement(prng, catalog, members + 2, session)
+        # Half of them warm moving resources up first, drawn apart again.
+        wrng = random.Random(seed * 5_000_011 + 67)
+        if wrng.random() < 0.5:
+            extra["warmup_timeout_ms"] = wrng.randint(max(1, session // 2), 3 * session)
     if profile == "space":
         extra.update(_draw_runtime(random.Random(seed * 3_000_017 + 59), members, session))
     return SimConfig(
@@ -511,7 +525,30 @@ def draw_faults(config: SimConfig) -> tuple[Fault, ...]:
         t += max(1, int(rng.expovariate(1 / mean_gap)))
     if config.runtime:
         faults = sorted(faults + draw_runtime_faults(config), key=lambda f: f.at)
-    return tuple(faults)
+    return tuple(faults) + draw_drains(config, len(slots))
+
+
+def draw_drains(config: SimConfig, slots: int) -> tuple[Fault, ...]:
+    """Planned restarts among the faults, drawn apart (the other faults are as
+    they were): a worker drains (``machine.drain``), is given ``duration`` to
+    hand everything over (then it closes, giving up the rest, as
+    ``GroupMember.drain``'s timeout does) and starts again. Sometimes it is
+    killed mid-drain or mid-warm-up (``kill`` right after)."""
+    rng = random.Random(config.seed * 4_000_037 + 73)
+    if rng.random() >= 0.3:
+        return ()
+    s = config.session_timeout_ms
+    out: list[Fault] = []
+    for _ in range(rng.choice([1, 1, 2])):
+        # Over, and a worker closed at its end restarted (a session later), before
+        # the faults end.
+        duration = rng.randint(s, min(4 * s, config.fault_ms - s))
+        at = s + rng.randint(0, config.fault_ms - s - duration)
+        slot = f"w{rng.randrange(min(slots, config.members))}"
+        out.append(Fault(at, "drain", slot, duration))
+        if rng.random() < 0.25:
+            out.append(Fault(at + rng.randint(0, s), "kill", slot, rng.randint(1, s)))
+    return tuple(out)
 
 
 def last_fault_end(config: SimConfig) -> int:

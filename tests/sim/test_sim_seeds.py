@@ -313,6 +313,9 @@ REGRESSION_SEEDS = {
         "measures it (else planned at its catalog weight, a hot resource went on to a "
         "member it overloaded, which rejoined on its load, and so on; found once the "
         "hand-over fix of seed 300 was in)",
+    124: "balanced with warm-up: a member planned to carry nothing kept a rounding "
+         "residue below zero (a move held for warm-up takes its load back), and its band "
+         "went out negative: every sync of that member was undecodable",
 }
 
 

@@ -211,6 +211,8 @@ class World:
         self.load_factor: dict[Resource, float] = {}
         self.loads_changed_at = 0
         self.rounds: list[tuple[int, int, _Round]] = []
+        #: how the drains ended (drained, timed out, restarted meanwhile).
+        self.drains: dict[str, int] = {}
         if config.placed:
             # Rounds after the last change: each a round delay and a hand-over.
             self.end += config.round_bound * (BALANCED_ROUND_DELAY_MS + config.session_timeout_ms)
@@ -241,6 +243,9 @@ class World:
                 "scheduled_rebalance_max_delay_ms": c.incremental_delay_ms}
         if c.placed and c.max_moves is not None:
             settings["balanced"] = {"max_moves": c.max_moves}
+        if c.placed and c.warmup_timeout_ms is not None:
+            settings.setdefault("balanced", {}).update(
+                warmup=True, warmup_timeout_ms=c.warmup_timeout_ms)
         return MemberConfig(
             group_id=GROUP, sets=c.sets, assignors=slot.assignors,
             capacity=c.capacities[slot.index] if c.capacities else None,
@@ -401,6 +406,12 @@ class World:
                 self.sim.after(fault.duration, self._spawn_event, slot)
             else:
                 slot.want_up = False
+        elif kind == "drain" and up and member is not None and slot is not None \
+                and not member.machine.closing:
+            member.machine.drain(member.local())
+            member.run()
+            self.touched(member)
+            self.sim.after(fault.duration, self._drain_end, (slot, member))
         elif kind == "upgrade" and slot is not None:
             slot.assignors = UPGRADE_STEPS[params["step"]]
             if member is not None and member.state == UP:
@@ -527,6 +538,24 @@ class World:
                                           self._start_node, node))
         return True
 
+    def _drain_end(self, arg: tuple[Slot, SimMember]) -> None:
+        """A drain's window is over: a member still at it gives up the rest (it
+        closes); then the worker starts again (a rolling restart)."""
+        slot, member = arg
+        if slot.member is not member:
+            self.drains["restarted"] = self.drains.get("restarted", 0) + 1
+            return  # killed and restarted meanwhile
+        if member.state == STOPPED and member.machine.drained:
+            self.drains["drained"] = self.drains.get("drained", 0) + 1
+        elif member.state == UP:
+            self.drains["timed out"] = self.drains.get("timed out", 0) + 1
+            member.close()
+            self.sim.after(self.config.session_timeout_ms, self._respawn_after_close,
+                           (slot, member))
+            return
+        if slot.want_up and self.sim.now < self.t_end:
+            self.spawn(slot)
+
     def _start_node(self, node: SimNode) -> None:
         if node.state == NODE_DOWN:
             node.start()
@@ -625,6 +654,9 @@ class World:
         whichever member acquired the resource last."""
         mine = (member.machine.owned_at(member.local()) if member.state in (UP, PAUSED)
                 else frozenset())
+        both = member.machine.standby & member.machine.owned
+        if both:
+            self.violation(f"standby: {member.tag} has {sorted(both)} owned and standby at once")
         if mine == member.seen:
             if not self.config.faulty and self.settled_at is None and self._settled():
                 self.settled_at = self.sim.now
@@ -718,6 +750,11 @@ class World:
 
     def on_listener(self, member: SimMember, action: InvokeListener) -> None:
         kind = action.kind
+        if (kind is CallbackKind.REVOKED and member.machine.draining
+                and member.machine.closing and not member.asked_to_close):
+            # A drain ends owning nothing: it closes (and leaves) only then.
+            self.violation(f"drain: {member.tag} closes owning {sorted(action.resources)} "
+                           f"before its drain handed them over")
         if kind is CallbackKind.LOST and not self.config.faulty:
             self.violation(f"liveness: {member.tag} lost {sorted(action.resources)} without "
                            f"any fault ({member.machine.last_error})")
@@ -732,6 +769,12 @@ class World:
             if planned is not None and not action.resources <= planned:
                 self.violation(f"cooperative: {member.tag} revokes "
                                f"{sorted(action.resources - planned)} the assignor did not move")
+
+    def on_warmup(self, member: SimMember, resources: frozenset[Resource]) -> None:
+        """A standby is never owned: never warmed up while owned."""
+        if resources & member.machine.owned:
+            self.violation(f"standby: {member.tag} warms {sorted(resources)} up while it "
+                           f"owns {sorted(resources & member.machine.owned)}")
 
     def on_join_sent(self, member: SimMember, request: JoinRequest) -> None:
         machine = member.machine
