@@ -10,6 +10,8 @@ import asyncio
 import json
 import re
 import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -237,3 +239,59 @@ async def test_a_leave_ends_the_request_and_the_cli_waits_for_it(
         f"member {joined['a']['member_id']} (instance a) has left the group")
     assert set(await asyncio.to_thread(members_shown, server)) == {"b"}
     assert await asyncio.to_thread(metric, server, "groupcoord_drain_requested_members") == 0
+
+
+MEMBER_PROC = str(Path(__file__).parent.parent / "client" / "member_proc.py")
+
+
+def test_the_drain_command_waits_until_a_real_member_has_handed_over_and_left(
+        start_server: StartServer, tmp_path: Path) -> None:
+    """Two member processes (GroupMember, the balanced assignor) share a set;
+    ``groupcoord members drain --wait`` names one: it returns 0 once that
+    member has heard the request, handed its resources over and left; its
+    process ends on its own, the other owns everything, and the rebalance
+    history counts the moves under ``drain``."""
+    server = start_server()
+    req = urllib.request.Request(f"{server.admin_url}/v1/resources/orders", method="PUT",
+                                 data=json.dumps({"partitions": 6}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=30).close()
+    procs = {name: subprocess.Popen(
+        [sys.executable, MEMBER_PROC, server.url, name, str(tmp_path / f"{name}.jsonl"),
+         "--group", GROUP, "--sets", "orders", "--assignor", "balanced",
+         "--session-ms", "3000", "--heartbeat-ms", "300"], stderr=subprocess.DEVNULL)
+        for name in ("worker-1", "worker-2")}
+    try:
+        def owners() -> dict[str, list[int]]:
+            status, group = admin(server, "GET", f"/v1/groups/{GROUP}")
+            if status != 200 or group["state"] != "Stable":
+                return {}
+            return {m["client_id"]: (m["assignment"] or {}).get("orders", [])
+                    for m in group["members"]}
+
+        deadline = time.monotonic() + 30
+        while sorted(len(v) for v in owners().values()) != [3, 3]:
+            assert time.monotonic() < deadline, owners()
+            time.sleep(0.2)
+        _, group = admin(server, "GET", f"/v1/groups/{GROUP}")
+        member_id = next(m["member_id"] for m in group["members"]
+                         if m["client_id"] == "worker-2")
+
+        done = run(server, "members", "drain", GROUP, member_id, "--wait", "--timeout", "45")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert procs["worker-2"].wait(timeout=30) == 0
+        deadline = time.monotonic() + 30
+        while owners() != {"worker-1": [0, 1, 2, 3, 4, 5]}:
+            assert time.monotonic() < deadline, owners()
+            time.sleep(0.2)
+        _, history = admin(server, "GET", f"/v1/groups/{GROUP}/rebalances")
+        causes: dict[str, int] = {}
+        for rebalance in history["rebalances"]:
+            for cause, count in rebalance["resources"].get("causes", {}).items():
+                causes[cause] = causes.get(cause, 0) + count
+        assert causes.get("drain", 0) >= 3, history
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)

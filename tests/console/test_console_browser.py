@@ -373,13 +373,14 @@ def test_the_catalog_shows_weights_and_zones_and_follows_a_change(
         "orders\t8\tdefault 1, 2 overrides, load 58.5\tdefault eu-1b"]
 
 
-def test_the_drain_button_asks_first_then_the_member_shows_as_asked(
+def test_the_drain_button_asks_first_then_the_member_hands_over_and_leaves(
         start_server: StartServer, browser: Browser, members: dict[str, Any],
         tmp_path: Path) -> None:
     """Two member processes of a "resources" group (the balanced assignor): an
     operator clicks a member's Drain button. Declining the confirmation sends
-    nothing; accepting it sends the drain request, and the page then shows the
-    member as drain requested, as GET /v1/groups/{id} does."""
+    nothing; accepting it sends the drain request: the member hears it at its
+    next heartbeat, hands its resources over and leaves, its process ends, and
+    the open page follows until the other member owns everything."""
     server = start_server()
     _put_resource(server, "orders", 4)
     for name in ("worker-1", "worker-2"):
@@ -416,14 +417,16 @@ def test_the_drain_button_asks_first_then_the_member_shows_as_asked(
     assert shown() == {"worker-1": False, "worker-2": False}
     assert row.locator("form.drain button").count() == 1
 
-    # Accepted: the request is sent and the page comes back showing it.
+    # Accepted: the request is sent; the member drains and leaves.
     page.once("dialog", lambda dialog: dialog.accept())
     row.locator("form.drain button").click()
     page.wait_for_url(f"**/console/groups/{GROUP}")
-    row = page.locator("table.members tbody tr", has_text="worker-2")
-    row.locator(".tag", has_text="drain requested").wait_for()
-    assert row.locator("form.drain").count() == 0
-    other = page.locator("table.members tbody tr", has_text="worker-1")
-    assert other.locator("form.drain button").count() == 1
-    assert shown() == {"worker-1": False, "worker-2": True}
-    browser.screenshot(tmp_path, "console-drain-requested.png", docs=False)
+    assert members["worker-2"].wait(timeout=30) == 0
+    group = _request(server, "GET", f"/v1/groups/{GROUP}")
+    assert [m["client_id"] for m in group["members"]] == ["worker-1"]
+    assert wait_until(lambda: _request(server, "GET", f"/v1/groups/{GROUP}")["members"][0]
+                      ["assignment"] == {"orders": [0, 1, 2, 3]}, 30)
+    page.locator("table.members tbody tr", has_text="worker-2").wait_for(state="detached")
+    assert rows.count() == 1
+    assert rows.first.locator("form.drain button").count() == 1
+    browser.screenshot(tmp_path, "console-drain-done.png", docs=False)
