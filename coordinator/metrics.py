@@ -274,12 +274,14 @@ class Metrics:
         self.warmups_started = Counter("groupcoord_warmups_started",
                                        "Resources given to a member as standby (warm-ups "
                                        "begun), from the rebalance journal", registry=r)
-        # outcome: "owned" (the member got the resource) or "dropped" (it did not).
+        # outcome: "owned" (the member got the resource warm), "timed_out" (got it
+        # cold: its warm-up ran out of time) or "dropped" (it did not get it).
         self.warmups_ended = Counter("groupcoord_warmups_ended",
                                      "Warm-ups over, by outcome: owned (the member got the "
-                                     "resource) or dropped (the plan changed)", ["outcome"],
+                                     "resource), timed_out (got it when its warm-up ran out "
+                                     "of time) or dropped (the plan changed)", ["outcome"],
                                      registry=r)
-        for outcome in ("owned", "dropped"):
+        for outcome in ("owned", "timed_out", "dropped"):
             self.warmups_ended.labels(outcome)
         self.warmup_seconds = Histogram("groupcoord_warmup_duration_seconds",
                                         "From the generation that gave a resource as standby "
@@ -314,7 +316,11 @@ class Metrics:
         if events.started:
             self.warmups_started.inc(events.started)
         if events.owned:
-            self.warmups_ended.labels("owned").inc(len(events.owned))
+            warm = len(events.owned) - events.timed_out
+            if warm:
+                self.warmups_ended.labels("owned").inc(warm)
+            if events.timed_out:
+                self.warmups_ended.labels("timed_out").inc(events.timed_out)
             for took_ms in events.owned:
                 if took_ms is not None:
                     self.warmup_seconds.observe(took_ms / 1000)

@@ -9,9 +9,10 @@ from its old owner first, KIP-429) or **dropped** (the plan changed; the
 member never got it). Its duration runs from the generation it was given as
 standby to the one it became owned (the journal's ``ended_ms`` of each).
 
-The leader's ``why`` says ``warm`` for a hand-over after warm-up whether the
-member reported the resource warm or its ``warmup_timeout_ms`` ran out, and
-the journal keeps no metadata, so the two are not told apart here.
+A warm-up that ends owned is counted **timed out** instead when the new
+owner's ``why`` gives the resource the cause ``warm_timeout`` (the assignor
+moved it cold, its ``warmup_timeout_ms`` over); ``warm`` (or any other
+cause) is a warm-up that finished.
 
 Members are named as the journal's history names owners: a static member by
 its instance id (a restart keeps its warm-ups), others by member id. What is
@@ -66,6 +67,8 @@ class WarmupEvents:
     #: durations (ms) of the warm-ups that ended owned; ``None``: start unknown.
     owned: tuple[int | None, ...] = ()
     dropped: int = 0
+    #: of ``owned``, how many were moved cold when their warm-up timed out.
+    timed_out: int = 0
 
 
 NOTHING = WarmupEvents()
@@ -120,8 +123,8 @@ class WarmupTracker:
 
 
 def _step(warmups: dict[_Key, _Warmup], standby: set[_Key], assigned: Assigned,
-          start: int | None, now_ms: int) -> WarmupEvents:
-    started = dropped = 0
+          cold: set[_Key], start: int | None, now_ms: int) -> WarmupEvents:
+    started = dropped = timed_out = 0
     ended_owned: list[int | None] = []
     for key in standby:
         current = warmups.get(key)
@@ -137,6 +140,7 @@ def _step(warmups: dict[_Key, _Warmup], standby: set[_Key], assigned: Assigned,
             del warmups[key]
             ended_owned.append(None if warmup.started_ms is None
                                else max(0, now_ms - warmup.started_ms))
+            timed_out += key in cold
         elif warmup.phase == "standby":
             warmup.phase = "handover"
         else:
@@ -144,15 +148,17 @@ def _step(warmups: dict[_Key, _Warmup], standby: set[_Key], assigned: Assigned,
             dropped += 1
     if not (started or ended_owned or dropped):
         return NOTHING
-    return WarmupEvents(started, tuple(ended_owned), dropped)
+    return WarmupEvents(started, tuple(ended_owned), dropped, timed_out)
 
 
-def _decode(entry: JournalEntry) -> tuple[set[_Key], Assigned] | None:
-    """The standby resources of an entry and what each member owns, by member as
-    owners are named; ``None``: bytes that are not a resources map."""
+def _decode(entry: JournalEntry) -> tuple[set[_Key], Assigned, set[_Key]] | None:
+    """The standby resources of an entry, what each member owns, and what it
+    gained cold after a warm-up ran out of time (``why``: ``warm_timeout``), by
+    member as owners are named; ``None``: bytes that are not a resources map."""
     identity = {m.member_id: (m.group_instance_id or m.member_id) for m in entry.members}
     standby: set[_Key] = set()
     assigned: Assigned = {}
+    cold: set[_Key] = set()
     for member_id, blob in entry.assignments.items():
         try:
             assignment = ResourceAssignment.decode(blob)
@@ -162,5 +168,7 @@ def _decode(entry: JournalEntry) -> tuple[set[_Key], Assigned] | None:
         for name, indexes in assignment.standby.items():
             standby.update((who, name, i) for i in indexes)
         assigned[who] = assignment.assigned
-    return standby, assigned
+        cold.update((who, name, i) for name, i, cause in assignment.why
+                    if cause == "warm_timeout")
+    return standby, assigned, cold
 

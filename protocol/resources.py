@@ -23,7 +23,7 @@ from protocol.validate import Fields, ValidationError, check_int, check_pair, ch
 #: not know as ``other``).
 CAUSES: tuple[str, ...] = (
     "join", "leave", "expired", "catalog", "load", "zone", "capacity", "drain", "warm",
-    "balance", "admin",
+    "warm_timeout", "balance", "admin",
 )
 
 PROTOCOL_TYPE = "resources"

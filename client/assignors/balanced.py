@@ -856,6 +856,10 @@ class _Planner:
                         if rnd.next_deadline is None or due < rnd.next_deadline:
                             rnd.next_deadline = due
                     continue
+                if since is not None:
+                    # Its warm-up ran out of time (``_warm``): it moves cold,
+                    # and its why says so, on both sides of the hand-over.
+                    mv = _Move(mv.g, mv.src, "warm_timeout")
                 rnd.transit[dst].append((mv.g, since))
             rnd.revoke[mv.src].append(mv)
         return rnd

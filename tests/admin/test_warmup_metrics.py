@@ -51,6 +51,18 @@ def test_a_warm_up_starts_hands_over_and_ends_owned_with_its_duration() -> None:
         == WarmupEvents(owned=(9_000,))
 
 
+def test_a_warm_up_that_ran_out_of_time_ends_timed_out() -> None:
+    t = WarmupTracker()
+    t.observe(entry(1, 1_000, {"a": A({"s": [0, 1]}), "b": A()}))
+    t.observe(entry(2, 2_000, {"a": A({"s": [0, 1]}), "b": A(standby={"s": [0, 1]})}))
+    t.observe(entry(3, 8_000, {"a": A(why=(("s", 0, "warm_timeout"), ("s", 1, "warm"))),
+                               "b": A()}))
+    # s0 moved cold when its warm-up ran out of time; s1 was reported warm.
+    assert t.observe(entry(4, 9_000, {
+        "a": A(), "b": A({"s": [0, 1]}, why=(("s", 0, "warm_timeout"), ("s", 1, "warm")))})) \
+        == WarmupEvents(owned=(7_000, 7_000), timed_out=1)
+
+
 def test_a_standby_the_plan_gives_up_is_dropped() -> None:
     t = WarmupTracker()
     t.observe(entry(1, 1_000, {"a": A({"s": [0]}), "b": A()}))

@@ -507,6 +507,12 @@ def test_warmup_timeout_moves_without_a_warm_report_when_time_is_given() -> None
     assert r2["a"].assigned == {S: [0, 1, 2, 3]} and r2["b"].delay_ms == 2_000
     nxt, r3 = step(assignor, res, nxt, now_ms=105_000)
     assert r3["a"].assigned == {S: [0, 1]}
+    # Moved cold, and said so: on the revoking side now, on the receiving side
+    # in the follow-up round.
+    assert sorted(r3["a"].why) == [(S, 2, "warm_timeout"), (S, 3, "warm_timeout")]
+    _, r4 = step(assignor, res, nxt, now_ms=105_100)
+    assert r4["b"].assigned == {S: [2, 3]}
+    assert sorted(r4["b"].why) == [(S, 2, "warm_timeout"), (S, 3, "warm_timeout")]
 
 
 # ---------------------------------------------------------------- causes and catalog

@@ -137,6 +137,16 @@ async def test_a_failed_warm_up_falls_back_to_a_plain_move_at_the_timeout(
                                                                    since)
             assert first(events, "b", "revoked", r, since) >= since + 2.0
         assert not [e for e in events if e[2] == "warm"]
+        # The rebalance history and the metrics say they moved cold.
+        with urllib.request.urlopen(f"{server.admin_url}/v1/groups/g/rebalances",
+                                    timeout=10) as resp:
+            rebalances = json.load(resp)["rebalances"]
+        cold = sum(r["resources"].get("causes", {}).get("warm_timeout", 0) for r in rebalances)
+        assert cold >= len(held), rebalances
+        with urllib.request.urlopen(f"{server.admin_url}/metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+        assert f'groupcoord_warmups_ended_total{{outcome="timed_out"}} {float(len(held))}' \
+            in metrics, [line for line in metrics.splitlines() if "warmups_ended" in line]
     check_ledger(events)
 
 
