@@ -209,7 +209,7 @@ class SyncStep:
             # and the close revokes everything owned, in this generation. What
             # moves away is nobody else's in it (a cooperative assignor withholds
             # a resource its owner still claims), and moves once the member left;
-            # a static member leaves for that too (_close_step).
+            # a static member leaves for that too (CloseStep.step).
             stable.handover_pending = bool(revoked)
             m._owned_generation = m.generation_id
             m._rebalance.forget_assignment()
