@@ -27,7 +27,21 @@ module             holds
                    state, holding only what that state means
 ``handover``       ``Handover``: the standbys to warm up (beside the steps) and
                    the drain (docs/protocol.md, "Drain")
-``machine``        ``MemberStateMachine``: the transitions
+``core``           ``MemberCore``: what outlives a state (the membership,
+                   what is owned, the channels, the lease, the rejoin asked
+                   for) and the moves every step shares
+``joining``        ``JoinStep``: the join request and its answer
+``syncing``        ``SyncStep``: the leader's catalog read and assignment,
+                   the sync, the assignment delivered
+``stable``         ``StableStep``: the heartbeat long-poll, commits, load
+                   reports
+``closing``        ``CloseStep``: the final revocation, the leave
+``recovery``       ``Recovery``: the error table's actions (rejoin, reset,
+                   retry after a backoff, fail)
+``background``     ``BackgroundHeartbeat``: the side channel's heartbeats and
+                   what their answers mean
+``machine``        ``MemberStateMachine``: the public surface; dispatches to
+                   the step of the current state
 ``driver``         ``MemberDriver``: the decisions around the machine (the
                    main call and the side channel's heartbeat, their
                    timeouts, the callbacks, when to look again) as effects

@@ -7,7 +7,8 @@ The heartbeat carries the generation the member still has (the old one while
 joining, the new one while syncing). REBALANCE_IN_PROGRESS and no-error
 answers prove the coordinator still knows the member; a no-error answer also
 proves no join phase was in progress. :class:`SideChannel` holds its one
-outstanding heartbeat and when the next is due; the machine decides
+outstanding heartbeat and when the next is due;
+:mod:`client.member_state.background` decides
 (:meth:`MemberStateMachine.background_heartbeat` and friends).
 
 A call the coordinator is done with: a join or sync lost on a connection

@@ -4,8 +4,9 @@ The machine is in exactly one state (:class:`~client.member_state.actions.Member
 JOINING, SYNCING and STABLE carry data, made fresh when the state is entered
 and dropped when it is left, so no field outlives the state it belongs to.
 LEAVING, CLOSED and FAILED carry none (:class:`Ended`). What outlives a
-state lives on the machine: the membership (member id, generation, leader),
-what is owned, the lease (:mod:`client.member_state.lease`), the main call
+state lives on :class:`~client.member_state.core.MemberCore`: the
+membership (member id, generation, leader), what is owned, the lease
+(:mod:`client.member_state.lease`), the main call
 (:mod:`client.member_state.main_channel`) and the side channel
 (:mod:`client.member_state.heartbeat`).
 """
