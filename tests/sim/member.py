@@ -181,8 +181,12 @@ class SimMember:
                 lo, hi = self.listener_ms
                 self.sim.after(self.rng.randint(lo, hi), self._warmup_end,
                                (self.incarnation, effect.resources))
-            else:
+            elif isinstance(effect, Stopped):
                 self._stop(effect)
+            else:
+                # MeasureLoad: asked only of a driver given a load callback; the
+                # simulator's members report their loads themselves.
+                raise AssertionError(f"{self.tag}: unexpected driver effect {effect!r}")
 
     def _send(self, channel: Channel, call: Call) -> None:
         if channel is Channel.SIDE:
