@@ -34,7 +34,7 @@ balanced's hand-overs under the same faults.
 SIGUSR1, or the admin route ``POST /v1/groups/{g}/members/{m}/drain`` naming
 its member), exits once it owns nothing and is restarted later; one drain in
 four has the draining worker SIGKILLed mid-drain, one in four another member
-of its group (one warming a standby up, when one does within 3 s). The
+of its group (with warm-up, one warming a standby up, when one does within 3 s). The
 ledgers then also check that a finished drain left its worker owning
 nothing. ``--warmup`` (with ``--assignor balanced``) turns the assignor's
 warm-up on (``warmup_timeout_ms`` ``--warmup-timeout-ms``) and has each

@@ -15,8 +15,8 @@ One seed's run (``await run_seed(seed, workdir, config)``):
    the admin route ``POST /v1/groups/{g}/members/{m}/drain`` naming it),
    exits once drained and is restarted later; some drains are crashed into
    (the draining worker SIGKILLed mid-drain, or another member of its group
-   -- one warming a standby up, if one does within 3 s -- SIGKILLed while it
-   hands over);
+   -- with warm-up, one warming a standby up if one does within 3 s --
+   SIGKILLed while it hands over);
 4. end every fault (restart what is down, heal every proxy) and wait two
    session timeouts plus the rebalance timeout (plus the initial rebalance
    delay of a group that emptied): every resource must then be owned exactly
@@ -1072,7 +1072,7 @@ class Run:
         if crash == "drainer":
             self.later(params["crash_after"], self._crash_drainer, slot, owner)
         elif crash == "receiver":
-            self.later(0.0, self._crash_receiver, slot, fault.duration)
+            self.later(0.0, self._crash_receiver, slot, params["crash_after"], fault.duration)
         self.later(0.0, self._restart_drained, slot, owner, fault.duration)
 
     async def _admin_drain(self, slot: Slot) -> bool:
@@ -1105,12 +1105,14 @@ class Run:
         else:
             self.notes.append(f"{owner}: drained before its crash")
 
-    async def _crash_receiver(self, drainer: Slot, down: float) -> None:
+    async def _crash_receiver(self, drainer: Slot, after: float, down: float) -> None:
         """SIGKILL another member of the drainer's group while the drain hands over:
-        the first one seen warming a standby up within 3 s, else any that runs."""
+        with warm-up, the first one seen warming a standby up within 3 s; else (or
+        when none does) any that runs, ``after`` seconds into the drain."""
         others = [s for s in self.slots.values()
                   if s.group == drainer.group and s is not drainer]
-        deadline = time.monotonic() + 3.0
+        began = time.monotonic()
+        deadline = began + (3.0 if self.config.warmup_timeout_ms > 0 else 0.0)
         target: Slot | None = None
         warming = False
         while target is None and time.monotonic() < deadline:
@@ -1120,6 +1122,7 @@ class Run:
                     target, warming = s, True
                     break
         if target is None:
+            await asyncio.sleep(max(0.0, began + after - time.monotonic()))
             up = [s for s in others if s.running and not s.stopped]
             if len(up) < 2:
                 self.notes.append(f"no receiver of {drainer.name}'s drain to crash")
