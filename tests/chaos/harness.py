@@ -1040,10 +1040,10 @@ class Run:
             if new.proxy is not None:
                 await new.proxy.start()
             await new.spawn(self.config)
-        elif (fault.kind == "drain" and slot is not None and slot.running and not slot.stopped
-              and self._started(slot)):  # its SIGUSR1 handler is in place
-            await self.start_drain(slot, fault)
-            return  # counted as drain_signal or drain_admin
+        elif fault.kind == "drain" and slot is not None and slot.running and not slot.stopped:
+            # Once its SIGUSR1 handler is in place (a start is slow on a loaded machine).
+            self.later(0.0, self.start_drain, slot, fault)
+            return  # counted as drain_signal or drain_admin, or noted as skipped
         elif fault.kind == "leave" and slot is not None and slot.running and not slot.stopped:
             slot.signal(signal.SIGTERM)
             if params["rejoin"]:
@@ -1059,6 +1059,14 @@ class Run:
         """A drain of ``slot``'s worker: through the admin route naming its member
         (or SIGUSR1 when it has no member id yet or the coordinator is down);
         the crash the fault says, if any; a restart once it has exited."""
+        owner = slot.owner
+        deadline = time.monotonic() + 5.0
+        while not self._started(slot) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if slot.owner != owner or not slot.running or slot.stopped or not self._started(slot):
+            self.notes.append(f"skipped: {fault.describe()} (its worker had not started, "
+                              "or stopped)")
+            return
         params = dict(fault.params)
         via = params["via"]
         if via == "admin" and not await self._admin_drain(slot):
@@ -1067,7 +1075,6 @@ class Run:
         if via == "signal":
             slot.signal(signal.SIGUSR1)
         self.faults[f"drain_{via}"] += 1
-        owner = slot.owner
         crash = params["crash"]
         if crash == "drainer":
             self.later(params["crash_after"], self._crash_drainer, slot, owner)
