@@ -185,10 +185,10 @@ def main() -> int:
               f"{sum(r.check.lost_events for r in results)} on_lost calls")
     if args.drains or args.warmup:
         checks = [r.check for r in results]
-        print(f"drains:           {sum(c.drains for c in checks)} started, "
+        print(f"drains:           {sum(c.drains for c in checks)} seen by their workers, "
               f"{sum(c.drains_done for c in checks)} handed everything over, "
-              f"{sum(c.drains_timed_out for c in checks)} timed out (the rest crashed "
-              "or were still running at the end)")
+              f"{sum(c.drains_timed_out for c in checks)} timed out (the others were "
+              "killed or still ran at the end)")
         print(f"warm-ups:         {sum(c.standbys for c in checks)} on_standby calls, "
               f"{sum(c.warmups_done for c in checks)} ran to their end")
     print(f"violations found: {violations}" + (f" (seeds {bad})" if bad else ""))

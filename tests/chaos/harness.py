@@ -1060,8 +1060,10 @@ class Run:
         (or SIGUSR1 when it has no member id yet or the coordinator is down);
         the crash the fault says, if any; a restart once it has exited."""
         owner = slot.owner
+        # Once it has joined (a member id): a drain drawn while its worker is still
+        # starting (slow on a loaded machine) would hand nothing over.
         deadline = time.monotonic() + 5.0
-        while not self._started(slot) and time.monotonic() < deadline:
+        while not self._member_id(slot) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if slot.owner != owner or not slot.running or slot.stopped or not self._started(slot):
             self.notes.append(f"skipped: {fault.describe()} (its worker had not started, "
@@ -1082,13 +1084,17 @@ class Run:
             self.later(0.0, self._crash_receiver, slot, params["crash_after"], fault.duration)
         self.later(0.0, self._restart_drained, slot, owner, fault.duration)
 
+    def _member_id(self, slot: Slot) -> str:
+        """The member id ``slot``'s incarnation last logged ("": not joined yet)."""
+        # Its ledger is not there yet while the process starts.
+        events = read_ledger(slot.ledger) if slot.ledger.exists() else []
+        return next((e["member"] for e in reversed(events)
+                     if e["ev"] == "member" and e["inc"] == slot.incarnation
+                     and e["member"]), "")
+
     async def _admin_drain(self, slot: Slot) -> bool:
         assert self.session is not None
-        # Its ledger is not there yet while the process starts (slow on a loaded machine).
-        events = read_ledger(slot.ledger) if slot.ledger.exists() else []
-        member = next((e["member"] for e in reversed(events)
-                       if e["ev"] == "member" and e["inc"] == slot.incarnation
-                       and e["member"]), "")
+        member = self._member_id(slot)
         live = [c for c in self.coordinators if c.serving]
         if not member or not live:
             return False
