@@ -1060,10 +1060,10 @@ class Run:
         (or SIGUSR1 when it has no member id yet or the coordinator is down);
         the crash the fault says, if any; a restart once it has exited."""
         owner = slot.owner
-        # Once it has joined (a member id): a drain drawn while its worker is still
-        # starting (slow on a loaded machine) would hand nothing over.
+        # Once it has been given its first assignment: a drain drawn while its
+        # worker is still starting (slow on a loaded machine) hands nothing over.
         deadline = time.monotonic() + 5.0
-        while not self._member_id(slot) and time.monotonic() < deadline:
+        while not self._assigned(slot) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if slot.owner != owner or not slot.running or slot.stopped or not self._started(slot):
             self.notes.append(f"skipped: {fault.describe()} (its worker had not started, "
@@ -1083,6 +1083,12 @@ class Run:
         elif crash == "receiver":
             self.later(0.0, self._crash_receiver, slot, params["crash_after"], fault.duration)
         self.later(0.0, self._restart_drained, slot, owner, fault.duration)
+
+    def _assigned(self, slot: Slot) -> bool:
+        """``slot``'s incarnation has run ``on_assigned`` (its first assignment)."""
+        return slot.ledger.exists() and any(
+            e["ev"] == "assigned" and e["inc"] == slot.incarnation
+            for e in read_ledger(slot.ledger))
 
     def _member_id(self, slot: Slot) -> str:
         """The member id ``slot``'s incarnation last logged ("": not joined yet)."""
