@@ -29,6 +29,18 @@ capacities 1, 2 and 0.5 (by slot, cycled) and has them measure a load (1.5 x
 the weight of each resource they own, each heartbeat interval) and rejoin
 when it leaves their band, at most once per 2 s: the ledgers then check
 balanced's hand-overs under the same faults.
+
+``--drains`` adds the drain fault: a worker drains (``member.drain()`` on
+SIGUSR1, or the admin route ``POST /v1/groups/{g}/members/{m}/drain`` naming
+its member), exits once it owns nothing and is restarted later; one drain in
+four has the draining worker SIGKILLed mid-drain, one in four another member
+of its group (with warm-up, one warming a standby up, when one does within 3 s). The
+ledgers then also check that a finished drain left its worker owning
+nothing. ``--warmup`` (with ``--assignor balanced``) turns the assignor's
+warm-up on (``warmup_timeout_ms`` ``--warmup-timeout-ms``) and has each
+worker's ``on_standby`` take a drawn 0.2 to 1.5 s: the ledgers check that no
+worker is given a standby it owns, and that no commit is sent for a
+resource outside its sender's ownership (a standby is never acted on).
 """
 
 from __future__ import annotations
@@ -44,7 +56,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
 
-from harness import ChaosConfig, SeedResult, run_seed, summary_line
+from harness import DRAIN_WEIGHTS, MULTI_WEIGHTS, ChaosConfig, SeedResult, run_seed, summary_line
 from ledger import CheckResult
 
 
@@ -98,6 +110,11 @@ def chaos_config(args: argparse.Namespace) -> ChaosConfig:
     if args.assignor == "balanced":
         changes.update(weighted_catalog=True, capacities=(1.0, 2.0, 0.5),
                        load_rejoin_interval_ms=2_000)
+    if args.warmup:
+        changes["warmup_timeout_ms"] = args.warmup_timeout_ms
+    if args.drains:
+        base = MULTI_WEIGHTS if args.coordinators > 1 else ChaosConfig().weights
+        changes["weights"] = base + DRAIN_WEIGHTS
     if args.coordinators > 1:
         return ChaosConfig.multi(args.coordinators, **changes)
     return ChaosConfig(**changes)  # type: ignore[arg-type]
@@ -119,11 +136,20 @@ def main() -> int:
     p.add_argument("--pg-url", default=None,
                    help="several coordinators: a PostgreSQL URL to use instead of a "
                         "throw-away server per seed (it is not restarted)")
+    p.add_argument("--drains", action="store_true",
+                   help="add the drain fault (SIGUSR1 or the admin route; some crashed into)")
+    p.add_argument("--warmup", action="store_true",
+                   help="with --assignor balanced: warm-up on, workers' on_standby take "
+                        "0.2 to 1.5 s")
+    p.add_argument("--warmup-timeout-ms", type=int, default=5_000,
+                   help="--warmup: the assignor's warmup_timeout_ms")
     p.add_argument("--out", default="/tmp/groupcoord-chaos", help="work directories")
     p.add_argument("--keep", action="store_true", help="keep every seed's work directory")
     args = p.parse_args()
     if args.coordinators < 1:
         p.error(f"--coordinators must be at least 1, got {args.coordinators}")
+    if args.warmup and args.assignor != "balanced":
+        p.error("--warmup is the balanced assignor's (--assignor balanced)")
     if args.pg_url is not None and args.coordinators == 1:
         p.error("--pg-url is for several coordinators (--coordinators 2 or more)")
     config = chaos_config(args)
@@ -157,6 +183,14 @@ def main() -> int:
         print(f"rebalances:       {moved} journal rows while the faults ran "
               f"(worker faults rebalance; coordinator faults should not); "
               f"{sum(r.check.lost_events for r in results)} on_lost calls")
+    if args.drains or args.warmup:
+        checks = [r.check for r in results]
+        print(f"drains:           {sum(c.drains for c in checks)} seen by their workers, "
+              f"{sum(c.drains_done for c in checks)} handed everything over, "
+              f"{sum(c.drains_timed_out for c in checks)} timed out (the others were "
+              "killed or still ran at the end)")
+        print(f"warm-ups:         {sum(c.standbys for c in checks)} on_standby calls, "
+              f"{sum(c.warmups_done for c in checks)} ran to their end")
     print(f"violations found: {violations}" + (f" (seeds {bad})" if bad else ""))
     return 1 if violations else 0
 

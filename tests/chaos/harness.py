@@ -10,7 +10,13 @@ One seed's run (``await run_seed(seed, workdir, config)``):
    (restarted later as a new incarnation), SIGSTOP of a worker for longer
    than its session timeout then SIGCONT (a zombie), SIGKILL of the
    coordinator and restart on the same database, latency and partitions on a
-   worker's proxy, catalog changes, extra workers joining, clean leaves;
+   worker's proxy, catalog changes, extra workers joining, clean leaves,
+   and (when the config weighs them) drains: a worker drains (SIGUSR1, or
+   the admin route ``POST /v1/groups/{g}/members/{m}/drain`` naming it),
+   exits once drained and is restarted later; some drains are crashed into
+   (the draining worker SIGKILLed mid-drain, or another member of its group
+   -- with warm-up, one warming a standby up if one does within 3 s --
+   SIGKILLed while it hands over);
 4. end every fault (restart what is down, heal every proxy) and wait two
    session timeouts plus the rebalance timeout (plus the initial rebalance
    delay of a group that emptied): every resource must then be owned exactly
@@ -89,13 +95,16 @@ from ledger import (
     Owner,
     Resource,
     check_converged,
+    check_drained,
     check_durability,
     check_durability_floor,
     check_exclusive,
     check_fencing,
+    check_standbys,
     commits_of,
     first_stable_convergence,
     ownership_intervals,
+    raw_intervals,
     read_ledger,
     reordered_commits,
 )
@@ -150,7 +159,14 @@ class ChaosConfig:
     #: > 0: workers measure a load (``worker.measured_load``) each heartbeat
     #: interval and rejoin when it leaves their band, at most once per this.
     load_rejoin_interval_ms: int = 0
-    #: relative weights of the fault kinds.
+    #: > 0: the ``balanced`` assignor warms up (``warmup=True`` with this
+    #: ``warmup_timeout_ms``) and the workers' ``on_standby`` take a time drawn
+    #: from ``warmup_s`` (seconds).
+    warmup_timeout_ms: int = 0
+    warmup_s: tuple[float, float] = (0.2, 1.5)
+    #: a drain fault's ``drain(timeout_s=...)``.
+    drain_timeout_s: float = 8.0
+    #: relative weights of the fault kinds (``DRAIN_WEIGHTS`` adds drains).
     weights: tuple[tuple[str, float], ...] = (
         ("kill_worker", 2), ("zombie", 2), ("kill_coordinator", 1.5), ("latency", 1.5),
         ("partition", 2), ("catalog", 1), ("join", 1), ("leave", 1),
@@ -217,6 +233,8 @@ PROXY_FAULTS = frozenset({"latency", "partition"})
 #: faults of coordinators and of their database.
 COORDINATOR_FAULTS = frozenset({"kill_coordinator", "pause_coordinator", "term_coordinator",
                                 "restart_postgres"})
+#: the weight of the drain fault, added to a config's weights for drains.
+DRAIN_WEIGHTS: tuple[tuple[str, float], ...] = (("drain", 4),)
 MULTI_WEIGHTS: tuple[tuple[str, float], ...] = (
     ("kill_worker", 2), ("zombie", 2), ("catalog", 1), ("join", 1), ("leave", 1),
     ("kill_coordinator", 1.5), ("pause_coordinator", 1.5), ("term_coordinator", 1),
@@ -351,6 +369,23 @@ def make_schedule(seed: int, config: ChaosConfig) -> list[Fault]:
             slots[slot] = group
             busy_until[slot] = 0.0
             fault = Fault(t, kind, slot)
+        elif kind == "drain" and candidates:
+            slot = rng.choice(candidates)
+            via = rng.choice(["signal", "admin"])
+            # A crash into the drain: the drainer itself, or another member of the
+            # group (a receiver) -- only while two others stay up.
+            crash = rng.choices(["", "drainer", "receiver"], [2, 1, 1])[0]
+            if crash == "receiver" and len(candidates) < 3:
+                crash = ""
+            back = rng.uniform(0.3, 1.5)
+            fault = Fault(t, kind, slot, back, (("via", via), ("crash", crash),
+                                                ("crash_after", round(rng.uniform(0.05, 1.5), 3))))
+            busy_until[slot] = t + config.drain_timeout_s + back
+            if crash == "receiver":
+                receivers = [s for s in candidates if s != slot]
+                # Which one is hit is chosen at run time: keep them all up meanwhile.
+                for other in receivers:
+                    busy_until[other] = max(busy_until[other], t + 3.5 + back)
         elif kind == "leave" and candidates:
             slot = rng.choice(candidates)
             back = rng.random() < 0.5
@@ -517,6 +552,9 @@ class Slot:
             placement += ["--capacity", str(self.capacity)]
         if config.load_rejoin_interval_ms > 0:
             placement += ["--load-rejoin-interval-ms", str(config.load_rejoin_interval_ms)]
+        if config.warmup_timeout_ms > 0:
+            placement += ["--warmup-timeout-ms", str(config.warmup_timeout_ms),
+                          "--warmup-s", ",".join(str(x) for x in config.warmup_s)]
         with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, str(WORKER), *placement, "--url", url, "--group", self.group,
@@ -527,6 +565,7 @@ class Slot:
                 "--heartbeat-interval-ms", str(config.heartbeat_interval_ms),
                 "--request-timeout-ms", str(config.request_timeout_ms),
                 "--commit-interval-ms", str(config.commit_interval_ms),
+                "--drain-timeout-s", str(config.drain_timeout_s),
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                 stderr=log, preexec_fn=_die_with_parent)
         self.stopped = False
@@ -1001,6 +1040,10 @@ class Run:
             if new.proxy is not None:
                 await new.proxy.start()
             await new.spawn(self.config)
+        elif fault.kind == "drain" and slot is not None and slot.running and not slot.stopped:
+            # Once its SIGUSR1 handler is in place (a start is slow on a loaded machine).
+            self.later(0.0, self.start_drain, slot, fault)
+            return  # counted as drain_signal or drain_admin, or noted as skipped
         elif fault.kind == "leave" and slot is not None and slot.running and not slot.stopped:
             slot.signal(signal.SIGTERM)
             if params["rejoin"]:
@@ -1011,6 +1054,131 @@ class Run:
             self.faults[fault.kind] += 1
         else:
             self.notes.append(f"skipped: {fault.describe()}")
+
+    async def start_drain(self, slot: Slot, fault: Fault) -> None:
+        """A drain of ``slot``'s worker: through the admin route naming its member
+        (or SIGUSR1 when it has no member id yet or the coordinator is down);
+        the crash the fault says, if any; a restart once it has exited."""
+        owner = slot.owner
+        # Once it has been given its first assignment: a drain drawn while its
+        # worker is still starting (slow on a loaded machine) hands nothing over.
+        deadline = time.monotonic() + 5.0
+        while not self._assigned(slot) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if slot.owner != owner or not slot.running or slot.stopped or not self._started(slot):
+            self.notes.append(f"skipped: {fault.describe()} (its worker had not started, "
+                              "or stopped)")
+            return
+        params = dict(fault.params)
+        via = params["via"]
+        if via == "admin" and not await self._admin_drain(slot):
+            self.notes.append(f"{slot.name}: drained by SIGUSR1 instead of the admin route")
+            via = "signal"
+        if via == "signal":
+            slot.signal(signal.SIGUSR1)
+        self.faults[f"drain_{via}"] += 1
+        crash = params["crash"]
+        if crash == "drainer":
+            self.later(params["crash_after"], self._crash_drainer, slot, owner)
+        elif crash == "receiver":
+            self.later(0.0, self._crash_receiver, slot, params["crash_after"], fault.duration)
+        self.later(0.0, self._restart_drained, slot, owner, fault.duration)
+
+    def _assigned(self, slot: Slot) -> bool:
+        """``slot``'s incarnation has run ``on_assigned`` (its first assignment)."""
+        return slot.ledger.exists() and any(
+            e["ev"] == "assigned" and e["inc"] == slot.incarnation
+            for e in read_ledger(slot.ledger))
+
+    def _member_id(self, slot: Slot) -> str:
+        """The member id ``slot``'s incarnation last logged ("": not joined yet)."""
+        # Its ledger is not there yet while the process starts.
+        events = read_ledger(slot.ledger) if slot.ledger.exists() else []
+        return next((e["member"] for e in reversed(events)
+                     if e["ev"] == "member" and e["inc"] == slot.incarnation
+                     and e["member"]), "")
+
+    async def _admin_drain(self, slot: Slot) -> bool:
+        assert self.session is not None
+        member = self._member_id(slot)
+        live = [c for c in self.coordinators if c.serving]
+        if not member or not live:
+            return False
+        try:
+            async with self.session.post(
+                    f"{live[0].admin_url}/v1/groups/{slot.group}/members/{member}/drain"
+                    ) as resp:
+                if resp.status == 200:
+                    return True
+                self.notes.append(f"admin drain of {slot.name} ({member}): HTTP {resp.status} "
+                                  f"{(await resp.text())[:200]}")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.notes.append(f"admin drain of {slot.name}: {exc!r}")
+        return False
+
+    async def _crash_drainer(self, slot: Slot, owner: Owner) -> None:
+        """SIGKILL the draining incarnation ``owner`` if it still runs."""
+        if slot.owner == owner and slot.running and not slot.stopped:
+            await self.kill_slot(slot)
+            self.faults["kill_draining"] += 1
+        else:
+            self.notes.append(f"{owner}: drained before its crash")
+
+    async def _crash_receiver(self, drainer: Slot, after: float, down: float) -> None:
+        """SIGKILL another member of the drainer's group while the drain hands over:
+        with warm-up, the first one seen warming a standby up within 3 s; else (or
+        when none does) any that runs, ``after`` seconds into the drain."""
+        others = [s for s in self.slots.values()
+                  if s.group == drainer.group and s is not drainer]
+        began = time.monotonic()
+        deadline = began + (3.0 if self.config.warmup_timeout_ms > 0 else 0.0)
+        target: Slot | None = None
+        warming = False
+        while target is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            for s in others:
+                if s.running and not s.stopped and self._warming(s):
+                    target, warming = s, True
+                    break
+        if target is None:
+            await asyncio.sleep(max(0.0, began + after - time.monotonic()))
+            up = [s for s in others if s.running and not s.stopped]
+            if len(up) < 2:
+                self.notes.append(f"no receiver of {drainer.name}'s drain to crash")
+                return
+            target = up[0]
+        await self.kill_slot(target)
+        self.faults["kill_warming" if warming else "kill_receiver"] += 1
+        self.later(down, self.respawn, target)
+
+    def _warming(self, slot: Slot) -> bool:
+        """``slot``'s incarnation has an ``on_standby`` running."""
+        running = 0
+        for e in read_ledger(slot.ledger) if slot.ledger.exists() else []:
+            if e["inc"] != slot.incarnation:
+                continue
+            if e["ev"] == "standby":
+                running += 1
+            elif e["ev"] in ("warm", "standby_cancelled"):
+                running -= 1
+        return running > 0
+
+    async def _restart_drained(self, slot: Slot, owner: Owner, down: float) -> None:
+        """Once the drained incarnation exits (or after its drain's timeout and a
+        little, killed), a new one ``down`` seconds later."""
+        if slot.owner != owner or slot.proc is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(slot.proc.wait(), self.config.drain_timeout_s + 5)
+        if slot.owner != owner:
+            return
+        if slot.running:
+            self.notes.append(f"{owner} had not exited {self.config.drain_timeout_s + 5:.0f}s "
+                              "after its drain began; killed")
+            await self.kill_slot(slot)
+        await asyncio.sleep(down)
+        if slot.owner == owner and not slot.running:
+            await slot.spawn(self.config)
 
     async def _no_latency(self, slot: Slot) -> None:
         if slot.proxy is not None:
@@ -1248,6 +1416,11 @@ class Run:
         result.intervals = len(intervals)
         result.lost_events = sum(e["ev"] == "lost" for es in events.values() for e in es)
         violations: list[str] = list(self.run_violations)
+        # What each worker itself may act on: standbys are never acted on, a
+        # finished drain leaves nothing owned.
+        raw = raw_intervals(events, self.deaths)
+        violations += check_standbys(events, raw, commits_of(events), result)
+        violations += check_drained(events, raw, result)
         for group, _ in self.config.groups:
             # Each group is its own set of owners: groups never exclude each other.
             violations += [f"group {group}: {v}" for v in
@@ -1349,6 +1522,9 @@ def summary_line(result: SeedResult) -> str:
             f"checks, {c.reordered_commits} same-owner commits answered out of order; "
             f"converged {c.convergence_s:.2f}s after the faults"
             f"{f' (disturbed {c.disturbances}x later)' if c.disturbances else ''}; "
+            + (f"{c.drains} drains ({c.drains_done} done, {c.drains_timed_out} timed out), "
+               f"{c.standbys} standbys ({c.warmups_done} warm); "
+               if c.drains or c.standbys else "")
             + (f"generations {result.generations_before} -> {result.generations_after} "
                f"({len(result.rebalances)} rebalances), {c.lost_events} on_lost; "
                if result.generations_before or result.generations_after else "")

@@ -45,6 +45,17 @@ Invariants (docs/reliability.md, "Safety under faults"):
    the stop.
 4. *Fencing*: a commit sent after the resource had moved to another owner
    is never acknowledged.
+5. *Standbys are not owned* (warm-up): ``standby`` (``on_standby`` started),
+   ``warm`` (it returned), ``standby_cancelled`` and ``standby_dropped``
+   events never open or close ownership: only ``assigned``/``revoked``/
+   ``lost`` do. No incarnation is given a resource as standby while it owns
+   it, and no commit an incarnation sends (anything the library did not
+   refuse itself) falls outside its own ownership of the resource: a standby
+   is never acted on.
+6. *Drained means empty*: an incarnation whose drain ended (``drained`` with
+   ``ok`` true: ``drain()`` returned True, or the member the coordinator told
+   to drain stopped cleanly) owns nothing from then on, by its own
+   ``owned`` report and by its ownership intervals.
 """
 
 from __future__ import annotations
@@ -102,6 +113,14 @@ class CheckResult:
     reordered_commits: int = 0
     #: ``on_lost`` calls (a member that lost its membership)
     lost_events: int = 0
+    #: drains started (``drain`` events), ended with everything handed over
+    #: (``drained`` ok), given up at their timeout (``drained`` not ok)
+    drains: int = 0
+    drains_done: int = 0
+    drains_timed_out: int = 0
+    #: ``on_standby`` calls, and those that ran to their end (``warm``)
+    standbys: int = 0
+    warmups_done: int = 0
 
     @property
     def ok(self) -> bool:
@@ -468,3 +487,83 @@ def reordered_commits(commits: list[Commit]) -> int:
         cs.sort(key=lambda c: c.sent)
         count += sum(1 for a, b in itertools.pairwise(cs) if b.recv < a.recv)
     return count
+
+
+def raw_intervals(worker_events: Mapping[Owner, list[dict[str, Any]]],
+                  deaths: Mapping[Owner, float]) -> list[Interval]:
+    """Ownership as each incarnation saw it: from ``assigned`` to its own
+    ``revoked``/``lost``, its death or its exit, with no safety-deadline cut
+    (what the worker itself may act on)."""
+    return ownership_intervals(worker_events, deaths, None)
+
+
+def check_standbys(worker_events: Mapping[Owner, list[dict[str, Any]]],
+                   intervals: list[Interval], commits: list[Commit],
+                   result: CheckResult) -> list[str]:
+    """Invariant 5 over ``raw_intervals``: no standby of an owned resource, no
+    commit outside the sender's ownership."""
+    mine: dict[tuple[Owner, Resource], list[Interval]] = defaultdict(list)
+    for iv in intervals:
+        mine[(iv.owner, iv.resource)].append(iv)
+
+    def owned(owner: Owner, r: Resource, t: float) -> bool:
+        return any(iv.start <= t <= iv.end for iv in mine[(owner, r)])
+
+    problems = []
+    for owner, events in sorted(worker_events.items()):
+        for e in events:
+            if e["ev"] == "standby":
+                result.standbys += 1
+                both = [r for r in _res(e["res"]) if any(
+                    iv.start <= e["t"] < iv.end for iv in mine[(owner, r)])]
+                if both:
+                    problems.append(f"{owner} was given {both} as standby at {e['t']:.3f} "
+                                    "while it owned them")
+            elif e["ev"] == "warm":
+                result.warmups_done += 1
+    for c in commits:
+        if c.outcome == "local":
+            continue  # the library refused it before sending: nothing was acted on
+        outside = [r for r in c.resources if not owned(c.owner, r, c.sent)]
+        if outside:
+            standby = _standby_at(worker_events.get(c.owner, []), c.sent)
+            what = [f"{r[0]}[{r[1]}]" + (" (a standby)" if r in standby else "")
+                    for r in outside]
+            problems.append(f"{c.owner} committed {', '.join(what)} at {c.sent:.3f} "
+                            f"(outcome {c.outcome}) without owning it")
+    return problems
+
+
+def _standby_at(events: list[dict[str, Any]], t: float) -> set[Resource]:
+    """The resources an incarnation held as standby at ``t``."""
+    held: set[Resource] = set()
+    for e in sorted(events, key=lambda e: e["t"]):
+        if e["t"] > t:
+            break
+        if e["ev"] == "standby":
+            held |= set(_res(e["res"]))
+        elif e["ev"] in ("assigned", "standby_dropped"):
+            held -= set(_res(e["res"]))
+    return held
+
+
+def check_drained(worker_events: Mapping[Owner, list[dict[str, Any]]],
+                  intervals: list[Interval], result: CheckResult) -> list[str]:
+    """Invariant 6 over ``raw_intervals``: a finished drain leaves nothing owned."""
+    problems = []
+    for owner, events in sorted(worker_events.items()):
+        # A drain that ended before the worker's 5 ms poll saw it logs only ``drained``.
+        result.drains += any(e["ev"] in ("drain", "drained") for e in events)
+        for e in events:
+            if e["ev"] != "drained":
+                continue
+            if not e["ok"]:
+                result.drains_timed_out += 1
+                continue
+            result.drains_done += 1
+            held = sorted({iv.resource for iv in intervals
+                           if iv.owner == owner and iv.end > e["t"]})
+            if e.get("owned") or held:
+                problems.append(f"{owner} drained at {e['t']:.3f} but still owned "
+                                f"{_res(e.get('owned') or []) or held}")
+    return problems

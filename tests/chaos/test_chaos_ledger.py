@@ -11,14 +11,17 @@ from ledger import (
     CheckResult,
     Owner,
     check_converged,
+    check_drained,
     check_durability,
     check_durability_floor,
     check_exclusive,
     check_fencing,
+    check_standbys,
     commits_of,
     converged_since,
     first_stable_convergence,
     ownership_intervals,
+    raw_intervals,
     read_ledger,
     reordered_commits,
 )
@@ -259,3 +262,66 @@ def test_several_coordinators_config_refuses_what_it_cannot_play() -> None:
     with pytest.raises(ValueError, match="only with several coordinators"):
         ChaosConfig(weights=(("pause_coordinator", 1.0),))
     assert ChaosConfig.multi(3).convergence_s == 11.2
+
+
+R2 = ["orders", 1]
+
+
+def test_a_standby_is_not_ownership() -> None:
+    # B warms R up from 2 to 3, owns it from 5 (after A revoked it at 4.5):
+    # the warm-up is no overlap, and the group converges on A alone before 4.5.
+    a = [ev(1, "assigned", res=[R]), ev(4.5, "revoked", res=[R]), ev(9, "exit")]
+    b = [ev(2, "standby", res=[R]), ev(3, "warm", res=[R]), ev(5, "assigned", res=[R]),
+         ev(9, "exit")]
+    events = {A: a, B: b}
+    intervals = ownership_intervals(events, {})
+    assert check_exclusive(intervals) == []
+    assert {(iv.owner, iv.start) for iv in intervals} == {(A, 1), (B, 5)}
+    group_of = {A: "g", B: "g"}
+    assert converged_since(intervals, 1.5, 4.0, {"g": {("orders", 0)}}, group_of) == 1.5
+    result = CheckResult()
+    assert check_standbys(events, raw_intervals(events, {}), commits_of(events), result) == []
+    assert (result.standbys, result.warmups_done) == (1, 1)
+
+
+def test_a_standby_of_an_owned_resource_is_caught() -> None:
+    a = [ev(1, "assigned", res=[R, R2]), ev(2, "standby", res=[R]), ev(9, "exit")]
+    problems = check_standbys({A: a}, raw_intervals({A: a}, {}), [], CheckResult())
+    assert len(problems) == 1 and "as standby" in problems[0] and "orders', 0" in problems[0]
+
+
+def test_a_commit_of_a_standby_is_caught() -> None:
+    # B commits R while it is only its standby: acted on without owning it.
+    b = [ev(1, "assigned", res=[R2]), ev(2, "standby", res=[R]), _commit(2.5, 2.6, 25, "ok"),
+         ev(9, "exit")]
+    problems = check_standbys({B: b}, raw_intervals({B: b}, {}), commits_of({B: b}),
+                              CheckResult())
+    assert len(problems) == 1 and "orders[0] (a standby)" in problems[0]
+    # Refused by the library before sending: nothing was acted on.
+    b[2] = _commit(2.5, 2.6, 25, "local")
+    assert check_standbys({B: b}, raw_intervals({B: b}, {}), commits_of({B: b}),
+                          CheckResult()) == []
+    # Once owned (the standby became an assignment), its commits are the owner's.
+    b[2:3] = [ev(2.4, "assigned", res=[R]), _commit(2.5, 2.6, 25, "ok")]
+    assert check_standbys({B: b}, raw_intervals({B: b}, {}), commits_of({B: b}),
+                          CheckResult()) == []
+
+
+def test_a_drained_worker_must_own_nothing() -> None:
+    a = [ev(1, "assigned", res=[R, R2]), ev(2, "drain"), ev(3, "revoked", res=[R, R2]),
+         ev(3.5, "drained", ok=True, owned=[]), ev(3.6, "exit")]
+    result = CheckResult()
+    assert check_drained({A: a}, raw_intervals({A: a}, {}), result) == []
+    assert (result.drains, result.drains_done, result.drains_timed_out) == (1, 1, 0)
+    # Revoked only in part: what is left is still owned when drain() returned True.
+    a[2] = ev(3, "revoked", res=[R])
+    problems = check_drained({A: a}, raw_intervals({A: a}, {}), CheckResult())
+    assert len(problems) == 1 and "still owned [('orders', 1)]" in problems[0]
+    # The worker's own report counts too.
+    a[2:4] = [ev(3, "revoked", res=[R, R2]), ev(3.5, "drained", ok=True, owned=[R2])]
+    assert len(check_drained({A: a}, raw_intervals({A: a}, {}), CheckResult())) == 1
+    # A drain that timed out gave the rest up the way close() does: not judged here.
+    a[3] = ev(3.5, "drained", ok=False, owned=[R2])
+    result = CheckResult()
+    assert check_drained({A: a}, raw_intervals({A: a}, {}), result) == []
+    assert result.drains_timed_out == 1

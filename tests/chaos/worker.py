@@ -18,7 +18,22 @@ a later owner's values are always larger: ledger.py, invariant 3). Its
 rebalance listener commits the final checkpoints in ``on_revoked``, as a real
 worker would. Every callback, commit and safety-deadline change is appended
 to the ledger (JSON lines, flushed per line: a SIGKILL loses nothing written).
-SIGTERM closes the member cleanly (revoke, leave) and exits 0.
+SIGTERM closes the member cleanly (revoke, leave) and exits 0. SIGUSR1
+drains it (``member.drain(timeout_s=--drain-timeout-s)``, as
+examples/worker.py does on SIGTERM): ``drain`` is logged when it starts and
+``drained`` (``ok``: what ``drain()`` returned; ``owned``: what the member
+still owned) when it ends, then it exits 0. A drain the coordinator asks for
+(the admin route's ``drain: true`` heartbeat answers) is logged the same
+way, its ``drain`` when the member says it drains, its ``drained`` once the
+member has stopped on its own. The member id is logged (``member``) whenever
+it changes, so the harness can name the member to the admin route.
+
+With ``--warmup-timeout-ms`` the ``balanced`` assignor warms up
+(``warmup=True``) and the worker's ``on_standby`` takes a time drawn from
+``--warmup-s LO,HI``: ``standby`` is logged when it starts, ``warm`` when it
+returns (``standby_cancelled`` if it was cancelled), ``standby_dropped`` from
+``on_standby_dropped``. A standby is never committed: the worker commits
+only ``member.assignment``.
 
 For a load-balancing assignor (``balanced``) it may say its ``--capacity``,
 and with ``--load-rejoin-interval-ms`` it measures a load (its
@@ -34,6 +49,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import signal
 import sys
 import time
@@ -84,9 +100,12 @@ def _res(resources: set[Resource] | frozenset[Resource]) -> list[list[Any]]:
 
 
 class Worker(RebalanceListener):
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, warmup_s: tuple[float, float] = (0.0, 0.0),
+                 rng: random.Random | None = None) -> None:
         self.ledger = ledger
         self.member: GroupMember | None = None
+        self.warmup_s = warmup_s
+        self.rng = rng or random.Random()
 
     def _ids(self) -> dict[str, Any]:
         assert self.member is not None
@@ -103,6 +122,20 @@ class Worker(RebalanceListener):
 
     async def on_lost(self, resources: set[Resource]) -> None:
         self.ledger.write("lost", res=_res(resources), **self._ids())
+
+    async def on_standby(self, resources: set[Resource]) -> None:
+        # The warm-up: a drawn time, never a commit (a standby is not owned).
+        took = self.rng.uniform(*self.warmup_s)
+        self.ledger.write("standby", res=_res(resources), took=took, **self._ids())
+        try:
+            await asyncio.sleep(took)
+        except asyncio.CancelledError:
+            self.ledger.write("standby_cancelled", res=_res(resources), **self._ids())
+            raise
+        self.ledger.write("warm", res=_res(resources), **self._ids())
+
+    async def on_standby_dropped(self, resources: set[Resource]) -> None:
+        self.ledger.write("standby_dropped", res=_res(resources), **self._ids())
 
     async def commit(self, resources: frozenset[Resource]) -> None:
         assert self.member is not None
@@ -185,7 +218,8 @@ def _safety_deadline(member: GroupMember) -> int | None:
 
 async def run(args: argparse.Namespace) -> int:
     ledger = Ledger(Path(args.ledger), args.worker, args.incarnation)
-    worker = Worker(ledger)
+    lo, hi = (float(x) for x in args.warmup_s.split(","))
+    worker = Worker(ledger, (lo, hi), random.Random(f"{args.worker}-{args.incarnation}"))
     urls = [u for u in args.url.split(",") if u]
     transport: Transport
     # One HTTP session for every coordinator (as GroupMember does for a list).
@@ -213,21 +247,34 @@ async def run(args: argparse.Namespace) -> int:
         load_callback=(None if args.load_rejoin_interval_ms is None else
                        lambda owned: {r: measured_load(r) for r in owned}),
         load_rejoin_interval_ms=args.load_rejoin_interval_ms or 30_000,
+        assignor_settings=(None if args.warmup_timeout_ms is None else {"balanced": {
+            "warmup": True, "warmup_timeout_ms": args.warmup_timeout_ms}}),
     )
     worker.member = member
     stop = asyncio.Event()
+    drain = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, drain.set)
     ledger.write("start", group=args.group, session_timeout_ms=args.session_timeout_ms)
     member.start()
 
     async def watch_deadline() -> None:
         last: object = object()
+        member_id = ""
+        draining = False
         while True:
             deadline = _safety_deadline(member)
             if deadline != last:
                 ledger.write("deadline", until=None if deadline is None else deadline / 1000)
                 last = deadline
+            if member.member_id != member_id:
+                member_id = member.member_id
+                ledger.write("member", member=member_id)
+            if member.draining and not draining:
+                draining = True
+                ledger.write("drain", via="signal" if drain.is_set() else "coordinator",
+                             **worker._ids())
             await asyncio.sleep(0.005)
 
     async def work() -> None:
@@ -237,19 +284,33 @@ async def run(args: argparse.Namespace) -> int:
 
     tasks = [asyncio.create_task(watch_deadline()), asyncio.create_task(work())]
     stopped = asyncio.create_task(stop.wait())
+    drained = asyncio.create_task(drain.wait())
     closed = asyncio.create_task(member.wait_closed())
-    await asyncio.wait({stopped, closed}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait({stopped, drained, closed}, return_when=asyncio.FIRST_COMPLETED)
     status = 0
-    if closed.done():
-        exc = closed.exception()
+    if drained.done() and not closed.done() and not stopped.done():
+        # A drain of our own (SIGUSR1); a SIGTERM meanwhile waits for its end.
+        ok: bool | None = None
+        try:
+            ok = await member.drain(timeout_s=args.drain_timeout_s)
+        except GroupCoordError as exc:
+            ledger.write("drain_failed", error=repr(exc))
+        if ok is not None:
+            ledger.write("drained", ok=ok, owned=_res(member.assignment), **worker._ids())
+        await member.close()
+    elif closed.done() and member.failure is None and member.draining:
+        # The coordinator asked for the drain: the member handed over, left, stopped.
+        ledger.write("drained", ok=True, owned=_res(member.assignment), **worker._ids())
+    elif closed.done():
+        exc = closed.exception() or member.failure
         ledger.write("fatal", error=repr(exc))
         status = 3
     else:
         tasks[1].cancel()  # no commits of our own while closing: on_revoked commits
         await member.close()
-    for task in (*tasks, stopped, closed):
+    for task in (*tasks, stopped, drained, closed):
         task.cancel()
-    await asyncio.gather(*tasks, stopped, closed, return_exceptions=True)
+    await asyncio.gather(*tasks, stopped, drained, closed, return_exceptions=True)
     await http.aclose()  # the member does not close a transport it was given
     ledger.write("exit", status=status)
     ledger.close()
@@ -273,6 +334,12 @@ def main() -> int:
     p.add_argument("--capacity", type=float, default=None)
     p.add_argument("--load-rejoin-interval-ms", type=int, default=None,
                    help="measure a load each heartbeat interval (measured_load)")
+    p.add_argument("--drain-timeout-s", type=float, default=8.0,
+                   help="SIGUSR1's drain: give the rest up after this long")
+    p.add_argument("--warmup-timeout-ms", type=int, default=None,
+                   help="the balanced assignor warms up, moving cold after this long")
+    p.add_argument("--warmup-s", default="0.2,1.5",
+                   help="LO,HI: on_standby takes a time drawn from [LO, HI] seconds")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s {args.worker}-{args.incarnation} %(levelname)s "
