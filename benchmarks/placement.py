@@ -141,8 +141,10 @@ def settle(
             got = tuple(result[m].assigned.get(SET, ()))
             revoked += len(set(st.owned) - set(got))
             changed |= got != st.owned
-            group[m] = replace(st, owned=got, user_data=result[m].user_data,
-                               generation=generation)
+            # The client keeps the last user_data until an assignment carries
+            # another (docs/client.md).
+            echo = st.user_data if result[m].user_data is None else result[m].user_data
+            group[m] = replace(st, owned=got, user_data=echo, generation=generation)
         most = max(most, revoked)
         if not changed:
             return Settled(group, rounds, most)

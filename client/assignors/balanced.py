@@ -960,9 +960,13 @@ class _Planner:
                 standby_map.setdefault(name, []).append(i)
             # State only while a hand-over is under way: a settled member
             # echoes nothing, so a static member that restarts (and so has
-            # no echo) rejoins with unchanged metadata and no rebalance.
+            # no echo) rejoins with unchanged metadata and no rebalance (the
+            # coordinator takes empty user_data for none). Empty, not None:
+            # the client keeps echoing the last user_data until an assignment
+            # carries another (docs/client.md), and a hand-over over long ago,
+            # echoed still, named a stale receiver and load.
             carried = self._carried(held)
-            echo = None
+            echo = b""
             if revoked or standby or carried:
                 echo = encode_echo(
                     sizes,

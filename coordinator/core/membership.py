@@ -409,7 +409,9 @@ def _placed_by(m: MemberMetadata) -> tuple[object, ...]:
     """What of a static member's subscription its assignor places by, but
     its claims (owned, generation, load) and its warm standbys."""
     capacity = 1.0 if m.capacity is None else m.capacity
-    return (sorted(m.sets), m.rack, m.user_data, capacity, m.draining)
+    # Empty user_data is none: an assignor clears its echo with it (balanced,
+    # once its hand-overs are over), and a restarted process sends none.
+    return (sorted(m.sets), m.rack, m.user_data or None, capacity, m.draining)
 
 
 def _update_member(g: Group, member: Member, cmd: Join) -> None:

@@ -23,6 +23,7 @@ from client.assignors import (
     get_assignor,
     validate_assignment,
 )
+from client.assignors._echo import read_echo
 from client.assignors.balanced import BalancedAssignor
 
 FAST = settings(max_examples=60, derandomize=True, deadline=None, database=None)
@@ -73,7 +74,8 @@ def step(
     now_ms: int | None = None,
 ) -> tuple[dict[str, M], dict[str, Assignment]]:
     """One cooperative round: assign, check KIP-429, members keep what they
-    were given and echo user_data."""
+    were given and echo user_data as the client does (docs/client.md,
+    "Assignor state and time"): an assignment without it leaves the last."""
     subs = subs_of(group, load)
     result = assignor.assign(resources, subs, now_ms=now_ms)
     validate_assignment(resources, subs, result, cooperative=True)
@@ -82,7 +84,7 @@ def step(
         m: replace(
             x,
             owned={s: tuple(i) for s, i in result[m].assigned.items()},
-            user_data=result[m].user_data,
+            user_data=x.user_data if result[m].user_data is None else result[m].user_data,
             generation=generation,
         )
         for m, x in group.items()
@@ -311,7 +313,7 @@ def test_capacity_is_honoured_and_a_drop_says_capacity() -> None:
     group = {f"m{k}": M(capacity=c) for k, c in enumerate([1.0, 2.0, 3.0])}
     final, _ = settle(get_assignor("balanced"), res, group)
     assert loads(final, w) == {"m0": 50.0, "m1": 100.0, "m2": 150.0}
-    assert all(x.user_data is None for x in final.values())  # settled: no state echoed
+    assert all(read_echo(x.user_data) is None for x in final.values())  # settled: no state
     shrunk = {**final, "m2": replace(final["m2"], capacity=1.0)}
     again, results = settle(get_assignor("balanced"), res, shrunk)
     assert busiest(again, w) <= 1.05 * 300 / 4
@@ -764,3 +766,24 @@ def test_in_a_hand_over_the_load_is_of_what_is_given_now() -> None:
             assert a.load is not None
             assert a.load[0] == pytest.approx(sum(WEIGHTS[i] for i in a.assigned.get(S, ())))
         assert sum(a.load[1] for a in result.values() if a.load) == pytest.approx(sum(WEIGHTS))
+
+
+def test_a_settled_group_echoes_no_hand_over_any_more() -> None:
+    """The client keeps the last ``user_data`` an assignment carried until one
+    carries another (docs/client.md). So once a hand-over is over, the assignor
+    must hand its revoker an echo without it, not no echo: a stale one still
+    named the old receiver and the load measured then, and the next hand-over
+    of that resource went back to the old receiver, each round undoing the
+    last (simulator seed 3014575)."""
+    res = {S: ResourceSet(4, weights={0: 5.0})}
+    group = {"a": M(owned={S: (0, 1, 2, 3)}, generation=1), "b": M(generation=1)}
+    final, results = settle(get_assignor("balanced"), res, group)
+    assert any(r["a"].why for r in results)  # a handed something over
+    for m, x in final.items():
+        echo = read_echo(x.user_data)
+        assert echo is None or not echo.revoked, (m, echo)
+    # Then b's hot resource moves on to a newcomer: it goes there, not back.
+    hot = next(m for m, x in final.items() if 0 in x.owned.get(S, ()))
+    joined = {**final, "c": M(generation=final[hot].generation, capacity=4.0)}
+    settled, _ = settle(get_assignor("balanced"), res, joined)
+    assert 0 in settled["c"].owned.get(S, ()), settled

@@ -284,3 +284,11 @@ def test_static_restart_with_a_new_capacity_or_draining_rebalances() -> None:
     rid, out = h.join("", instance="i2", new_id="s2b", protocols=_balanced(capacity=1.0))
     assert reply(out, rid).error is None
     assert transitions(out) == [] and h.state() == "Stable"
+    # A settled member echoes empty user_data (balanced clears its hand-over
+    # state so); a restarted process sends none: no change either.
+    h = Harness()
+    _static_stable(h, ["i1", "i2"], protocols=_balanced(user_data=b"", owned={"orders": [0]},
+                                                        generation=1))
+    rid, out = h.join("", instance="i2", new_id="s2b", protocols=_balanced())
+    assert reply(out, rid).error is None
+    assert transitions(out) == [] and h.state() == "Stable"

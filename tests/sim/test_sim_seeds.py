@@ -316,6 +316,10 @@ REGRESSION_SEEDS = {
     124: "balanced with warm-up: a member planned to carry nothing kept a rounding "
          "residue below zero (a move held for warm-up takes its load back), and its band "
          "went out negative: every sync of that member was undecodable",
+    3014575: "balanced clears a finished hand-over from its revoker's echo with empty "
+             "user_data (the client keeps the last user_data until another comes): the "
+             "stale echo named the old receiver and the load measured then, and each "
+             "later hand-over of that resource went back, every round undoing the last",
 }
 
 
