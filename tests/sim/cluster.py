@@ -848,8 +848,10 @@ class Cluster:
 
     def placed(self) -> bool:
         """Every partition served (loaded, not leaving) by exactly one coordinator
-        that is up, and each of those holding its quota (``quotas``, the real
-        share): the cluster's start-up hand-offs are over."""
+        that is up, each of those holding its quota (``quotas``, the real
+        share), and every one of them able to name each partition's owner
+        (``find_coordinator``: its last read of the leases is that recent): the
+        cluster's start-up hand-offs are over."""
         up = [n for n in self.nodes if n.state == NODE_UP]
         if not up:
             return False
@@ -863,7 +865,9 @@ class Cluster:
             for p in mine:
                 served[p] = served.get(p, 0) + 1
         return (len(served) == self.db.partitions
-                and all(count == 1 for count in served.values()))
+                and all(count == 1 for count in served.values())
+                and all(node.machine.find_coordinator(p).error is None
+                        for node in up for p in range(self.db.partitions)))
 
     def node(self, name: str) -> SimNode | None:
         for node in self.nodes:

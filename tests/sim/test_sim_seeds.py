@@ -350,6 +350,9 @@ CLUSTER_REGRESSION_SEEDS = {
            "start-up hand-offs still going on after the warm-up made a fault-free "
            "member's join meet COORDINATOR_NOT_AVAILABLE, counted as a liveness violation",
     1000027: "the same, with static members",
+    3000592: "the same, and the workers wait too until every coordinator can name each "
+             "partition's owner (its last read of the leases shows the start-up's last "
+             "hand-off)",
 }
 
 
