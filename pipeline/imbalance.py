@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.facts import distinct_rows
+from pipeline.move_causes import assignment_blobs
 from protocol.resources import ResourceAssignment
 from protocol.validate import ValidationError
 
@@ -81,18 +81,9 @@ def imbalance_rows(chunk: pa.Table) -> pa.Table:
     groups, as ``facts.facts_for_chunk`` takes them), in journal order."""
     if chunk.num_rows == 0:
         return IMBALANCE_SCHEMA.empty_table()
-    rows, _ = distinct_rows(chunk.combine_chunks())
-    blobs = rows["assignments"].combine_chunks()
-    if not pa.types.is_dictionary(blobs.type):
-        blobs = pc.dictionary_encode(blobs, null_encoding="encode")
-    codes = np.asarray(pc.fill_null(blobs.indices, 0).to_numpy(zero_copy_only=False), np.int64)
-    used, row_blob = np.unique(codes, return_inverse=True)
-    row_blob = row_blob.reshape(-1)
-    distinct = blobs.dictionary.take(pa.array(used))
-    maybe = np.asarray(pc.fill_null(pc.match_substring(distinct, "load"), False)
-                       .to_numpy(zero_copy_only=False), bool)
+    rows, _, row_blob, distinct, candidates = assignment_blobs(chunk, "load")
     found: dict[int, Loads] = {}
-    for d in np.flatnonzero(maybe):
+    for d in candidates:
         value = distinct[int(d)].as_py()
         loads = generation_loads(value) if isinstance(value, bytes) else None
         if loads is not None:

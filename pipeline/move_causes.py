@@ -25,6 +25,7 @@ distinct blobs.
 from __future__ import annotations
 
 from collections import Counter
+from typing import NamedTuple
 
 import msgpack
 import numpy as np
@@ -76,6 +77,35 @@ def gains_by_cause(blob: bytes) -> Counter[str] | None:
     return out if said else None
 
 
+class AssignmentBlobs(NamedTuple):
+    """A chunk's rows, each row's assignments column as one of its distinct values."""
+
+    rows: pa.Table
+    #: per row, its group (:func:`pipeline.facts.distinct_rows`).
+    group: np.ndarray
+    #: per row, the position of its assignments in ``distinct``.
+    row_blob: np.ndarray
+    distinct: pa.Array
+    #: positions in ``distinct`` whose bytes hold the marker (a field name): only
+    #: those can carry the field, so only those are decoded.
+    candidates: np.ndarray
+
+
+def assignment_blobs(chunk: pa.Table, marker: str) -> AssignmentBlobs:
+    """``chunk``'s distinct rows and their assignments, each distinct value once
+    (a generation's assignments repeat across rows: decoded once each)."""
+    rows, group = distinct_rows(chunk.combine_chunks())
+    blobs = rows["assignments"].combine_chunks()
+    if not pa.types.is_dictionary(blobs.type):
+        blobs = pc.dictionary_encode(blobs, null_encoding="encode")
+    codes = np.asarray(pc.fill_null(blobs.indices, 0).to_numpy(zero_copy_only=False), np.int64)
+    used, row_blob = np.unique(codes, return_inverse=True)
+    distinct = blobs.dictionary.take(pa.array(used))
+    maybe = np.asarray(pc.fill_null(pc.match_substring(distinct, marker), False)
+                       .to_numpy(zero_copy_only=False), bool)
+    return AssignmentBlobs(rows, group, row_blob.reshape(-1), distinct, np.flatnonzero(maybe))
+
+
 def move_cause_rows(chunk: pa.Table, facts: pa.Table) -> pa.Table:
     """``move_causes/`` rows (:data:`MOVE_CAUSES_SCHEMA`) of ``chunk`` (whole
     groups, as ``facts.facts_for_chunk`` takes them) and ``facts``, that
@@ -83,18 +113,9 @@ def move_cause_rows(chunk: pa.Table, facts: pa.Table) -> pa.Table:
     ``unknown`` moves)."""
     if chunk.num_rows == 0:
         return MOVE_CAUSES_SCHEMA.empty_table()
-    rows, group = distinct_rows(chunk.combine_chunks())
-    blobs = rows["assignments"].combine_chunks()
-    if not pa.types.is_dictionary(blobs.type):
-        blobs = pc.dictionary_encode(blobs, null_encoding="encode")
-    codes = np.asarray(pc.fill_null(blobs.indices, 0).to_numpy(zero_copy_only=False), np.int64)
-    used, row_blob = np.unique(codes, return_inverse=True)
-    row_blob = row_blob.reshape(-1)
-    distinct = blobs.dictionary.take(pa.array(used))
-    maybe = np.asarray(pc.fill_null(pc.match_substring(distinct, "why"), False)
-                       .to_numpy(zero_copy_only=False), bool)
+    rows, group, row_blob, distinct, candidates = assignment_blobs(chunk, "why")
     said: dict[int, Counter[str]] = {}
-    for d in np.flatnonzero(maybe):
+    for d in candidates:
         found = gains_by_cause(distinct[int(d)].as_py())
         if found is not None:
             said[int(d)] = found

@@ -216,6 +216,23 @@ def _page(request: web.Request, template: str, *, status: int = 200,
                         headers={**_PAGE_HEADERS, "Cache-Control": "no-store"})
 
 
+def _refuse_change(request: web.Request, group_id: str, what: str) -> web.StreamResponse | None:
+    """The page to answer instead of a change (``what``: "resetting checkpoints")
+    to a group: not ready, the group not granted, or not the admin role; None:
+    go ahead."""
+    if (busy := _not_ready(request)) is not None:
+        return busy
+    if (denied := _forbidden(request, group_id)) is not None:
+        return denied
+    if not _may_change(request):
+        entry = auth.token_of(request)
+        assert entry is not None
+        return _error_page(request, 403, "Not allowed",
+                           f"Token {entry.name!r} (role {entry.role}) may not change through "
+                           f"the admin API: {what} needs the admin role.")
+    return None
+
+
 def _may_change(request: web.Request) -> bool:
     """May the caller change things (reset checkpoints)? Admins, or anyone without auth."""
     entry = auth.token_of(request)
@@ -578,17 +595,9 @@ async def asset(request: web.Request) -> web.StreamResponse:
 async def drain_member(request: web.Request) -> web.StreamResponse:
     """The Drain button of a member (v1.2): the drain request of the admin API, then
     back to the group page, which shows the member as drain requested."""
-    if (busy := _not_ready(request)) is not None:
-        return busy
     group_id = _group_id(request)
-    if (denied := _forbidden(request, group_id)) is not None:
-        return denied
-    if not _may_change(request):
-        entry = auth.token_of(request)
-        assert entry is not None
-        return _error_page(request, 403, "Not allowed",
-                           f"Token {entry.name!r} (role {entry.role}) may not change through "
-                           "the admin API: draining a member needs the admin role.")
+    if (page := _refuse_change(request, group_id, "draining a member")) is not None:
+        return page
     member = request.match_info["member_id"]
     console = request.app[CONSOLE_KEY]
     runtime = console.runtime
@@ -677,17 +686,9 @@ def _compare(answer: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def reset_page(request: web.Request) -> web.StreamResponse:
-    if (busy := _not_ready(request)) is not None:
-        return busy
     group_id = _group_id(request)
-    if (denied := _forbidden(request, group_id)) is not None:
-        return denied
-    if not _may_change(request):
-        entry = auth.token_of(request)
-        assert entry is not None
-        return _error_page(request, 403, "Not allowed",
-                           f"Token {entry.name!r} (role {entry.role}) may not change through "
-                           "the admin API: resetting checkpoints needs the admin role.")
+    if (page := _refuse_change(request, group_id, "resetting checkpoints")) is not None:
+        return page
     console = request.app[CONSOLE_KEY]
     posted = await request.post()
     form = {name: str(posted.get(name, default)) for name, default in _DEFAULT_FORM.items()}
