@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.move_causes import assignment_blobs
+from pipeline.move_causes import assignment_blobs, journal_assignments
 from protocol.resources import ResourceAssignment
 from protocol.validate import ValidationError
 
@@ -54,11 +54,8 @@ def generation_loads(blob: bytes) -> Loads | None:
     """The figures of one generation's assignments (the journal's map of
     member id -> assignment bytes); ``None`` when no member's assignment
     has a ``load`` with an ideal > 0, or the bytes cannot be read."""
-    try:
-        members = msgpack.unpackb(blob, raw=False, strict_map_key=False)
-    except (ValueError, TypeError, msgpack.UnpackException):
-        return None
-    if not isinstance(members, dict):
+    members = journal_assignments(blob)
+    if members is None:
         return None
     ratios: list[tuple[float, str]] = []
     for member, data in members.items():

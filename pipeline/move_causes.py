@@ -25,7 +25,7 @@ distinct blobs.
 from __future__ import annotations
 
 from collections import Counter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -47,16 +47,23 @@ MOVE_CAUSES_SCHEMA = pa.schema([
     ("cause", pa.string()), ("moves", pa.int64())])
 
 
+def journal_assignments(blob: bytes) -> dict[Any, Any] | None:
+    """One generation's assignments as the journal keeps them (a msgpack map of
+    member id -> assignment bytes), undecoded inside; ``None``: not such a map."""
+    try:
+        members = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    return members if isinstance(members, dict) else None
+
+
 def gains_by_cause(blob: bytes) -> Counter[str] | None:
     """The resources gained per cause in one generation's assignments (the
     journal's map of member id -> assignment bytes); ``None`` when no
     member's assignment has a ``why`` entry, or the bytes cannot be read
     (the facts mark those rows ``assignment_error``)."""
-    try:
-        members = msgpack.unpackb(blob, raw=False, strict_map_key=False)
-    except (ValueError, TypeError, msgpack.UnpackException):
-        return None
-    if not isinstance(members, dict):
+    members = journal_assignments(blob)
+    if members is None:
         return None
     out: Counter[str] = Counter()
     said = False
