@@ -430,3 +430,29 @@ def test_the_drain_button_asks_first_then_the_member_hands_over_and_leaves(
     assert rows.count() == 1
     assert rows.first.locator("form.drain button").count() == 1
     browser.screenshot(tmp_path, "console-drain-done.png", docs=False)
+
+
+def test_the_focus_comes_back_when_a_swap_brings_its_element_back(
+        start_server: StartServer, browser: Browser, members: dict[str, Any],
+        tmp_path: Path) -> None:
+    """The keyboard focus in the grid stays there across live swaps, even when
+    one swap takes the grid away (its only member left: nothing assigned) and a
+    later one brings it back (a member joins again)."""
+    server = start_server()
+    _put_resource(server, "orders", 4)
+    _start_member(members, server, "worker-1", tmp_path)
+    page = browser.page
+    page.goto(f"{server.admin_url}/console/")
+    page.locator("table.groups tbody tr", has_text=GROUP).filter(has_text="Stable").wait_for()
+    page.goto(f"{server.admin_url}/console/groups/{GROUP}")
+    page.locator("[data-key=grid]").wait_for()
+    page.locator("#live-status[data-state='on']").wait_for()
+    page.focus("[data-key=grid]")
+    members["worker-1"].terminate()
+    assert members["worker-1"].wait(30) == 0
+    page.locator("[data-key=grid]").wait_for(state="detached", timeout=15_000)
+    assert page.evaluate("document.activeElement === document.body")
+    _start_member(members, server, "worker-2", tmp_path)
+    page.locator("[data-key=grid]").wait_for(timeout=15_000)
+    assert wait_until(lambda: page.evaluate(
+        "document.activeElement.getAttribute('data-key')") == "grid", 5)

@@ -45,18 +45,35 @@ document.addEventListener("submit", function (event) {
     }
   }
 
+  // The key of a focused element a swap took away (e.g. the grid while a group
+  // rebalances and has nothing assigned): focused again when a later swap
+  // brings it back, unless the user has put the focus elsewhere meanwhile.
+  var lostKey = null;
+  document.addEventListener("focusin", function () {
+    lostKey = null;
+  });
+
+  function nothingFocused() {
+    var active = document.activeElement;
+    return !active || active === document.body;
+  }
+
   function swap(message) {
     var el = document.getElementById(message.id);
     if (!el || !el.hasAttribute("data-live") || el.getAttribute("data-digest") === message.digest) {
       return;
     }
     var active = document.activeElement;
-    var key = active && active !== document.body && el.contains(active) ? keyOf(active) : null;
+    var key = active && active !== document.body && el.contains(active) ? keyOf(active)
+      : (nothingFocused() ? lostKey : null);
     // The HTML is the server's own rendering of this fragment (autoescaped templates).
     el.innerHTML = message.html;
     el.setAttribute("data-digest", message.digest);
     if (key) {
       refocus(el, key);
+      if (nothingFocused()) {
+        lostKey = key;
+      }
     }
   }
 
