@@ -175,7 +175,8 @@ class SimCoordinator:
         self.disk_ms = disk_ms
         self.slow_disk_until = -1
         self.slow_disk_factor = 1
-        #: when the batch being written commits (a slow write outlasts its fault).
+        #: when the batch being written commits, or a group being reloaded is read
+        #: (a slow write or read outlasts its fault).
         self.inflight_done_at = 0
         self.up = False
         #: bumped by every crash, abandon and stop: events of an older incarnation
@@ -390,7 +391,10 @@ class SimCoordinator:
             case fx.WriteRecords(records=records):
                 self._start_write(records)
             case fx.LoadGroup(group_id=group_id):
-                self.sim.after(self._disk_latency(), self._loaded, (self.epoch, group_id))
+                ms = self._disk_latency()
+                # A read on the slow disk ends when it ends, as a write does.
+                self.inflight_done_at = max(self.inflight_done_at, self.sim.now + ms)
+                self.sim.after(ms, self._loaded, (self.epoch, group_id))
             case fx.ArmStorageCheck(deadline_ms=deadline_ms):
                 self._check_at = deadline_ms
                 when = deadline_ms if self.clock is None else self.clock.global_at(deadline_ms)

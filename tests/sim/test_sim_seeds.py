@@ -330,6 +330,15 @@ def test_seed_that_found_a_bug_passes(seed: int) -> None:
     assert result.ok, f"{REGRESSION_SEEDS[seed]}\n{report(result)}"
 
 
+def test_a_reload_read_on_the_slow_disk_counts_as_a_write_there() -> None:
+    """Seed 4005704 (profile "space", with the runtime's own faults): a group
+    evicted by a core failure is read back on the slow disk, and the read ends
+    after the faults; the convergence bound counts from its end, as from a
+    write's (it found the simulator's bound too tight, not a bug)."""
+    result = run_seed(4005704)
+    assert result.ok, report(result)
+
+
 #: Seeds of the ``cluster`` profile that found a bug (of the simulator's model
 #: of several coordinators, or of the real code: docs/reliability.md).
 CLUSTER_REGRESSION_SEEDS = {
