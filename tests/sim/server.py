@@ -53,6 +53,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mypy_extensions import mypyc_attr
+
 from client.transport import CatalogResponse
 from coordinator.config import ServerConfig
 from coordinator.core.commands import (
@@ -90,6 +92,9 @@ _COMMANDS: dict[type, Callable[[int, Any], Command]] = {
 _DEFAULTS = ServerConfig()
 
 
+# Not a native class when mypyc compiles the simulator (benchmarks/build_sim_mypyc.py):
+# mypyc's native classes cannot inherit from RuntimeError.
+@mypyc_attr(native_class=False)
 class InjectedFault(RuntimeError):
     """What the simulated core raises when the world made it fail (a bug in a handler)."""
 
