@@ -32,7 +32,6 @@ COMPILED: tuple[str, ...] = (
     "coordinator.core.checkpoint_store",
     "coordinator.core.checkpoints",
     "coordinator.core.commands",
-    "coordinator.core.config",
     "coordinator.core.coordinator",
     "coordinator.core.dispatch",
     "coordinator.core.effects",
