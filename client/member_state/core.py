@@ -31,6 +31,7 @@ from client.member_state.actions import (
     MemberState,
     RebalanceLog,
     Resource,
+    Wait,
 )
 from client.member_state.config import MemberConfig, choose_protocol
 from client.member_state.handover import Handover
@@ -154,6 +155,15 @@ class MemberCore:
         See :mod:`client.member_state.lease`: the session bound and the
         rebalance bound."""
         return self._lease_end_now() if self._owned else None
+
+    def _not_due_yet(self, now_ms: int) -> Wait | None:
+        """Before the scheduled step (``_schedule.due_ms``): wait until it, or
+        until the safety deadline if that comes first. None once it is due."""
+        due = self._schedule.due_ms
+        if now_ms >= due:
+            return None
+        deadline = self.safety_deadline_ms()
+        return Wait(due if deadline is None else min(due, deadline))
 
     def _lease_end_now(self) -> int | None:
         """The lease's end whether or not anything is owned (the heartbeat

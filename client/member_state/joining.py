@@ -10,7 +10,7 @@ answer: the member id a dynamic member's first join gets
 from __future__ import annotations
 
 from client.assignors import RebalanceProtocol
-from client.member_state.actions import Action, Call, Wait
+from client.member_state.actions import Action, Call
 from client.member_state.core import MemberCore, to_index_map
 from client.member_state.recovery import Recovery
 from client.member_state.states import Joining, Syncing
@@ -32,10 +32,8 @@ class JoinStep:
 
     def step(self, now_ms: int, phase: Joining) -> Action:
         m = self._m
-        due = m._schedule.due_ms
-        if now_ms < due:
-            deadline = m.safety_deadline_ms()
-            return Wait(due if deadline is None else min(due, deadline))
+        if (wait := m._not_due_yet(now_ms)) is not None:
+            return wait
         if m.protocol is RebalanceProtocol.EAGER and m._owned:
             # KIP-429, eager: on_revoked on the full set before the join.
             return m._revoke_owned()

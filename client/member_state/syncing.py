@@ -21,7 +21,6 @@ from client.member_state.actions import (
     CallbackKind,
     InvokeListener,
     UnknownSets,
-    Wait,
 )
 from client.member_state.core import MemberCore, from_index_map
 from client.member_state.recovery import Recovery
@@ -57,10 +56,8 @@ class SyncStep:
 
     def step(self, now_ms: int, phase: Syncing) -> Action:
         m = self._m
-        due = m._schedule.due_ms
-        if now_ms < due:
-            deadline = m.safety_deadline_ms()
-            return Wait(due if deadline is None else min(due, deadline))
+        if (wait := m._not_due_yet(now_ms)) is not None:
+            return wait
         if phase.pending is not None:
             request = HeartbeatRequest(m.config.group_id, m.member_id, m.generation_id,
                                        m.config.group_instance_id, 0)
