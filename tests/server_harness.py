@@ -14,8 +14,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import msgpack
 
 #: the ``groupcoord`` script of the interpreter running the tests.
 GROUPCOORD = str(Path(sys.executable).with_name("groupcoord"))
@@ -119,6 +123,17 @@ class ServerProcess:
 
 
 StartServer = Callable[..., ServerProcess]
+
+
+def call(server: ServerProcess, api: str, body: dict[str, Any],
+         timeout_s: float = 30.0) -> dict[str, Any]:
+    """One protocol call (``POST /v1/{api}``, msgpack) to ``server``'s protocol
+    listener; its decoded answer."""
+    req = urllib.request.Request(f"{server.url}/v1/{api}", data=msgpack.packb(body),
+                                 headers={"Content-Type": "application/msgpack"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as answer:
+        doc: dict[str, Any] = msgpack.unpackb(answer.read())
+    return doc
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0,

@@ -18,9 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import pytest
-from server_harness import GROUPCOORD, ServerProcess, StartServer
+from server_harness import GROUPCOORD, ServerProcess, StartServer, call
 
 from coordinator.auth import hash_token
 from protocol.resources import MemberMetadata, ResourceAssignment
@@ -34,13 +33,6 @@ def run(server: ServerProcess, *args: str, token: str | None = None
     return subprocess.run([GROUPCOORD, *args, "--url", server.admin_url, *extra],
                           capture_output=True, text=True, timeout=60)
 
-
-def call(server: ServerProcess, api: str, body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(f"{server.url}/v1/{api}", data=msgpack.packb(body),
-                                 headers={"Content-Type": "application/msgpack"})
-    with urllib.request.urlopen(req, timeout=30) as answer:
-        doc: dict[str, Any] = msgpack.unpackb(answer.read())
-    return doc
 
 
 def admin(server: ServerProcess, method: str, path: str, token: str | None = None

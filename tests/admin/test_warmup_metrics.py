@@ -15,8 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-import msgpack
-from server_harness import ServerProcess, StartServer, wait_until
+from server_harness import ServerProcess, StartServer, call, wait_until
 
 from coordinator.core.records import JournalEntry, JournalMember
 from coordinator.warmups import WarmupEvents, WarmupTracker
@@ -92,13 +91,6 @@ def test_what_this_process_did_not_see_begin_has_no_duration_and_late_rows_are_i
 
 # ---------------------------------------------------------------- a real server
 
-
-def call(server: ServerProcess, api: str, body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(f"{server.url}/v1/{api}", data=msgpack.packb(body),
-                                 headers={"Content-Type": "application/msgpack"})
-    with urllib.request.urlopen(req, timeout=30) as answer:
-        doc: dict[str, Any] = msgpack.unpackb(answer.read())
-    return doc
 
 
 def state(server: ServerProcess) -> str | None:

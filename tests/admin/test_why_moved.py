@@ -13,8 +13,7 @@ import subprocess
 import urllib.request
 from typing import Any
 
-import msgpack
-from server_harness import GROUPCOORD, ServerProcess, StartServer
+from server_harness import GROUPCOORD, ServerProcess, StartServer, call
 
 from client import GroupMember
 from client.admin_cli import utc_time
@@ -111,13 +110,6 @@ async def test_a_join_moves_resources_for_join_and_the_tools_say_so(
     # The counter: each resource counted once, when its new owner gained it.
     assert after["join"] - before["join"] == 6, after
 
-
-def call(server: ServerProcess, api: str, body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(f"{server.url}/v1/{api}", data=msgpack.packb(body),
-                                 headers={"Content-Type": "application/msgpack"})
-    with urllib.request.urlopen(req, timeout=30) as answer:
-        doc: dict[str, Any] = msgpack.unpackb(answer.read())
-    return doc
 
 
 def join(server: ServerProcess, instance: str, metadata: MemberMetadata) -> dict[str, Any]:
