@@ -9,11 +9,9 @@ service instead of serving state that a restart would not reproduce.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from runtime_kit import CONFIG, SESSION_MS, Harness, SpyCore, make_harness, settle
 
 from coordinator.core.commands import Cancelled, Command, Heartbeat, Join
@@ -23,15 +21,6 @@ from coordinator.runtime.runtime import Runtime
 from coordinator.storage.sqlite import Storage, StorageError
 from protocol.errors import ErrorCode
 from protocol.messages import HeartbeatRequest, JoinRequest
-
-
-@pytest.fixture
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
-    h = await make_harness(tmp_path / "g.db")
-    yield h
-    h.storage.gate.set()
-    await h.runtime.stop()
-    await h.storage.inner.close()
 
 
 async def test_calls_before_start_answer_load_in_progress(tmp_path: Path) -> None:

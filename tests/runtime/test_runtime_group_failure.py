@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_kit import Harness, make_harness, settle
+from runtime_kit import Harness, settle
 
 from coordinator.core import coordinator as core_module
 from coordinator.core.commands import Heartbeat, PutResource
@@ -26,15 +26,6 @@ from coordinator.core.records import CheckpointsWritten
 from coordinator.storage.sqlite import RecordError, Storage
 from protocol.errors import ErrorCode
 from protocol.messages import FetchResponse, HeartbeatRequest
-
-
-@pytest.fixture
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
-    h = await make_harness(tmp_path / "g.db")
-    yield h
-    h.storage.gate.set()
-    await h.runtime.stop()
-    await h.storage.inner.close()
 
 
 async def heartbeat_now(h: Harness, member: str, generation: int, group: str) -> Any:

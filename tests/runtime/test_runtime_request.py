@@ -9,26 +9,14 @@ however early it is given up on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import msgpack
-import pytest
 
 from coordinator.core.commands import Cancelled, Heartbeat, Join
 from coordinator.http.calls import Calls
 from protocol.errors import ErrorCode
 from protocol.messages import Api, HeartbeatRequest, HeartbeatResponse, JoinRequest
-from tests.runtime.runtime_kit import SESSION_MS, Harness, make_harness, settle
-
-
-@pytest.fixture
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
-    h = await make_harness(tmp_path / "g.db")
-    yield h
-    h.storage.gate.set()
-    await h.runtime.stop()
-    await h.storage.inner.close()
+from tests.runtime.runtime_kit import SESSION_MS, Harness, settle
 
 
 def join_request(member_id: str = "") -> JoinRequest:
