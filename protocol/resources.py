@@ -130,15 +130,6 @@ def _opt_epoch(f: Fields) -> int | None:
     return f.integer("resources_epoch", lo=0, hi=2**63 - 1)
 
 
-def _opt_flag(f: Fields, key: str) -> bool:
-    raw = f.raw(key)
-    if raw is None:
-        return False
-    if not isinstance(raw, bool):
-        raise ValidationError(f.name(key), "expected a boolean")
-    return raw
-
-
 @dataclass(frozen=True, slots=True)
 class MemberMetadata:
     """What a member tells the leader: its subscription and what it owns
@@ -205,7 +196,7 @@ class MemberMetadata:
             ),
             load=_load_map(f.raw("load"), "metadata.load"),
             warm=_index_map(f.raw("warm"), "metadata.warm"),
-            draining=_opt_flag(f, "draining"),
+            draining=f.flag("draining"),
         )
 
 
@@ -283,7 +274,7 @@ class ResourceAssignment:
             error=f.opt_string("error", max_len=4096),
             v=f.integer("v", lo=0, hi=2**31 - 1, required=False, default=VERSION),
             resources_epoch=_opt_epoch(f),
-            followup=_opt_flag(f, "followup"),
+            followup=f.flag("followup"),
             standby=_index_map(f.raw("standby"), "assignment.standby"),
             why=_why_list(f.raw("why"), "assignment.why"),
             band=_band(f.raw("band"), "assignment.band"),
