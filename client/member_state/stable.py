@@ -48,6 +48,8 @@ class StableStep:
         self._syncing = syncing
         #: the ``sequence`` of the last commit built (CommitRequest.sequence).
         self._commit_sequence = -1
+        #: the ``sequence`` of the last commit built while joining or syncing.
+        self._rebalancing_sequence = -1
 
     def step(self, now_ms: int) -> Action:
         m = self._m
@@ -131,6 +133,8 @@ class StableStep:
         # member gave up on that reaches the coordinator after a later one is not
         # applied over it (docs/client.md, "Commits").
         self._commit_sequence += 1
+        if m.state is not MemberState.STABLE:
+            self._rebalancing_sequence = self._commit_sequence
         return CommitRequest(
             group_id=m.config.group_id, member_id=m.member_id,
             generation_id=m.generation_id, group_instance_id=m.config.group_instance_id,
@@ -162,7 +166,15 @@ class StableStep:
         # after its own join is refused as soon as the join phase completes
         # (simulator seed 121489, docs/client.md "A commit racing a rebalance").
         rebalancing = m.state in (MemberState.JOINING, MemberState.SYNCING)
-        if not stale and m.state is MemberState.STABLE and action is not ErrorAction.RETRY:
+        # Sent while the member was joining or syncing and answered once it is
+        # stable in that same generation: the rebalance it reports is the one
+        # the member has since completed, not a new one, so it does not rejoin
+        # (Kafka's consumer sends no commit between its join and its sync;
+        # simulator seed 5007018).
+        sent_rebalancing = request.sequence is not None \
+            and request.sequence <= self._rebalancing_sequence
+        if not stale and not sent_rebalancing and m.state is MemberState.STABLE \
+                and action is not ErrorAction.RETRY:
             self._recovery.apply(now_ms, Api.COMMIT, code, action)
         if m._closing and code in (ErrorCode.REBALANCE_IN_PROGRESS,
                                    ErrorCode.ILLEGAL_GENERATION):

@@ -91,9 +91,10 @@ def handle_commit(k: Kernel, cmd: Commit, gates: Mapping[GroupState, Gate]) -> N
             # Sent before a commit of this member that was already applied, and
             # delayed on the way (the member gave up on it and went on): its values
             # are older than what is stored, so it is not applied. It is answered
-            # without an error: nothing it asked for is lost, a later commit of the
-            # same member superseded it (as Kafka's idempotent producer treats a
-            # duplicate sequence). docs/coordinator-semantics.md, "The commit sequence".
+            # without an error (as Kafka's idempotent producer treats a duplicate
+            # sequence), which only the abandoned call's closed connection reads:
+            # the client sends one commit at a time, and its caller was told this
+            # one timed out. docs/coordinator-semantics.md, "The commit sequence".
             k.reply(rid, CommitResponse(None))
             return
         if req.checkpoints:

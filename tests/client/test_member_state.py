@@ -1041,6 +1041,35 @@ def test_a_commit_sent_after_the_members_own_join_is_refused_as_a_rebalance() ->
     assert m.build_commit({("s", 0): 8}).generation_id == 2  # the retry goes at the new one
 
 
+def test_a_commit_sent_while_syncing_refused_as_rebalancing_is_about_that_rebalance() -> None:
+    """Simulator seed 5007018 (no fault): a member committed between its
+    join's answer and its sync's, the commit arrived while the join phase was
+    complete and was refused REBALANCE_IN_PROGRESS, and the answer came after
+    the sync's, the member stable in that generation. The rebalance it reports
+    is the one the member completed: it is told to commit again and does not
+    rejoin (the rejoin was a rebalance of a settled group, without a fault)."""
+    m = _stable_owner()
+    m.receive(10, HeartbeatResponse(ErrorCode.REBALANCE_IN_PROGRESS))
+    expect_call(m, 10, "join")
+    m.receive(11, JoinResponse(None, 2, "resources", "cooperative-sticky", "x", "m1"))
+    expect_call(m, 11, "sync")
+    request = m.build_commit({("s", 0): 7})  # while the sync is in flight
+    assert request.generation_id == 2
+    m.receive(12, SyncResponse(None, assignment=assignment(0, 1)))
+    expect_callback(m, 12, CallbackKind.ASSIGNED, set())
+    expect_call(m, 12, "heartbeat")
+    error = m.commit_result(13, request, ErrorCode.REBALANCE_IN_PROGRESS)
+    assert isinstance(error, RebalanceInProgressError)
+    m.call_abandoned(13)
+    expect_call(m, 13, "heartbeat")  # not a join
+    assert m.state is MemberState.STABLE and m.generation_id == 2
+    # a commit sent once stable and refused so does ask for a rejoin
+    again = m.build_commit({("s", 0): 7})
+    m.commit_result(14, again, ErrorCode.REBALANCE_IN_PROGRESS)
+    m.call_abandoned(14)
+    expect_call(m, 14, "join")
+
+
 def test_close_dynamic_revokes_then_leaves() -> None:
     m = _stable_owner()
     m.close()

@@ -163,8 +163,15 @@ class SimConfig:
         # warm-up timeout (a receiver that crashed, or restarted, never sends it).
         warm = (max(1, moves) * self.warmup_timeout_ms
                 if self.placed and self.warmup_timeout_ms is not None else 0)
+        # balanced: a member measures the load of what the faults' rounds handed
+        # it, and rejoins on it once its load rejoin interval allows; the move
+        # that rejoin plans leaves its resources unowned for a hand-over round
+        # (seed 5017304).
+        measured = (self.load_rejoin_interval_ms + self.rebalance_timeout_ms
+                    if self.placed else 0)
         return (2 * self.session_timeout_ms + self.rebalance_timeout_ms
-                + self.initial_rebalance_delay_ms + extra + cluster + paced + warm)
+                + self.initial_rebalance_delay_ms + extra + cluster + paced + warm
+                + measured)
 
     def describe(self) -> str:
         interval = (f"{self.heartbeat_interval_ms}" if self.heartbeat_interval_ms is not None

@@ -58,7 +58,7 @@ from client.member_state import CallbackKind, InvokeListener, MemberConfig, Memb
 from coordinator.core.commands import Command, Commit, Sync, command_group
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.core.effects import Effect, GroupStateChanged, MemberExpired, Reply
+from coordinator.core.effects import Effect, GroupStateChanged, MemberExpired, Persist, Reply
 from coordinator.core.records import CheckpointsWritten
 from coordinator.runtime.machine import RuntimeMachine
 from protocol.catalog import Placement, Weights, Zones
@@ -169,6 +169,8 @@ class World:
         #: until its answer is sent (a write fenced meanwhile never counts).
         self._pending_commits: dict[tuple[SimCoordinator, int], tuple[
             CommitRequest, SimMember | None, list[str], list[str]]] = {}
+        #: the connections of commits answered without being applied (superseded).
+        self._superseded: set[int] = set()
         self.slots: dict[str, Slot] = {}
         self.links: dict[str, Link] = {}
         self.clocks: dict[str, DriftClock] = {}
@@ -865,7 +867,8 @@ class World:
     def _check_reply_durable(self, conn: Conn, answer: Any) -> None:
         """Reply after commit: a commit answered without an error is durable."""
         request = conn.request
-        if isinstance(request, CommitRequest) and getattr(answer, "error", 1) is None:
+        if isinstance(request, CommitRequest) and getattr(answer, "error", 1) is None \
+                and conn.id not in self._superseded:
             self._check_commit_durable(request, conn.member.tag)
 
     def _check_commit_durable(self, request: CommitRequest, who: str) -> None:
@@ -974,6 +977,20 @@ class World:
                 # before the commit arrived: it raced the member's own rejoin.
                 self._raced_rejoin.add(conn.id)
         if error is not None or not request.checkpoints:
+            return
+        if not any(isinstance(e, Persist) and isinstance(e.record, CheckpointsWritten)
+                   for e in effects):
+            # Answered without being applied: by the commit sequence, a later
+            # commit of the same member was applied first (docs/coordinator-
+            # semantics.md, "The commit sequence"). Only a caller that gave up
+            # on it may be answered so: it neither counts as applied nor is
+            # held to be durable.
+            if conn is not None:
+                if not conn.closed:
+                    self.violation(f"commit sequence: {conn.member.tag}'s commit "
+                                   f"{request.sequence} answered without being applied "
+                                   f"while its caller still waits")
+                self._superseded.add(conn.id)
             return
         stale: list[str] = []
         view = core.describe_group(GROUP)
