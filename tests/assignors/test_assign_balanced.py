@@ -477,6 +477,34 @@ def test_a_warm_hand_over_goes_to_its_receiver_though_the_revoker_left() -> None
     assert r3["b"].assigned == {S: [0, 1, 2, 3, 4, 5]} and r3["c"].assigned == {}
 
 
+def test_a_newcomer_of_the_round_a_hand_over_completes_gets_none_of_it_cold() -> None:
+    """The same, the newcomer's share being what is handed over: the later
+    passes do not take a hand-over from the member that warmed it for the
+    newcomer, which would get it unowned, so at once and cold (a rolling
+    restart's replacement joining in the round a drain's last revocation
+    completes). It gets its share as standbys, warmed before they move."""
+    res = {S: 6}
+    group = {"a": M(owned={S: (3, 4, 5)}, generation=1, user_data=ECHO, draining=True),
+             "b": M(owned={S: (0, 1, 2)}, generation=1, user_data=ECHO)}
+    assignor = get_assignor("balanced", warmup=True)
+    nxt, r1 = step(assignor, res, group)
+    assert r1["b"].standby == {S: [3, 4, 5]}
+    nxt = {**nxt, "b": replace(nxt["b"], warm={S: [3, 4, 5]})}
+    nxt, r2 = step(assignor, res, nxt)
+    assert r2["a"].assigned == {} and r2["b"].standby == {S: [3, 4, 5]}
+    nxt = {"b": replace(nxt["b"], warm={S: [3, 4, 5]}), "c": M()}  # a left, c joins
+    nxt, r3 = step(assignor, res, nxt)
+    assert r3["b"].assigned == {S: [0, 1, 2, 3, 4, 5]} and r3["c"].assigned == {}
+    assert len(r3["c"].standby.get(S, [])) == 3
+    # c warms its share, b revokes it, and the follow-up hands it over warm
+    nxt = {**nxt, "c": replace(nxt["c"], warm=r3["c"].standby)}
+    nxt, r4 = step(assignor, res, nxt)
+    assert len(r4["b"].assigned[S]) == 3 and r4["c"].standby == r3["c"].standby
+    nxt = {m: replace(x, warm={}) for m, x in nxt.items()}
+    _, r5 = step(assignor, res, nxt)
+    assert len(r5["c"].assigned[S]) == 3 and {c for _, _, c in r5["c"].why} == {"warm"}
+
+
 def test_a_drains_standbys_stay_where_they_warm_up_round_after_round() -> None:
     """Each receiver's warm report is a round of its own; the other receivers
     keep their standbys (a warm-up is never restarted elsewhere)."""
