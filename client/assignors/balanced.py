@@ -264,18 +264,9 @@ class _Planner:
         self.placed_cause: dict[int, str] = {}  # unowned g placed off its home zones
         #: under warm-up, hand-overs placed on the member that warmed them: no
         #: later pass gives them to another this round, which would get them
-        #: unowned, so directly and cold (a member joining in the round a
+        #: unowned, so at once and cold (a member joining in the round a
         #: hand-over completes); a move from there waits for a warm-up again.
         self.pinned: set[int] = set()
-        #: per member, the resources it holds as standbys (warm or warming):
-        #: a member that takes load takes these first, so a warm-up under way
-        #: is finished rather than started again on other resources.
-        self.warming: list[list[int]] = [self._standbys_of(m) for m in range(n_m)]
-        self.warm_on: dict[int, int] = {}
-        for m in range(n_m):
-            if self.active[m]:
-                for g in self.warming[m]:
-                    self.warm_on.setdefault(g, m)
         self.newcomer = [
             not s.owned and self.echo[m] is None for m, s in enumerate(subs)
         ]
@@ -284,22 +275,6 @@ class _Planner:
         self._member_heaps: list[list[list[tuple[float, float, int]]]] = [
             [] for _ in range(n_m)
         ]
-
-    def _standbys_of(self, m: int) -> list[int]:
-        position, offsets, sizes = self.layout.position, self.layout.offsets, self.layout.sizes
-        keys: set[tuple[str, int]] = set()
-        echo = self.echo[m]
-        if echo is not None:
-            keys.update(echo.standby)
-        for name, indexes in self.members.subs[m].warm.items():
-            keys.update((name, i) for i in indexes)
-        owner = self.claims.owner
-        out: list[int] = []
-        for name, i in keys:
-            t = position.get(name)
-            if t is not None and 0 <= i < sizes[t] and owner[offsets[t] + i] != m:
-                out.append(offsets[t] + i)
-        return sorted(out)
 
     # ------------------------------------------------------------ the band
 
@@ -725,9 +700,6 @@ class _Planner:
         top = bisect_right(items, (room, math.inf))
         # Heaviest that keeps d at or above low first, then the lighter ones.
         order = list(range(top - 1, -1, -1)) + list(range(top, len(items)))
-        warm_on = self.warm_on
-        if warm_on:  # what a member warms first (a stable sort keeps the rest's order)
-            order.sort(key=lambda pos: items[pos][1] not in warm_on)
         now = self.load[d] / self.cap[d]
         load, cap, high = self.load, self.cap, self.high
         # First a move that leaves the receiver inside its band; failing
@@ -763,11 +735,6 @@ class _Planner:
         out = [] if best is None else [best]
         if best_home is not None and best_home != best and load[best_home] + x <= high[best_home]:
             out.insert(0, best_home)
-        warm = self.warm_on.get(g)
-        if warm is not None and warm != d and warm not in out and t in self.sub_sets[warm] \
-                and self.active[warm] and load[warm] + x <= high[warm] \
-                and (zs is None or self.zone[warm] in zs):
-            out.insert(0, warm)  # the member that warms it, if it has room
         return out
 
     def _cause(self, d: int, j: int, g: int) -> str:
@@ -849,28 +816,19 @@ class _Planner:
         limit = min(load[d] - floor, self.hi_target[j] - load[j])
         if limit <= 0:
             return None
-        dkey = load[d] / cap[d]
-        warming = self.warming[j]
-        if warming:
-            where, w = self.where, self.w
-            for g in sorted((g for g in warming if where[g] == d), key=lambda g: (-w[g], g)):
-                if w[g] <= limit and self._may_spare(d, j, w[g], g, dkey):
-                    return g
         items = self._items(d)
         pos = bisect_right(items, (limit, math.inf))
+        dkey = load[d] / cap[d]
         for k in range(pos - 1, max(-1, pos - 1 - _DONOR_TRIES), -1):
             x, g = items[k]
-            if self._may_spare(d, j, x, g, dkey):
+            if x <= 0.0 or (load[j] + x) / cap[j] >= dkey or g in self.pinned:
+                continue
+            if not self.uniform and not self._may_hold(j, self._set_of(g)):
+                continue
+            zs = self.home.get(g)
+            if zs is None or self.zone[j] in zs or self.zone[d] not in zs:
                 return g
         return None
-
-    def _may_spare(self, d: int, j: int, x: float, g: int, dkey: float) -> bool:
-        if x <= 0.0 or (self.load[j] + x) / self.cap[j] >= dkey or g in self.pinned:
-            return False
-        if not self.uniform and not self._may_hold(j, self._set_of(g)):
-            return False
-        zs = self.home.get(g)
-        return zs is None or self.zone[j] in zs or self.zone[d] not in zs
 
     # ------------------------------------------------------------ the round
 
