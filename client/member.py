@@ -609,7 +609,7 @@ class GroupMember:
             elif isinstance(effect, MeasureLoad):
                 self._measure(effect.resources)
             elif isinstance(effect, StartWarmup):
-                task = asyncio.ensure_future(self._warm_up(effect.resources))
+                task = asyncio.ensure_future(self._warm_up(effect))
                 self._warmups.add(task)
                 task.add_done_callback(self._warmups.discard)
             else:
@@ -722,9 +722,10 @@ class GroupMember:
         if action.kind is CallbackKind.ASSIGNED:
             self._assigned_once.set()
 
-    async def _warm_up(self, resources: frozenset[Resource]) -> None:
+    async def _warm_up(self, warmup: StartWarmup) -> None:
         """``on_standby(resources)``, beside the driver's steps; its end is
         reported to the driver (a rejoin reports them warm)."""
+        resources = warmup.resources
         started = time.perf_counter()
         failed = False
         try:
@@ -737,7 +738,7 @@ class GroupMember:
                           _fmt(resources))
         self.metrics.callback("standby", time.perf_counter() - started, failed)
         if not self._driver.stopped:
-            self._driver.warmup_done(self._clock(), resources, failed=failed)
+            self._driver.warmup_done(self._clock(), warmup, failed=failed)
             self._wakeup.set()
 
     async def _side_during_callback(self, done: asyncio.Future[None]) -> None:

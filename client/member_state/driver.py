@@ -110,9 +110,13 @@ class MeasureLoad:
 @dataclass(frozen=True, slots=True)
 class StartWarmup:
     """Run ``on_standby(resources)`` beside the member's steps (it may take as
-    long as warming takes); report its end with :meth:`MemberDriver.warmup_done`."""
+    long as warming takes); report its end with :meth:`MemberDriver.warmup_done`,
+    giving back ``run``."""
 
     resources: frozenset[Resource]
+    #: which warm-up this is (a standby dropped and offered again is warmed by
+    #: a new one; the end of the old one does not count for it).
+    run: int
 
 
 DriverEffect = Send | Cancel | InvokeListener | MeasureLoad | StartWarmup | Stopped
@@ -193,11 +197,10 @@ class MemberDriver:
         self._callback = None
         self.machine.listener_done(now_ms)
 
-    def warmup_done(self, now_ms: int, resources: frozenset[Resource], *,
-                    failed: bool = False) -> None:
+    def warmup_done(self, now_ms: int, warmup: StartWarmup, *, failed: bool = False) -> None:
         """The warm-up of a :class:`StartWarmup` returned (``failed``: raised).
         The runtime steps the driver next (a rejoin to report them warm)."""
-        self.machine.warmup_done(now_ms, resources, failed=failed)
+        self.machine.warmup_done(now_ms, warmup.run, warmup.resources, failed=failed)
 
     def abandon(self, now_ms: int) -> list[DriverEffect]:
         """The runtime goes away (its task cancelled, a crash): stop waiting
@@ -252,9 +255,9 @@ class MemberDriver:
         machine = self.machine
         # Warm-ups start beside the steps: an assignment delivered since the
         # last step may have given standbys.
-        warmups = machine.start_warmups()
+        run, warmups = machine.start_warmups()
         if warmups:
-            effects.append(StartWarmup(warmups))
+            effects.append(StartWarmup(warmups, run))
         for _ in range(_MAX_STEPS):
             side_due = self._service_side(now_ms, effects)
             if self._callback is not None:

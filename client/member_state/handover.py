@@ -40,8 +40,8 @@ __all__ = ["Handover"]
 class Handover:
     """Standbys and drain, for one member (see the module docstring)."""
 
-    __slots__ = ("_join_draining", "_unreported", "confirmed", "draining", "failed", "leave",
-                 "standby", "warm", "warming")
+    __slots__ = ("_join_draining", "_last_run", "_runs", "_unreported", "confirmed",
+                 "draining", "failed", "leave", "standby", "warm", "warming")
 
     def __init__(self) -> None:
         #: the standbys of the last assignment (never owned at the same time).
@@ -50,6 +50,11 @@ class Handover:
         self.warming: frozenset[Resource] = frozenset()
         self.warm: frozenset[Resource] = frozenset()
         self.failed: frozenset[Resource] = frozenset()
+        #: the warm-up (``on_standby`` call) that counts for each resource in
+        #: ``warming``: an earlier call may still run for a standby dropped and
+        #: offered again since, and its end says nothing of this offer.
+        self._runs: dict[Resource, int] = {}
+        self._last_run = 0
         #: some became warm since the last rejoin asked to report them.
         self._unreported = False
         #: the member drains: its joins say ``draining``, it leaves (``leave``)
@@ -71,6 +76,8 @@ class Handover:
         dropped = self.standby - standby - owned
         self.standby = standby
         self.warming &= standby
+        if len(self._runs) > len(self.warming):
+            self._runs = {r: k for r, k in self._runs.items() if r in self.warming}
         self.warm &= standby
         self.failed &= standby
         self.confirmed = self._join_draining
@@ -84,18 +91,29 @@ class Handover:
             return None
         return action if rest == action.resources else InvokeListener(action.kind, rest)
 
-    def start_warmups(self) -> frozenset[Resource]:
-        """The standbys whose warm-up is to start now (marked as running)."""
+    def start_warmups(self) -> tuple[int, frozenset[Resource]]:
+        """The standbys whose warm-up is to start now (marked as running), and
+        the number of that warm-up (for :meth:`warmed`)."""
         start = self.standby - self.warming - self.warm - self.failed
+        if not start:
+            return 0, start
+        self._last_run += 1
         self.warming |= start
-        return start
+        for r in start:
+            self._runs[r] = self._last_run
+        return self._last_run, start
 
-    def warmed(self, resources: frozenset[Resource], *, failed: bool) -> bool:
-        """``on_standby(resources)`` returned (``failed``: raised). Returns
-        whether the member should rejoin to report what is warm: something
-        became warm since the last report, and none of its warm-ups runs any
-        more (one rebalance for a batch of warm-ups, not one each)."""
-        ended = resources & self.warming
+    def warmed(self, run: int, resources: frozenset[Resource], *, failed: bool) -> bool:
+        """Warm-up ``run``, ``on_standby(resources)``, returned (``failed``:
+        raised). Only the resources it is still the warm-up of end: one
+        dropped meanwhile, and offered again, waits for its new warm-up.
+        Returns whether the member should rejoin to report what is warm:
+        something became warm since the last report, and none of its warm-ups
+        runs any more (one rebalance for a batch of warm-ups, not one each)."""
+        runs = self._runs
+        ended = frozenset(r for r in resources & self.warming if runs.get(r) == run)
+        for r in ended:
+            del runs[r]
         self.warming -= ended
         if failed:
             self.failed |= ended
@@ -111,6 +129,7 @@ class Handover:
         """The member closes: every standby is dropped."""
         standby = self.standby
         self.standby = self.warming = self.warm = self.failed = frozenset()
+        self._runs = {}
         return InvokeListener(CallbackKind.STANDBY_DROPPED, standby) if standby else None
 
     # ------------------------------------------------------------ drain

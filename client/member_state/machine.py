@@ -375,18 +375,19 @@ class MemberStateMachine(MemberCore):
 
     # ------------------------------------------------------------ warm-ups (beside the steps)
 
-    def start_warmups(self) -> frozenset[Resource]:
+    def start_warmups(self) -> tuple[int, frozenset[Resource]]:
         """Standbys whose warm-up (``on_standby``) is to start now, beside the
         protocol steps; report each end with :meth:`warmup_done`."""
         if self._closing or self.state in (MemberState.CLOSED, MemberState.FAILED):
-            return frozenset()
+            return 0, frozenset()
         return self._handover.start_warmups()
 
-    def warmup_done(self, now_ms: int, resources: frozenset[Resource], *,
+    def warmup_done(self, now_ms: int, run: int, resources: frozenset[Resource], *,
                     failed: bool = False) -> None:
-        """``on_standby(resources)`` returned (``failed``: raised: not reported
-        warm; the assignor moves them cold at its warm-up timeout)."""
-        if (self._handover.warmed(resources, failed=failed) and not self._closing
+        """Warm-up ``run``, ``on_standby(resources)``, returned (``failed``:
+        raised: not reported warm; the assignor moves them cold at its warm-up
+        timeout)."""
+        if (self._handover.warmed(run, resources, failed=failed) and not self._closing
                 and self.protocol is RebalanceProtocol.COOPERATIVE
                 and self.state not in (MemberState.CLOSED, MemberState.FAILED)):
             # Reported warm at a cooperative rejoin (an eager one would stop

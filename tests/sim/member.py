@@ -101,6 +101,10 @@ class SimMember:
         self.join_claims: frozenset[Resource] = frozenset()
         self.last_assigned: frozenset[Resource] | None = None
         self.planned_revoke: frozenset[Resource] | None = None
+        #: each standby's latest warm-up, and the warm-ups that ended: a warm
+        #: report may name only a standby whose latest warm-up ended.
+        self.latest_warmup: dict[Resource, int] = {}
+        self.warmups_ended: set[int] = set()
         #: ``owned_at`` as the invariant checker last saw it.
         self.seen: frozenset[Resource] = frozenset()
         #: several coordinators: this process's router (None: one coordinator).
@@ -178,9 +182,11 @@ class SimMember:
                 # on_standby, beside the driver's steps: it takes simulated time.
                 self.sim.log(f"{self.tag} on_standby {sorted(effect.resources)}")
                 self.world.on_warmup(self, effect.resources)
+                for r in effect.resources:
+                    self.latest_warmup[r] = effect.run
                 lo, hi = self.listener_ms
                 self.sim.after(self.rng.randint(lo, hi), self._warmup_end,
-                               (self.incarnation, effect.resources))
+                               (self.incarnation, effect))
             elif isinstance(effect, Stopped):
                 self._stop(effect)
             else:
@@ -286,9 +292,10 @@ class SimMember:
         self.run()
         self.world.touched(self)
 
-    def _warmup_end(self, arg: tuple[int, frozenset[Resource]]) -> None:
+    def _warmup_end(self, arg: tuple[int, StartWarmup]) -> None:
         if self._defer(self._warmup_end, arg):
             return
+        self.warmups_ended.add(arg[1].run)
         self.driver.warmup_done(self.local(), arg[1])
         self.run()
         self.world.touched(self)

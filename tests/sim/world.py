@@ -780,6 +780,15 @@ class World:
 
     def on_join_sent(self, member: SimMember, request: JoinRequest) -> None:
         machine = member.machine
+        for protocol, data in request.protocols:
+            if protocol == "balanced":
+                warm = MemberMetadata.decode(data).warm
+                early = sorted((name, i) for name, indexes in warm.items() for i in indexes
+                               if member.latest_warmup.get((name, i))
+                               not in member.warmups_ended)
+                if early:
+                    self.violation(f"warm-up: {member.tag} reports {early} warm before its "
+                                   f"latest warm-up of them ended")
         planned = member.planned_revoke
         if (planned and machine.protocol is RebalanceProtocol.COOPERATIVE
                 and planned & machine.owned):
