@@ -22,7 +22,8 @@ resource before it serves it warm (loading state), one resource at a time;
 what it owns and has not warmed yet it serves cold. It warms a resource it
 is given (in the background, after ``on_assigned``) unless it warmed it as a
 standby (``on_standby``, awaited); it forgets a resource's warm state when it
-loses it. Printed per mode: completed rebalances (the coordinator's
+loses it, and a queued warm-up skips a resource lost or dropped meanwhile
+(``on_standby_dropped``: stop warming it). Printed per mode: completed rebalances (the coordinator's
 ``groupcoord_rebalances_completed_total``), resource-seconds during which
 resources had no owner, resource-seconds served cold, the median time a
 moved resource had no owner, the drains' durations (SIGTERM to closed), and
@@ -106,9 +107,11 @@ async def _worker(args: argparse.Namespace) -> int:
 
     async def warm_up(resources: Iterable[Resource]) -> None:
         for r in sorted(resources):
-            if r in warm:
-                continue
             async with one_at_a_time:
+                # Neither warm already, nor lost or dropped while waiting for
+                # its turn (on_standby_dropped: stop warming it).
+                if r in warm or (r not in owned and r not in standby):
+                    continue
                 await asyncio.sleep(warmup_s)
             if r in owned or r in standby:
                 warm.add(r)
