@@ -23,12 +23,12 @@ what it owns and has not warmed yet it serves cold. It warms a resource it
 is given (in the background, after ``on_assigned``) unless it warmed it as a
 standby (``on_standby``, awaited); it forgets a resource's warm state when it
 loses it, and a queued warm-up skips a resource lost or dropped meanwhile
-(``on_standby_dropped``: stop warming it). Printed per mode: completed rebalances (the coordinator's
-``groupcoord_rebalances_completed_total``), resource-seconds during which
-resources had no owner, resource-seconds served cold, the median time a
-moved resource had no owner, the drains' durations (SIGTERM to closed), and
-the wall time of the rolling restart. The ledger is also checked: no
-resource ever had two owners.
+(``on_standby_dropped``: stop warming it). Printed per mode: completed
+rebalances (the coordinator's ``groupcoord_rebalances_completed_total``),
+resource-seconds during which resources had no owner, resource-seconds
+served cold, the median time a moved resource had no owner, the drains'
+durations (SIGTERM to closed), and the wall time of the rolling restart.
+The ledger is also checked: no resource ever had two owners.
 
 Modes: ``eager`` (range assignor, dynamic members), ``cooperative``
 (cooperative-sticky, dynamic), ``static`` (cooperative-sticky with
