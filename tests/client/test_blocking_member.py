@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import threading
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -69,18 +68,25 @@ def test_ctrl_c_while_closing_still_lets_on_revoked_make_its_final_commit(
                                  headers={"Content-Type": "application/json"})
     urllib.request.urlopen(req, timeout=5).read()
     revoking = threading.Event()
+    interrupted = threading.Event()
     holder: list[BlockingGroupMember] = []
 
     class SlowRevoke(RebalanceListener):
         async def on_revoked(self, resources: set[Resource]) -> None:
             revoking.set()
-            await asyncio.sleep(1.0)  # stopping the worker's threads
+            # Still running when the Ctrl-C comes, however loaded the machine
+            # (a fixed sleep here once ended before the interrupt was sent).
+            for _ in range(200):
+                if interrupted.is_set():
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # the main thread takes the interrupt meanwhile
             await holder[0].member.commit({r: "final" for r in resources})
 
     def interrupt_while_revoking() -> None:
         if revoking.wait(20):
-            time.sleep(0.2)
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+            interrupted.set()
 
     member = BlockingGroupMember(server.url, "g", ["s"], listener=SlowRevoke(),
                                  session_timeout_ms=6_000)
