@@ -459,21 +459,33 @@ def test_warmup_gives_a_standby_first_and_moves_once_warm() -> None:
     assert all(a.delay_ms == 0 for a in r4.values())
 
 
+def drain_a_into_b_then_c_joins(
+    drained: tuple[int, ...], kept: tuple[int, ...]
+) -> tuple[BalancedAssignor, dict[str, M], dict[str, Assignment]]:
+    """``a`` (owning ``drained``) drains into ``b`` (owning ``kept``) with
+    warm-up: ``b`` warms them, ``a`` revokes them and leaves, and ``c`` joins
+    in the follow-up round. Returns that round (the group after it, the
+    assignments)."""
+    res = {S: 6}
+    group = {"a": M(owned={S: drained}, generation=1, user_data=ECHO, draining=True),
+             "b": M(owned={S: kept}, generation=1, user_data=ECHO)}
+    assignor = get_assignor("balanced", warmup=True)
+    assert isinstance(assignor, BalancedAssignor)
+    nxt, r1 = step(assignor, res, group)
+    assert r1["b"].standby == {S: list(drained)}
+    nxt = {**nxt, "b": replace(nxt["b"], warm={S: list(drained)})}
+    nxt, r2 = step(assignor, res, nxt)
+    assert r2["a"].assigned == {} and r2["b"].standby == {S: list(drained)}
+    nxt = {"b": replace(nxt["b"], warm={S: list(drained)}), "c": M()}  # a left, c joins
+    nxt, r3 = step(assignor, res, nxt)
+    return assignor, nxt, r3
+
+
 def test_a_warm_hand_over_goes_to_its_receiver_though_the_revoker_left() -> None:
     """A drain: the owner revokes what its receivers warmed up, then leaves; the
     follow-up (which a newcomer joins) still gives each resource to the member
     that warmed it (its echo names it), never cold to another."""
-    res = {S: 6}
-    group = {"a": M(owned={S: (0, 1, 2)}, generation=1, user_data=ECHO, draining=True),
-             "b": M(owned={S: (3, 4, 5)}, generation=1, user_data=ECHO)}
-    assignor = get_assignor("balanced", warmup=True)
-    nxt, r1 = step(assignor, res, group)
-    assert r1["b"].standby == {S: [0, 1, 2]}
-    nxt = {**nxt, "b": replace(nxt["b"], warm={S: [0, 1, 2]})}
-    nxt, r2 = step(assignor, res, nxt)
-    assert r2["a"].assigned == {} and r2["b"].standby == {S: [0, 1, 2]}
-    nxt = {"b": replace(nxt["b"], warm={S: [0, 1, 2]}), "c": M()}  # a left, c joins
-    _, r3 = step(assignor, res, nxt)
+    _, _, r3 = drain_a_into_b_then_c_joins((0, 1, 2), (3, 4, 5))
     assert r3["b"].assigned == {S: [0, 1, 2, 3, 4, 5]} and r3["c"].assigned == {}
 
 
@@ -483,17 +495,8 @@ def test_a_newcomer_of_the_round_a_hand_over_completes_gets_none_of_it_cold() ->
     newcomer, which would get it unowned, so at once and cold (a rolling
     restart's replacement joining in the round a drain's last revocation
     completes). It gets its share as standbys, warmed before they move."""
+    assignor, nxt, r3 = drain_a_into_b_then_c_joins((3, 4, 5), (0, 1, 2))
     res = {S: 6}
-    group = {"a": M(owned={S: (3, 4, 5)}, generation=1, user_data=ECHO, draining=True),
-             "b": M(owned={S: (0, 1, 2)}, generation=1, user_data=ECHO)}
-    assignor = get_assignor("balanced", warmup=True)
-    nxt, r1 = step(assignor, res, group)
-    assert r1["b"].standby == {S: [3, 4, 5]}
-    nxt = {**nxt, "b": replace(nxt["b"], warm={S: [3, 4, 5]})}
-    nxt, r2 = step(assignor, res, nxt)
-    assert r2["a"].assigned == {} and r2["b"].standby == {S: [3, 4, 5]}
-    nxt = {"b": replace(nxt["b"], warm={S: [3, 4, 5]}), "c": M()}  # a left, c joins
-    nxt, r3 = step(assignor, res, nxt)
     assert r3["b"].assigned == {S: [0, 1, 2, 3, 4, 5]} and r3["c"].assigned == {}
     assert len(r3["c"].standby.get(S, [])) == 3
     # c warms what it is given as standby, its owner revokes it, and the
