@@ -1126,8 +1126,12 @@ class World:
             rnd.bands[mid] = a.band
             rnd.delays[mid] = a.delay_ms
             honoured = {r for r, who in claimers.items() if who == [mid]}
-            if honoured - assigned:
-                rnd.revoked[mid] = frozenset(honoured - assigned)
+            # Revoked because the leader's catalog no longer had it (a catalog
+            # change may undo that before this check): no planned move
+            # (seed 6154540).
+            gone = {(n, i) for n, i, cause in a.why if cause == "catalog"}
+            if honoured - assigned - gone:
+                rnd.revoked[mid] = frozenset(honoured - assigned - gone)
         self.rounds.append((self.sim.now, group.generation_id, rnd))
         limit = self.config.max_moves
         if limit is not None and rnd.moves > limit:
