@@ -93,9 +93,15 @@ def test_ctrl_c_while_closing_still_lets_on_revoked_make_its_final_commit(
     holder.append(member)
     member.start()
     interrupter = threading.Thread(target=interrupt_while_revoking, daemon=True)
-    interrupter.start()
-    with pytest.raises(KeyboardInterrupt):
-        member.close()  # raises the interrupt once the close is done
+    # Ctrl-C as Python delivers it by default, whatever an earlier test of this
+    # process left installed (the whole suite in one worker once had it fail).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        interrupter.start()
+        with pytest.raises(KeyboardInterrupt):
+            member.close()  # raises the interrupt once the close is done
+    finally:
+        signal.signal(signal.SIGINT, previous)
     interrupter.join(5)
     assert member.member.state.value == "closed"
     with urllib.request.urlopen(f"{server.admin_url}/v1/groups/g", timeout=5) as resp:
