@@ -86,10 +86,6 @@ class Member:
     #: the ``sequence`` of this member's last applied commit (-1: none yet); a
     #: commit carrying one not above it arrived late and is not applied.
     commit_sequence: int = -1
-    #: the ``sequence`` of this member's last applied join (-1: none yet); a
-    #: join carrying one not above it arrived late and is not applied
-    #: (docs/coordinator-semantics.md, "The join sequence").
-    join_sequence: int = -1
 
     @classmethod
     def of(cls, group_id: str, record: MemberRecord) -> Member:

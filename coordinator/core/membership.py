@@ -144,8 +144,8 @@ def join_admit(k: Kernel, g: Group, cmd: Join) -> tuple[bool, Member | None]:
         k.reply(rid, JoinResponse(ErrorCode.FENCED_INSTANCE_ID, member_id=req.member_id))
         return False, known
     same = known is not None and req.member_id and known.member_id == req.member_id
-    if same and req.sequence is not None and known is not None \
-            and req.sequence <= known.join_sequence:
+    last = known.record.join_sequence if known is not None else None
+    if same and req.sequence is not None and last is not None and req.sequence <= last:
         # Sent before a join of this member that was already applied, and
         # delayed on the way (the member gave up on it, joined again and may
         # own an assignment since): applied now, it would count as the
@@ -164,7 +164,7 @@ def join_admit(k: Kernel, g: Group, cmd: Join) -> tuple[bool, Member | None]:
         k.forget_if_vacant(g)
         return False, known
     if same and req.sequence is not None and known is not None:
-        known.join_sequence = req.sequence
+        g.update_member(known, replace(known.record, join_sequence=req.sequence))
     return True, known
 
 
@@ -258,6 +258,16 @@ def _rejoin_and_rebalance(k: Kernel, g: Group, cmd: Join, member: Member, reason
     maybe_complete_join(k, g)
 
 
+def _keep_join_sequence(k: Kernel, g: Group, cmd: Join) -> None:
+    """A join answered from the current generation, with no group write of
+    its own: the join sequence it advanced is written now (answered once it
+    is durable), so a join the member gave up on before this one, delayed
+    past a restart of the coordinator, is still refused (simulator seed
+    6342355)."""
+    if cmd.request.sequence is not None:
+        k.persist(g.to_record())
+
+
 def rejoin_empty(k: Kernel, g: Group, cmd: Join, member: Member) -> None:
     k.reply(cmd.request_id, JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID,
                                          member_id=cmd.request.member_id))
@@ -272,6 +282,7 @@ def rejoin_preparing(k: Kernel, g: Group, cmd: Join, member: Member) -> None:
 def rejoin_completing(k: Kernel, g: Group, cmd: Join, member: Member) -> None:
     if not _changed(member, cmd):
         # The member may have missed its join answer: give it again.
+        _keep_join_sequence(k, g, cmd)
         k.reply(cmd.request_id, current_generation_reply(g, member))
         k.arm_session(g, member)
     else:
@@ -281,6 +292,7 @@ def rejoin_completing(k: Kernel, g: Group, cmd: Join, member: Member) -> None:
 def rejoin_stable(k: Kernel, g: Group, cmd: Join, member: Member) -> None:
     changed = _changed(member, cmd)
     if not changed and member.member_id != g.leader:
+        _keep_join_sequence(k, g, cmd)
         k.reply(cmd.request_id, current_generation_reply(g, member, with_members=False))
         k.arm_session(g, member)
     else:

@@ -72,6 +72,11 @@ class MemberRecord:
     #: answer to the member carries ``drain: true`` while it is set. Durable with
     #: the group, so a coordinator taking the group over keeps asking.
     drain_requested_ms: int | None = field(default=None, metadata=_TAIL)
+    #: the ``sequence`` of this member's last applied join (``None``: none yet, or
+    #: a v1 client); a join carrying one not above it arrived late and is not
+    #: applied (docs/coordinator-semantics.md, "The join sequence"). Durable with
+    #: the group, so a join delayed across a coordinator restart is refused too.
+    join_sequence: int | None = field(default=None, metadata=_TAIL)
 
 
 #: the member fields the admin API shows (``GET /v1/groups/{id}``), in record order.

@@ -7,6 +7,7 @@ from coretest_kit import PROTOS, G, Harness, reply
 
 from coordinator.core.commands import Join
 from coordinator.core.effects import Effect
+from coordinator.core.replay import fold
 from protocol.errors import ErrorCode
 from protocol.messages import JoinRequest, JoinResponse
 
@@ -54,3 +55,26 @@ def test_joins_without_a_sequence_are_applied_as_before() -> None:
     h.join(leader)
     _join(h, follower, sequence=None)   # a v1 client
     assert h.state() == "CompletingRebalance"
+
+
+def test_a_join_delayed_across_a_coordinator_restart_is_refused_too() -> None:
+    """Simulator seed 6342355: the follower's join 0, delayed 18 s on the
+    network, reached a coordinator that had restarted meanwhile; with the
+    sequence kept in memory only it was applied as the follower's rejoin, and
+    the next generation gave away what the follower still held. The sequence
+    is part of the member's durable record, written even by a join answered
+    from the current generation."""
+    h = Harness()
+    h.put_resource("orders", 4)
+    (leader, follower), generation = h.stable_group(2)
+    rid, out = _join(h, follower, sequence=1)  # answered from the current generation
+    assert reply(out, rid).generation_id == generation
+    restarted = Harness()
+    restarted.restore_from(fold(h.records))
+    restarted.join(leader)
+    assert restarted.state() == "PreparingRebalance"
+    rid, out = _join(restarted, follower, sequence=0)
+    answer = reply(out, rid)
+    assert isinstance(answer, JoinResponse)
+    assert answer.error is ErrorCode.REBALANCE_IN_PROGRESS
+    assert restarted.state() == "PreparingRebalance"

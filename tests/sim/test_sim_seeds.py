@@ -354,6 +354,9 @@ RUNTIME_REGRESSION_SEEDS = {
     6154540: "balanced with max_moves: revocations of resources the leader's catalog had "
              "lost (cause catalog) are no planned moves, though the catalog grew back "
              "before the round was checked",
+    6342355: "a join delayed 18 s, past a coordinator crash, is refused by the join "
+             "sequence kept in the member's durable record (applied as the eager "
+             "member's rejoin, it gave away what the member still held)",
 }
 
 

@@ -78,7 +78,7 @@ _GOOD_FIELDS: list[object] = ["a", None, "c-a", "127.0.0.1", 10_000, 30_000,
         ("UPDATE groups SET members = ? WHERE group_id = 'orders'",
          (encode([1, 2, 3]),)),
         "table groups, row group_id='orders' generation_id=7: column members (generation 7): "
-        "member 0: expected an array of 8 to 12 fields, got 1", id="members-wrong-shape"),
+        "member 0: expected an array of 8 to 13 fields, got 1", id="members-wrong-shape"),
     pytest.param(
         ("UPDATE groups SET members = ? WHERE group_id = 'orders'",
          (_members_blob([*_GOOD_FIELDS[:4], "10s", *_GOOD_FIELDS[5:]]),)),

@@ -93,7 +93,8 @@ def test_a_row_without_the_owner_field_loads_with_none() -> None:
 
 
 def test_a_row_is_the_record_fields_in_order() -> None:
-    record = replace(MEMBERS_WITH_INCARNATION[0], drain_requested_ms=1_700_000_000_456)
+    record = replace(MEMBERS_WITH_INCARNATION[0], drain_requested_ms=1_700_000_000_456,
+                     join_sequence=3)
     (row,) = decode(encode_members([record]))
     names = [f.name for f in fields(MemberRecord)]
     assert len(row) == len(names)
@@ -112,6 +113,7 @@ def test_a_row_is_the_record_fields_in_order() -> None:
     (9, 5, "member 0 ('m-1'): incarnation: expected str or null, got 5"),
     (10, "1", "member 0 ('m-1'): incarnation_ms: expected int or null, got '1'"),
     (11, True, "member 0 ('m-1'): drain_requested_ms: expected int or null, got True"),
+    (12, "3", "member 0 ('m-1'): join_sequence: expected int or null, got '3'"),
 ])
 def test_each_field_is_checked_against_its_type(at: int, value: object, message: str) -> None:
     row = decode(encode_members(MEMBERS[:1]))
@@ -123,7 +125,7 @@ def test_each_field_is_checked_against_its_type(at: int, value: object, message:
 
 
 def test_a_row_of_the_wrong_length_names_both_lengths() -> None:
-    with pytest.raises(BadValue, match="expected an array of 8 to 12 fields"):
+    with pytest.raises(BadValue, match="expected an array of 8 to 13 fields"):
         decode_members(encode([["m", None, "c"]]))
 
 
