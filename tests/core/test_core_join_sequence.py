@@ -19,6 +19,16 @@ def _join(h: Harness, member_id: str, sequence: int | None) -> tuple[int, list[E
     return rid, h.run(Join(rid, req, "10.0.0.1", h.new_id(), None))
 
 
+def _refused_as_late(h: Harness, member_id: str, sequence: int) -> None:
+    """The join is not applied: answered REBALANCE_IN_PROGRESS, the group as it was."""
+    state = h.state()
+    rid, out = _join(h, member_id, sequence=sequence)
+    answer = reply(out, rid)
+    assert isinstance(answer, JoinResponse)
+    assert answer.error is ErrorCode.REBALANCE_IN_PROGRESS
+    assert h.state() == state
+
+
 def test_a_join_older_than_one_applied_does_not_count_as_a_rejoin() -> None:
     h = Harness()
     h.put_resource("orders", 4)
@@ -35,11 +45,7 @@ def test_a_join_older_than_one_applied_does_not_count_as_a_rejoin() -> None:
     # Join 0 lands now. Applied, it would stand for the follower's rejoin (its
     # word that it owns nothing) while it still owns its assignment under a
     # live lease, and the next generation would form and give that away.
-    rid, out = _join(h, follower, sequence=0)
-    answer = reply(out, rid)
-    assert isinstance(answer, JoinResponse)
-    assert answer.error is ErrorCode.REBALANCE_IN_PROGRESS
-    assert h.state() == "PreparingRebalance"
+    _refused_as_late(h, follower, sequence=0)
     # The follower's own rejoin (after its heartbeat saw the rebalance) counts.
     rid, out = _join(h, follower, sequence=2)
     assert h.state() == "CompletingRebalance"
@@ -73,8 +79,4 @@ def test_a_join_delayed_across_a_coordinator_restart_is_refused_too() -> None:
     restarted.restore_from(fold(h.records))
     restarted.join(leader)
     assert restarted.state() == "PreparingRebalance"
-    rid, out = _join(restarted, follower, sequence=0)
-    answer = reply(out, rid)
-    assert isinstance(answer, JoinResponse)
-    assert answer.error is ErrorCode.REBALANCE_IN_PROGRESS
-    assert restarted.state() == "PreparingRebalance"
+    _refused_as_late(restarted, follower, sequence=0)
