@@ -40,21 +40,20 @@ __all__ = ["Handover"]
 class Handover:
     """Standbys and drain, for one member (see the module docstring)."""
 
-    __slots__ = ("_join_draining", "_last_run", "_runs", "_unreported", "confirmed",
-                 "draining", "failed", "leave", "standby", "warm", "warming")
+    __slots__ = ("_join_draining", "_last_run", "_unreported", "_warming", "confirmed",
+                 "draining", "failed", "leave", "standby", "warm")
 
     def __init__(self) -> None:
         #: the standbys of the last assignment (never owned at the same time).
         self.standby: frozenset[Resource] = frozenset()
-        #: standbys whose warm-up runs, whose on_standby returned, or raised.
-        self.warming: frozenset[Resource] = frozenset()
+        #: standbys whose warm-up runs, each with the number of the warm-up
+        #: (``on_standby`` call) that counts for it: an earlier call may still
+        #: run for a standby dropped and offered again since, and its end says
+        #: nothing of this offer; then those whose on_standby returned, or raised.
+        self._warming: dict[Resource, int] = {}
+        self._last_run = 0
         self.warm: frozenset[Resource] = frozenset()
         self.failed: frozenset[Resource] = frozenset()
-        #: the warm-up (``on_standby`` call) that counts for each resource in
-        #: ``warming``: an earlier call may still run for a standby dropped and
-        #: offered again since, and its end says nothing of this offer.
-        self._runs: dict[Resource, int] = {}
-        self._last_run = 0
         #: some became warm since the last rejoin asked to report them.
         self._unreported = False
         #: the member drains: its joins say ``draining``, it leaves (``leave``)
@@ -75,9 +74,7 @@ class Handover:
         standby = standby - owned
         dropped = self.standby - standby - owned
         self.standby = standby
-        self.warming &= standby
-        if len(self._runs) > len(self.warming):
-            self._runs = {r: k for r, k in self._runs.items() if r in self.warming}
+        self._warming = {r: k for r, k in self._warming.items() if r in standby}
         self.warm &= standby
         self.failed &= standby
         self.confirmed = self._join_draining
@@ -94,13 +91,12 @@ class Handover:
     def start_warmups(self) -> tuple[int, frozenset[Resource]]:
         """The standbys whose warm-up is to start now (marked as running), and
         the number of that warm-up (for :meth:`warmed`)."""
-        start = self.standby - self.warming - self.warm - self.failed
+        start = self.standby - frozenset(self._warming) - self.warm - self.failed
         if not start:
             return 0, start
         self._last_run += 1
-        self.warming |= start
         for r in start:
-            self._runs[r] = self._last_run
+            self._warming[r] = self._last_run
         return self._last_run, start
 
     def warmed(self, run: int, resources: frozenset[Resource], *, failed: bool) -> bool:
@@ -110,17 +106,16 @@ class Handover:
         Returns whether the member should rejoin to report what is warm:
         something became warm since the last report, and none of its warm-ups
         runs any more (one rebalance for a batch of warm-ups, not one each)."""
-        runs = self._runs
-        ended = frozenset(r for r in resources & self.warming if runs.get(r) == run)
+        warming = self._warming
+        ended = frozenset(r for r in resources if warming.get(r) == run)
         for r in ended:
-            del runs[r]
-        self.warming -= ended
+            del warming[r]
         if failed:
             self.failed |= ended
         else:
             self.warm |= ended
             self._unreported = self._unreported or bool(ended)
-        if self._unreported and not self.warming:
+        if self._unreported and not self._warming:
             self._unreported = False
             return True
         return False
@@ -128,8 +123,8 @@ class Handover:
     def close(self) -> InvokeListener | None:
         """The member closes: every standby is dropped."""
         standby = self.standby
-        self.standby = self.warming = self.warm = self.failed = frozenset()
-        self._runs = {}
+        self.standby = self.warm = self.failed = frozenset()
+        self._warming = {}
         return InvokeListener(CallbackKind.STANDBY_DROPPED, standby) if standby else None
 
     # ------------------------------------------------------------ drain
