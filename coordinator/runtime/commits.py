@@ -1,9 +1,10 @@
 """Group commit and reply after commit, as bookkeeping: which batch a reply waits for.
 
 Pure: no I/O, no clock, no event loop. The runtime's machine
-(``machine.py``) holds one; :class:`Runtime` (``runtime.py``) and the
-simulator's coordinator (``tests/sim/server.py``) drive that same machine, so
-the simulator checks the rule the server runs rather than a copy of it.
+(``machine.py``) holds one; :class:`Runtime` (``runtime.py``) drives that
+machine, and the simulator's coordinator (``tests/sim/server.py``) runs that
+same runtime, so the simulator checks the rule the server runs rather than a
+copy of it.
 
 - ``Persist`` records are collected into the *open* batch (:meth:`Commits.write`).
   One batch commits at a time: :meth:`Commits.start_commit` makes the open

@@ -10,8 +10,8 @@ takes with :meth:`RuntimeMachine.take`
 and carries out in order (answer request N, write these records, arm the loop
 timer of a key, load a group, log or count something). Two drivers run the
 same machine: :class:`~coordinator.runtime.runtime.Runtime` (asyncio, SQLite or
-PostgreSQL) and the simulator's coordinator (``tests/sim/server.py``: a
-simulated clock, disk and network).
+PostgreSQL), which the simulator's coordinator (``tests/sim/server.py``) runs
+too, on a simulated clock, disk and network.
 
 The rules (the module docs of ``runtime.py`` say what each costs a user):
 

@@ -16,7 +16,7 @@ docs/architecture.md practices 4 and 5, after Kafka's group coordinator runtime:
   that depends on no uncommitted write goes out at once, so a slow commit of
   group A's records does not hold group B's heartbeats (docs/architecture.md,
   practice 5). The batches and the rule are :class:`~coordinator.runtime.commits.Commits`,
-  pure bookkeeping the simulator (tests/sim/server.py) drives too.
+  pure bookkeeping the simulator (tests/sim/server.py) runs too.
 - Limits: ``max_parked_requests`` (``--max-parked-requests``) bounds the
   joins, syncs and long-poll heartbeats parked in the core. At the limit a
   long-poll is answered at once (as with ``wait_ms`` 0), and a join or sync
@@ -67,7 +67,8 @@ which does no I/O; :class:`Runtime` is its asyncio shell: it gives the machine
 the clock's time and mints the request ids, turns the machine's effects into
 futures answered, storage writes and loads run as tasks (their outcome fed back),
 loop timers on the :class:`~coordinator.runtime.clock.Clock`, log lines and
-metrics. The simulator (tests/sim/server.py) drives the same machine.
+metrics. The simulator (tests/sim/server.py) runs this shell and its machine
+on an event loop it steps, with a simulated store and clock.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -10,6 +11,10 @@ from sim.scenario import SimConfig, draw_config, draw_faults
 from sim.world import World
 
 __all__ = ["SeedResult", "make_config", "replay_command", "report", "run_seed"]
+
+#: the production runtime's logger: its lines are a real server's, the trace has
+#: what a seed's reader needs.
+_SERVER_LOG = logging.getLogger("groupcoord")
 
 REPLAY = "PYTHONPATH=$PWD .venv/bin/python benchmarks/simulate_groups.py --seed {seed} --trace"
 
@@ -49,7 +54,12 @@ def run_seed(seed: int, *, keep_trace: bool = False, profile: str = "space") -> 
     started = time.process_time()
     config = make_config(seed, profile)
     world = World(config, keep_trace=keep_trace)
-    world.run()
+    level = _SERVER_LOG.level
+    _SERVER_LOG.setLevel(logging.CRITICAL + 1)
+    try:
+        world.run()
+    finally:
+        _SERVER_LOG.setLevel(level)
     violations = list(world.violations)
     violations += [f"core: {e}" for e in world.core_errors[:3]]
     converged = (max(0, world.converged_since - world.quiet_at)

@@ -1,35 +1,43 @@
-"""The coordinator under simulation: the runtime's own machine, on simulated I/O.
+"""The coordinator under simulation: the production runtime, on simulated I/O.
 
-:class:`SimCoordinator` drives the same
-:class:`coordinator.runtime.machine.RuntimeMachine` that
-``coordinator/runtime/runtime.py`` drives with asyncio, with the simulation's
-clock, network and disk instead: admission and the parked-request limits,
-every request and timer firing as one ``core.handle(now, command)``, group
-commit and reply after commit, lazy timers, one group's failure evicting and
-reloading it, stop and abandon are the machine's. What is left here is I/O:
+:class:`SimCoordinator` runs the same :class:`coordinator.runtime.runtime.Runtime`
+that ``groupcoord serve`` runs -- its machine
+(:class:`coordinator.runtime.machine.RuntimeMachine`: admission and the
+parked-request limits, every request and timer firing as one
+``core.handle(now, command)``, group commit and reply after commit, lazy
+timers, one group's failure evicting and reloading it, stop and abandon) and
+its asyncio shell (futures of parked calls, the write and load tasks, the
+timer handles, the failure flag) -- on an event loop of its own
+(:class:`sim.loop.SimLoop`) that the simulation steps. What is left here is I/O:
 
-- a request gets a request id mapped to its connection; an ``Answered``
-  effect is sent on that connection, and a closed connection is
-  ``caller_gone`` (the machine cancels a request still parked in the core);
-- a ``WriteRecords`` takes a drawn disk latency (slower while a *slow disk*
-  fault lasts) and then ``write_done``; one batch is written at a time;
-- an ``ArmTimer`` is an event at its deadline (re-arming a key replaces it:
-  the older event is dropped when it comes), delivered as ``timer_due``;
-- a ``LoadGroup`` reads the group's committed records
-  (``coordinator.core.replay.fold``) and delivers ``group_loaded``;
-- a crash loses the machine: the open and the in-flight batch (what was not
-  committed), every timer and every waiting reply (their connections reset);
-  a restart folds the committed records (the reference for what storage
-  keeps) into a new core and a new machine (``RuntimeMachine.start``).
+- a request gets a request id mapped to its connection; ``Runtime.request``
+  answers it or gives a future, whose answer is sent on that connection; a
+  closed connection cancels the future (the runtime cancels the parked call);
+- the store (:class:`SimStore`): a write takes a drawn disk latency (slower
+  while a *slow disk* fault lasts) and then returns, fails or is refused; a
+  group's load reads its committed records
+  (``coordinator.core.replay.fold``) after a disk latency;
+- the clock (:class:`SimClock`): ``call_at`` is an event of the simulation at
+  the deadline, run on the loop unless the handle was cancelled;
+- a crash loses the process: its loop with every task, future and timer of
+  it (what was not committed), and every waiting reply (their connections
+  reset); a restart folds the committed records (the reference for what
+  storage keeps) into a new core and a new runtime (``Runtime.start``).
+
+Each entry (a request, a closed connection, a timer, a write's outcome) is
+one step of the loop: the callback, then everything it made ready, until
+the loop would wait. Calls out of the process that could come back into it
+(a partition's fenced write, a hand-off's end) are made after the step.
 
 The catalog read (``GET /v1/resources``) is answered from memory at once,
 as the HTTP layer does. Anything the core raises is recorded as a finding
-(``core_errors``), after the machine handled it as the runtime does.
+(``core_errors``), after the runtime handled it; so is an exception the
+loop catches (a bug in the shell).
 
 What only the real runtime meets is drawn too (:class:`RuntimeFaults`, armed
 by the world's faults): the core failing over one group (:class:`SimCore`
 raises ``CoreFailure`` for the group's next call, before or after changing
-its state), the store refusing one group's record (``write_refused``, saying
+its state), the store refusing one group's record (``RecordError``, saying
 whose it was or not), a write or the idle storage check failing (serving
 stops: the server exits and is started again), and the parked-request limits
 (``max_parked_requests``, ``max_parked_per_token`` with each worker's token
@@ -41,17 +49,19 @@ of one partition a coordinator owns: its clock is the coordinator's drifting
 clock, its writes are fenced writes to the simulated database (``write``, the
 owner reporting with :meth:`write_result`), its timers wait while the
 coordinator is paused (``gate``), and it can be abandoned (a lease run out, a
-fenced or failed write) or stopped for a hand-off (writes finished, parked
-calls answered ``NOT_COORDINATOR``), as ``Runtime.abandon`` and
-``Runtime.stop`` do.
+fenced or failed write: ``Runtime.abandon``) or stopped for a hand-off
+(``Runtime.stop``: writes finished, parked calls answered ``NOT_COORDINATOR``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -70,26 +80,32 @@ from coordinator.core.commands import (
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import CoreFailure, GroupCoordinator
 from coordinator.core.effects import Effect, GroupStateChanged
-from coordinator.core.records import Record
+from coordinator.core.records import JournalEntry, Record, Snapshot
 from coordinator.core.replay import fold
 from coordinator.runtime import effects as fx
 from coordinator.runtime import machine as rm
 from coordinator.runtime.commits import command_group, record_group
+from coordinator.runtime.runtime import Runtime
+from coordinator.storage.sqlite import RecordError, StorageError
 from protocol.catalog import Weights, Zones
 from protocol.errors import ErrorCode
 from protocol.messages import Api, CommitRequest, HeartbeatRequest, JoinRequest, LeaveRequest
+from sim.loop import SimLoop
 
 if TYPE_CHECKING:
     from sim.events import DriftClock, Sim
     from sim.network import Conn, Network
 
-__all__ = ["InjectedFault", "RuntimeFaults", "SimCoordinator", "SimCore", "StoreRefusal"]
+__all__ = ["InjectedFault", "RuntimeFaults", "SimClock", "SimCoordinator", "SimCore",
+           "SimStore"]
 
 _COMMANDS: dict[type, Callable[[int, Any], Command]] = {
     HeartbeatRequest: Heartbeat, LeaveRequest: Leave, CommitRequest: Commit,
 }
 #: the limits ``groupcoord serve`` runs with by default.
 _DEFAULTS = ServerConfig()
+#: what a refused record's ``RecordError`` names as the database.
+SIM_DISK = "<simulated disk>"
 
 
 # Not a native class when mypyc compiles the simulator (benchmarks/build_sim_mypyc.py):
@@ -123,15 +139,6 @@ class SimCore(GroupCoordinator):
             f"injected {'after' if after else 'before'} {type(command).__name__}"))
 
 
-@dataclass(frozen=True)
-class StoreRefusal:
-    """The store's ``RecordError`` (coordinator/storage/sqlite.py): a record it cannot
-    store; ``group_id`` None when it could not say whose."""
-
-    group_id: str | None
-    problem: str
-
-
 @dataclass
 class RuntimeFaults:
     """What the world armed, each striking once (see the module docs)."""
@@ -145,6 +152,107 @@ class RuntimeFaults:
     fail_check: bool = False
 
 
+
+
+# ---------------------------------------------------------------- the runtime's I/O
+
+
+class _SimTimer:
+    __slots__ = ("callback", "cancelled")
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class SimClock:
+    """The runtime's clock: the process's own time; a timer is an event of the
+    simulation at its deadline (``SimCoordinator.fire``)."""
+
+    def __init__(self, coordinator: SimCoordinator) -> None:
+        self.coordinator = coordinator
+
+    def now_ms(self) -> int:
+        return self.coordinator.now()
+
+    def call_at(self, deadline_ms: int, callback: Callable[[], None]) -> _SimTimer:
+        coordinator = self.coordinator
+        timer = _SimTimer(callback)
+        clock = coordinator.clock
+        when = deadline_ms if clock is None else clock.global_at(deadline_ms)
+        coordinator.sim.at(when, coordinator.fire, (coordinator.epoch, timer))
+        return timer
+
+
+class SimStore:
+    """The runtime's store: the simulated disk (or, with several coordinators, the
+    simulated database through the owner's fenced write)."""
+
+    def __init__(self, coordinator: SimCoordinator) -> None:
+        self.coordinator = coordinator
+
+    async def load(self) -> Snapshot:
+        return fold(self.coordinator.durable)
+
+    async def load_group(self, group_id: str) -> Snapshot:
+        coordinator = self.coordinator
+        future: asyncio.Future[Snapshot] = asyncio.get_running_loop().create_future()
+        ms = coordinator.disk_latency()
+        # A read on the slow disk ends when it ends, as a write does.
+        coordinator.inflight_done_at = max(coordinator.inflight_done_at,
+                                           coordinator.sim.now + ms)
+        coordinator.sim.after(ms, coordinator.loaded, (coordinator.epoch, group_id, future))
+        return await future
+
+    async def write(self, records: Sequence[Record]) -> float:
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self.coordinator.start_write(tuple(records), future)
+        return await future
+
+    async def rebalances(self, group_id: str, limit: int) -> list[dict[str, Any]]:
+        """The group's ``limit`` newest journal entries on the simulated disk, newest
+        first (their fields as the records hold them)."""
+        entries = [r for r in self.coordinator.durable
+                   if isinstance(r, JournalEntry) and r.group_id == group_id]
+        return [{"group_id": e.group_id, "generation_id": e.generation_id,
+                 "protocol_type": e.protocol_type, "protocol_name": e.protocol_name,
+                 "leader": e.leader, "member_count": len(e.members),
+                 "members": list(e.members), "joined": list(e.joined), "left": list(e.left),
+                 "reason": e.reason, "started_ms": e.started_ms, "ended_ms": e.ended_ms,
+                 "assignments": dict(e.assignments)} for e in reversed(entries[-limit:])]
+
+    def check(self) -> None:
+        coordinator = self.coordinator
+        if coordinator.faults.fail_check:
+            coordinator.faults.fail_check = False
+            coordinator.expect_stop = True
+            coordinator.sim.log("coord storage check FAILED")
+            raise StorageError("injected: the database is read-only")
+
+
+# Not a native class when mypyc compiles the simulator: it extends the runtime.
+@mypyc_attr(native_class=False)
+class SimRuntime(Runtime):
+    """The production runtime, its effects also shown to the simulation (the
+    checker's ``Applied``, the findings and the trace) before it carries them out."""
+
+    def __init__(self, coordinator: SimCoordinator, core: SimCore) -> None:
+        super().__init__(core, SimStore(coordinator), SimClock(coordinator),
+                         max_parked_requests=coordinator.max_parked_requests,
+                         max_parked_per_token=coordinator.max_parked_per_token,
+                         storage_check_interval_ms=coordinator.storage_check_ms,
+                         request_ids=coordinator.request_ids)
+        self.machine.trace = True
+        self.observer = coordinator
+
+    def _carry_out(self, effect: fx.MachineEffect) -> None:
+        self.observer.observe(effect)
+        super()._carry_out(effect)
+
+
 class SimCoordinator:
     def __init__(self, sim: Sim, net: Network, rng: random.Random, config: CoreConfig, *,
                  disk_ms: tuple[int, int], clock: DriftClock | None = None,
@@ -152,7 +260,7 @@ class SimCoordinator:
                  max_parked_per_token: int = _DEFAULTS.max_parked_per_token,
                  storage_check_ms: int = 0, tokens: dict[str, str] | None = None) -> None:
         self.sim, self.net, self.rng, self.config = sim, net, rng, config
-        #: the limits and the idle storage check each machine runs with.
+        #: the limits and the idle storage check each runtime runs with.
         self.max_parked_requests = max_parked_requests
         self.max_parked_per_token = max_parked_per_token
         self.storage_check_ms = storage_check_ms
@@ -162,9 +270,7 @@ class SimCoordinator:
         #: the record a refused write held (refused again in every write holding it).
         self._refused_record: Record | None = None
         #: a serving stop the world caused (a failed write or check) is expected.
-        self._expect_stop = False
-        #: when the idle storage check is due (None: not armed).
-        self._check_at: int | None = None
+        self.expect_stop = False
         #: the server exited on a failure (the world starts it again).
         self.on_exit: Callable[[], None] | None = None
         #: request id -> who waits for the answer of a call made in-process
@@ -188,17 +294,23 @@ class SimCoordinator:
         #: are dropped.
         self.epoch = 0
         self.core: SimCore | None = None
-        #: the runtime's machine; kept after an abandon until its write returns.
+        #: the runtime serving, its machine and its loop; kept after an abandon
+        #: until its write returns.
+        self.runtime: SimRuntime | None = None
         self.machine: rm.RuntimeMachine | None = None
+        self.loop: SimLoop | None = None
         self.durable: list[Record] = []
-        self._rid = 0
+        #: this server's request ids (``Runtime.new_request_id``), across restarts.
+        self.request_ids = itertools.count(1)
         self._member_ids = 0
         #: request id -> the connection waiting for its answer.
         self._conns: dict[int, Conn] = {}
-        #: key -> the deadline of the latest ArmTimer (an older event is dropped).
-        self._timers: dict[str, int] = {}
-        #: the records of the outstanding WriteRecords.
-        self._writing: tuple[Record, ...] | None = None
+        #: request id -> the future of a call the runtime answers later.
+        self._futures: dict[int, asyncio.Future[fx.Answer]] = {}
+        #: the outstanding write: its records and the future the store awaits.
+        self._writing: tuple[tuple[Record, ...], asyncio.Future[float]] | None = None
+        #: calls out of the process, made once the loop's step is over.
+        self._after_step: list[Callable[[], None]] = []
         #: hooks of the invariant checker.
         self.on_effects: Callable[[Command, list[Effect], Conn | None], None] | None = None
         self.on_restored: Callable[[], None] | None = None
@@ -221,27 +333,59 @@ class SimCoordinator:
         self._abandoning = False
 
     def now(self) -> int:
-        """The time the machine is given: the process's own clock."""
+        """The time the runtime is given: the process's own clock."""
         clock = self.clock
         return self.sim.now if clock is None else clock.local(self.sim.now)
+
+    # ------------------------------------------------------------ steps of the loop
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` on the process's loop, as one step. Inside a step already
+        (a call back in from the step's own hooks): at once, within it."""
+        loop = self.loop
+        assert loop is not None
+        if loop.is_running():
+            fn(*args)
+            return
+        loop.call_soon(fn, *args)
+        self._step(loop)
+
+    def _step(self, loop: SimLoop) -> None:
+        runtime = self.runtime
+        loop.step()
+        while self._after_step:
+            calls, self._after_step = self._after_step, []
+            for call in calls:
+                call()
+        if loop.dead:
+            loop.close()
+            return
+        if runtime is None or self.runtime is not runtime:
+            return
+        if self.on_step is not None:
+            self.on_step()
+        if runtime.failed.is_set() and self.up:
+            # The server exits on a failure (a supervisor restarts it).
+            self.sim.log(f"coord exits epoch={self.epoch}")
+            self._gone()
+            loop.close()
+            if self.on_exit is not None:
+                self.on_exit()
 
     # ------------------------------------------------------------ life cycle
 
     def start(self) -> None:
-        self.core = SimCore(self.config)
-        machine = self.machine = rm.RuntimeMachine(
-            self.core, max_parked_requests=self.max_parked_requests,
-            max_parked_per_token=self.max_parked_per_token,
-            storage_check_interval_ms=self.storage_check_ms)
-        machine.trace = True
+        core = self.core = SimCore(self.config)
+        loop = self.loop = SimLoop(self.core_errors)
+        runtime = self.runtime = SimRuntime(self, core)
+        self.machine = runtime.machine
         self._writing = None
-        self._check_at = None
-        self._expect_stop = False
+        self.expect_stop = False
         self.up = True
         self.sim.log(f"coord up epoch={self.epoch} records={len(self.durable)}")
-        machine.start(self.now(), fold(self.durable))
-        self._perform(machine)
-        if self.on_restored is not None:
+        loop.create_task(runtime.start())
+        self._step(loop)
+        if self.on_restored is not None and self.up:
             self.on_restored()
 
     def crash(self) -> None:
@@ -251,7 +395,10 @@ class SimCoordinator:
         machine = self.machine
         lost = machine.commits.pending_writes if machine is not None else 0
         self.sim.log(f"coord CRASH epoch={self.epoch} uncommitted={lost}")
+        loop = self.loop
         self._gone()
+        if loop is not None and not loop.is_running():
+            loop.close()
         conns, self._conns = self._conns, {}
         for rid in sorted(conns):
             conn = conns[rid]
@@ -259,59 +406,54 @@ class SimCoordinator:
                 self.net.reset(conn, "connection reset (coordinator crashed)")
 
     def _gone(self) -> None:
-        """This incarnation is over: nothing it armed or started counts any more."""
+        """This incarnation is over: nothing it armed or started counts any more
+        (its loop is closed once its step is over)."""
         self.up = False
         self.epoch += 1
         self.core = None
         self.machine = None
-        self._timers.clear()
+        self.runtime = None
+        if self.loop is not None:
+            self.loop.dead = True
+        self.loop = None
         self._writing = None
-        self._check_at = None
         self._calls.clear()
+        self._futures.clear()
 
     def new_request_id(self) -> int:
         """``Runtime.new_request_id``: the next request id of this server."""
-        self._rid += 1
-        return self._rid
+        return next(self.request_ids)
 
     def call(self, command: CallCommand, answered: Callable[[fx.Answer], None]) -> bool:
         """A call made in-process (the world's own client of another group), its
         ``request_id`` from :meth:`new_request_id`: its answer goes to
         ``answered``, unless the server goes down first."""
-        machine = self.machine
-        if not self.up or machine is None:
+        if not self.up or self.runtime is None:
             return False
-        rid = command.request_id
-        self._calls[rid] = answered
-        answer = machine.request(self.now(), rid, command)
-        self._perform(machine)
-        if answer is not None:
-            self._answer(rid, answer)
+        self._calls[command.request_id] = answered
+        self._run(self._request, command)
         return True
 
     def submit(self, command: Command) -> None:
         """``Runtime.submit``: a command whose answer nobody waits for."""
-        machine = self.machine
-        if self.up and machine is not None and machine.ready:
-            machine.apply(self.now(), command)
-            self._perform(machine)
+        runtime = self.runtime
+        if self.up and runtime is not None and runtime.ready:
+            self._run(runtime.submit, command)
 
     # ------------------------------------------------------------ the network side
 
     def on_request(self, conn: Conn) -> None:
-        machine = self.machine
-        if not self.up or machine is None:
+        core = self.core
+        if not self.up or core is None:
             self.net.reset(conn, "connection refused (coordinator down)")
             return
-        core = self.core
-        assert core is not None
         if conn.api == Api.RESOURCES:
             self.net.answer(conn, CatalogResponse(core.resources_epoch, dict(core.catalog()),
                                                   dict(core.catalog_placement())))
             return
         rid = conn.rid = self.new_request_id()
         request = conn.request
-        command: Command
+        command: CallCommand
         principal = self.tokens.get(conn.member.name)
         if isinstance(request, JoinRequest):
             if self.new_member_id is not None:
@@ -323,12 +465,24 @@ class SimCoordinator:
         elif conn.api == "sync":
             command = Sync(rid, request, principal)
         else:
-            command = _COMMANDS[type(request)](rid, request)
+            command = cast(CallCommand, _COMMANDS[type(request)](rid, request))
         self._conns[rid] = conn
-        answer = machine.request(self.now(), rid, command)
-        self._perform(machine)
-        if answer is not None:
+        self._run(self._request, command)
+
+    def _request(self, command: CallCommand) -> None:
+        runtime = self.runtime
+        assert runtime is not None
+        rid = command.request_id
+        answer = runtime.request(command)
+        if isinstance(answer, asyncio.Future):
+            self._futures[rid] = answer
+            answer.add_done_callback(partial(self._resolved, rid))
+        else:
             self._answer(rid, answer)
+
+    def _resolved(self, rid: int, future: asyncio.Future[fx.Answer]) -> None:
+        if self._futures.pop(rid, None) is future and not future.cancelled():
+            self._answer(rid, future.result())
 
     def awaited(self, rid: int) -> bool:
         """Whether a caller still waits for the answer of request ``rid``."""
@@ -336,12 +490,13 @@ class SimCoordinator:
 
     def on_close(self, conn: Conn) -> None:
         rid = conn.rid
-        machine = self.machine
-        if rid is None or not self.up or machine is None or self._conns.get(rid) is not conn:
+        if rid is None or not self.up or self._conns.get(rid) is not conn:
             return
         del self._conns[rid]
-        machine.caller_gone(self.now(), rid)
-        self._perform(machine)
+        future = self._futures.pop(rid, None)
+        if future is not None:
+            # The runtime's own callback on the future tells the core the caller went.
+            self._run(future.cancel)
 
     def _answer(self, rid: int, answer: fx.Answer) -> None:
         conn = self._conns.pop(rid, None)
@@ -358,56 +513,17 @@ class SimCoordinator:
         if self.on_resolved is not None:
             self.on_resolved(rid, answer)
 
-    # ------------------------------------------------------------ the machine's effects
+    # ------------------------------------------------------------ what the runtime did
 
-    def _perform(self, machine: rm.RuntimeMachine) -> None:
-        while machine.pending:
-            for effect in machine.take():
-                self._carry_out(machine, effect)
-        if self.on_step is not None and self.machine is machine:
-            self.on_step()
-        if machine.failed and self.machine is machine:
-            # The server exits on a failure (a supervisor restarts it).
-            self.sim.log(f"coord exits epoch={self.epoch}")
-            self._gone()
-            if self.on_exit is not None:
-                self.on_exit()
-
-    def _carry_out(self, machine: rm.RuntimeMachine, effect: fx.MachineEffect) -> None:
+    def observe(self, effect: fx.MachineEffect) -> None:
+        """An effect of the runtime's machine, before the runtime carries it out:
+        the checker's view, the findings and the trace."""
         match effect:
-            case fx.Answered(request_id=rid, answer=answer):
-                self._answer(rid, answer)
             case fx.Applied(command=command, effects=effects):
                 if self.on_effects is not None:
                     of = getattr(command, "request_id", None)
                     conn = self._conns.get(of) if isinstance(of, int) else None
                     self.on_effects(command, list(effects), conn)
-            case fx.ArmTimer(key=key, deadline_ms=deadline_ms):
-                self._timers[key] = deadline_ms
-                when = deadline_ms if self.clock is None else self.clock.global_at(deadline_ms)
-                self.sim.at(when, self._fire, (self.epoch, key, deadline_ms))
-            case fx.DisarmTimer(key=key):
-                self._timers.pop(key, None)
-            case fx.DisarmTimers():
-                self._timers.clear()
-            case fx.WriteDue():
-                # At once: the simulated process has no loop iteration to wait for.
-                machine.begin_write(self.now())
-            case fx.WriteRecords(records=records):
-                self._start_write(records)
-            case fx.LoadGroup(group_id=group_id):
-                ms = self._disk_latency()
-                # A read on the slow disk ends when it ends, as a write does.
-                self.inflight_done_at = max(self.inflight_done_at, self.sim.now + ms)
-                self.sim.after(ms, self._loaded, (self.epoch, group_id))
-            case fx.ArmStorageCheck(deadline_ms=deadline_ms):
-                self._check_at = deadline_ms
-                when = deadline_ms if self.clock is None else self.clock.global_at(deadline_ms)
-                self.sim.at(when, self._check_due, (self.epoch, deadline_ms))
-            case fx.DisarmStorageCheck():
-                self._check_at = None
-            case fx.CheckStorage():
-                self.sim.after(self._disk_latency(), self._checked, self.epoch)
             case fx.CoreRaised(command=name, error=error):
                 if not (isinstance(error, CoreFailure)
                         and isinstance(error.cause, InjectedFault)):
@@ -420,61 +536,61 @@ class SimCoordinator:
                 if self.on_restored is not None:
                     self.on_restored()
             case fx.ServingStopped(why=why):
-                if self._expect_stop:
-                    self._expect_stop = False
+                if self.expect_stop:
+                    self.expect_stop = False
                 else:
                     self.core_errors.append(f"stopped serving: {why}")
                 self.sim.log(f"coord STOPPED SERVING {why}")
-            case fx.Stopped():
-                self._stop_done()
             case GroupStateChanged():
                 self.sim.log(f"coord group {effect.old_state}->{effect.new_state} "
                              f"gen={effect.generation_id} {effect.reason}")
             case _:
-                pass  # metrics and log lines of the real runtime
+                pass
 
-    def _fire(self, arg: tuple[int, str, int]) -> None:
-        if self.gate is not None and self.gate(self._fire, arg):
+    def fire(self, arg: tuple[int, _SimTimer]) -> None:
+        """A timer of the runtime's clock is due."""
+        if self.gate is not None and self.gate(self.fire, arg):
             return
-        epoch, key, deadline = arg
-        machine = self.machine
-        if epoch != self.epoch or machine is None or self._timers.get(key) != deadline:
-            return  # re-armed, cancelled, or from before a crash
-        del self._timers[key]
-        machine.timer_due(self.now(), key)
-        self._perform(machine)
+        epoch, timer = arg
+        if epoch != self.epoch or timer.cancelled or self.loop is None:
+            return  # cancelled, or from before a crash
+        self._run(timer.callback)
 
     # ------------------------------------------------------------ storage
 
-    def _disk_latency(self) -> int:
+    def disk_latency(self) -> int:
         lo, hi = self.disk_ms
         ms = self.rng.randint(lo, hi)
         if self.sim.now < self.slow_disk_until:
             ms *= self.slow_disk_factor
         return ms
 
-    def _start_write(self, records: tuple[Record, ...]) -> None:
-        self._writing = records
-        if self.write is not None:
-            self.write(records)
+    def start_write(self, records: tuple[Record, ...], future: asyncio.Future[float]) -> None:
+        """``SimStore.write``: the write of ``records``, whose outcome ``future`` gets."""
+        self._writing = (records, future)
+        write = self.write
+        if write is not None:
+            # After the step: the owner may drop the partition at once (its lease).
+            self._after_step.append(lambda: write(records))
             return
         refuse = self.faults.refuse
         if refuse is not None:
             poisoned = next((r for r in records if record_group(r) == refuse[0]), None)
             if poisoned is not None:
                 self._refused_record = poisoned
-        ms = self._disk_latency()
+        ms = self.disk_latency()
         self.inflight_done_at = self.sim.now + ms
         self.sim.after(ms, self._written, (self.epoch, records, ms))
 
     def _written(self, arg: tuple[int, tuple[Record, ...], int]) -> None:
         epoch, records, ms = arg
-        machine = self.machine
-        if epoch != self.epoch or machine is None or self._writing is not records:
+        writing = self._writing
+        if epoch != self.epoch or writing is None or writing[0] is not records:
             return  # the crash lost it
         self._writing = None
-        now = self.now()
+        future = writing[1]
         poisoned = self._refused_record
+        error: Exception | None = None
         if poisoned is not None and any(r is poisoned for r in records):
             # The store cannot hold this record: nothing of the transaction is written.
             refuse = self.faults.refuse
@@ -482,50 +598,29 @@ class SimCoordinator:
             self.faults.refuse = None
             group_id = record_group(poisoned) if says else None
             self.sim.log(f"coord write REFUSED ({group_id or 'whose not said'})")
-            machine.write_refused(now, StoreRefusal(group_id, "injected: a value it cannot hold"))
+            error = RecordError(SIM_DISK, group_id, "injected: a value it cannot hold")
         elif self.faults.fail_write is not None:
             committed = self.faults.fail_write
             self.faults.fail_write = None
             if committed:
                 self.durable.extend(records)  # the COMMIT went through, its answer was lost
             self.sim.log(f"coord write FAILED (committed={committed})")
-            self._expect_stop = True
-            machine.write_failed(now, "injected: the database went away")
+            self.expect_stop = True
+            error = StorageError("injected: the database went away")
         else:
             self.durable.extend(records)
-            machine.write_done(now, ms / 1000)
-        self._perform(machine)
-
-    def _check_due(self, arg: tuple[int, int]) -> None:
-        epoch, deadline = arg
-        machine = self.machine
-        if epoch != self.epoch or machine is None or self._check_at != deadline:
-            return
-        self._check_at = None
-        machine.storage_check_due(self.now())
-        self._perform(machine)
-
-    def _checked(self, epoch: int) -> None:
-        machine = self.machine
-        if epoch != self.epoch or machine is None:
-            return
-        if self.faults.fail_check:
-            self.faults.fail_check = False
-            self._expect_stop = True
-            self.sim.log("coord storage check FAILED")
-            machine.storage_failed(self.now(), "injected: the database is read-only")
+        if error is None:
+            self._run(future.set_result, ms / 1000)
         else:
-            machine.storage_checked(self.now())
-        self._perform(machine)
+            self._run(future.set_exception, error)
 
-    def _loaded(self, arg: tuple[int, str]) -> None:
-        epoch, group_id = arg
-        machine = self.machine
-        if epoch != self.epoch or machine is None:
+    def loaded(self, arg: tuple[int, str, asyncio.Future[Snapshot]]) -> None:
+        """``SimStore.load_group``: the group's committed records are read."""
+        epoch, group_id, future = arg
+        if epoch != self.epoch or future.done() or self.loop is None:
             return
-        machine.group_loaded(self.now(), group_id,
-                             fold([r for r in self.durable if record_group(r) == group_id]))
-        self._perform(machine)
+        self._run(future.set_result,
+                  fold([r for r in self.durable if record_group(r) == group_id]))
 
     # ------------------------------------------------------------ several coordinators
 
@@ -533,36 +628,46 @@ class SimCoordinator:
         """The database answered the write of ``records``: committed (``ok``) or not
         (the owner drops the partition first). A hand-off abandoned meanwhile goes
         on now: ``Runtime.stop`` waits for the write in flight, whatever happened."""
-        machine = self.machine
-        if machine is None or self._writing is not records:
+        writing = self._writing
+        if self.loop is None or writing is None or writing[0] is not records:
             return
         self._writing = None
+        future = writing[1]
         if ok:
             if self.up:
                 self.durable.extend(records)
-            machine.write_done(self.now(), 0.0)
+            self._run(future.set_result, 0.0)
         else:
-            machine.write_failed(self.now(), "the database did not take the write")
-        self._perform(machine)
+            self._run(future.set_exception, StorageError("the database did not take the write"))
+        if not self.up:
+            self._drop_abandoned()
 
     def abandon(self) -> None:
         """``Runtime.abandon``: serve nothing more from memory at once -- timers and
         uncommitted writes dropped, every waiting call answered
         ``COORDINATOR_NOT_AVAILABLE`` (its outcome unknown: a write in flight may
-        still commit). A hand-off in progress ends when that write returns."""
-        machine = self.machine
-        if not self.up or machine is None:
+        still commit). The runtime is kept until that write returns
+        (:meth:`write_result`); a hand-off in progress ends then."""
+        runtime = self.runtime
+        if not self.up or runtime is None:
             return
         self._abandoning = True
-        machine.abandon(self.now())
-        self._perform(machine)
+        self._run(runtime.abandon)
         self._abandoning = False
         self.up = False
         self.epoch += 1
         self.core = None
-        self._timers.clear()
-        if not machine.writing:
-            self.machine = None
+        if not runtime.machine.writing:
+            self._drop_abandoned()
+
+    def _drop_abandoned(self) -> None:
+        """An abandoned runtime with no write in flight: nothing of it runs any more."""
+        loop = self.loop
+        self.machine = self.runtime = self.loop = None
+        if loop is not None:
+            loop.dead = True
+            if not loop.is_running():
+                loop.close()
 
     def stop(self, done: Callable[[], None],
              code: ErrorCode = ErrorCode.NOT_COORDINATOR) -> None:
@@ -570,15 +675,19 @@ class SimCoordinator:
         then every call still waiting answered ``code`` (nothing was done for it);
         then ``done()``. ``NOT_COORDINATOR``: a hand-off; ``COORDINATOR_NOT_AVAILABLE``:
         the server shutting down."""
-        machine = self.machine
-        if not self.up or machine is None:
+        runtime = self.runtime
+        if not self.up or runtime is None:
             done()
             return
         self._stopped = done
-        machine.stop(self.now(), code)
-        self._perform(machine)
+        self._run(self._begin_stop, runtime, code)
 
-    def _stop_done(self) -> None:
+    def _begin_stop(self, runtime: SimRuntime, code: ErrorCode) -> None:
+        loop = self.loop
+        assert loop is not None
+        loop.create_task(runtime.stop(code)).add_done_callback(self._stop_done)
+
+    def _stop_done(self, _: asyncio.Task[None]) -> None:
         done, self._stopped = self._stopped, None
         if self.up:
             self._gone()
@@ -589,7 +698,7 @@ class SimCoordinator:
         if self._abandoning:
             self.sim.after(0, lambda _: done())
         else:
-            done()
+            self._after_step.append(done)
 
     # ------------------------------------------------------------ admin helpers
 

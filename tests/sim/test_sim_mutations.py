@@ -1,7 +1,9 @@
 """The simulator catches mutations of the runtime it drives (docs/reliability.md).
 
-Each test breaks one rule of ``coordinator/runtime/machine.py`` in this
-process (the simulator's coordinator runs that very machine) and runs seeds
+Each test breaks one rule of the runtime -- its machine
+(``coordinator/runtime/machine.py``) or its asyncio shell
+(``coordinator/runtime/runtime.py``) -- in this process (the simulator's
+coordinator runs that very runtime) and runs seeds
 from 0 until one reports a violation, at most ``MAX_SEEDS``: the checker must
 find it, and name the rule broken. The runtime's own faults the simulator
 draws (a core failure over one group, a record the store refuses, a failed
@@ -16,8 +18,10 @@ import pytest
 from coordinator.core.commands import Command
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.effects import Effect
+from coordinator.core.records import Record
 from coordinator.runtime.commits import Batch, Commits
 from coordinator.runtime.machine import RuntimeMachine
+from coordinator.runtime.runtime import Runtime
 from sim import SeedResult, report, run_seed
 
 #: how many seeds a mutation may take to be found.
@@ -52,6 +56,37 @@ def test_a_parked_slot_not_freed_when_its_caller_goes_is_found(
         self._waiters.pop(request_id, None)
 
     monkeypatch.setattr(RuntimeMachine, "caller_gone", forget_the_caller_only)
+    found = first_violation()
+    assert found is not None, f"no violation in {MAX_SEEDS} seeds"
+    assert any("parked:" in v and "its caller gone" in v for v in found.violations), \
+        report(found)
+
+
+def test_the_shell_reporting_a_write_done_before_the_store_returns_is_found(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation of the asyncio shell: a write is reported committed to the
+    machine as soon as it starts, so the replies waiting for it go out before
+    the store has it."""
+    async def done_at_once(self: Runtime, records: list[Record]) -> None:
+        self._writer = None
+        self.machine.write_done(self.clock.now_ms(), 0.0)
+        self._perform()
+        await self.storage.write(records)
+
+    monkeypatch.setattr(Runtime, "_write", done_at_once)
+    found = first_violation()
+    assert found is not None, f"no violation in {MAX_SEEDS} seeds"
+    assert any("reply after commit:" in v for v in found.violations), report(found)
+
+
+def test_the_shell_not_telling_the_machine_a_caller_went_is_found(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation of the asyncio shell: a cancelled future (the caller's connection
+    closed) is forgotten, the machine never told: the call stays parked."""
+    def forget_the_future(self: Runtime, request_id: int, future: object) -> None:
+        self._futures.pop(request_id, None)
+
+    monkeypatch.setattr(Runtime, "_caller_gone", forget_the_future)
     found = first_violation()
     assert found is not None, f"no violation in {MAX_SEEDS} seeds"
     assert any("parked:" in v and "its caller gone" in v for v in found.violations), \
