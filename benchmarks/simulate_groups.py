@@ -24,13 +24,14 @@ failover; tests/sim/cluster.py).
 ``--coverage`` measures which lines of the production code the simulator
 drives the seeds run (coverage.py, a dev dependency): the runtime, its
 asyncio shell and its machine (coordinator/runtime: runtime.py, machine.py,
-effects.py, commits.py), the member's machine (client/member_state/*.py, and
-its router's client/routing.py) and the partition host's
+effects.py, commits.py), the member, its asyncio shell and its machine
+(client/member.py, client/member_state/*.py, and its router's
+client/routing.py) and the partition host's machine
 (coordinator/cluster/host_machine.py, host_effects.py). Each worker process records its own data,
 combined at the end; it prints each file's line coverage and names those
-under 80 %; ``--show-missing`` adds the lines not run. The asyncio shells of
-the member and the host (client/member.py, coordinator/cluster/host.py) are
-not run by the simulator and not listed.
+under 80 %; ``--show-missing`` adds the lines not run. The partition host's
+asyncio shell (coordinator/cluster/host.py) is not run by the simulator and
+not listed.
 
 ``--compiled DIR`` runs the same seeds 1.6-1.9 times as fast on modules
 compiled by mypyc: build them first, outside the source tree, with
@@ -151,7 +152,7 @@ class Totals:
 #: the production code the simulator drives (globs under the repository root).
 COVERED = ("coordinator/runtime/runtime.py", "coordinator/runtime/machine.py",
            "coordinator/runtime/effects.py", "coordinator/runtime/commits.py",
-           "client/member_state/*.py", "client/routing.py",
+           "client/member.py", "client/member_state/*.py", "client/routing.py",
            "coordinator/cluster/host_machine.py", "coordinator/cluster/host_effects.py")
 #: the line coverage a file of COVERED is expected to reach.
 COVERAGE_TARGET = 80.0

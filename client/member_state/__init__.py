@@ -1,8 +1,8 @@
 """The group member as a sans-IO state machine (docs/architecture.md practice 7).
 
 The driver (:class:`~client.member_state.driver.MemberDriver`, itself sans-IO,
-run by ``client/member.py`` on asyncio and by the simulator's
-``tests/sim/member.py`` on simulated events) asks
+run by ``client/member.py`` on asyncio, which the simulator's
+``tests/sim/member.py`` runs on a simulated clock and network) asks
 :meth:`MemberStateMachine.next_action` what to do at time ``now_ms``, turns
 it into effects for its runtime and reports the outcomes back; see
 :mod:`client.member_state.machine`. The package:

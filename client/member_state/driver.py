@@ -33,8 +33,8 @@ effect             the runtime
 After each step the runtime waits until :attr:`MemberDriver.wake_at` (on
 the member's clock; ``None``: no deadline), an answer on a channel, or a
 poke (``close``, ``subscribe``, a commit's answer), whichever comes first,
-and steps again. Two runtimes use it: ``GroupMember`` (:mod:`client.member`,
-asyncio) and the deterministic simulator (``tests/sim/member.py``).
+and steps again. Its runtime is ``GroupMember`` (:mod:`client.member`,
+asyncio), which the deterministic simulator (``tests/sim/member.py``) runs too.
 
 While a callback runs, a step runs only the side channel (its heartbeat, in
 every state, closing included): an ``async`` callback keeps the member's

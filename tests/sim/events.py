@@ -34,6 +34,9 @@ class Sim:
         self.keep_trace = keep_trace
         self.trace: list[str] = []
         self.events = 0
+        #: what ends with the run: each simulated process's event loop is shut
+        #: down (World.run calls these once the last event ran).
+        self.at_end: list[Callable[[], None]] = []
 
     def at(self, when: int, fn: Callable[[Any], None], arg: Any = None) -> None:
         """Run ``fn(arg)`` at global time ``when`` (never in the past)."""

@@ -1,59 +1,55 @@
-"""A member under simulation: the real machine and the real driver
-(:class:`~client.member_state.driver.MemberDriver`, the step object
-``GroupMember`` runs on asyncio) on simulation events, and an application
-that acts on ``assignment``.
+"""A member under simulation: the production ``GroupMember`` -- its asyncio
+shell, its driver (:class:`~client.member_state.driver.MemberDriver`) and its
+machine -- on an event loop of its own that the simulation steps
+(:class:`~sim.loop.SimLoop`), and an application that acts on its assignment.
 
 What is simulation here, and only that:
 
-- the runtime around the driver: each wake-up is an event at the driver's
-  ``wake_at`` (on the member's own :class:`~sim.events.DriftClock`), its
-  ``Send`` effects open connections on the simulated network, answers and
-  failures come back as events, a ``Cancel`` closes the connection;
-- the listener callbacks, which take simulated time (``on_revoked`` commits
-  the final checkpoints first, as the chaos worker does); they are
-  coroutines, so the driver runs the side channel meanwhile;
+- the member's clock (:class:`SimMemberClock`): the process's
+  :class:`~sim.events.DriftClock`; a timer armed on it (every wait of the
+  member: its driver's ``wake_at``, a call's timeout, a close's) is an event
+  of the simulation at its deadline, run on the member's loop;
+- its transport (:class:`SimTransport`): a call opens a connection on the
+  simulated network (through the member's router with several
+  coordinators, :class:`~sim.cluster.SimRouter`); its answer or failure
+  comes back as an event; a call the member cancels closes its connection;
+- the listener (:class:`SimListener`): each callback is a coroutine that
+  takes simulated time (``on_revoked`` commits the final checkpoints first,
+  as the chaos worker does), so the member runs the side channel meanwhile;
 - the application: it ticks every ``commit_interval_ms``, acts on
-  ``machine.owned_at(now)`` (the ``assignment`` property of ``GroupMember``)
-  and commits a checkpoint for each resource it acts on, one commit at a
-  time, built and bounded by ``MemberDriver.commit_call`` as
-  ``GroupMember.commit`` does;
-- faults: a crash closes every connection and runs nothing more; a paused
-  process (the zombie) runs nothing: every event addressed to it is kept and
-  replayed in order when it resumes; its clock keeps running, so its
-  ``owned_at`` still empties at its safety deadline.
+  ``owned_at(now)`` (the ``assignment`` property), reports its loads
+  (placement seeds) and commits a checkpoint for each resource it acts on
+  with ``GroupMember.commit``, one commit at a time;
+- faults: a crash loses the loop with everything of the process and closes
+  every connection; a paused process (the zombie) runs nothing: every event
+  addressed to it is kept and replayed in order when it resumes; its clock
+  keeps running, so its ``owned_at`` still empties at its safety deadline.
+
+Each event of the member (an answer, a timer, the application's tick) is one
+step of its loop: the callback, then everything it made ready, until the
+loop would wait.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
-from client.errors import (
-    CoordinatorUnavailableError,
-    GroupCoordError,
-)
-from client.member_state import (
-    Call,
-    CallbackKind,
-    InvokeListener,
-    MemberConfig,
-    MemberStateMachine,
-    Resource,
-)
-from client.member_state.driver import (
-    Cancel,
-    Channel,
-    DriverEffect,
-    MemberDriver,
-    Send,
-    StartWarmup,
-    Stopped,
-)
-from protocol.messages import CommitRequest, JoinRequest, SyncResponse
+from prometheus_client import CollectorRegistry
+
+from client.errors import CoordinatorUnavailableError, FatalMemberError, GroupCoordError
+from client.member import GroupMember
+from client.member_state import CallbackKind, InvokeListener, MemberConfig, Resource
+from client.member_state.driver import Channel
+from protocol.messages import Api, CommitRequest, JoinRequest, SyncResponse
 from protocol.resources import MemberMetadata, ResourceAssignment
 from protocol.validate import ValidationError
 from sim.cluster import SimRouter
+from sim.loop import SimLoop
 
 if TYPE_CHECKING:
     from sim.events import DriftClock
@@ -63,12 +59,92 @@ if TYPE_CHECKING:
 __all__ = ["SimMember"]
 
 UP, PAUSED, DEAD, STOPPED = "up", "paused", "dead", "stopped"
+#: GroupMember's settings that are MemberConfig's fields (all but the group and sets).
+_SETTINGS = tuple(f.name for f in dataclasses.fields(MemberConfig)
+                  if f.init and f.name not in ("group_id", "sets"))
+
+
+class _Timer:
+    __slots__ = ("callback", "cancelled")
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class SimMemberClock:
+    """The member's clock (``GroupMember(clock=...)``): its process's drifting
+    clock; a timer is an event at the global instant the clock reads its deadline."""
+
+    def __init__(self, member: SimMember) -> None:
+        self.member = member
+
+    def now_ms(self) -> int:
+        return self.member.local()
+
+    def call_at(self, deadline_ms: int, callback: Callable[[], None]) -> _Timer:
+        member = self.member
+        timer = _Timer(callback)
+        member.sim.at(member.clock.global_at(deadline_ms), member.timer_due, timer)
+        return timer
+
+
+class SimTransport:
+    """The member's transport: each call a connection on the simulated network."""
+
+    def __init__(self, member: SimMember) -> None:
+        self.member = member
+
+    async def call(self, api: str, request: Any) -> Any:
+        member = self.member
+        if member.state == DEAD:
+            raise CoordinatorUnavailableError(f"{api}: the process is gone")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        conn = member.open(api, request, future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            member.cancelled(conn)
+            raise
+
+    def timed_out(self, api: str) -> None:
+        """The member's own timeout ended a call: its router gives the
+        coordinator up (``CoordinatorRouter.timed_out``)."""
+        router = self.member.router
+        if router is not None:
+            router.routing.timed_out(api)
+
+
+class SimListener:
+    """The application's callbacks: each takes simulated time."""
+
+    def __init__(self, member: SimMember) -> None:
+        self.member = member
+
+    async def on_assigned(self, resources: set[Resource]) -> None:
+        await self.member.callback(CallbackKind.ASSIGNED, resources)
+
+    async def on_revoked(self, resources: set[Resource]) -> None:
+        await self.member.callback(CallbackKind.REVOKED, resources)
+
+    async def on_lost(self, resources: set[Resource]) -> None:
+        await self.member.callback(CallbackKind.LOST, resources)
+
+    async def on_standby_dropped(self, resources: set[Resource]) -> None:
+        await self.member.callback(CallbackKind.STANDBY_DROPPED, resources)
+
+    async def on_standby(self, resources: set[Resource]) -> None:
+        await self.member.warm_up(frozenset(resources))
 
 
 class SimMember:
     def __init__(self, world: World, name: str, incarnation: int, config: MemberConfig,
                  clock: DriftClock, link: Link, rng: random.Random, *,
-                 commit_interval_ms: int, listener_ms: tuple[int, int]) -> None:
+                 commit_interval_ms: int, listener_ms: tuple[int, int],
+                 registry: CollectorRegistry | None = None) -> None:
         self.world = world
         self.sim = world.sim
         self.name = name
@@ -78,24 +154,45 @@ class SimMember:
         self.clock = clock
         self.link = link
         self.rng = rng
-        self.machine = MemberStateMachine(config, rng=rng.random, assignor_clock=world.wall_ms,
-                                          incarnation=self.tag)
         self.state = UP
         self.commit_interval_ms = commit_interval_ms
         self.listener_ms = listener_ms
-        #: the connection of the call in flight on each of the driver's channels.
-        self.main: Conn | None = None
+        #: the process's event loop; its errors are findings.
+        self.loop = SimLoop(world.core_errors)
+        settings: dict[str, Any] = {name: getattr(config, name) for name in _SETTINGS}
+        #: how the application reports its loads (placement seeds): from its tick
+        #: (``report_load``), or when the member asks (``load_callback``: a plain
+        #: function, or a coroutine that takes simulated time).
+        self.load_by = (rng.choice(("tick", "callback", "coroutine")) if world.config.placed
+                        else "tick")
+        load_callback = {"callback": self._loads,
+                         "coroutine": self._measure_loads}.get(self.load_by)
+        #: the production member this process runs.
+        self.member = GroupMember(SimTransport(self), config.group_id, config.sets,
+                                  listener=SimListener(self), clock=SimMemberClock(self),
+                                  rng=rng.random, wall_clock=world.wall_ms,
+                                  registry=registry, load_callback=load_callback, **settings)
+        # The checker reads the member's machine and driver (its state, what it
+        # owns, its safety deadline, the callback running).
+        self.machine = self.member._machine
+        self.driver = self.member._driver
+        # A static member's incarnation id names this process in the trace
+        # (GroupMember draws a random one).
+        self.machine.incarnation = self.tag
+        #: each open call's connection -> the future its answer resolves.
+        self._calls: dict[Conn, asyncio.Future[Any]] = {}
+        #: the side channel's call in flight (a heartbeat beside the main channel).
         self.bg: Conn | None = None
-        #: the driver GroupMember runs; this class is its runtime.
-        self.driver = MemberDriver(self.machine)
-        self.commit_conn: Conn | None = None
-        self.commit_request: CommitRequest | None = None
-        self.commit_value = 0
-        #: the running listener waits for the commit lock with these resources.
-        self.listener_commit: frozenset[Resource] | None = None
-        self._wake_token = 0
+        #: the application's commit in flight, and the request it sent.
+        self.committing = False
+        self.commit_sent: CommitRequest | None = None
+        #: on_revoked's final commit is under way (the tick's commits wait).
+        self.listener_commit = False
         #: close() was called (a drain closes the member itself once drained).
         self.asked_to_close = False
+        #: inside ``async with``: it had its first assignment; told to leave it.
+        self.working = False
+        self._stop_asked: asyncio.Future[None] | None = None
         self.deferred: list[tuple[Callable[[Any], None], Any]] = []
         #: what the latest join claimed (KIP-429 ``owned``) and the latest delivered sync.
         self.join_claims: frozenset[Resource] = frozenset()
@@ -105,32 +202,20 @@ class SimMember:
         #: report may name only a standby whose latest warm-up ended.
         self.latest_warmup: dict[Resource, int] = {}
         self.warmups_ended: set[int] = set()
+        self._warmups = 0
         #: ``owned_at`` as the invariant checker last saw it.
         self.seen: frozenset[Resource] = frozenset()
         #: several coordinators: this process's router (None: one coordinator).
         self.router = SimRouter(self, world.cluster) if world.cluster is not None else None
+        self.sim.at_end.append(self.shut_down)
 
-    # ------------------------------------------------------------ clock and wake-ups
+    # ------------------------------------------------------------ clock and steps
 
     def local(self) -> int:
-        # DriftClock.local, inlined: the driver reads its clock at every step.
+        # DriftClock.local, inlined: the member reads its clock at every step.
         clock = self.clock
         g = self.sim.now
         return clock.offset + g + (g * clock.ppm) // 1_000_000
-
-    def _wake_at(self, local_ms: int | None) -> None:
-        self._wake_token += 1
-        if local_ms is None:
-            return
-        self.sim.at(self.clock.global_at(local_ms), self._wake, self._wake_token)
-
-    def _wake(self, token: int) -> None:
-        if token != self._wake_token or self.state != UP:
-            if self.state == PAUSED and token == self._wake_token:
-                self.deferred.append((self._wake, token))
-            return
-        self.run()
-        self.world.touched(self)
 
     def _defer(self, fn: Callable[[Any], None], arg: Any) -> bool:
         """Keep an event for after a pause; True when it must not run now."""
@@ -139,73 +224,117 @@ class SimMember:
             return True
         return self.state != UP
 
-    # ------------------------------------------------------------ the driver
+    def run(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` as one step of the member's loop (at once when inside one)."""
+        loop = self.loop
+        if loop.is_running():
+            fn(*args)
+            return
+        loop.call_soon(fn, *args)
+        loop.step()
+
+    def _task(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        self.loop.create_task(coroutine)
+
+    def timer_due(self, timer: _Timer) -> None:
+        """A timer of the member's clock is due."""
+        if self._defer(self.timer_due, timer):
+            return
+        if not timer.cancelled:
+            self.run(timer.callback)
+            self.world.touched(self)
+
+    async def sleep(self, ms: int) -> None:
+        """Simulated work of the application, on the member's clock."""
+        future: asyncio.Future[None] = self.loop.create_future()
+        SimMemberClock(self).call_at(self.local() + ms,
+                                     lambda: None if future.done() else future.set_result(None))
+        await future
+
+    # ------------------------------------------------------------ life cycle
 
     def start(self) -> None:
         self.sim.log(f"{self.tag} start {self.config.assignors} "
                      f"static={self.config.group_instance_id is not None}")
-        self.run()
+        self.run(self._begin)
         self._schedule_tick()
 
-    def run(self) -> None:
-        """Step the driver now and perform what it decides."""
-        if self.state != UP:
-            return
-        driver = self.driver
-        effects = driver.step(self.local())
-        self._apply(effects)
-        if effects and isinstance(effects[-1], InvokeListener):
-            # The callback started; it is a coroutine, so the driver is stepped
-            # at once while it runs (the side channel).
-            self._apply(driver.step(self.local()))
-        if driver.stopped:
-            return
-        self._wake_at(driver.wake_at)
+    def _begin(self) -> None:
+        self._stop_asked = self.loop.create_future()
+        self._task(self._main())
+        self._task(self._watch())
 
-    def _apply(self, effects: list[DriverEffect]) -> None:
-        for effect in effects:
-            if isinstance(effect, Send):
-                self._send(effect.channel, effect.call)
-            elif isinstance(effect, Cancel):
-                conn = self.main if effect.channel is Channel.MAIN else self.bg
-                if effect.channel is Channel.MAIN:
-                    self.main = None
-                else:
-                    self.bg = None
-                if conn is not None:
-                    if effect.timed_out:
-                        self._timed_out(conn)
-                    self.world.net.close(conn)
-            elif isinstance(effect, InvokeListener):
-                self._start_listener(effect)
-            elif isinstance(effect, StartWarmup):
-                # on_standby, beside the driver's steps: it takes simulated time.
-                self.sim.log(f"{self.tag} on_standby {sorted(effect.resources)}")
-                self.world.on_warmup(self, effect.resources)
-                for r in effect.resources:
-                    self.latest_warmup[r] = effect.run
-                lo, hi = self.listener_ms
-                self.sim.after(self.rng.randint(lo, hi), self._warmup_end,
-                               (self.incarnation, effect))
-            elif isinstance(effect, Stopped):
-                self._stop(effect)
-            else:
-                # MeasureLoad: asked only of a driver given a load callback; the
-                # simulator's members report their loads themselves.
-                raise AssertionError(f"{self.tag}: unexpected driver effect {effect!r}")
+    async def _main(self) -> None:
+        """The worker's main: ``async with GroupMember(...)`` -- start, wait for
+        the first assignment, work (the ticks) until asked to stop, close."""
+        with contextlib.suppress(GroupCoordError):  # it failed: its stop says so
+            async with self.member:
+                self.working = True
+                await self._stop_asked
 
-    def _send(self, channel: Channel, call: Call) -> None:
-        if channel is Channel.SIDE:
-            if self.sim.verbose:
-                self.sim.log(f"{self.tag} send bg-heartbeat {_brief(call.request)}")
-            self.bg = self.world.net.open(self, call.api, call.request)
+    def shut_down(self, _: Any = None) -> None:
+        """The process is gone (killed, stopped, or the run is over): its tasks
+        are cancelled and run to their end -- nothing of them reaches the
+        network any more -- and its loop is closed."""
+        loop = self.loop
+        if loop.is_closed():
             return
+        if self.state in (UP, PAUSED):
+            self.state = DEAD
+        loop.dead = True
+        for _ in range(10):
+            tasks = asyncio.all_tasks(loop)
+            if not tasks:
+                break
+            for task in tasks:
+                task.cancel()
+            loop.step()
+        loop.close()
+
+    async def _watch(self) -> None:
+        """The member's driver task ended: it stopped (left, closed, or failed)."""
+        with contextlib.suppress(GroupCoordError):  # its failure: read below
+            await self.member.wait_closed()
+        if self.state in (UP, PAUSED):
+            failure = self.member.failure
+            error = failure if isinstance(failure, FatalMemberError) else None
+            self.state = STOPPED
+            self.sim.log(f"{self.tag} stopped error={error!r}")
+            self.world.member_stopped(self, error)
+            self.sim.after(0, self.shut_down)
+
+    @property
+    def listener(self) -> InvokeListener | None:
+        """The listener callback running."""
+        return self.driver.callback
+
+    # ------------------------------------------------------------ the network side
+
+    def open(self, api: str, request: Any, future: asyncio.Future[Any]) -> Conn:
+        """``SimTransport.call``: a connection for the call, its answer to ``future``."""
+        side = self.driver.in_flight(Channel.SIDE)
         if self.sim.verbose:
-            self.sim.log(f"{self.tag} send {call.api} {_brief(call.request)}")
-        if isinstance(call.request, JoinRequest):
-            self.world.on_join_sent(self, call.request)
-            self.join_claims = _claims(call.request)
-        self.main = self.world.net.open(self, call.api, call.request)
+            what = ("bg-heartbeat" if side is not None and side.request is request
+                    else "commit" if api == Api.COMMIT else api)
+            self.sim.log(f"{self.tag} send {what} {_brief(request)}")
+        if isinstance(request, JoinRequest):
+            self.world.on_join_sent(self, request)
+            self.join_claims = _claims(request)
+        elif isinstance(request, CommitRequest):
+            self.world.on_commit_sent(self, request, self.local())
+            self.commit_sent = request
+        conn = self.world.net.open(self, api, request)
+        self._calls[conn] = future
+        if side is not None and side.request is request:
+            self.bg = conn
+        return conn
+
+    def cancelled(self, conn: Conn) -> None:
+        """The member gave up on a call (its timeout, a cancel): the connection closes."""
+        if self._calls.pop(conn, None) is not None:
+            if conn is self.bg:
+                self.bg = None
+            self.world.net.close(conn)
 
     def on_answer(self, arg: tuple[Conn, Any, int]) -> None:
         if self._defer(self.on_answer, arg):
@@ -221,29 +350,21 @@ class SimMember:
         self._deliver(conn, response)
 
     def _deliver(self, conn: Conn, response: Any) -> None:
+        future = self._calls.pop(conn, None)
+        if future is None:
+            return
         if not self.world.config.faulty:
             self.world.on_response(self, conn, response)
-        now = self.local()
+        if conn is self.bg:
+            self.bg = None
         if self.sim.verbose:
             self.sim.log(f"{self.tag} recv {conn.api} {_brief(response)}")
-        if conn is self.main:
-            self.main = None
-            if isinstance(response, Exception):
-                self.driver.failed(Channel.MAIN, now, response)
-            else:
-                if isinstance(response, SyncResponse) and response.error is None:
-                    self._note_sync(response)
-                self.driver.answered(Channel.MAIN, now, response)
-            self.run()
-        elif conn is self.bg:
-            self.bg = None
-            if isinstance(response, Exception):
-                self.driver.failed(Channel.SIDE, now, response)
-            else:
-                self.driver.answered(Channel.SIDE, now, response)
-            self.run()
-        elif conn is self.commit_conn:
-            self._commit_done(now, response)
+        if isinstance(response, SyncResponse) and response.error is None:
+            self._note_sync(response)
+        if isinstance(response, Exception):
+            self.run(_fail, future, response)
+        else:
+            self.run(_resolve, future, response)
         self.world.touched(self)
 
     def _note_sync(self, response: SyncResponse) -> None:
@@ -257,48 +378,46 @@ class SimMember:
         self.last_assigned = assigned
         self.planned_revoke = self.join_claims - assigned
 
-    def _stop(self, stopped: Stopped) -> None:
-        self.state = STOPPED
-        self._wake_token += 1
-        self.sim.log(f"{self.tag} stopped error={stopped.error!r}")
-        self.world.member_stopped(self, stopped.error)
-
     # ------------------------------------------------------------ listeners
 
-    @property
-    def listener(self) -> InvokeListener | None:
-        """The listener callback running."""
-        return self.driver.callback
-
-    def _start_listener(self, action: InvokeListener) -> None:
-        self.sim.log(f"{self.tag} on_{action.kind.value} {sorted(action.resources)}")
-        self.world.on_listener(self, action)
-        if action.kind is CallbackKind.REVOKED and action.resources:
+    async def callback(self, kind: CallbackKind, resources: set[Resource]) -> None:
+        """A listener callback: simulated work (``on_revoked``: the final commits first)."""
+        self.sim.log(f"{self.tag} on_{kind.value} {sorted(resources)}")
+        self.world.on_listener(self, InvokeListener(kind, frozenset(resources)))
+        if kind is CallbackKind.ASSIGNED and resources:
+            # Beside the callback, as an application reads its state back.
+            self._task(self._read_back(frozenset(resources)))
+        if kind is CallbackKind.REVOKED and resources:
             # The hand-over: final checkpoints, then the resources are given up.
-            self.listener_commit = action.resources
-            self._commit(action.resources)
-            return
-        self._listener_work()
-
-    def _listener_work(self) -> None:
+            self.listener_commit = True
+            try:
+                await self._commit(frozenset(resources))
+            finally:
+                self.listener_commit = False
         lo, hi = self.listener_ms
-        self.sim.after(self.rng.randint(lo, hi), self._listener_end, self.incarnation)
+        await self.sleep(self.rng.randint(lo, hi))
 
-    def _listener_end(self, _: int) -> None:
-        if self._defer(self._listener_end, _):
-            return
-        assert self.driver.callback is not None
-        self.driver.callback_returned(self.local())
-        self.run()
-        self.world.touched(self)
+    async def _read_back(self, resources: frozenset[Resource]) -> None:
+        """What a new owner does first: read the checkpoints of what it was given
+        (``GroupMember.fetch``), each at least the value last acknowledged."""
+        floors = {r: self.world.acked[r] for r in resources if r in self.world.acked}
+        try:
+            found = await self.member.fetch(resources)
+        except GroupCoordError:
+            return  # no coordinator, or no answer in time: nothing read
+        self.world.on_fetched(self, floors, found)
 
-    def _warmup_end(self, arg: tuple[int, StartWarmup]) -> None:
-        if self._defer(self._warmup_end, arg):
-            return
-        self.warmups_ended.add(arg[1].run)
-        self.driver.warmup_done(self.local(), arg[1])
-        self.run()
-        self.world.touched(self)
+    async def warm_up(self, resources: frozenset[Resource]) -> None:
+        """``on_standby``: it takes simulated time, beside the member's steps."""
+        self.sim.log(f"{self.tag} on_standby {sorted(resources)}")
+        self.world.on_warmup(self, resources)
+        self._warmups += 1
+        run = self._warmups
+        for r in resources:
+            self.latest_warmup[r] = run
+        lo, hi = self.listener_ms
+        await self.sleep(self.rng.randint(lo, hi))
+        self.warmups_ended.add(run)
 
     # ------------------------------------------------------------ the application
 
@@ -309,68 +428,62 @@ class SimMember:
     def _tick(self, _: int) -> None:
         if self._defer(self._tick, _):
             return
-        now = self.local()
-        owned = self.machine.owned_at(now)
-        self.world.on_act(self, owned, now)
-        # What the application measured (placement seeds); a load outside the
-        # band the leader gave asks for a rejoin.
-        if (owned and self.world.config.placed and not self.machine.closing
-                and self.machine.report_load(now, self.world.true_loads(owned))):
-            self.run()
-        if owned and self.commit_conn is None and self.listener_commit is None:
-            self._commit(owned)
+        self.run(self._act)
         self._schedule_tick()
 
-    def _commit(self, resources: frozenset[Resource]) -> None:
-        if self.commit_conn is not None:
-            return  # the listener's commit waits for the one in flight (the commit lock)
-        now = self.local()
-        value = self.world.next_value()
-        try:  # not owned (or no longer, by the safety deadline), closed, no generation
-            request, timeout = self.driver.commit_call(now, {r: value for r in resources},
-                                                       self.config.request_timeout_ms)
-        except GroupCoordError:
-            self._commit_finished()
+    def _act(self) -> None:
+        owned = self.member.assignment
+        self.world.on_act(self, owned, self.local())
+        if self.member.failure is not None:
             return
-        self.world.on_commit_sent(self, request, now)
-        if self.sim.verbose:
-            self.sim.log(f"{self.tag} send commit value={value} n={len(resources)} "
-                         f"gen={request.generation_id} timeout={timeout}")
-        self.commit_request = request
-        self.commit_value = value
-        self.commit_conn = self.world.net.open(self, "commit", request)
-        self.sim.at(self.clock.global_at(now + timeout), self._commit_timeout, self.commit_conn)
+        # What the application measured (placement seeds); a load outside the
+        # band the leader gave asks for a rejoin.
+        if owned and self.load_by == "tick" and self.world.config.placed \
+                and not self.machine.closing:
+            self.member.report_load(self.world.true_loads(owned))
+        if owned and not self.committing and not self.listener_commit:
+            self._task(self._commit(owned))
 
-    def _commit_timeout(self, conn: Conn) -> None:
-        if self._defer(self._commit_timeout, conn):
+    def _loads(self, owned: frozenset[Resource]) -> Mapping[Resource, float]:
+        """``load_callback``: what the application measures on ``owned``."""
+        return self.world.true_loads(owned)
+
+    async def _measure_loads(self, owned: frozenset[Resource]) -> Mapping[Resource, float]:
+        """``load_callback`` as a coroutine: the measurement takes simulated time."""
+        lo, hi = self.listener_ms
+        await self.sleep(self.rng.randint(lo, hi))
+        return self.world.true_loads(owned)
+
+    async def _commit(self, resources: frozenset[Resource]) -> None:
+        """One commit of a new value for ``resources`` (``GroupMember.commit``)."""
+        self.committing = True
+        value = self.world.next_value()
+        try:
+            await self.member.commit({r: value for r in resources})
+        except GroupCoordError as exc:
+            # Not owned (or no longer, by the safety deadline), closed, no
+            # generation, refused, or no answer in time.
+            if self.sim.verbose:
+                self.sim.log(f"{self.tag} commit value={value} failed: {exc}")
             return
-        if conn is not self.commit_conn:
-            return
-        self._timed_out(conn)
-        self.world.net.close(conn)
-        self.sim.log(f"{self.tag} commit value={self.commit_value} timed out")
-        self._commit_done(self.local(), CoordinatorUnavailableError("commit: timed out"))
+        finally:
+            self.committing = False
+        # The request this call sent: commits are sent one at a time (the commit
+        # lock), and this coroutine goes on before the next one is sent.
+        request = self.commit_sent
+        assert request is not None and request.checkpoints[0][2] == value, request
+        self.world.on_commit_acked(self, request, value)
+
+    def drain(self) -> None:
+        """``GroupMember.drain()``: hand everything over, then leave."""
+        self.run(self._task, self._drain())
         self.world.touched(self)
 
-    def _commit_done(self, now: int, response: Any) -> None:
-        request = self.commit_request
-        self.commit_conn = None
-        self.commit_request = None
-        assert request is not None
-        if not isinstance(response, Exception):
-            code = response.error
-            self.driver.commit_answered(now, request, code)
-            if code is None:
-                self.world.on_commit_acked(self, request, self.commit_value)
-        self._commit_finished()
-        self.run()  # GroupMember.commit pokes the driver
+    async def _drain(self) -> None:
+        with contextlib.suppress(GroupCoordError):  # failed or closed meanwhile: its stop says
+            await self.member.drain()
 
     # ------------------------------------------------------------ several coordinators
-
-    def _timed_out(self, conn: Conn) -> None:
-        """``GroupMember._timed_out``: the router gives the coordinator up."""
-        if self.router is not None:
-            self.router.timed_out(conn)
 
     def router_event(self, arg: tuple[Callable[[Any], None], Any]) -> None:
         """An event of this process's router (waits while the process is paused)."""
@@ -395,11 +508,6 @@ class SimMember:
         self.world.net.close(conn)
         self._deliver(conn, error)
 
-    def _commit_finished(self) -> None:
-        if self.listener_commit is not None and self.listener is not None:
-            self.listener_commit = None
-            self._listener_work()
-
     # ------------------------------------------------------------ faults
 
     def crash(self) -> None:
@@ -408,12 +516,12 @@ class SimMember:
             return
         self.sim.log(f"{self.tag} CRASH")
         self.state = DEAD
-        self._wake_token += 1
         self.deferred.clear()
-        for conn in (self.main, self.bg, self.commit_conn):
-            if conn is not None:
-                self.world.net.close(conn)
-        self.main = self.bg = self.commit_conn = None
+        calls, self._calls = self._calls, {}
+        for conn in calls:
+            self.world.net.close(conn)
+        self.bg = None
+        self.shut_down()
 
     def pause(self) -> None:
         if self.state == UP:
@@ -430,8 +538,6 @@ class SimMember:
             if self.state != UP:
                 break
             fn(arg)
-        if self.state == UP:
-            self.run()
         self.world.touched(self)
 
     def close(self) -> None:
@@ -440,16 +546,23 @@ class SimMember:
             return
         self.sim.log(f"{self.tag} CLOSE")
         self.asked_to_close = True
-        self.machine.close()
-        self.run()
+        self.run(self._close)
         self.world.touched(self)
+
+    def _close(self) -> None:
+        """SIGTERM's handler: the worker leaves its ``async with`` (which closes
+        the member); before its first assignment it closes the member itself."""
+        if not self.working:
+            self._task(self.member.close())
+        if self._stop_asked is not None and not self._stop_asked.done():
+            self._stop_asked.set_result(None)
 
     def reset_connections(self) -> None:
         """A reset on the way: every open call of this member fails now."""
         if self.state not in (UP, PAUSED):
             return
-        for conn in (self.main, self.bg, self.commit_conn):
-            if conn is not None and not conn.closed:
+        for conn in list(self._calls):
+            if not conn.closed:
                 self.sim.after(0, self._reset_one, conn)
 
     def _reset_one(self, conn: Conn) -> None:
@@ -461,9 +574,17 @@ class SimMember:
     def _reset_delivery(self, conn: Conn) -> None:
         if self._defer(self._reset_delivery, conn):
             return
-        if conn is self.main or conn is self.bg or conn is self.commit_conn:
-            self._deliver(conn, CoordinatorUnavailableError(f"{conn.api}: connection reset"))
-            self.world.touched(self)
+        self._deliver(conn, CoordinatorUnavailableError(f"{conn.api}: connection reset"))
+
+
+def _resolve(future: asyncio.Future[Any], response: Any) -> None:
+    if not future.done():
+        future.set_result(response)
+
+
+def _fail(future: asyncio.Future[Any], error: Exception) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 def _claims(request: JoinRequest) -> frozenset[Resource]:

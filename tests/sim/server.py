@@ -71,6 +71,7 @@ from coordinator.core.commands import (
     CallCommand,
     Command,
     Commit,
+    Fetch,
     Heartbeat,
     Join,
     Leave,
@@ -89,7 +90,14 @@ from coordinator.runtime.runtime import Runtime
 from coordinator.storage.sqlite import RecordError, StorageError
 from protocol.catalog import Weights, Zones
 from protocol.errors import ErrorCode
-from protocol.messages import Api, CommitRequest, HeartbeatRequest, JoinRequest, LeaveRequest
+from protocol.messages import (
+    Api,
+    CommitRequest,
+    FetchRequest,
+    HeartbeatRequest,
+    JoinRequest,
+    LeaveRequest,
+)
 from sim.loop import SimLoop
 
 if TYPE_CHECKING:
@@ -101,6 +109,7 @@ __all__ = ["InjectedFault", "RuntimeFaults", "SimClock", "SimCoordinator", "SimC
 
 _COMMANDS: dict[type, Callable[[int, Any], Command]] = {
     HeartbeatRequest: Heartbeat, LeaveRequest: Leave, CommitRequest: Commit,
+    FetchRequest: Fetch,
 }
 #: the limits ``groupcoord serve`` runs with by default.
 _DEFAULTS = ServerConfig()
@@ -331,6 +340,7 @@ class SimCoordinator:
         self._stopped: Callable[[], None] | None = None
         #: inside abandon(): a hand-off it ends is told after it (as a later event).
         self._abandoning = False
+        sim.at_end.append(self._shut_down)
 
     def now(self) -> int:
         """The time the runtime is given: the process's own clock."""
@@ -387,6 +397,13 @@ class SimCoordinator:
         self._step(loop)
         if self.on_restored is not None and self.up:
             self.on_restored()
+
+    def _shut_down(self) -> None:
+        """The run is over: the serving loop is closed, what it left pending dropped."""
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.dead = True
+            loop.close()
 
     def crash(self) -> None:
         if not self.up:

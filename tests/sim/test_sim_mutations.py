@@ -2,8 +2,9 @@
 
 Each test breaks one rule of the runtime -- its machine
 (``coordinator/runtime/machine.py``) or its asyncio shell
-(``coordinator/runtime/runtime.py``) -- in this process (the simulator's
-coordinator runs that very runtime) and runs seeds
+(``coordinator/runtime/runtime.py``) -- or of the member's asyncio shell
+(``client/member.py``) in this process (the simulator runs that very
+code) and runs seeds
 from 0 until one reports a violation, at most ``MAX_SEEDS``: the checker must
 find it, and name the rule broken. The runtime's own faults the simulator
 draws (a core failure over one group, a record the store refuses, a failed
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import pytest
 
+from client.member import GroupMember
+from client.member_state import Resource
 from coordinator.core.commands import Command
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.effects import Effect
@@ -91,6 +94,33 @@ def test_the_shell_not_telling_the_machine_a_caller_went_is_found(
     assert found is not None, f"no violation in {MAX_SEEDS} seeds"
     assert any("parked:" in v and "its caller gone" in v for v in found.violations), \
         report(found)
+
+
+def test_a_member_reporting_what_it_owned_past_its_safety_deadline_is_found(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation of the member's shell: ``assignment`` reports what the member
+    last owned, not cut at its safety deadline (a paused process acts on
+    resources the group may have given away)."""
+    monkeypatch.setattr(GroupMember, "assignment", property(lambda self: self._machine.owned))
+    found = first_violation()
+    assert found is not None, f"no violation in {MAX_SEEDS} seeds"
+    # Found as two owners at once, or as acting past the deadline: whichever
+    # check sees the paused member first.
+    assert any(v.split(": ")[0].endswith(("exclusive", "deadline"))
+               for v in found.violations), report(found)
+
+
+def test_a_member_reading_back_no_checkpoints_is_found(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation of the member's shell: ``fetch`` answers nothing, so a new
+    owner reads back none of the checkpoints acknowledged before it."""
+    async def nothing(self: GroupMember, resources: object = None) -> dict[Resource, object]:
+        return {}
+
+    monkeypatch.setattr(GroupMember, "fetch", nothing)
+    found = first_violation()
+    assert found is not None, f"no violation in {MAX_SEEDS} seeds"
+    assert any("durable:" in v and "fetched" in v for v in found.violations), report(found)
 
 
 #: A seed whose core fails over group g twice (after a heartbeat changed it).

@@ -182,8 +182,12 @@ def test_a_rebalance_after_every_worker_settled_is_still_a_violation(
         def rejoin(_: object) -> None:
             member = self.slots["w1"].member
             assert member is not None
-            member.machine.request_rejoin(member.local(), "for no reason")
-            member.run()
+
+            def ask() -> None:
+                member.machine.request_rejoin(member.local(), "for no reason")
+                member.member._wakeup.set()  # what GroupMember's own calls do after one
+
+            member.run(ask)
         self.sim.at(settled[0] + 300, rejoin)
         original(self)
 

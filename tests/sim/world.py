@@ -52,6 +52,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import CollectorRegistry
+
 from client.assignors import RebalanceProtocol
 from client.errors import FatalMemberError
 from client.member_state import CallbackKind, InvokeListener, MemberConfig, MemberState, Resource
@@ -172,6 +174,8 @@ class World:
         #: the connections of commits answered without being applied (superseded).
         self._superseded: set[int] = set()
         self.slots: dict[str, Slot] = {}
+        #: the members' metrics (GroupMember's), one registry for the seed.
+        self.registry = CollectorRegistry()
         self.links: dict[str, Link] = {}
         self.clocks: dict[str, DriftClock] = {}
         self.live: list[SimMember] = []
@@ -281,7 +285,8 @@ class World:
         member = SimMember(self, slot.name, slot.incarnation, self._member_config(slot),
                            self.clocks[slot.name], self.links[slot.name],
                            random.Random(self.member_rng.getrandbits(64)),
-                           commit_interval_ms=c.commit_interval_ms, listener_ms=c.listener_ms)
+                           commit_interval_ms=c.commit_interval_ms, listener_ms=c.listener_ms,
+                           registry=self.registry)
         slot.member = member
         self.live.append(member)
         member.start()
@@ -336,6 +341,8 @@ class World:
         while self.sim.now < self.end:
             self.sim.run_until(self.end)  # the end moves when a hung call extends the faults
         self._final_checks()
+        for shut_down in self.sim.at_end:
+            shut_down()
 
     def _shift_start(self, by: int) -> None:
         """Move the members' start, the faults and every bound after them by ``by`` ms."""
@@ -410,9 +417,7 @@ class World:
                 slot.want_up = False
         elif kind == "drain" and up and member is not None and slot is not None \
                 and not member.machine.closing:
-            member.machine.drain(member.local())
-            member.run()
-            self.touched(member)
+            member.drain()
             self.sim.after(fault.duration, self._drain_end, (slot, member))
         elif kind == "upgrade" and slot is not None:
             slot.assignors = UPGRADE_STEPS[params["step"]]
@@ -582,8 +587,8 @@ class World:
         learns only at the call's timeout (the rebalance timeout + max(5000,
         session), as Kafka's consumer): the convergence bound counts from then
         (the fault lasts until it ends: docs/reliability.md)."""
-        machine = conn.member.machine
-        if machine.member_id and machine.generation_id >= 0:
+        member = conn.member.member
+        if member.member_id and member.generation_id >= 0:
             return
         c = self.config
         timeout = c.rebalance_timeout_ms + max(5000, c.session_timeout_ms)
@@ -654,9 +659,9 @@ class World:
         shrinks it), so exclusivity is checked when it grew since this
         member's last check: an overlap is always caught at the event of
         whichever member acquired the resource last."""
-        mine = (member.machine.owned_at(member.local()) if member.state in (UP, PAUSED)
+        mine = (member.member.assignment if member.state in (UP, PAUSED)
                 else frozenset())
-        both = member.machine.standby & member.machine.owned
+        both = member.member.standby & member.machine.owned
         if both:
             self.violation(f"standby: {member.tag} has {sorted(both)} owned and standby at once")
         if mine == member.seen:
@@ -668,7 +673,7 @@ class World:
         member.seen = mine
         if grew:
             for other in self._others(member):
-                both = mine & other.machine.owned_at(other.local())
+                both = mine & other.member.assignment
                 if both:
                     self.violation(f"exclusive: {sorted(both)} owned by {member.tag} and "
                                    f"{other.tag} at once")
@@ -710,7 +715,7 @@ class World:
         for m in self.live:
             if m.state != UP:
                 continue
-            owned = m.machine.owned_at(m.local())
+            owned = m.member.assignment
             total += len(owned)
             seen |= owned
         return total == len(seen) and seen == expected
@@ -738,10 +743,9 @@ class World:
                                  or slot.member.state != UP):
                 return False
         for m in self.live:
-            machine = m.machine
-            if (machine.state is not MemberState.STABLE
-                    or machine.generation_id != view.generation_id
-                    or machine.rejoin_requested or m.listener is not None):
+            if (m.member.state is not MemberState.STABLE
+                    or m.member.generation_id != view.generation_id
+                    or m.machine.rejoin_requested or m.listener is not None):
                 return False
         if self.config.placed and (not self.rounds or self._out_of_band(self.rounds[-1][2])):
             # Balanced: settled once its newest round moves nothing, asks for no
@@ -752,14 +756,14 @@ class World:
 
     def on_listener(self, member: SimMember, action: InvokeListener) -> None:
         kind = action.kind
-        if (kind is CallbackKind.REVOKED and member.machine.draining
+        if (kind is CallbackKind.REVOKED and member.member.draining
                 and member.machine.closing and not member.asked_to_close):
             # A drain ends owning nothing: it closes (and leaves) only then.
             self.violation(f"drain: {member.tag} closes owning {sorted(action.resources)} "
                            f"before its drain handed them over")
         if kind is CallbackKind.LOST and not self.config.faulty:
             self.violation(f"liveness: {member.tag} lost {sorted(action.resources)} without "
-                           f"any fault ({member.machine.last_error})")
+                           f"any fault ({member.member.last_error})")
         machine = member.machine
         if (kind is CallbackKind.REVOKED and machine.protocol is RebalanceProtocol.COOPERATIVE
                 and not machine.closing):
@@ -811,8 +815,8 @@ class World:
             self._raced_rejoin.discard(conn.id)
             return
         if (error is ErrorCode.ILLEGAL_GENERATION and conn is member.bg
-                and (member.machine.state is MemberState.JOINING
-                     or conn.request.generation_id != member.machine.generation_id)):
+                and (member.member.state is MemberState.JOINING
+                     or conn.request.generation_id != member.member.generation_id)):
             # The join phase completed with us while (or before) our join's
             # answer came: a side-channel heartbeat still carried the old
             # generation (the machine ignores this answer; client/member_state/machine.py).
@@ -821,22 +825,32 @@ class World:
 
     def on_act(self, member: SimMember, owned: frozenset[Resource], now: int) -> None:
         if owned:
-            deadline = member.machine.safety_deadline_ms()
+            deadline = member.member.safety_deadline_ms()
             if deadline is not None and now >= deadline:
                 self.violation(f"deadline: {member.tag} acts on {sorted(owned)} at {now}, "
                                f"its safety deadline was {deadline}")
 
     def on_commit_sent(self, member: SimMember, request: CommitRequest, now: int) -> None:
-        deadline = member.machine.safety_deadline_ms()
+        deadline = member.member.safety_deadline_ms()
         if deadline is None or now >= deadline:
             self.violation(f"deadline: {member.tag} commits at {now} past its safety deadline "
                            f"{deadline}")
-        if request.generation_id != member.machine.generation_id:
+        if request.generation_id != member.member.generation_id:
             # What makes a refused commit that raced a rejoin excusable
             # (on_response): it carried the newest generation the member knew.
             self.violation(f"fenced: {member.tag} commits at generation "
                            f"{request.generation_id}, its own is "
-                           f"{member.machine.generation_id}")
+                           f"{member.member.generation_id}")
+
+    def on_fetched(self, member: SimMember, floors: dict[Resource, int],
+                   found: Mapping[Resource, object]) -> None:
+        """A fetch reads each checkpoint at least at the value acknowledged
+        before it was sent (``floors``)."""
+        for key, floor in sorted(floors.items()):
+            got = found.get(key)
+            if not isinstance(got, int) or got < floor:
+                self.violation(f"durable: {member.tag} fetched {key} = {got!r}, acknowledged "
+                               f"at {floor} before the fetch")
 
     def on_commit_acked(self, member: SimMember, request: CommitRequest, value: int) -> None:
         for name, index, _ in request.checkpoints:
@@ -1013,7 +1027,7 @@ class World:
         for other in self.live:
             if other is sender or other.state not in (UP, PAUSED):
                 continue
-            both = resources & other.machine.owned_at(other.local())
+            both = resources & other.member.assignment
             if both:
                 overlaps.append(f"fenced: commit of {sorted(both)} by "
                                 f"{sender.tag if sender else request.member_id} accepted while "
@@ -1200,14 +1214,14 @@ class World:
         owners: dict[Resource, list[str]] = {}
         for m in self.live:
             if m.state == UP:
-                for r in m.machine.owned_at(m.local()):
+                for r in m.member.assignment:
                     owners.setdefault(r, []).append(m.tag)
         expected = {(name, i) for name, n in catalog.items() if name in self.config.sets
                     for i in range(n)}
         unowned = sorted(expected - set(owners))
         twice = sorted(r for r, o in owners.items() if len(o) > 1)
         outside = sorted(set(owners) - expected)
-        states = ", ".join(f"{m.tag}:{m.machine.state.value}/gen{m.machine.generation_id}"
+        states = ", ".join(f"{m.tag}:{m.member.state.value}/gen{m.member.generation_id}"
                            for m in self.live)
         view = core.describe_group(GROUP) if core is not None else None
         group = f"{view.state} gen {view.generation_id}" if view is not None else "none"
