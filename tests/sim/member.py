@@ -39,10 +39,12 @@ import random
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
+from mypy_extensions import mypyc_attr
 from prometheus_client import CollectorRegistry
 
 from client.errors import CoordinatorUnavailableError, FatalMemberError, GroupCoordError
-from client.member import GroupMember
+from client.listener import RebalanceListener
+from client.member import GroupMember, LoadCallback
 from client.member_state import CallbackKind, InvokeListener, MemberConfig, Resource
 from client.member_state.driver import Channel
 from protocol.messages import Api, CommitRequest, JoinRequest, SyncResponse
@@ -118,7 +120,9 @@ class SimTransport:
             router.routing.timed_out(api)
 
 
-class SimListener:
+# Not a native class when mypyc compiles the simulator: it extends the library's.
+@mypyc_attr(native_class=False)
+class SimListener(RebalanceListener):
     """The application's callbacks: each takes simulated time."""
 
     def __init__(self, member: SimMember) -> None:
@@ -165,8 +169,11 @@ class SimMember:
         #: function, or a coroutine that takes simulated time).
         self.load_by = (rng.choice(("tick", "callback", "coroutine")) if world.config.placed
                         else "tick")
-        load_callback = {"callback": self._loads,
-                         "coroutine": self._measure_loads}.get(self.load_by)
+        load_callback: LoadCallback | None = None
+        if self.load_by == "callback":
+            load_callback = self._loads
+        elif self.load_by == "coroutine":
+            load_callback = self._measure_loads
         #: the production member this process runs.
         self.member = GroupMember(SimTransport(self), config.group_id, config.sets,
                                   listener=SimListener(self), clock=SimMemberClock(self),
@@ -260,17 +267,17 @@ class SimMember:
         self._schedule_tick()
 
     def _begin(self) -> None:
-        self._stop_asked = self.loop.create_future()
-        self._task(self._main())
+        stop = self._stop_asked = self.loop.create_future()
+        self._task(self._main(stop))
         self._task(self._watch())
 
-    async def _main(self) -> None:
+    async def _main(self, stop: asyncio.Future[None]) -> None:
         """The worker's main: ``async with GroupMember(...)`` -- start, wait for
         the first assignment, work (the ticks) until asked to stop, close."""
         with contextlib.suppress(GroupCoordError):  # it failed: its stop says so
             async with self.member:
                 self.working = True
-                await self._stop_asked
+                await stop
 
     def shut_down(self, _: Any = None) -> None:
         """The process is gone (killed, stopped, or the run is over): its tasks
