@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DriftClock", "Sim"]
+__all__ = ["DriftClock", "Sim", "SimTimer"]
 
 _push = heapq.heappush
 _pop = heapq.heappop
@@ -116,3 +116,18 @@ class DriftClock:
         while g > 0 and self.local(g - 1) >= local_ms:
             g -= 1
         return g
+
+
+class SimTimer:
+    """A timer a simulated process armed on its clock (the handle its clock's
+    ``call_at`` returns): the event at its deadline runs ``callback`` unless
+    it was cancelled first."""
+
+    __slots__ = ("callback", "cancelled")
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True

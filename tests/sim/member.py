@@ -51,6 +51,7 @@ from protocol.messages import Api, CommitRequest, JoinRequest, SyncResponse
 from protocol.resources import MemberMetadata, ResourceAssignment
 from protocol.validate import ValidationError
 from sim.cluster import SimRouter
+from sim.events import SimTimer
 from sim.loop import SimLoop
 
 if TYPE_CHECKING:
@@ -66,17 +67,6 @@ _SETTINGS = tuple(f.name for f in dataclasses.fields(MemberConfig)
                   if f.init and f.name not in ("group_id", "sets"))
 
 
-class _Timer:
-    __slots__ = ("callback", "cancelled")
-
-    def __init__(self, callback: Callable[[], None]) -> None:
-        self.callback = callback
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
 class SimMemberClock:
     """The member's clock (``GroupMember(clock=...)``): its process's drifting
     clock; a timer is an event at the global instant the clock reads its deadline."""
@@ -87,9 +77,9 @@ class SimMemberClock:
     def now_ms(self) -> int:
         return self.member.local()
 
-    def call_at(self, deadline_ms: int, callback: Callable[[], None]) -> _Timer:
+    def call_at(self, deadline_ms: int, callback: Callable[[], None]) -> SimTimer:
         member = self.member
-        timer = _Timer(callback)
+        timer = SimTimer(callback)
         member.sim.at(member.clock.global_at(deadline_ms), member.timer_due, timer)
         return timer
 
@@ -243,7 +233,7 @@ class SimMember:
     def _task(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self.loop.create_task(coroutine)
 
-    def timer_due(self, timer: _Timer) -> None:
+    def timer_due(self, timer: SimTimer) -> None:
         """A timer of the member's clock is due."""
         if self._defer(self.timer_due, timer):
             return

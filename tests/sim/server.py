@@ -98,6 +98,7 @@ from protocol.messages import (
     JoinRequest,
     LeaveRequest,
 )
+from sim.events import SimTimer
 from sim.loop import SimLoop
 
 if TYPE_CHECKING:
@@ -166,17 +167,6 @@ class RuntimeFaults:
 # ---------------------------------------------------------------- the runtime's I/O
 
 
-class _SimTimer:
-    __slots__ = ("callback", "cancelled")
-
-    def __init__(self, callback: Callable[[], None]) -> None:
-        self.callback = callback
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
 class SimClock:
     """The runtime's clock: the process's own time; a timer is an event of the
     simulation at its deadline (``SimCoordinator.fire``)."""
@@ -187,9 +177,9 @@ class SimClock:
     def now_ms(self) -> int:
         return self.coordinator.now()
 
-    def call_at(self, deadline_ms: int, callback: Callable[[], None]) -> _SimTimer:
+    def call_at(self, deadline_ms: int, callback: Callable[[], None]) -> SimTimer:
         coordinator = self.coordinator
-        timer = _SimTimer(callback)
+        timer = SimTimer(callback)
         clock = coordinator.clock
         when = deadline_ms if clock is None else clock.global_at(deadline_ms)
         coordinator.sim.at(when, coordinator.fire, (coordinator.epoch, timer))
@@ -564,7 +554,7 @@ class SimCoordinator:
             case _:
                 pass
 
-    def fire(self, arg: tuple[int, _SimTimer]) -> None:
+    def fire(self, arg: tuple[int, SimTimer]) -> None:
         """A timer of the runtime's clock is due."""
         if self.gate is not None and self.gate(self.fire, arg):
             return
