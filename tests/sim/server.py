@@ -162,8 +162,6 @@ class RuntimeFaults:
     fail_check: bool = False
 
 
-
-
 # ---------------------------------------------------------------- the runtime's I/O
 
 
