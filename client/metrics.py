@@ -93,6 +93,16 @@ def _families(registry: CollectorRegistry) -> _Families:
     return fam
 
 
+def _weakly(method: Callable[[], float], gone: float) -> Callable[[], float]:
+    """``method`` of an object held weakly: ``gone`` once the object is."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> float:
+        bound = ref()
+        return gone if bound is None else bound()
+    return call
+
+
 class MemberMetrics:
     """One member's view of the metric families. ``clock`` returns monotonic ms."""
 
@@ -111,13 +121,23 @@ class MemberMetrics:
         self.failed_rebalances = 0
         self.callback_errors = 0
         labels = self._labels
-        self._fam.rate.labels(*labels).set_function(lambda: self._per_hour(self._completed))
-        self._fam.failed_rate.labels(*labels).set_function(lambda: self._per_hour(self._failed))
-        self._fam.last_ago.labels(*labels).set_function(self._seconds_ago)
+        # The metric families keep these functions as long as the registry lives, and
+        # _FAMILIES keeps the families until the registry is gone: the functions hold
+        # this object weakly, or a member with its own registry would keep that
+        # registry (and itself) alive forever through _FAMILIES.
+        self._fam.rate.labels(*labels).set_function(_weakly(self._completed_per_hour, 0.0))
+        self._fam.failed_rate.labels(*labels).set_function(_weakly(self._failed_per_hour, 0.0))
+        self._fam.last_ago.labels(*labels).set_function(_weakly(self._seconds_ago, -1.0))
         self._fam.latency_max.labels(*labels).set(0)
         for name in CALLBACKS:
             self._fam.cb_errors.labels(*labels, name)
             self._fam.cb_latency_max.labels(*labels, name).set(0)
+
+    def _completed_per_hour(self) -> float:
+        return self._per_hour(self._completed)
+
+    def _failed_per_hour(self) -> float:
+        return self._per_hour(self._failed)
 
     def _per_hour(self, stamps: deque[int]) -> float:
         now = self._clock()
