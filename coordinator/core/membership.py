@@ -337,9 +337,12 @@ def _static_takeover(k: Kernel, g: Group, cmd: Join, old: Member) -> tuple[Membe
     req = cmd.request
     changed = subscription_changed(req.protocol_type, old.record.protocols, req.protocols)
     member = replace_static_member(k, g, old, cmd.new_member_id)
-    # The instance is the new process's now (a v1 client's join: no incarnation).
+    # The instance is the new process's now (a v1 client's join: no incarnation),
+    # and so is the join sequence: a new process counts its joins from its own
+    # start, and the old process's count would refuse them as late (simulator
+    # seed 8024833).
     member.record = replace(member.record, incarnation=req.incarnation,
-                            incarnation_ms=req.incarnation_ms)
+                            incarnation_ms=req.incarnation_ms, join_sequence=req.sequence)
     if member.record.owner is None:
         # An instance from before authentication was on: the first token claims it.
         member.record = replace(member.record, owner=cmd.principal)

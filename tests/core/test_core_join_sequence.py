@@ -80,3 +80,38 @@ def test_a_join_delayed_across_a_coordinator_restart_is_refused_too() -> None:
     restarted.join(leader)
     assert restarted.state() == "PreparingRebalance"
     _refused_as_late(restarted, follower, sequence=0)
+
+
+def _static_join(h: Harness, member_id: str, process: str, started_ms: int,
+                 sequence: int) -> tuple[int, list[Effect]]:
+    rid = h.rid()
+    req = JoinRequest(G, member_id, "resources", PROTOS, 10_000, 30_000,
+                      group_instance_id="i1", client_id="cli", sequence=sequence,
+                      incarnation=process, incarnation_ms=started_ms)
+    return rid, h.run(Join(rid, req, "10.0.0.1", h.new_id(), None))
+
+
+def test_a_new_process_of_a_static_instance_counts_its_joins_from_its_own_start() -> None:
+    """Simulator seed 8024833: a static instance restarted (a new process, its
+    joins counted from 0 again) took the instance over, and kept the old
+    process's join sequence; its next joins were refused as late until the
+    group expelled it, a rebalance of a group that had no fault left."""
+    h = Harness()
+    h.put_resource("orders", 4)
+    rid, out = _static_join(h, "", "p1", 1_000, sequence=0)
+    first = reply(out, rid)
+    assert isinstance(first, JoinResponse) and first.error is None
+    # The first process joins again, its answer lost, say: its sequence is 3.
+    rid, out = _static_join(h, first.member_id, "p1", 1_000, sequence=3)
+    assert reply(out, rid).error is None
+    # It is restarted: the new process takes the instance over with its join 0 ...
+    rid, out = _static_join(h, "", "p2", 2_000, sequence=0)
+    taken = reply(out, rid)
+    assert isinstance(taken, JoinResponse) and taken.error is None
+    assert taken.member_id != first.member_id
+    # ... and its join 1 with the new member id is applied, not refused as late.
+    rid, out = _static_join(h, taken.member_id, "p2", 2_000, sequence=1)
+    answer = reply(out, rid)
+    assert isinstance(answer, JoinResponse)
+    assert answer.error is None and answer.generation_id == taken.generation_id
+

@@ -361,6 +361,10 @@ RUNTIME_REGRESSION_SEEDS = {
     6342355: "a join delayed 18 s, past a coordinator crash, is refused by the join "
              "sequence kept in the member's durable record (applied as the eager "
              "member's rejoin, it gave away what the member still held)",
+    8024833: "a static instance restarted as a new process kept the old process's join "
+             "sequence; its next joins were refused as late until the group expelled it "
+             "(a real fault of the coordinator, fixed: the takeover starts the count anew)",
+    8019170: "the same, in a group of five",
 }
 
 
