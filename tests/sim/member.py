@@ -164,9 +164,11 @@ class SimMember:
             load_callback = self._loads
         elif self.load_by == "coroutine":
             load_callback = self._measure_loads
+        #: the process's clock, the member's.
+        self.time = SimMemberClock(self)
         #: the production member this process runs.
         self.member = GroupMember(SimTransport(self), config.group_id, config.sets,
-                                  listener=SimListener(self), clock=SimMemberClock(self),
+                                  listener=SimListener(self), clock=self.time,
                                   rng=rng.random, wall_clock=world.wall_ms,
                                   registry=registry, load_callback=load_callback, **settings)
         # The checker reads the member's machine and driver (its state, what it
@@ -178,8 +180,6 @@ class SimMember:
         self.machine.incarnation = self.tag
         #: each open call's connection -> the future its answer resolves.
         self._calls: dict[Conn, asyncio.Future[Any]] = {}
-        #: the side channel's call in flight (a heartbeat beside the main channel).
-        self.bg: Conn | None = None
         #: the application's commit in flight, and the request it sent.
         self.committing = False
         self.commit_sent: CommitRequest | None = None
@@ -244,8 +244,8 @@ class SimMember:
     async def sleep(self, ms: int) -> None:
         """Simulated work of the application, on the member's clock."""
         future: asyncio.Future[None] = self.loop.create_future()
-        SimMemberClock(self).call_at(self.local() + ms,
-                                     lambda: None if future.done() else future.set_result(None))
+        self.time.call_at(self.local() + ms,
+                          lambda: None if future.done() else future.set_result(None))
         await future
 
     # ------------------------------------------------------------ life cycle
@@ -322,15 +322,17 @@ class SimMember:
             self.commit_sent = request
         conn = self.world.net.open(self, api, request)
         self._calls[conn] = future
-        if side is not None and side.request is request:
-            self.bg = conn
         return conn
+
+    def on_side_channel(self, conn: Conn) -> bool:
+        """Whether ``conn`` carries the driver's side-channel call (a heartbeat
+        beside the main channel); until its answer reaches the driver."""
+        side = self.driver.in_flight(Channel.SIDE)
+        return side is not None and side.request is conn.request
 
     def cancelled(self, conn: Conn) -> None:
         """The member gave up on a call (its timeout, a cancel): the connection closes."""
         if self._calls.pop(conn, None) is not None:
-            if conn is self.bg:
-                self.bg = None
             self.world.net.close(conn)
 
     def on_answer(self, arg: tuple[Conn, Any, int]) -> None:
@@ -352,8 +354,6 @@ class SimMember:
             return
         if not self.world.config.faulty:
             self.world.on_response(self, conn, response)
-        if conn is self.bg:
-            self.bg = None
         if self.sim.verbose:
             self.sim.log(f"{self.tag} recv {conn.api} {_brief(response)}")
         if isinstance(response, SyncResponse) and response.error is None:
@@ -517,7 +517,6 @@ class SimMember:
         calls, self._calls = self._calls, {}
         for conn in calls:
             self.world.net.close(conn)
-        self.bg = None
         self.shut_down()
 
     def pause(self) -> None:

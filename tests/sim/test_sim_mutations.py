@@ -14,6 +14,8 @@ teeth of their own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from client.member import GroupMember
@@ -25,18 +27,21 @@ from coordinator.core.records import Record
 from coordinator.runtime.commits import Batch, Commits
 from coordinator.runtime.machine import RuntimeMachine
 from coordinator.runtime.runtime import Runtime
-from sim import SeedResult, report, run_seed
+from sim import report, run_seed
 
 #: how many seeds a mutation may take to be found.
 MAX_SEEDS = 3_000
 
 
-def first_violation(profile: str = "space") -> SeedResult | None:
+def expect_found(names_the_rule: Callable[[str], bool]) -> None:
+    """Seeds from 0 until one reports a violation: one does within
+    ``MAX_SEEDS``, and one of its violations names the rule broken."""
     for seed in range(MAX_SEEDS):
-        result = run_seed(seed, profile=profile)
-        if not result.ok:
-            return result
-    return None
+        found = run_seed(seed)
+        if not found.ok:
+            assert any(names_the_rule(v) for v in found.violations), report(found)
+            return
+    raise AssertionError(f"no violation in {MAX_SEEDS} seeds")
 
 
 def test_a_reply_sent_before_its_write_commits_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,9 +51,7 @@ def test_a_reply_sent_before_its_write_commits_is_found(monkeypatch: pytest.Monk
         return None
 
     monkeypatch.setattr(Commits, "wait_for", nothing_to_wait_for)
-    found = first_violation()
-    assert found is not None, f"no violation in {MAX_SEEDS} seeds"
-    assert any("reply after commit:" in v for v in found.violations), report(found)
+    expect_found(lambda v: "reply after commit:" in v)
 
 
 def test_a_parked_slot_not_freed_when_its_caller_goes_is_found(
@@ -59,10 +62,7 @@ def test_a_parked_slot_not_freed_when_its_caller_goes_is_found(
         self._waiters.pop(request_id, None)
 
     monkeypatch.setattr(RuntimeMachine, "caller_gone", forget_the_caller_only)
-    found = first_violation()
-    assert found is not None, f"no violation in {MAX_SEEDS} seeds"
-    assert any("parked:" in v and "its caller gone" in v for v in found.violations), \
-        report(found)
+    expect_found(lambda v: "parked:" in v and "its caller gone" in v)
 
 
 def test_the_shell_reporting_a_write_done_before_the_store_returns_is_found(
@@ -77,9 +77,7 @@ def test_the_shell_reporting_a_write_done_before_the_store_returns_is_found(
         await self.storage.write(records)
 
     monkeypatch.setattr(Runtime, "_write", done_at_once)
-    found = first_violation()
-    assert found is not None, f"no violation in {MAX_SEEDS} seeds"
-    assert any("reply after commit:" in v for v in found.violations), report(found)
+    expect_found(lambda v: "reply after commit:" in v)
 
 
 def test_the_shell_not_telling_the_machine_a_caller_went_is_found(
@@ -90,10 +88,7 @@ def test_the_shell_not_telling_the_machine_a_caller_went_is_found(
         self._futures.pop(request_id, None)
 
     monkeypatch.setattr(Runtime, "_caller_gone", forget_the_future)
-    found = first_violation()
-    assert found is not None, f"no violation in {MAX_SEEDS} seeds"
-    assert any("parked:" in v and "its caller gone" in v for v in found.violations), \
-        report(found)
+    expect_found(lambda v: "parked:" in v and "its caller gone" in v)
 
 
 def test_a_member_reporting_what_it_owned_past_its_safety_deadline_is_found(
@@ -102,12 +97,9 @@ def test_a_member_reporting_what_it_owned_past_its_safety_deadline_is_found(
     last owned, not cut at its safety deadline (a paused process acts on
     resources the group may have given away)."""
     monkeypatch.setattr(GroupMember, "assignment", property(lambda self: self._machine.owned))
-    found = first_violation()
-    assert found is not None, f"no violation in {MAX_SEEDS} seeds"
     # Found as two owners at once, or as acting past the deadline: whichever
     # check sees the paused member first.
-    assert any(v.split(": ")[0].endswith(("exclusive", "deadline"))
-               for v in found.violations), report(found)
+    expect_found(lambda v: v.split(": ")[0].endswith(("exclusive", "deadline")))
 
 
 def test_a_member_reading_back_no_checkpoints_is_found(
@@ -118,9 +110,7 @@ def test_a_member_reading_back_no_checkpoints_is_found(
         return {}
 
     monkeypatch.setattr(GroupMember, "fetch", nothing)
-    found = first_violation()
-    assert found is not None, f"no violation in {MAX_SEEDS} seeds"
-    assert any("durable:" in v and "fetched" in v for v in found.violations), report(found)
+    expect_found(lambda v: "durable:" in v and "fetched" in v)
 
 
 #: A seed whose core fails over group g twice (after a heartbeat changed it).

@@ -814,7 +814,7 @@ class World:
             # the LOST and stop checks hold it to that; docs/client.md).
             self._raced_rejoin.discard(conn.id)
             return
-        if (error is ErrorCode.ILLEGAL_GENERATION and conn is member.bg
+        if (error is ErrorCode.ILLEGAL_GENERATION and member.on_side_channel(conn)
                 and (member.member.state is MemberState.JOINING
                      or conn.request.generation_id != member.member.generation_id)):
             # The join phase completed with us while (or before) our join's
