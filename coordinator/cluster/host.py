@@ -16,7 +16,8 @@ give the round); :class:`PartitionHost` is its asyncio driver: it runs the
 machine's statements on PostgreSQL (:class:`~coordinator.storage.leases.Leases`,
 the reader connection), loads and stops the runtimes, keeps the expiry timer
 and the loop (:meth:`PartitionHost.run`), and feeds every outcome back. The
-simulator drives the same machine (``tests/sim/cluster.py``).
+simulator runs this very host (``tests/sim/cluster.py``) on an event loop whose
+time is the simulated coordinator's clock (``monotonic``).
 
 Safety does not depend on the loop keeping time: :meth:`route` checks the
 partition's lease by the monotonic clock on every call and drops an expired
@@ -220,7 +221,7 @@ class PartitionStore:
 
     def check(self) -> None:
         p = self._partition
-        if not p.lease.valid(time.monotonic()):
+        if not p.lease.valid(self._host.monotonic()):
             raise LeaseExpired(f"partition {p.number}: lease (epoch {p.lease.epoch}) ran out "
                                f"by this coordinator's clock")
 
@@ -236,7 +237,8 @@ class PartitionHost:
     def __init__(self, *, writer_store: PostgresStorage, reader_store: PostgresStorage,
                  leases: Leases, lease_ms: int, make_core: Callable[[], Core],
                  clock: Clock, metrics: Metrics, max_parked_requests: int = 0,
-                 max_parked_per_token: int = 0) -> None:
+                 max_parked_per_token: int = 0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         # A write still running after a lease is of no use: every partition in it has
         # run out by then (the caller's reply was refused).
         self.writer = SharedWriter(writer_store, timeout_s=lease_ms / 1000)
@@ -252,6 +254,9 @@ class PartitionHost:
         self.lease_ms = lease_ms
         self._make_core = make_core
         self.clock = clock
+        #: the clock the leases count on, in seconds: the event loop's (whose
+        #: ``call_at`` arms the expiry timer); ``time.monotonic`` in production.
+        self.monotonic = monotonic
         self.metrics = metrics
         self.max_parked_requests = max_parked_requests
         self.max_parked_per_token = max_parked_per_token
@@ -341,7 +346,7 @@ class PartitionHost:
     async def start(self) -> None:
         """Register, read the catalog and run the first round (acquiring this
         coordinator's share of what is free)."""
-        self.machine.start(time.monotonic())
+        self.machine.start(self.monotonic())
         await self._drive()
         if self._start_failure is not None:
             raise StorageError(self._start_failure)
@@ -358,7 +363,7 @@ class PartitionHost:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(),
-                                       max(0.0, self._next_round - time.monotonic()))
+                                       max(0.0, self._next_round - self.monotonic()))
             if self._stopping:
                 break
             await self._round()
@@ -377,12 +382,12 @@ class PartitionHost:
             runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await runner
-        self.machine.stop(time.monotonic())
+        self.machine.stop(self.monotonic())
         await self._drive()
 
     async def _round(self) -> None:
         """One round of the lease loop (the machine's module docs)."""
-        self.machine.begin_round(time.monotonic())
+        self.machine.begin_round(self.monotonic())
         await self._drive()
 
     # ------------------------------------------------------------ carrying effects out
@@ -398,9 +403,9 @@ class PartitionHost:
             try:
                 answer = await self._run(step)
             except StorageError as exc:
-                self.machine.failed(time.monotonic(), step, str(exc))
+                self.machine.failed(self.monotonic(), step, str(exc))
             else:
-                self.machine.done(time.monotonic(), step, answer)
+                self.machine.done(self.monotonic(), step, answer)
 
     async def _run(self, step: hx.Step) -> Any:
         """One step: a statement on the lease connection or the reader, or a hand-off."""
@@ -518,7 +523,7 @@ class PartitionHost:
 
     def _expire(self) -> None:
         self._expiry = None
-        self.machine.expire(time.monotonic())
+        self.machine.expire(self.monotonic())
         self._perform()
 
     def _drop(self, number: int, why: str) -> None:
@@ -529,23 +534,28 @@ class PartitionHost:
     async def _load(self, number: int, epoch: int) -> None:
         partition = self.partitions.get(number)
         assert partition is not None and partition.lease.epoch == epoch
-        runtime = Runtime(self._make_core(), PartitionStore(self, partition), self.clock,
-                          self.metrics, max_parked_requests=self.max_parked_requests,
-                          max_parked_per_token=self.max_parked_per_token,
-                          partition=number, request_ids=self._request_ids)
+        runtime = self._new_runtime(number, PartitionStore(self, partition))
         try:
             await runtime.start()
         except Exception as exc:
             log.error("partition %d: load failed, releasing it: %s", number, exc)
-            self.machine.load_failed(time.monotonic(), number, epoch)
+            self.machine.load_failed(self.monotonic(), number, epoch)
         else:
-            self.machine.loaded(time.monotonic(), number, epoch, runtime)
+            self.machine.loaded(self.monotonic(), number, epoch, runtime)
         self._perform()
+
+    def _new_runtime(self, number: int, store: PartitionStore) -> Runtime:
+        """Partition ``number``'s runtime, not started (the simulator makes its own
+        subclass here, to watch what the runtime does)."""
+        return Runtime(self._make_core(), store, self.clock, self.metrics,
+                       max_parked_requests=self.max_parked_requests,
+                       max_parked_per_token=self.max_parked_per_token,
+                       partition=number, request_ids=self._request_ids)
 
     async def _watch(self, number: int, runtime: Runtime) -> None:
         """A failed write or check of the partition's runtime drops the partition."""
         await runtime.failed.wait()
-        self.machine.runtime_failed(time.monotonic(), number, runtime,
+        self.machine.runtime_failed(self.monotonic(), number, runtime,
                                     "a write or check failed (see above)")
         self._perform()
 
@@ -565,7 +575,7 @@ class PartitionHost:
                 serving.append(number)
                 groups += len(partition.runtime.core.list_groups())
         log.info("acquired %d partition(s) (%s): %d group(s) loaded in %.0f ms", len(serving),
-                 number_ranges(serving) or "none", groups, (time.monotonic() - started) * 1000)
+                 number_ranges(serving) or "none", groups, (self.monotonic() - started) * 1000)
 
     # ------------------------------------------------------------ catalog
 
@@ -586,7 +596,7 @@ class PartitionHost:
         answering as soon as its lease may have run out (docs/protocol.md,
         "Several coordinators sharing groups").
         """
-        target = self.machine.route(time.monotonic(), self.partition_of(group_id))
+        target = self.machine.route(self.monotonic(), self.partition_of(group_id))
         self._perform()
         if isinstance(target, Runtime) and not target.ready:
             return NotCoordinatorAnswer(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "")
