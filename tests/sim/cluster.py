@@ -62,13 +62,16 @@ next round (by the one it went through at once).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
+
+from mypy_extensions import mypyc_attr
 
 from client.errors import NotCoordinatorError
 from client.routing import (
@@ -81,30 +84,41 @@ from client.routing import (
     SendCall,
 )
 from client.transport import CatalogResponse
-from coordinator.cluster import host_effects as hx
+from coordinator.cluster.host import PartitionHost, PartitionStore
 from coordinator.cluster.host_machine import HostMachine, Partition
 from coordinator.core.config import CoreConfig
-from coordinator.core.records import Record
-from coordinator.storage.leases import CoordinatorRow, LeaseRow, quotas
-from coordinator.storage.postgres import CatalogState, partition_of
+from coordinator.core.records import Record, Snapshot
+from coordinator.core.replay import fold
+from coordinator.metrics import Metrics
+from coordinator.runtime import effects as fx
+from coordinator.runtime.commits import record_group
+from coordinator.runtime.runtime import Runtime
+from coordinator.storage.leases import CoordinatorRow, LeaseRow, Leases, quotas
+from coordinator.storage.postgres import CatalogState, FencedError, PostgresStorage, partition_of
+from coordinator.storage.sqlite import StorageError
 from protocol.catalog import Placement
-from protocol.errors import ErrorCode
 from protocol.messages import Api, NotCoordinatorAnswer
 from sim.events import DriftClock, Sim
-from sim.server import SimCoordinator
+from sim.loop import SimLoop
+from sim.server import SimCore, SimRuntime, SimServing
 
 if TYPE_CHECKING:
     from sim.member import SimMember
     from sim.network import Conn, Network
 
-__all__ = ["NODE_DOWN", "NODE_PAUSED", "NODE_UP", "Cluster", "SimDatabase", "SimNode",
-           "SimRouter"]
+__all__ = ["NODE_DOWN", "NODE_PAUSED", "NODE_UP", "Cluster", "NodeClock", "SimDatabase",
+           "SimHost", "SimLeases", "SimNode", "SimPartition", "SimPostgres", "SimRouter"]
 
 NODE_UP, NODE_PAUSED, NODE_DOWN = "up", "paused", "down"
 #: when every coordinator row says it started (nothing reads it).
 STARTED_AT = datetime(2026, 1, 1, tzinfo=UTC)
 #: a read (a partition's load) is given up after this (host.READ_TIMEOUT_S).
 READ_TIMEOUT_MS = 30_000
+#: a statement's round trip takes at most a lease / this (its latency each way is
+#: drawn up to half of it; docs/operations.md, "Sizing the lease").
+DB_RTT_PER_LEASE = 25
+#: the database's name in what its connections raise.
+SIM_DATABASE = "postgresql://simulated/groupcoord"
 #: how far apart the coordinators' wall clocks are at most (docs/operations.md,
 #: "Clocks"): a minute, hundreds of leases.
 WALL_SKEW_MS = 60_000
@@ -116,6 +130,14 @@ class StatementFailed(Exception):
 
 class Fenced(StatementFailed):
     """A write whose partition's lease is no longer this coordinator's at its epoch."""
+
+    def __init__(self, partition: int, expected: int, owner: str | None, epoch: int) -> None:
+        super().__init__(f"partition {partition}: lease at epoch {epoch} of {owner}, "
+                         f"not epoch {expected}")
+        self.partition = partition
+        self.expected = expected
+        self.owner = owner
+        self.epoch = epoch
 
 
 @dataclass(slots=True)
@@ -136,8 +158,8 @@ class Statement:
     timeout_ms: int
     finished: bool = False
     timeout_armed: bool = False
-    #: a write's epoch (its fence).
-    epoch: int = 0
+    #: a write's fence: partition -> the epoch it was written at.
+    fence: dict[int, int] | None = None
 
 
 class SimDatabase:
@@ -278,17 +300,16 @@ class SimDatabase:
                 renewed.add(p)
         return renewed
 
-    def read_cluster(self, node: SimNode, live_window_ms: int
-                     ) -> tuple[list[CoordinatorRow], list[LeaseRow]]:
-        """Leases.heartbeat, live_coordinators and leases, in one statement."""
+    def live_coordinators(self, within_ms: int) -> list[CoordinatorRow]:
         now = self.sim.now
-        self.register(node)
-        live = [CoordinatorRow(cid, url, STARTED_AT, now - seen)
-                for cid, (url, seen) in sorted(self.seen.items()) if seen > now - live_window_ms]
-        rows = [LeaseRow(p, r.owner, r.url or None, r.epoch,
+        return [CoordinatorRow(cid, url, STARTED_AT, now - seen)
+                for cid, (url, seen) in sorted(self.seen.items()) if seen > now - within_ms]
+
+    def lease_rows(self) -> list[LeaseRow]:
+        now = self.sim.now
+        return [LeaseRow(p, r.owner, r.url or None, r.epoch,
                          r.expires_at - now if r.expires_at >= 0 else -1, None)
                 for p, r in sorted(self.leases.items())]
-        return live, rows
 
     def catalog_state(self, since: int | None) -> CatalogState | None:
         if since is not None and self.catalog_epoch <= since:
@@ -323,42 +344,44 @@ class SimDatabase:
     def load(self, partition: int) -> list[Record]:
         return list(self.records[partition])
 
-    def write(self, node: SimNode, partition: int, epoch: int, records: list[Record],
+    def write(self, node: SimNode, fence: dict[int, int], records: list[Record],
               done: Callable[[Any], None], timeout_ms: int) -> None:
         """A fenced write (see the class docs); ``done(None)`` once committed."""
-        st = Statement(node, node.life, lambda: None, done, timeout_ms, epoch=epoch)
+        st = Statement(node, node.life, lambda: None, done, timeout_ms, fence=fence)
         self.inflight.setdefault(node.id, []).append(st)
-        arg = (st, partition, epoch, records)
+        arg = (st, records)
         if node.id in self.cut:
             self._arm_timeout(st)
             self.held.setdefault(node.id, []).append((self._write_fence, arg))
             return
         self.sim.after(self._latency(slow=True), self._write_fence, arg)
 
-    def _write_fence(self, arg: tuple[Statement, int, int, list[Record]]) -> None:
-        st, partition, epoch, records = arg
+    def _write_fence(self, arg: tuple[Statement, list[Record]]) -> None:
+        st, _ = arg
         node = st.node
         if st.life != node.life:
             return
         if node.id in self.cut:
             self.held.setdefault(node.id, []).append((self._write_fence, arg))
             return
-        row = self.leases[partition]
+        fence = st.fence or {}
         result: StatementFailed | None = None
-        if row.owner != node.id or row.epoch != epoch:
-            self.fenced += 1
-            result = Fenced(f"partition {partition}: lease at epoch {row.epoch} of {row.owner}, "
-                            f"not epoch {epoch} of {node.id}")
-        elif partition in self.locks:
-            result = StatementFailed(f"partition {partition}: lease row locked")
-        if result is not None:
-            self._on_link(node, self._reply, (st, result), at_node=True)
-            return
-        self.locks[partition] = st
-        self.sim.after(self.idle_timeout_ms, self._idle_end, (st, partition))
-        self._on_link(node, self._write_send_commit, (st, partition, records), at_node=True)
+        for partition, epoch in sorted(fence.items()):
+            row = self.leases[partition]
+            if row.owner != node.id or row.epoch != epoch:
+                self.fenced += 1
+                result = Fenced(partition, epoch, row.owner, row.epoch)
+            elif partition in self.locks:
+                result = StatementFailed(f"partition {partition}: lease row locked")
+            if result is not None:
+                self._on_link(node, self._reply, (st, result), at_node=True)
+                return
+        for partition in sorted(fence):
+            self.locks[partition] = st
+            self.sim.after(self.idle_timeout_ms, self._idle_end, (st, partition))
+        self._on_link(node, self._write_send_commit, arg, at_node=True)
 
-    def _write_send_commit(self, arg: tuple[Statement, int, list[Record]]) -> None:
+    def _write_send_commit(self, arg: tuple[Statement, list[Record]]) -> None:
         """At the coordinator: the fence answered; the records and COMMIT go."""
         st = arg[0]
         node = st.node
@@ -373,24 +396,38 @@ class SimDatabase:
         if not st.finished:
             self._on_link(node, self._write_commit, arg)
 
-    def _write_commit(self, arg: tuple[Statement, int, list[Record]]) -> None:
-        st, partition, records = arg
+    def _write_commit(self, arg: tuple[Statement, list[Record]]) -> None:
+        st, records = arg
         node = st.node
         if st.life != node.life:
             return
         if node.id in self.cut:
             self.held.setdefault(node.id, []).append((self._write_commit, arg))
             return
+        fence = st.fence or {}
         result: StatementFailed | None = None
-        if self.locks.get(partition) is not st:
+        if any(self.locks.get(partition) is not st for partition in fence):
             self.ended += 1
             result = StatementFailed("the server ended the transaction (idle in transaction)")
         else:
-            del self.locks[partition]
-            self._check_write(node, partition, st)
+            for partition in sorted(fence):
+                del self.locks[partition]
+                self._check_write(node, partition, fence[partition])
             self.writes += 1
-            self.records[partition].extend(records)
+            self._store(fence, records)
         self._on_link(node, self._reply, (st, result), at_node=True)
+
+    def _store(self, fence: dict[int, int], records: list[Record]) -> None:
+        """The records of a committed write, each in its group's partition (a
+        record of no group, in every partition written)."""
+        if len(fence) == 1:
+            self.records[next(iter(fence))].extend(records)
+            return
+        for record in records:
+            group_id = record_group(record)
+            for partition in ([partition_of(group_id, self.partitions)] if group_id is not None
+                              else sorted(fence)):
+                self.records[partition].append(record)
 
     def _idle_end(self, arg: tuple[Statement, int]) -> None:
         st, partition = arg
@@ -405,11 +442,10 @@ class SimDatabase:
         self.inflight.pop(node.id, None)
         self.held.pop(node.id, None)
 
-    def _check_write(self, node: SimNode, partition: int, st: Statement) -> None:
+    def _check_write(self, node: SimNode, partition: int, epoch: int) -> None:
         """The invariant, from the checker's own log of acquisitions: a write
         commits only for the latest acquisition of its partition, and never
         after a write of a newer epoch (two owners' writes never both commit)."""
-        epoch = st.epoch
         log = self.acquired.get(partition, [])
         latest = log[-1] if log else None
         if latest != (epoch, node.id) and self.on_violation is not None:
@@ -432,9 +468,216 @@ class SimDatabase:
         self.catalog_epoch += 1
 
 
+class NodeClock:
+    """The clock a coordinator's partition runtimes are given (``WallClock`` in
+    production): the process's own time; a timer is one on its event loop."""
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
+
+    def now_ms(self) -> int:
+        return self.node.local()
+
+    def call_at(self, deadline_ms: int, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_at(deadline_ms / 1000, callback)
+
+
+# Not native classes when mypyc compiles the simulator: they extend production classes.
+@mypyc_attr(native_class=False)
+class SimLeases(Leases):
+    """The lease connection (``Leases``): each statement runs at the simulated
+    database, after its latencies, within ``timeout_s``; a failure raises
+    ``StorageError``, as the real connection does."""
+
+    def __init__(self, node: SimNode) -> None:
+        super().__init__(None, SIM_DATABASE, node.id, node.url, node.db.partitions)
+        self.node = node
+
+    async def _statement(self, run: Callable[[], Any]) -> Any:
+        timeout_s = self.timeout_s or READ_TIMEOUT_MS / 1000
+        return await self.node.statement(run, int(timeout_s * 1000))
+
+    async def register(self) -> None:
+        node = self.node
+        await self._statement(lambda: node.db.register(node))
+
+    async def heartbeat(self) -> None:
+        node = self.node
+        await self._statement(lambda: node.db.register(node))
+
+    async def deregister(self) -> None:
+        node = self.node
+        await self._statement(lambda: node.db.deregister(node))
+
+    async def live_coordinators(self, within_ms: int) -> list[CoordinatorRow]:
+        db = self.node.db
+        rows: list[CoordinatorRow] = await self._statement(
+            lambda: db.live_coordinators(within_ms))
+        return rows
+
+    async def leases(self) -> list[LeaseRow]:
+        rows: list[LeaseRow] = await self._statement(self.node.db.lease_rows)
+        return rows
+
+    async def acquire(self, partition: int, lease_ms: int) -> int | None:
+        node = self.node
+        epoch: int | None = await self._statement(
+            lambda: node.db.acquire(node, partition, lease_ms))
+        return epoch
+
+    async def renew(self, held: Mapping[int, int], lease_ms: int) -> set[int]:
+        node = self.node
+        renewed: set[int] = await self._statement(
+            lambda: node.db.renew(node, dict(held), lease_ms))
+        return renewed
+
+    async def release(self, partition: int, epoch: int) -> bool:
+        node = self.node
+        released: bool = await self._statement(lambda: node.db.release(node, partition, epoch))
+        return released
+
+
+@mypyc_attr(native_class=False)
+class SimPostgres(PostgresStorage):
+    """A connection of the coordinator's to the shared database
+    (``PostgresStorage``: the writer's, or the reader's): fenced writes, loads of
+    a partition or a group, the catalog."""
+
+    def __init__(self, node: SimNode) -> None:
+        super().__init__(None, SIM_DATABASE, node.db.partitions, node.id)
+        self.node = node
+
+    async def write(self, records: Sequence[Record], *, fence: Mapping[int, int] | None = None,
+                    timeout: float | None = None) -> float:
+        node = self.node
+        started = node.sim.now
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        timeout_ms = int((timeout or READ_TIMEOUT_MS / 1000) * 1000)
+        node.db.write(node, dict(fence or {}), list(records), partial(node.answered, future),
+                      timeout_ms)
+        result = await future
+        if isinstance(result, Fenced):
+            raise FencedError(self.path, result.partition, result.expected, node.id,
+                              result.owner, result.epoch)
+        if isinstance(result, StatementFailed):
+            raise StorageError(f"database {self.path}: write failed: {result}")
+        return (node.sim.now - started) / 1000
+
+    async def load_partition(self, partition: int) -> Snapshot:
+        db = self.node.db
+        records: list[Record] = await self.node.statement(lambda: db.load(partition),
+                                                          READ_TIMEOUT_MS)
+        return fold(records)
+
+    async def load_group(self, group_id: str) -> Snapshot:
+        db = self.node.db
+        records: list[Record] = await self.node.statement(
+            lambda: db.load(partition_of(group_id, db.partitions)), READ_TIMEOUT_MS)
+        return fold([r for r in records if record_group(r) == group_id])
+
+    async def catalog_state(self) -> CatalogState:
+        state = await self.catalog_since(-1)
+        assert state is not None
+        return state
+
+    async def catalog_since(self, since: int) -> CatalogState | None:
+        db = self.node.db
+        state: CatalogState | None = await self.node.statement(
+            lambda: db.catalog_state(since), READ_TIMEOUT_MS)
+        return state
+
+    def drop_connection(self) -> None:
+        """A read given up: its statement's answer is no longer awaited (the
+        simulated connection holds nothing else)."""
+
+
+@mypyc_attr(native_class=False)
+class SimHost(PartitionHost):
+    """The production partition host of one coordinator's life, on its loop; its
+    partitions' runtimes are made as :class:`~sim.server.SimRuntime`, each with
+    its :class:`SimPartition` (see the module docs)."""
+
+    def __init__(self, node: SimNode) -> None:
+        config = node.cluster.core_config
+        super().__init__(writer_store=SimPostgres(node), reader_store=SimPostgres(node),
+                         leases=SimLeases(node), lease_ms=node.lease_ms,
+                         make_core=lambda: SimCore(config), clock=NodeClock(node),
+                         metrics=Metrics(), monotonic=node.now)
+        self.node = node
+        self.url = node.url
+
+    def _new_runtime(self, number: int, store: PartitionStore) -> Runtime:
+        serving = SimPartition(self.node, number)
+        runtime = SimRuntime(serving, self._make_core(), store, self.clock, self.metrics,
+                             max_parked_requests=self.max_parked_requests,
+                             max_parked_per_token=self.max_parked_per_token,
+                             partition=number, request_ids=self._request_ids)
+        serving.attach(runtime)
+        return runtime
+
+
+class SimPartition(SimServing):
+    """The calls of one partition runtime of a coordinator (:class:`SimServing`),
+    as its HTTP layer makes them. Its stops are the host's (a failed or fenced
+    write stops it, and the host drops the partition): expected, not findings."""
+
+    def __init__(self, node: SimNode, number: int) -> None:
+        super().__init__(node.sim, node.cluster.net)
+        self.node = node
+        self.life = node.life
+        self.number = number
+        self.core_errors = node.cluster.core_errors
+        #: the checker was shown its restored state (once it served).
+        self.restored = False
+        node.servings.append(self)
+
+    def attach(self, runtime: SimRuntime) -> None:
+        self.runtime = runtime
+        core = runtime.core
+        assert isinstance(core, SimCore)
+        self.core = core
+        cluster = self.node.cluster
+        if cluster.on_runtime is not None:
+            cluster.on_runtime(self, self.number == cluster.group_partition)
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.node.run(fn, *args)
+
+    def new_request_id(self) -> int:
+        host = self.node.host
+        assert host is not None
+        return host.new_request_id()
+
+    def new_member_id(self, name: str) -> str:
+        return self.node.cluster.new_member_id(name)
+
+    def accepting(self) -> bool:
+        return self.node.life == self.life and self.node.state == NODE_UP
+
+    def serving(self) -> bool:
+        """Whether its runtime serves (loaded, not stopped or failed)."""
+        runtime = self.runtime
+        return self.accepting() and runtime is not None and runtime.ready
+
+    def observe(self, effect: fx.MachineEffect) -> None:
+        if isinstance(effect, fx.ServingStopped):
+            self.expect_stop = True
+        super().observe(effect)
+
+    def crash(self) -> None:
+        """The process died: the calls waiting here lose their connections."""
+        conns, self._conns = self._conns, {}
+        self._futures.clear()
+        for rid in sorted(conns):
+            conn = conns[rid]
+            if not conn.closed:
+                self.net.reset(conn, "connection reset (coordinator crashed)")
+
+
 class SimNode:
-    """One coordinator process: the simulator's driver of the production
-    :class:`~coordinator.cluster.host_machine.HostMachine` (see the module docs)."""
+    """One coordinator process: the production
+    :class:`~coordinator.cluster.host.PartitionHost` on an event loop of its own
+    (see the module docs)."""
 
     def __init__(self, cluster: Cluster, index: int, clock: DriftClock) -> None:
         self.cluster = cluster
@@ -449,25 +692,32 @@ class SimNode:
         #: bumped by every crash and start: events of an older life are dropped.
         self.life = 0
         self.deferred: list[tuple[Callable[[Any], None], Any]] = []
-        #: the process's memory: a new one at every start.
-        self.machine = self._new_machine()
-        #: the global time of the armed expiry event (None: none armed).
-        self._expiry_at: int | None = None
+        #: the process's memory: its loop and host, new at every start.
+        self.loop: SimLoop | None = None
+        self.host: SimHost | None = None
+        #: the partitions' calls of this life (their connections die with it).
+        self.servings: list[SimPartition] = []
+        #: the global time of the loop's wake-up armed (None: none).
+        self._wake_at: int | None = None
         #: what a graceful stop calls once the process exited.
         self._then: Callable[[], None] | None = None
+        #: the process ends after the loop's step: "failed" (its start failed: it
+        #: is started again a lease later) or "stopped" (a graceful stop).
+        self._ending: str | None = None
         #: a pause armed for the next write's COMMIT (its duration; 0: none).
         self.pause_mid_write = 0
 
-    def _new_machine(self) -> HostMachine[SimCoordinator]:
-        return HostMachine(self.id, self.url, self.db.partitions, self.lease_ms)
+    @property
+    def partitions(self) -> dict[int, Partition[Runtime]]:
+        return self.host.partitions if self.host is not None else {}
 
     @property
-    def partitions(self) -> dict[int, Partition[SimCoordinator]]:
-        return self.machine.partitions
+    def machine(self) -> HostMachine[Runtime] | None:
+        return self.host.machine if self.host is not None else None
 
     @property
     def stopping(self) -> bool:
-        return self.machine.stopping
+        return self.host is not None and self.host.machine.stopping
 
     # ------------------------------------------------------------ events and clock
 
@@ -475,19 +725,13 @@ class SimNode:
         return self.clock.local(self.sim.now)
 
     def now(self) -> float:
-        """The machine's clock: this process's monotonic seconds."""
+        """The host's monotonic clock (and the loop's): this process's seconds."""
         return self.local() / 1000
 
     def at(self, when: int, fn: Callable[[Any], None], arg: Any = None) -> None:
         """An event of this process at global ``when``: dropped if the process
         died meanwhile, kept for its resume while it is paused."""
         self.sim.at(when, self._event, (self.life, fn, arg))
-
-    def _at_local(self, seconds: float, fn: Callable[[Any], None], arg: Any = None) -> int:
-        """An event at ``seconds`` of this process's clock (not before the next ms)."""
-        when = self.clock.global_at(max(self.local() + 1, math.ceil(seconds * 1000)))
-        self.at(when, fn, arg)
-        return when
 
     def _event(self, arg: tuple[int, Callable[[Any], None], Any]) -> None:
         life, fn, inner = arg
@@ -498,14 +742,78 @@ class SimNode:
             return
         fn(inner)
 
-    def gate(self, fn: Callable[[Any], None], arg: Any) -> bool:
-        if self.state == NODE_PAUSED:
-            self.deferred.append((fn, arg))
-            return True
-        return self.state != NODE_UP
-
     def log(self, line: str) -> None:
         self.sim.log(f"{self.id} {line}")
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` on the process's loop, as one step (``SimLoop.run``)."""
+        loop = self.loop
+        assert loop is not None
+        if loop.run(fn, *args):
+            self._stepped(loop)
+
+    def _step(self, loop: SimLoop) -> None:
+        loop.step()
+        self._stepped(loop)
+
+    def _stepped(self, loop: SimLoop) -> None:
+        """After a step: the checker shown each runtime restored, then the
+        process's exit if it ends."""
+        if loop.dead:
+            loop.close()
+            return
+        for serving in self.servings:
+            if not serving.restored and serving.serving():
+                serving.restored = True
+                if serving.on_restored is not None:
+                    serving.on_restored()
+        ending, self._ending = self._ending, None
+        if ending == "failed":
+            # The process exits; its supervisor starts it again a lease later.
+            self._exit()
+            self.sim.after(self.lease_ms, self.start)
+        elif ending == "stopped":
+            self.log("stopped")
+            then, self._then = self._then, None
+            self._exit()  # the process exits: nothing of it remains
+            if then is not None:
+                then()
+
+    def _wake_in(self, seconds: float) -> None:
+        """The loop waits for a timer ``seconds`` away: an event then (at least a
+        ms on, past the timer by this clock)."""
+        when = self.clock.global_at(max(self.local() + 1, math.ceil((self.now() + seconds)
+                                                                   * 1000)))
+        armed = self._wake_at
+        if armed is not None and self.sim.now <= armed <= when:
+            return
+        self._wake_at = when
+        self.at(when, self._wake, when)
+
+    def _wake(self, when: int) -> None:
+        if self._wake_at == when:
+            self._wake_at = None
+            loop = self.loop
+            if loop is not None:
+                self._step(loop)
+
+    async def statement(self, run: Callable[[], Any], timeout_ms: int) -> Any:
+        """``run()`` at the database (see :meth:`SimDatabase.submit`), its answer
+        awaited; ``StorageError`` when it failed or got no answer in time."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.db.submit(self, run, partial(self.answered, future), timeout_ms)
+        result = await future
+        if isinstance(result, StatementFailed):
+            raise StorageError(f"database {SIM_DATABASE}: {result}")
+        return result
+
+    def answered(self, future: asyncio.Future[Any], result: Any) -> None:
+        """The database's answer to a statement of this life (an event at this
+        process: it waits while the process is paused)."""
+        if self.loop is not None and not future.done():
+            self.run(future.set_result, result)
 
     # ------------------------------------------------------------ life cycle
 
@@ -515,8 +823,24 @@ class SimNode:
         self.state = NODE_UP
         self.life += 1
         self.log(f"up (life {self.life})")
-        self.machine.start(self.now())
-        self._perform()
+        loop = self.loop = SimLoop(self.cluster.core_errors, clock=self.now, wake=self._wake_in)
+        self.host = SimHost(self)
+        self.servings = []
+        loop.create_task(self._serve())
+        self._step(loop)
+
+    async def _serve(self) -> None:
+        """``groupcoord serve``'s part: the host started (or the process exits),
+        then its lease loop until the stop."""
+        host = self.host
+        assert host is not None
+        try:
+            await host.start()
+        except StorageError as exc:
+            self.log(f"start failed: {exc}")
+            self._ending = "failed"
+            return
+        await host.run()
 
     def crash(self) -> None:
         if self.state == NODE_DOWN:
@@ -526,15 +850,28 @@ class SimNode:
         self._exit()
 
     def _exit(self) -> None:
-        self._expiry_at = None
+        self._wake_at = None
         self.state = NODE_DOWN
         self.life += 1
         self.deferred.clear()
-        for part in self.partitions.values():
-            if part.runtime is not None:
-                part.runtime.crash()
-        self.machine = self._new_machine()
+        for serving in self.servings:
+            serving.crash()
+        self.servings = []
+        loop = self.loop
+        if loop is not None:
+            loop.dead = True
+            if not loop.is_running():
+                loop.close()
+        self.loop = None
+        self.host = None
         self.db.process_gone(self)
+
+    def shut_down(self) -> None:
+        """The run is over: the loop is closed, what it left pending dropped."""
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.dead = True
+            loop.close()
 
     def pause(self) -> None:
         if self.state == NODE_UP:
@@ -557,167 +894,31 @@ class SimNode:
             fn(arg)
 
     def stop(self, then: Callable[[], None]) -> None:
-        """SIGTERM (host.stop): hand every partition off, then deregister."""
+        """SIGTERM (``PartitionHost.stop``): every partition handed off, then the
+        coordinator's row deleted; the process exits."""
         if self.state != NODE_UP or self.stopping:
             return
         self.log("STOP")
         self._then = then
-        self.machine.stop(self.now())
-        self._perform()
+        self.run(self._begin_stop)
 
-    # ------------------------------------------------------------ the machine's effects
+    def _begin_stop(self) -> None:
+        loop = self.loop
+        assert loop is not None
+        loop.create_task(self._stop())
 
-    def _perform(self) -> None:
-        db = self.db
-        machine = self.machine
-        for effect in machine.take():
-            match effect:
-                case hx.Step():
-                    self._run(effect)
-                case hx.Load(partition=number, epoch=epoch):
-                    part = self.partitions[number]
-                    db.submit(self, partial(db.load, number),
-                              partial(self._loaded, part, epoch), READ_TIMEOUT_MS)
-                case hx.Serve(partition=number, epoch=epoch, runtime=runtime, adoption=adoption):
-                    self.log(f"serving p{number} epoch {epoch} "
-                             f"({len(runtime.durable)} records)")
-                    runtime.start()
-                    runtime.submit(adoption)
-                case hx.Discard(runtime=runtime):
-                    runtime.stop(lambda: None)
-                case hx.Drop(partition=number, epoch=epoch, runtime=runtime, why=why):
-                    self.log(f"drop p{number} epoch {epoch}: {why}")
-                    if runtime is not None:
-                        runtime.abandon()
-                case hx.FreeDropped(partition=number, epoch=epoch):
-                    db.submit(self, partial(db.release, self, number, epoch),
-                              lambda _: None, self._statement_timeout())
-                case hx.Adopt(runtimes=runtimes, command=command):
-                    for runtime in runtimes:
-                        runtime.submit(command)
-                case hx.ArmExpiry(at=at):
-                    self._arm_expiry(at)
-                case hx.DisarmExpiry():
-                    self._expiry_at = None
-                case hx.NextRound(at=at):
-                    self._at_local(at, self._round)
-                case hx.RoundFailed(why=why) | hx.NotAcquired(why=why) if self.cluster.verbose:
-                    self.log(f"{type(effect).__name__}: {why}")
-                case hx.StartFailed(why=why):
-                    # The process exits; its supervisor starts it again a lease later.
-                    self.log(f"start failed: {why}")
-                    self._exit()
-                    self.sim.after(self.lease_ms, self.start)
-                case hx.Stopped():
-                    self.log("stopped")
-                    then, self._then = self._then, None
-                    self._exit()  # the process exits: nothing of it remains
-                    if then is not None:
-                        then()
-                case _:
-                    pass  # a log line of production's (SharedOut, RoundAcquired), Started
-
-    def _run(self, step: hx.Step) -> None:
-        """A step of the machine: a statement at the database, or a hand-off."""
-        db = self.db
-        timeout = self._statement_timeout()
-        run: Callable[[], Any]
-        match step:
-            case hx.Renew(held=held):
-                run = lambda: db.renew(self, dict(held), self.lease_ms)  # noqa: E731
-            case hx.ReadCluster(live_window_ms=window):
-                run = lambda: db.read_cluster(self, window)  # noqa: E731
-            case hx.Acquire(partition=number, lease_ms=lease_ms):
-                run = lambda: db.acquire(self, number, lease_ms)  # noqa: E731
-            case hx.Release(partition=number, epoch=epoch):
-                run = lambda: db.release(self, number, epoch)  # noqa: E731
-            case hx.ReadCatalog(since=since):
-                run, timeout = (lambda: db.catalog_state(since)), READ_TIMEOUT_MS
-            case hx.Register():
-                run = lambda: db.register(self)  # noqa: E731
-            case hx.Deregister():
-                run = lambda: db.deregister(self)  # noqa: E731
-            case hx.HandOff(partition=number, epoch=epoch, runtime=runtime):
-                self.log(f"hand-off p{number} epoch {epoch}")
-                finished = partial(self.at, self.sim.now, self._step_done, (step, None))
-                if runtime is not None:
-                    runtime.stop(finished)
-                else:
-                    finished()
-                return
-            case _:
-                raise TypeError(f"unknown step {step!r}")
-        db.submit(self, run, lambda result: self._step_done((step, result)), timeout)
-
-    def _step_done(self, arg: tuple[hx.Step, Any]) -> None:
-        step, result = arg
-        if isinstance(result, StatementFailed):
-            self.machine.failed(self.now(), step, str(result))
-        else:
-            self.machine.done(self.now(), step, result)
-        self._perform()
-
-    def _statement_timeout(self) -> int:
-        """Leases.timeout_s, as PartitionHost sets it."""
-        return max(500, self.lease_ms // 2)
-
-    def _round(self, _: Any = None) -> None:
-        self.machine.begin_round(self.now())
-        self._perform()
-
-    def _loaded(self, part: Partition[SimCoordinator], epoch: int, records: Any) -> None:
-        if isinstance(records, StatementFailed):
-            self.machine.load_failed(self.now(), part.number, epoch)
-        else:
-            runtime = self.cluster.make_runtime(self, part, records)
-            self.machine.loaded(self.now(), part.number, epoch, runtime)
-        self._perform()
-
-    def write(self, part: Partition[SimCoordinator], runtime: SimCoordinator,
-              batch: tuple[Record, ...]) -> None:
-        """PartitionStore.write: checked against the lease by this clock, then
-        fenced by the epoch at the database (timeout: a lease)."""
-        if not part.lease.valid(self.now()):
-            self._failed(part, runtime, "its lease ran out by this coordinator's clock")
-            return
-        records = list(batch)
-        epoch = part.lease.epoch
-
-        def done(result: Any) -> None:
-            failed = isinstance(result, StatementFailed)
-            if failed:
-                self._failed(part, runtime, f"write failed: {result}")
-            runtime.write_result(batch, not failed)
-
-        self.db.write(self, part.number, epoch, records, done, self.lease_ms)
-
-    def _failed(self, part: Partition[SimCoordinator], runtime: SimCoordinator,
-                why: str) -> None:
-        self.machine.runtime_failed(self.now(), part.number, runtime, why)
-        self._perform()
-
-    def _arm_expiry(self, at: float) -> None:
-        """The expiry timer at ``at``. One event at a time: an armed one that fires
-        earlier than needed (the lease was renewed since) just arms the next."""
-        # One ms past: LocalLease.valid is then false by this clock.
-        when = self.clock.global_at(int(at * 1000) + 1)
-        armed = self._expiry_at
-        if armed is not None and self.sim.now <= armed <= when:
-            return
-        self._expiry_at = when
-        self.at(when, self._expiry_event, when)
-
-    def _expiry_event(self, when: int) -> None:
-        if self._expiry_at == when:
-            self._expiry_at = None
-            self.machine.expire(self.now())
-            self._perform()
+    async def _stop(self) -> None:
+        host = self.host
+        assert host is not None
+        await host.stop()
+        self._ending = "stopped"
 
     def adopt_catalog(self, state: CatalogState) -> None:
-        self.machine.adopt_catalog(state)
-        self._perform()
+        host = self.host
+        if host is not None:
+            self.run(host.adopt_catalog, state)
 
-    # ------------------------------------------------------------ routing (host.route)
+    # ------------------------------------------------------------ routing (the HTTP layer)
 
     def on_request(self, conn: Conn) -> None:
         if self.state == NODE_DOWN:
@@ -728,41 +929,41 @@ class SimNode:
             # meanwhile (a find given up and sent elsewhere).
             self.deferred.append((self._request_later, (conn, conn.leg)))
             return
-        self._route(conn)
+        self.run(self._route, conn)
 
     def _request_later(self, arg: tuple[Conn, int]) -> None:
         conn, leg = arg
         if conn.leg == leg:
-            self._route(conn)
+            self.run(self._route, conn)
 
     def _route(self, conn: Conn) -> None:
         net = self.cluster.net
-        machine = self.machine
-        number = self.cluster.group_partition
+        host = self.host
+        assert host is not None
+        group = self.cluster.group
         if conn.finding:
-            net.answer(conn, machine.find_coordinator(number))
+            net.answer(conn, host.find_coordinator(group))
             return
         if conn.api == Api.RESOURCES:
-            net.answer(conn, CatalogResponse(machine.resources_epoch, dict(machine.catalog),
-                                             dict(machine.placement)))
+            net.answer(conn, CatalogResponse(host.resources_epoch, dict(host.catalog),
+                                             dict(host.placement)))
             return
-        target = machine.route(self.now(), number)
-        self._perform()
+        target = host.route(group)
         if isinstance(target, NotCoordinatorAnswer):
             net.answer(conn, target)
-        elif not target.up:
-            net.answer(conn, NotCoordinatorAnswer(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ""))
-        else:
-            conn.server = target
-            target.on_request(conn)
+            return
+        assert isinstance(target, SimRuntime)
+        serving = target.observer
+        conn.server = serving
+        serving.serve(conn)
 
     def on_close(self, conn: Conn) -> None:
         if self.state == NODE_PAUSED:
             self.deferred.append((self.on_close, conn))
             return
-        runtime = conn.server
-        if self.state == NODE_UP and isinstance(runtime, SimCoordinator):
-            runtime.on_close(conn)
+        serving = conn.server
+        if self.state == NODE_UP and isinstance(serving, SimPartition):
+            serving.on_close(conn)
 
 
 class Cluster:
@@ -777,6 +978,9 @@ class Cluster:
         self.core_config = core
         self.lease_ms = lease_ms
         self.rng = random.Random(seed * 97 + 13)
+        # A database sized as docs/operations.md says: a round trip well inside a
+        # lease (a round is about six statements in a row); a slower one is a fault.
+        db_ms = (db_ms[0], min(db_ms[1], max(2, lease_ms // DB_RTT_PER_LEASE)))
         self.db = SimDatabase(sim, random.Random(seed * 89 + 29), partitions, db_ms, catalog)
         self.db.idle_timeout_ms = lease_ms
         self.db.placement = dict(placement or {})
@@ -796,7 +1000,9 @@ class Cluster:
         self.core_errors: list[str] = []
         self._member_ids = 0
         #: hooks of the world: a runtime made for a partition (it wires its checks).
-        self.on_runtime: Callable[[SimCoordinator, bool], None] | None = None
+        self.on_runtime: Callable[[SimPartition, bool], None] | None = None
+        for node in self.nodes:
+            sim.at_end.append(node.shut_down)
 
     @property
     def verbose(self) -> bool:
@@ -811,30 +1017,21 @@ class Cluster:
         self._member_ids += 1
         return f"{name}-m{self._member_ids}"
 
-    def make_runtime(self, node: SimNode, part: Partition[SimCoordinator],
-                     records: list[Record]) -> SimCoordinator:
-        runtime = SimCoordinator(self.sim, self.net, random.Random(self.rng.getrandbits(64)),
-                                 self.core_config, disk_ms=(0, 0), clock=node.clock)
-        runtime.durable = records
-        runtime.core_errors = self.core_errors
-        runtime.gate = node.gate
-        runtime.new_member_id = self.new_member_id
-        runtime.write = lambda batch: node.write(part, runtime, batch)
-        if self.on_runtime is not None:
-            self.on_runtime(runtime, part.number == self.group_partition)
-        return runtime
-
-    def group_runtime(self) -> SimCoordinator | None:
+    def group_runtime(self) -> SimPartition | None:
         """The runtime serving the group now: of the newest epoch among those up."""
-        best: tuple[int, SimCoordinator] | None = None
+        best: tuple[int, SimPartition] | None = None
         for node in self.nodes:
             if node.state == NODE_DOWN:
                 continue
             part = node.partitions.get(self.group_partition)
-            if part is None or part.runtime is None or not part.runtime.up:
+            runtime = part.runtime if part is not None else None
+            if part is None or not isinstance(runtime, SimRuntime):
+                continue
+            serving = runtime.observer
+            if not isinstance(serving, SimPartition) or not serving.serving():
                 continue
             if best is None or part.lease.epoch > best[0]:
-                best = (part.lease.epoch, part.runtime)
+                best = (part.lease.epoch, serving)
         return best[1] if best is not None else None
 
     def group_owner(self) -> SimNode | None:
@@ -842,7 +1039,7 @@ class Cluster:
         runtime = self.group_runtime()
         for node in self.nodes:
             part = node.partitions.get(self.group_partition)
-            if part is not None and runtime is not None and part.runtime is runtime:
+            if part is not None and runtime is not None and part.runtime is runtime.runtime:
                 return node
         return None
 
@@ -866,7 +1063,8 @@ class Cluster:
                 served[p] = served.get(p, 0) + 1
         return (len(served) == self.db.partitions
                 and all(count == 1 for count in served.values())
-                and all(node.machine.find_coordinator(p).error is None
+                and all(node.host is not None
+                        and node.host.machine.find_coordinator(p).error is None
                         for node in up for p in range(self.db.partitions)))
 
     def node(self, name: str) -> SimNode | None:

@@ -223,12 +223,7 @@ class SimMember:
 
     def run(self, fn: Callable[..., Any], *args: Any) -> None:
         """``fn(*args)`` as one step of the member's loop (at once when inside one)."""
-        loop = self.loop
-        if loop.is_running():
-            fn(*args)
-            return
-        loop.call_soon(fn, *args)
-        loop.step()
+        self.loop.run(fn, *args)
 
     def _task(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self.loop.create_task(coroutine)

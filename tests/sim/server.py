@@ -44,13 +44,10 @@ stops: the server exits and is started again), and the parked-request limits
 as the principal), cut down for a while as when other groups' calls fill
 them. A failure the world injected is expected, not a finding; any other is.
 
-With several coordinators (:mod:`sim.cluster`) one of these is the runtime
-of one partition a coordinator owns: its clock is the coordinator's drifting
-clock, its writes are fenced writes to the simulated database (``write``, the
-owner reporting with :meth:`write_result`), its timers wait while the
-coordinator is paused (``gate``), and it can be abandoned (a lease run out, a
-fenced or failed write: ``Runtime.abandon``) or stopped for a hand-off
-(``Runtime.stop``: writes finished, parked calls answered ``NOT_COORDINATOR``).
+With several coordinators (:mod:`sim.cluster`) each partition's runtime is
+made by the production partition host; what it shares with this one is
+:class:`SimServing`: the connections and futures of its calls, and what the
+checker is shown of what it does.
 """
 
 from __future__ import annotations
@@ -83,10 +80,12 @@ from coordinator.core.coordinator import CoreFailure, GroupCoordinator
 from coordinator.core.effects import Effect, GroupStateChanged
 from coordinator.core.records import JournalEntry, Record, Snapshot
 from coordinator.core.replay import fold
+from coordinator.metrics import Metrics
 from coordinator.runtime import effects as fx
 from coordinator.runtime import machine as rm
+from coordinator.runtime.clock import Clock
 from coordinator.runtime.commits import command_group, record_group
-from coordinator.runtime.runtime import Runtime
+from coordinator.runtime.runtime import Core, Runtime, Store
 from coordinator.storage.sqlite import RecordError, StorageError
 from protocol.catalog import Weights, Zones
 from protocol.errors import ErrorCode
@@ -102,11 +101,11 @@ from sim.events import SimTimer
 from sim.loop import SimLoop
 
 if TYPE_CHECKING:
-    from sim.events import DriftClock, Sim
+    from sim.events import Sim
     from sim.network import Conn, Network
 
 __all__ = ["InjectedFault", "RuntimeFaults", "SimClock", "SimCoordinator", "SimCore",
-           "SimStore"]
+           "SimRuntime", "SimServing", "SimStore"]
 
 _COMMANDS: dict[type, Callable[[int, Any], Command]] = {
     HeartbeatRequest: Heartbeat, LeaveRequest: Leave, CommitRequest: Commit,
@@ -178,9 +177,7 @@ class SimClock:
     def call_at(self, deadline_ms: int, callback: Callable[[], None]) -> SimTimer:
         coordinator = self.coordinator
         timer = SimTimer(callback)
-        clock = coordinator.clock
-        when = deadline_ms if clock is None else clock.global_at(deadline_ms)
-        coordinator.sim.at(when, coordinator.fire, (coordinator.epoch, timer))
+        coordinator.sim.at(deadline_ms, coordinator.fire, (coordinator.epoch, timer))
         return timer
 
 
@@ -236,49 +233,191 @@ class SimRuntime(Runtime):
     """The production runtime, its effects also shown to the simulation (the
     checker's ``Applied``, the findings and the trace) before it carries them out."""
 
-    def __init__(self, coordinator: SimCoordinator, core: SimCore) -> None:
-        super().__init__(core, SimStore(coordinator), SimClock(coordinator),
-                         max_parked_requests=coordinator.max_parked_requests,
-                         max_parked_per_token=coordinator.max_parked_per_token,
-                         storage_check_interval_ms=coordinator.storage_check_ms,
-                         request_ids=coordinator.request_ids)
+    def __init__(self, observer: SimServing, core: Core, store: Store, clock: Clock,
+                 metrics: Metrics | None = None, **limits: Any) -> None:
+        super().__init__(core, store, clock, metrics, **limits)
         self.machine.trace = True
-        self.observer = coordinator
+        self.observer = observer
 
     def _carry_out(self, effect: fx.MachineEffect) -> None:
         self.observer.observe(effect)
         super()._carry_out(effect)
 
 
-class SimCoordinator:
+class SimServing:
+    """What a runtime serving calls has of the simulation: its calls' connections
+    and futures, and what the checker is shown of what it does (one server's
+    :class:`SimCoordinator`, or a partition's runtime, :class:`sim.cluster.SimPartition`).
+
+    A request becomes the command the HTTP layer would build (its request id,
+    a new member id for a first join, the caller's token as its principal);
+    ``Runtime.request`` answers it or gives a future, whose answer is sent on
+    its connection; a connection closed first cancels the future (the runtime
+    then tells its core that the caller went).
+    """
+
+    def __init__(self, sim: Sim, net: Network, tokens: dict[str, str] | None = None) -> None:
+        self.sim, self.net = sim, net
+        #: worker name -> its token (authentication on: the principal of its calls).
+        self.tokens = tokens or {}
+        self.core: SimCore | None = None
+        self.runtime: SimRuntime | None = None
+        #: a serving stop the world caused (a failed write or check) is expected.
+        self.expect_stop = False
+        self.core_errors: list[str] = []
+        #: request id -> the connection waiting for its answer.
+        self._conns: dict[int, Conn] = {}
+        #: request id -> the future of a call the runtime answers later.
+        self._futures: dict[int, asyncio.Future[fx.Answer]] = {}
+        #: request id -> who waits for the answer of a call made in-process
+        #: (:meth:`SimCoordinator.call`: the world's own client of another group).
+        self._calls: dict[int, Callable[[fx.Answer], None]] = {}
+        #: hooks of the invariant checker.
+        self.on_effects: Callable[[Command, list[Effect], Conn | None], None] | None = None
+        self.on_restored: Callable[[], None] | None = None
+        #: an answer sent on a connection (the world's reply-after-commit check).
+        self.on_sent: Callable[[Conn, fx.Answer], None] | None = None
+        #: an answer sent (several coordinators: a commit's checks wait for this).
+        self.on_resolved: Callable[[int, fx.Answer], None] | None = None
+
+    # ------------------------------------------------------------ what subclasses say
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` on the process's loop, as one step (or within the step
+        running)."""
+        raise NotImplementedError
+
+    def new_request_id(self) -> int:
+        """``Runtime.new_request_id``: the next request id of the process."""
+        raise NotImplementedError
+
+    def new_member_id(self, name: str) -> str:
+        """The member id a first join of worker ``name`` is given."""
+        raise NotImplementedError
+
+    def accepting(self) -> bool:
+        """Whether the process is there to read a connection's close."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ the network side
+
+    def serve(self, conn: Conn) -> None:
+        """A protocol call on ``conn``, as the HTTP layer makes it a command."""
+        rid = conn.rid = self.new_request_id()
+        request = conn.request
+        command: CallCommand
+        principal = self.tokens.get(conn.member.name)
+        if isinstance(request, JoinRequest):
+            command = Join(rid, request, conn.member.name, self.new_member_id(conn.member.name),
+                           principal)
+        elif conn.api == "sync":
+            command = Sync(rid, request, principal)
+        else:
+            command = cast(CallCommand, _COMMANDS[type(request)](rid, request))
+        self._conns[rid] = conn
+        self._run(self._request, command)
+
+    def _request(self, command: CallCommand) -> None:
+        runtime = self.runtime
+        assert runtime is not None
+        rid = command.request_id
+        answer = runtime.request(command)
+        if isinstance(answer, asyncio.Future):
+            self._futures[rid] = answer
+            answer.add_done_callback(partial(self._resolved, rid))
+        else:
+            self._answer(rid, answer)
+
+    def _resolved(self, rid: int, future: asyncio.Future[fx.Answer]) -> None:
+        if self._futures.pop(rid, None) is future and not future.cancelled():
+            self._answer(rid, future.result())
+
+    def awaited(self, rid: int) -> bool:
+        """Whether a caller still waits for the answer of request ``rid``."""
+        return rid in self._conns or rid in self._calls
+
+    def on_close(self, conn: Conn) -> None:
+        rid = conn.rid
+        if rid is None or not self.accepting() or self._conns.get(rid) is not conn:
+            return
+        del self._conns[rid]
+        future = self._futures.pop(rid, None)
+        if future is not None:
+            # The runtime's own callback on the future tells the core the caller went.
+            self._run(future.cancel)
+
+    def _answer(self, rid: int, answer: fx.Answer) -> None:
+        conn = self._conns.pop(rid, None)
+        if conn is None:
+            answered = self._calls.pop(rid, None)
+            if answered is not None:
+                answered(answer)
+            return
+        # Sent even if the member gave up meanwhile (its close is still on the
+        # way): the member drops an answer on a connection it closed.
+        self.net.answer(conn, answer)
+        if self.on_sent is not None:
+            self.on_sent(conn, answer)
+        if self.on_resolved is not None:
+            self.on_resolved(rid, answer)
+
+    # ------------------------------------------------------------ what the runtime did
+
+    def observe(self, effect: fx.MachineEffect) -> None:
+        """An effect of the runtime's machine, before the runtime carries it out:
+        the checker's view, the findings and the trace."""
+        match effect:
+            case fx.Applied(command=command, effects=effects):
+                if self.on_effects is not None:
+                    of = getattr(command, "request_id", None)
+                    conn = self._conns.get(of) if isinstance(of, int) else None
+                    self.on_effects(command, list(effects), conn)
+            case fx.CoreRaised(command=name, error=error):
+                if not (isinstance(error, CoreFailure)
+                        and isinstance(error.cause, InjectedFault)):
+                    self.core_errors.append(f"core raised {error!r} on {name}")
+                self.sim.log(f"coord CORE ERROR {error!r}")
+            case fx.GroupEvicted(group_id=group_id, why=why):
+                self.sim.log(f"coord evicted {group_id}: {why}")
+            case fx.GroupReloaded(group_id=group_id, found=found):
+                self.sim.log(f"coord reloaded {group_id}: {found}")
+                if self.on_restored is not None:
+                    self.on_restored()
+            case fx.ServingStopped(why=why):
+                if self.expect_stop:
+                    self.expect_stop = False
+                else:
+                    self.core_errors.append(f"stopped serving: {why}")
+                self.sim.log(f"coord STOPPED SERVING {why}")
+            case GroupStateChanged():
+                self.sim.log(f"coord group {effect.old_state}->{effect.new_state} "
+                             f"gen={effect.generation_id} {effect.reason}")
+            case _:
+                pass
+
+
+class SimCoordinator(SimServing):
+    """The one-process server (``groupcoord serve`` on SQLite): the runtime on
+    the simulated disk and clock, crashed, restarted and stopped by the world."""
+
     def __init__(self, sim: Sim, net: Network, rng: random.Random, config: CoreConfig, *,
-                 disk_ms: tuple[int, int], clock: DriftClock | None = None,
+                 disk_ms: tuple[int, int],
                  max_parked_requests: int = _DEFAULTS.max_parked_requests,
                  max_parked_per_token: int = _DEFAULTS.max_parked_per_token,
                  storage_check_ms: int = 0, tokens: dict[str, str] | None = None) -> None:
-        self.sim, self.net, self.rng, self.config = sim, net, rng, config
+        super().__init__(sim, net, tokens)
+        self.rng, self.config = rng, config
         #: the limits and the idle storage check each runtime runs with.
         self.max_parked_requests = max_parked_requests
         self.max_parked_per_token = max_parked_per_token
         self.storage_check_ms = storage_check_ms
-        #: worker name -> its token (authentication on: the principal of its calls).
-        self.tokens = tokens or {}
         self.faults = RuntimeFaults()
         #: the record a refused write held (refused again in every write holding it).
         self._refused_record: Record | None = None
-        #: a serving stop the world caused (a failed write or check) is expected.
-        self.expect_stop = False
         #: the server exited on a failure (the world starts it again).
         self.on_exit: Callable[[], None] | None = None
-        #: request id -> who waits for the answer of a call made in-process
-        #: (:meth:`call`: the world's own client of another group).
-        self._calls: dict[int, Callable[[fx.Answer], None]] = {}
         #: after every step: the world's checks of the machine's bookkeeping.
         self.on_step: Callable[[], None] | None = None
-        #: an answer sent on a connection (the world's reply-after-commit check).
-        self.on_sent: Callable[[Conn, fx.Answer], None] | None = None
-        #: the process's monotonic clock (None: the global one, a single coordinator).
-        self.clock = clock
         #: (min, max) commit latency of one batch.
         self.disk_ms = disk_ms
         self.slow_disk_until = -1
@@ -287,70 +426,54 @@ class SimCoordinator:
         #: (a slow write or read outlasts its fault).
         self.inflight_done_at = 0
         self.up = False
-        #: bumped by every crash, abandon and stop: events of an older incarnation
-        #: are dropped.
+        #: bumped by every crash and stop: events of an older incarnation are dropped.
         self.epoch = 0
-        self.core: SimCore | None = None
-        #: the runtime serving, its machine and its loop; kept after an abandon
-        #: until its write returns.
-        self.runtime: SimRuntime | None = None
+        #: the runtime's machine and loop.
         self.machine: rm.RuntimeMachine | None = None
         self.loop: SimLoop | None = None
         self.durable: list[Record] = []
         #: this server's request ids (``Runtime.new_request_id``), across restarts.
         self.request_ids = itertools.count(1)
         self._member_ids = 0
-        #: request id -> the connection waiting for its answer.
-        self._conns: dict[int, Conn] = {}
-        #: request id -> the future of a call the runtime answers later.
-        self._futures: dict[int, asyncio.Future[fx.Answer]] = {}
         #: the outstanding write: its records and the future the store awaits.
         self._writing: tuple[tuple[Record, ...], asyncio.Future[float]] | None = None
         #: calls out of the process, made once the loop's step is over.
         self._after_step: list[Callable[[], None]] = []
-        #: hooks of the invariant checker.
-        self.on_effects: Callable[[Command, list[Effect], Conn | None], None] | None = None
-        self.on_restored: Callable[[], None] | None = None
-        #: an answer sent (several coordinators: a commit's checks wait for this).
-        self.on_resolved: Callable[[int, fx.Answer], None] | None = None
         self.crashes = 0
-        self.core_errors: list[str] = []
-        #: several coordinators: records go to the database through this (the
-        #: owner calls :meth:`write_result`); None: the simulated disk.
-        self.write: Callable[[tuple[Record, ...]], None] | None = None
-        #: several coordinators: True when the event must wait (the process is
-        #: paused; it is kept and replayed) or must not run (it is gone).
-        self.gate: Callable[[Callable[[Any], None], Any], bool] | None = None
-        #: a member id for a first join (several coordinators: unique across them).
-        self.new_member_id: Callable[[str], str] | None = None
-        #: a hand-off in progress: called once the writes are done and the
-        #: parked calls answered.
+        #: a stop in progress: called once the writes are done and the parked
+        #: calls answered.
         self._stopped: Callable[[], None] | None = None
-        #: inside abandon(): a hand-off it ends is told after it (as a later event).
-        self._abandoning = False
         sim.at_end.append(self._shut_down)
 
     def now(self) -> int:
-        """The time the runtime is given: the process's own clock."""
-        clock = self.clock
-        return self.sim.now if clock is None else clock.local(self.sim.now)
+        """The time the runtime is given (one server: the global clock)."""
+        return self.sim.now
+
+    def new_member_id(self, name: str) -> str:
+        self._member_ids += 1
+        return f"{name}-m{self._member_ids}"
+
+    def accepting(self) -> bool:
+        return self.up
 
     # ------------------------------------------------------------ steps of the loop
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> None:
-        """``fn(*args)`` on the process's loop, as one step. Inside a step already
-        (a call back in from the step's own hooks): at once, within it."""
+        """``fn(*args)`` on the process's loop, as one step (``SimLoop.run``)."""
         loop = self.loop
         assert loop is not None
-        if loop.is_running():
-            fn(*args)
-            return
-        loop.call_soon(fn, *args)
-        self._step(loop)
+        runtime = self.runtime
+        if loop.run(fn, *args):
+            self._stepped(loop, runtime)
 
     def _step(self, loop: SimLoop) -> None:
         runtime = self.runtime
         loop.step()
+        self._stepped(loop, runtime)
+
+    def _stepped(self, loop: SimLoop, runtime: SimRuntime | None) -> None:
+        """After a step: the calls out of the process, then the checks, then an
+        exit if the runtime failed."""
         while self._after_step:
             calls, self._after_step = self._after_step, []
             for call in calls:
@@ -375,7 +498,11 @@ class SimCoordinator:
     def start(self) -> None:
         core = self.core = SimCore(self.config)
         loop = self.loop = SimLoop(self.core_errors)
-        runtime = self.runtime = SimRuntime(self, core)
+        runtime = self.runtime = SimRuntime(
+            self, core, SimStore(self), SimClock(self),
+            max_parked_requests=self.max_parked_requests,
+            max_parked_per_token=self.max_parked_per_token,
+            storage_check_interval_ms=self.storage_check_ms, request_ids=self.request_ids)
         self.machine = runtime.machine
         self._writing = None
         self.expect_stop = False
@@ -456,106 +583,12 @@ class SimCoordinator:
             self.net.answer(conn, CatalogResponse(core.resources_epoch, dict(core.catalog()),
                                                   dict(core.catalog_placement())))
             return
-        rid = conn.rid = self.new_request_id()
-        request = conn.request
-        command: CallCommand
-        principal = self.tokens.get(conn.member.name)
-        if isinstance(request, JoinRequest):
-            if self.new_member_id is not None:
-                new_id = self.new_member_id(conn.member.name)
-            else:
-                self._member_ids += 1
-                new_id = f"{conn.member.name}-m{self._member_ids}"
-            command = Join(rid, request, conn.member.name, new_id, principal)
-        elif conn.api == "sync":
-            command = Sync(rid, request, principal)
-        else:
-            command = cast(CallCommand, _COMMANDS[type(request)](rid, request))
-        self._conns[rid] = conn
-        self._run(self._request, command)
+        self.serve(conn)
 
-    def _request(self, command: CallCommand) -> None:
-        runtime = self.runtime
-        assert runtime is not None
-        rid = command.request_id
-        answer = runtime.request(command)
-        if isinstance(answer, asyncio.Future):
-            self._futures[rid] = answer
-            answer.add_done_callback(partial(self._resolved, rid))
-        else:
-            self._answer(rid, answer)
-
-    def _resolved(self, rid: int, future: asyncio.Future[fx.Answer]) -> None:
-        if self._futures.pop(rid, None) is future and not future.cancelled():
-            self._answer(rid, future.result())
-
-    def awaited(self, rid: int) -> bool:
-        """Whether a caller still waits for the answer of request ``rid``."""
-        return rid in self._conns or rid in self._calls
-
-    def on_close(self, conn: Conn) -> None:
-        rid = conn.rid
-        if rid is None or not self.up or self._conns.get(rid) is not conn:
-            return
-        del self._conns[rid]
-        future = self._futures.pop(rid, None)
-        if future is not None:
-            # The runtime's own callback on the future tells the core the caller went.
-            self._run(future.cancel)
-
-    def _answer(self, rid: int, answer: fx.Answer) -> None:
-        conn = self._conns.pop(rid, None)
-        if conn is None:
-            answered = self._calls.pop(rid, None)
-            if answered is not None:
-                answered(answer)
-            return
-        # Sent even if the member gave up meanwhile (its close is still on the
-        # way): the member drops an answer on a connection it closed.
-        self.net.answer(conn, answer)
-        if self.on_sent is not None:
-            self.on_sent(conn, answer)
-        if self.on_resolved is not None:
-            self.on_resolved(rid, answer)
-
-    # ------------------------------------------------------------ what the runtime did
-
-    def observe(self, effect: fx.MachineEffect) -> None:
-        """An effect of the runtime's machine, before the runtime carries it out:
-        the checker's view, the findings and the trace."""
-        match effect:
-            case fx.Applied(command=command, effects=effects):
-                if self.on_effects is not None:
-                    of = getattr(command, "request_id", None)
-                    conn = self._conns.get(of) if isinstance(of, int) else None
-                    self.on_effects(command, list(effects), conn)
-            case fx.CoreRaised(command=name, error=error):
-                if not (isinstance(error, CoreFailure)
-                        and isinstance(error.cause, InjectedFault)):
-                    self.core_errors.append(f"core raised {error!r} on {name}")
-                self.sim.log(f"coord CORE ERROR {error!r}")
-            case fx.GroupEvicted(group_id=group_id, why=why):
-                self.sim.log(f"coord evicted {group_id}: {why}")
-            case fx.GroupReloaded(group_id=group_id, found=found):
-                self.sim.log(f"coord reloaded {group_id}: {found}")
-                if self.on_restored is not None:
-                    self.on_restored()
-            case fx.ServingStopped(why=why):
-                if self.expect_stop:
-                    self.expect_stop = False
-                else:
-                    self.core_errors.append(f"stopped serving: {why}")
-                self.sim.log(f"coord STOPPED SERVING {why}")
-            case GroupStateChanged():
-                self.sim.log(f"coord group {effect.old_state}->{effect.new_state} "
-                             f"gen={effect.generation_id} {effect.reason}")
-            case _:
-                pass
+    # ------------------------------------------------------------ the runtime's timers
 
     def fire(self, arg: tuple[int, SimTimer]) -> None:
         """A timer of the runtime's clock is due."""
-        if self.gate is not None and self.gate(self.fire, arg):
-            return
         epoch, timer = arg
         if epoch != self.epoch or timer.cancelled or self.loop is None:
             return  # cancelled, or from before a crash
@@ -573,11 +606,6 @@ class SimCoordinator:
     def start_write(self, records: tuple[Record, ...], future: asyncio.Future[float]) -> None:
         """``SimStore.write``: the write of ``records``, whose outcome ``future`` gets."""
         self._writing = (records, future)
-        write = self.write
-        if write is not None:
-            # After the step: the owner may drop the partition at once (its lease).
-            self._after_step.append(lambda: write(records))
-            return
         refuse = self.faults.refuse
         if refuse is not None:
             poisoned = next((r for r in records if record_group(r) == refuse[0]), None)
@@ -627,53 +655,6 @@ class SimCoordinator:
         self._run(future.set_result,
                   fold([r for r in self.durable if record_group(r) == group_id]))
 
-    # ------------------------------------------------------------ several coordinators
-
-    def write_result(self, records: tuple[Record, ...], ok: bool) -> None:
-        """The database answered the write of ``records``: committed (``ok``) or not
-        (the owner drops the partition first). A hand-off abandoned meanwhile goes
-        on now: ``Runtime.stop`` waits for the write in flight, whatever happened."""
-        writing = self._writing
-        if self.loop is None or writing is None or writing[0] is not records:
-            return
-        self._writing = None
-        future = writing[1]
-        if ok:
-            if self.up:
-                self.durable.extend(records)
-            self._run(future.set_result, 0.0)
-        else:
-            self._run(future.set_exception, StorageError("the database did not take the write"))
-        if not self.up:
-            self._drop_abandoned()
-
-    def abandon(self) -> None:
-        """``Runtime.abandon``: serve nothing more from memory at once -- timers and
-        uncommitted writes dropped, every waiting call answered
-        ``COORDINATOR_NOT_AVAILABLE`` (its outcome unknown: a write in flight may
-        still commit). The runtime is kept until that write returns
-        (:meth:`write_result`); a hand-off in progress ends then."""
-        runtime = self.runtime
-        if not self.up or runtime is None:
-            return
-        self._abandoning = True
-        self._run(runtime.abandon)
-        self._abandoning = False
-        self.up = False
-        self.epoch += 1
-        self.core = None
-        if not runtime.machine.writing:
-            self._drop_abandoned()
-
-    def _drop_abandoned(self) -> None:
-        """An abandoned runtime with no write in flight: nothing of it runs any more."""
-        loop = self.loop
-        self.machine = self.runtime = self.loop = None
-        if loop is not None:
-            loop.dead = True
-            if not loop.is_running():
-                loop.close()
-
     def stop(self, done: Callable[[], None],
              code: ErrorCode = ErrorCode.NOT_COORDINATOR) -> None:
         """``Runtime.stop(code)``: timers cancelled, the pending writes committed,
@@ -698,11 +679,7 @@ class SimCoordinator:
             self._gone()
         else:
             self.machine = None
-        if done is None:
-            return
-        if self._abandoning:
-            self.sim.after(0, lambda _: done())
-        else:
+        if done is not None:
             self._after_step.append(done)
 
     # ------------------------------------------------------------ admin helpers

@@ -30,6 +30,7 @@ from client.member_state import MemberConfig
 from coordinator.core.commands import Command, Commit
 from coordinator.core.coordinator import CoreFailure, GroupCoordinator
 from coordinator.core.effects import Effect
+from coordinator.core.records import Record
 from sim import SeedResult, report, run_seed
 from sim.cluster import SimDatabase, Statement
 from sim.run import make_config
@@ -147,12 +148,13 @@ def test_a_write_committed_after_a_takeover_is_a_violation(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The checker's teeth: a database that lets the zombie's COMMIT through
     (its transaction ended, its partition acquired by another meanwhile)."""
-    def commit_anyway(self: SimDatabase, arg: tuple[Statement, int, list[object]]) -> None:
-        st, partition, records = arg
-        if self.locks.get(partition) is st:
-            del self.locks[partition]
-        self._check_write(st.node, partition, st)
-        self.records[partition].extend(records)  # type: ignore[arg-type]
+    def commit_anyway(self: SimDatabase, arg: tuple[Statement, list[Record]]) -> None:
+        st, records = arg
+        for partition, epoch in sorted((st.fence or {}).items()):
+            if self.locks.get(partition) is st:
+                del self.locks[partition]
+            self._check_write(st.node, partition, epoch)
+            self.records[partition].extend(records)
         st.node.at(self.sim.now + 1, self._reply, (st, None))
 
     monkeypatch.setattr(SimDatabase, "_write_commit", commit_anyway)

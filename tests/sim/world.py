@@ -80,7 +80,7 @@ from sim.scenario import (
     SimConfig,
     last_fault_end,
 )
-from sim.server import RuntimeFaults, SimCoordinator
+from sim.server import RuntimeFaults, SimCoordinator, SimServing
 
 if TYPE_CHECKING:
     from sim.network import Conn
@@ -169,7 +169,7 @@ class World:
         self.net.on_lost_call = self._lost_call
         #: several coordinators: a commit's checks, made when it is applied, kept
         #: until its answer is sent (a write fenced meanwhile never counts).
-        self._pending_commits: dict[tuple[SimCoordinator, int], tuple[
+        self._pending_commits: dict[tuple[SimServing, int], tuple[
             CommitRequest, SimMember | None, list[str], list[str]]] = {}
         #: the connections of commits answered without being applied (superseded).
         self._superseded: set[int] = set()
@@ -874,9 +874,14 @@ class World:
                                f"{self.bystander_acked}, the coordinator has {got!r}")
 
     def _durable_value(self, group_id: str, name: str, index: int) -> int | None:
-        server = self.server
-        assert server is not None
-        durable = server.durable
+        """The largest value of a checkpoint that storage holds: the one server's
+        disk, or (several coordinators) the group's partition in the database."""
+        server, cluster = self.server, self.cluster
+        if server is not None:
+            durable = server.durable
+        else:
+            assert cluster is not None
+            durable = cluster.db.records[cluster.group_partition]
         for record in durable[self._durable_seen:]:
             if type(record) is CheckpointsWritten:
                 for n, i, v in record.checkpoints:
@@ -943,23 +948,24 @@ class World:
             self.violation(f"bystander: group b's commit answered {error} while the "
                            f"coordinator serves")
 
-    def _wire_runtime(self, runtime: SimCoordinator, serves_group: bool) -> None:
+    def _wire_runtime(self, runtime: SimServing, serves_group: bool) -> None:
         """Several coordinators: the checks of a partition's runtime, as of the one server."""
         if not serves_group:
             return
         runtime.on_effects = lambda command, effects, conn: self._on_effects(
             command, effects, conn, runtime)
         runtime.on_restored = lambda: self._check_durable(runtime.core)
+        runtime.on_sent = self._check_reply_durable
         runtime.on_resolved = lambda rid, answer: self._resolved(runtime, rid, answer)
 
-    def _resolved(self, runtime: SimCoordinator, request_id: int, answer: Any) -> None:
+    def _resolved(self, runtime: SimServing, request_id: int, answer: Any) -> None:
         pending = self._pending_commits.pop((runtime, request_id), None)
         if pending is not None and getattr(answer, "error", 1) is None:
             request, sender, stale, overlaps = pending
             self._commit_applied(request, sender, stale, overlaps)
 
     def _on_effects(self, command: Command, effects: list[Effect], conn: Conn | None,
-                    runtime: SimCoordinator | None = None) -> None:
+                    runtime: SimServing | None = None) -> None:
         core = runtime.core if runtime is not None else self.group_core()
         assert core is not None
         if command_group(command) == BYSTANDER:
@@ -984,7 +990,7 @@ class World:
                                    f"settled at {self.settled_at}ms, without any fault")
 
     def _check_commit(self, command: Commit, effects: list[Effect], conn: Conn | None,
-                      core: GroupCoordinator, runtime: SimCoordinator | None = None) -> None:
+                      core: GroupCoordinator, runtime: SimServing | None = None) -> None:
         """A commit the core accepted: judged now (its generation, who else owns
         its resources), counted once it is answered (at once with one coordinator;
         with several, when its write committed: a fenced one never counts)."""
