@@ -2,9 +2,10 @@
 
 Each test breaks one rule of the runtime -- its machine
 (``coordinator/runtime/machine.py``) or its asyncio shell
-(``coordinator/runtime/runtime.py``) -- or of the member's asyncio shell
-(``client/member.py``) in this process (the simulator runs that very
-code) and runs seeds
+(``coordinator/runtime/runtime.py``) --, of the member's asyncio shell
+(``client/member.py``) or of the partition host's
+(``coordinator/cluster/host.py``) in this process (the simulator runs that
+very code) and runs seeds
 from 0 until one reports a violation, at most ``MAX_SEEDS``: the checker must
 find it, and name the rule broken. The runtime's own faults the simulator
 draws (a core failure over one group, a record the store refuses, a failed
@@ -20,6 +21,7 @@ import pytest
 
 from client.member import GroupMember
 from client.member_state import Resource
+from coordinator.cluster.host import PartitionHost
 from coordinator.core.commands import Command
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.effects import Effect
@@ -33,11 +35,11 @@ from sim import report, run_seed
 MAX_SEEDS = 3_000
 
 
-def expect_found(names_the_rule: Callable[[str], bool]) -> None:
+def expect_found(names_the_rule: Callable[[str], bool], profile: str = "space") -> None:
     """Seeds from 0 until one reports a violation: one does within
     ``MAX_SEEDS``, and one of its violations names the rule broken."""
     for seed in range(MAX_SEEDS):
-        found = run_seed(seed)
+        found = run_seed(seed, profile=profile)
         if not found.ok:
             assert any(names_the_rule(v) for v in found.violations), report(found)
             return
@@ -111,6 +113,19 @@ def test_a_member_reading_back_no_checkpoints_is_found(
 
     monkeypatch.setattr(GroupMember, "fetch", nothing)
     expect_found(lambda v: "durable:" in v and "fetched" in v)
+
+
+def test_a_host_whose_lease_loop_stops_after_its_start_is_found(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation of the partition host's shell: the lease loop
+    (``PartitionHost.run``) ends at once, so the leases taken at the start are
+    never renewed: every partition is dropped a lease later and none is taken
+    again (found at seed 0: the coordinators never share the partitions out)."""
+    async def no_rounds(self: PartitionHost) -> None:
+        return None
+
+    monkeypatch.setattr(PartitionHost, "run", no_rounds)
+    expect_found(lambda v: "liveness:" in v, profile="cluster")
 
 
 #: A seed whose core fails over group g twice (after a heartbeat changed it).
