@@ -22,22 +22,23 @@ and the members' router (several coordinators: docs/operations.md,
     (``idle_in_transaction_session_timeout``), and its ``COMMIT`` then fails.
 
 :class:`SimNode`
-    one coordinator process: the simulator's driver of the production
-    :class:`~coordinator.cluster.host_machine.HostMachine`, as
-    ``PartitionHost`` is its asyncio driver. Every decision is the machine's
-    (when to renew, what to acquire and hand off with the real ``balance``,
-    when a partition is dropped, what ``route`` and ``find_coordinator``
-    answer); the node runs the machine's statements at the simulated database
-    (each after its latencies, cut off with the coordinator, with the
-    ``lease_ms / 2`` timeout of the lease connection, a load or catalog read
-    with 30 s), loads a partition into a fresh
-    :class:`~sim.server.SimCoordinator` (the real core and runtime machine)
-    restored from the database's records as the real ``Runtime`` is from
-    ``load_partition``, stops or abandons it as the machine says, keeps the
-    expiry timer and the next round on its own drifting clock, and feeds every
-    outcome back. Its own are the process's life: crash (the machine's memory
-    goes with it), pause (events wait for the resume), a start that fails
-    (the process exits and is started again a lease later).
+    one coordinator process: the production
+    :class:`~coordinator.cluster.host.PartitionHost` (:class:`SimHost`, which
+    only makes its partitions' runtimes observable) on an event loop of its
+    own (:class:`~sim.loop.SimLoop`) whose time is the coordinator's drifting
+    clock: the host's timers (the next round, the expiry timer, the reader's
+    timeout, its runtimes' timers through :class:`NodeClock`) are timers of
+    that loop, and the simulation wakes it when the earliest is due. Its
+    connections are :class:`SimLeases` and :class:`SimPostgres`, fakes of
+    ``Leases`` and ``PostgresStorage`` whose statements run at the simulated
+    database (each after its latencies, cut off with the coordinator, within
+    the connection's timeout) and raise what the real ones raise. Every
+    decision and every effect is the host's; the node's own are the
+    process's life -- crash (its loop and memory go), pause (events wait for
+    the resume), a start that fails (the process exits and is started again
+    a lease later), a graceful stop -- and the HTTP layer's part: a call is
+    routed with ``PartitionHost.route`` and becomes its runtime's command
+    (:class:`SimPartition`).
 
 :class:`SimRouter`
     a member's ``CoordinatorRouter``: the simulator's driver of the production
@@ -52,12 +53,9 @@ and the members' router (several coordinators: docs/operations.md,
     sets it) on the member's drifting clock, and the translation of a
     ``NOT_COORDINATOR`` answer into the transport's ``NotCoordinatorError``.
 
-Simplifications (docs/reliability.md): the machine's read of the cluster
-(heartbeat, live coordinators, leases: three statements in production) is
-one statement; loads run side by side (the real reader runs one at a time);
-each partition writes on its own (no group commit across partitions); the
-catalog is changed at the database and adopted by each coordinator at its
-next round (by the one it went through at once).
+Simplifications (docs/reliability.md): a renewal ignores the lock of a write
+in flight; the catalog is changed at the database and adopted by each
+coordinator at its next round (by the one it went through at once).
 """
 
 from __future__ import annotations
