@@ -104,6 +104,10 @@ class ServerProcess:
 
     @property
     def stderr(self) -> str:
+        """What the server wrote to stderr so far; all of it once it has exited
+        (the draining thread is waited for: its last lines may still be on the way)."""
+        if self.proc.poll() is not None:
+            self._stderr_thread.join(10)
         return "\n".join(self.stderr_lines)
 
     def kill(self) -> None:
