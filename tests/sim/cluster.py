@@ -596,10 +596,10 @@ class SimHost(PartitionHost):
     its :class:`SimPartition` (see the module docs)."""
 
     def __init__(self, node: SimNode) -> None:
-        config = node.cluster.core_config
         super().__init__(writer_store=SimPostgres(node), reader_store=SimPostgres(node),
                          leases=SimLeases(node), lease_ms=node.lease_ms,
-                         make_core=lambda: SimCore(config), clock=NodeClock(node),
+                         make_core=partial(SimCore, node.cluster.core_config),
+                         clock=NodeClock(node),
                          metrics=Metrics(), monotonic=node.now)
         self.node = node
         self.url = node.url
