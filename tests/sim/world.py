@@ -185,8 +185,9 @@ class World:
         self.acked: dict[Resource, int] = {}
         #: the bystander group's checkpoint value acknowledged.
         self.bystander_acked = 0
-        #: one server: checkpoints durable so far, (group, set, index) -> largest
-        #: value (read from ``server.durable``, which only grows, up to ``_durable_seen``).
+        #: checkpoints durable so far, (group, set, index) -> largest value (read from
+        #: the committed records, which only grow, up to ``_durable_seen``:
+        #: ``server.durable``, or the group's partition in the cluster's database).
         self._durable: dict[tuple[str, str, int], int] = {}
         self._durable_seen = 0
         #: how long the server stays down after exiting on a failure the world caused.
