@@ -573,11 +573,6 @@ class SimPostgres(PostgresStorage):
             lambda: db.load(partition_of(group_id, db.partitions)), READ_TIMEOUT_MS)
         return fold([r for r in records if record_group(r) == group_id])
 
-    async def catalog_state(self) -> CatalogState:
-        state = await self.catalog_since(-1)
-        assert state is not None
-        return state
-
     async def catalog_since(self, since: int) -> CatalogState | None:
         db = self.node.db
         state: CatalogState | None = await self.node.statement(
@@ -661,15 +656,6 @@ class SimPartition(SimServing):
         if isinstance(effect, fx.ServingStopped):
             self.expect_stop = True
         super().observe(effect)
-
-    def crash(self) -> None:
-        """The process died: the calls waiting here lose their connections."""
-        conns, self._conns = self._conns, {}
-        self._futures.clear()
-        for rid in sorted(conns):
-            conn = conns[rid]
-            if not conn.closed:
-                self.net.reset(conn, "connection reset (coordinator crashed)")
 
 
 class SimNode:
@@ -853,7 +839,7 @@ class SimNode:
         self.life += 1
         self.deferred.clear()
         for serving in self.servings:
-            serving.crash()
+            serving.reset_calls()
         self.servings = []
         loop = self.loop
         if loop is not None:

@@ -346,6 +346,15 @@ class SimServing:
             # The runtime's own callback on the future tells the core the caller went.
             self._run(future.cancel)
 
+    def reset_calls(self) -> None:
+        """The process died: the calls waiting here lose their connections."""
+        conns, self._conns = self._conns, {}
+        self._futures.clear()
+        for rid in sorted(conns):
+            conn = conns[rid]
+            if not conn.closed:
+                self.net.reset(conn, "connection reset (coordinator crashed)")
+
     def _answer(self, rid: int, answer: fx.Answer) -> None:
         conn = self._conns.pop(rid, None)
         if conn is None:
@@ -531,11 +540,7 @@ class SimCoordinator(SimServing):
         self._gone()
         if loop is not None and not loop.is_running():
             loop.close()
-        conns, self._conns = self._conns, {}
-        for rid in sorted(conns):
-            conn = conns[rid]
-            if not conn.closed:
-                self.net.reset(conn, "connection reset (coordinator crashed)")
+        self.reset_calls()
 
     def _gone(self) -> None:
         """This incarnation is over: nothing it armed or started counts any more
