@@ -26,12 +26,11 @@ drives the seeds run (coverage.py, a dev dependency): the runtime, its
 asyncio shell and its machine (coordinator/runtime: runtime.py, machine.py,
 effects.py, commits.py), the member, its asyncio shell and its machine
 (client/member.py, client/member_state/*.py, and its router's
-client/routing.py) and the partition host's machine
-(coordinator/cluster/host_machine.py, host_effects.py). Each worker process records its own data,
+client/routing.py) and the partition host, its asyncio shell and its
+machine (coordinator/cluster/host.py, host_machine.py, host_effects.py: run
+by ``--profile cluster`` only). Each worker process records its own data,
 combined at the end; it prints each file's line coverage and names those
-under 80 %; ``--show-missing`` adds the lines not run. The partition host's
-asyncio shell (coordinator/cluster/host.py) is not run by the simulator and
-not listed.
+under 80 %; ``--show-missing`` adds the lines not run.
 
 ``--compiled DIR`` runs the same seeds 1.6-1.9 times as fast on modules
 compiled by mypyc: build them first, outside the source tree, with
