@@ -111,10 +111,15 @@ def handle_commit(k: Kernel, cmd: Commit, gates: Mapping[GroupState, Gate]) -> N
             k.arm_session(g, g.members[req.member_id])
     if plan is not None:
         _note_progress(k, req.group_id, plan)
+        # The sequence is stored with the values (docs/coordinator-semantics.md,
+        # "The commit sequence"): a load gives it back to the member
+        # (_restore_groups), so a commit delayed across a restart, a hand-off or a
+        # reload is still known to be late.
         k.write_checkpoints(req.group_id, plan,
-                            CheckpointMeta(k.now, req.member_id, req.generation_id))
+                            CheckpointMeta(k.now, req.member_id, req.generation_id,
+                                           req.sequence))
         k.persist(CheckpointsWritten(req.group_id, tuple(req.checkpoints), k.now,
-                                     req.member_id, req.generation_id))
+                                     req.member_id, req.generation_id, req.sequence))
     k.reply(rid, CommitResponse(None))
     k.forget_if_vacant(g)
     if req.checkpoints and g.generation_id == 0 and g.state is GroupState.EMPTY \

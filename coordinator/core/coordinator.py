@@ -289,6 +289,7 @@ def _restore_groups(k: Kernel, snapshot: Snapshot, now_ms: int) -> None:
             continue
         group = Group.from_record(record)
         _restore_owner(group, snapshot)
+        _restore_commit_sequences(group, snapshot)
         k.add_group(group)
         if not group.members:
             # Empty: it became Empty when this record was written.
@@ -312,6 +313,28 @@ def _restore_groups(k: Kernel, snapshot: Snapshot, now_ms: int) -> None:
             _restore_owner(group, snapshot)
             k.add_group(group)
             k.arm_retention(group_id, snapshot.last_commit_ms.get(group_id, now_ms))
+
+
+def _restore_commit_sequences(group: Group, snapshot: Snapshot) -> None:
+    """Each member's ``commit_sequence``: the largest ``sequence`` among the
+    checkpoints it wrote (stored with them), so that a commit it sent before one
+    already applied, delayed across this load, is still not applied.
+
+    Within a generation only a resource's owner commits it, so a member's last
+    commit is among the checkpoints it still holds unless that commit deleted
+    them all, or an operator's reset or a simple commit replaced them since."""
+    if not group.members:
+        return
+    meta = snapshot.checkpoint_meta.get(group.group_id)
+    if not meta:
+        return
+    members = group.members
+    for written in meta.values():
+        if written.sequence is None:
+            continue
+        member = members.get(written.member_id) if written.member_id is not None else None
+        if member is not None and written.sequence > member.commit_sequence:
+            member.commit_sequence = written.sequence
 
 
 def _restore_owner(group: Group, snapshot: Snapshot) -> None:

@@ -84,7 +84,9 @@ class Member:
     heartbeats: set[int] = field(default_factory=set)
     session_deadline_ms: int = 0
     #: the ``sequence`` of this member's last applied commit (-1: none yet); a
-    #: commit carrying one not above it arrived late and is not applied.
+    #: commit carrying one not above it arrived late and is not applied. Stored
+    #: with the checkpoints the commit wrote; a load gives it back
+    #: (``coordinator._restore_commit_sequences``).
     commit_sequence: int = -1
 
     @classmethod

@@ -30,8 +30,9 @@ class MemberRecord:
     Everything else that holds or shows a member derives from this class:
 
     - the core's live member (:class:`coordinator.core.group.Member`) holds its
-      record (``Member.record``) plus what only lives in memory (parked calls,
-      the session deadline, the commit sequence);
+      record (``Member.record``) plus what lives outside it (parked calls and
+      the session deadline, in memory only; the commit sequence, stored with
+      the checkpoints it wrote: ``CheckpointMeta.sequence``);
     - the admin view of a member is its record (``GroupView.members``), and the
       admin JSON (:func:`coordinator.admin_views.member_json`) is the fields in
       :data:`SHOWN_MEMBER_FIELDS`, in this order;
@@ -166,6 +167,9 @@ class CheckpointMeta(NamedTuple):
     member_id: str | None
     #: its generation; -1 for a simple commit or a reset.
     generation_id: int
+    #: the commit's ``sequence`` (v1.1); ``None``: it carried none. A load gives
+    #: each member back the largest of its own (``Member.commit_sequence``).
+    sequence: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +186,8 @@ class CheckpointsWritten:
     #: generation; ``None`` and -1 for an operator's reset.
     member_id: str | None = field(default=None, compare=False)
     generation_id: int = field(default=-1, compare=False)
+    #: the commit's ``sequence`` (v1.1), ``None`` if it carried none.
+    sequence: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,7 +69,8 @@ def fold(records: Iterable[Record], base: Snapshot | None = None) -> Snapshot:
         elif isinstance(record, CheckpointsWritten):
             store = checkpoints.setdefault(record.group_id, {})
             meta = written.setdefault(record.group_id, {})
-            who = (CheckpointMeta(record.committed_ms, record.member_id, record.generation_id)
+            who = (CheckpointMeta(record.committed_ms, record.member_id, record.generation_id,
+                                  record.sequence)
                    if record.committed_ms > 0 else None)
             for resource_set, index, value in record.checkpoints:
                 key = (resource_set, index)

@@ -9,7 +9,8 @@ an empty database migrate it once.
 
 The tables, columns and encodings are those of the SQLite schema (declared
 once for both in ``coordinator/storage/tables.py``; ``schema.py``, version 2,
-``catalog.weights`` and ``catalog.zones`` as its version 5 has them), so both
+``catalog.weights`` and ``catalog.zones`` as its version 5 has them,
+``checkpoints.sequence`` as its version 6), so both
 stores hold the same bytes: ``members``, ``assignments`` and checkpoint
 ``value`` are the same msgpack blobs (``BYTEA``), the journal's ``members``/``joined``/``left`` and
 ``generations.members`` the same JSON text. JSON stays ``TEXT``, not
@@ -67,7 +68,7 @@ MIGRATIONS: tuple[str, ...] = (
         create_table(POSTGRES, GROUPS),
         partition_index(GROUPS),
         create_table(POSTGRES, GENERATIONS),
-        create_table(POSTGRES, CHECKPOINTS),
+        create_table(POSTGRES, CHECKPOINTS, until="generation_id"),
         partition_index(CHECKPOINTS),
         create_table(POSTGRES, CATALOG, until="partitions"),
         create_table(POSTGRES, JOURNAL),
@@ -82,6 +83,9 @@ MIGRATIONS: tuple[str, ...] = (
     # 2: the weights and home zones of the catalog's sets (v1.2), as in the SQLite
     # schema's version 5: JSON text, NULL for the default.
     script(add_columns(POSTGRES, CATALOG, "weights", "zones")),
+    # 3: the commit sequence of each checkpoint's writer, as in the SQLite schema's
+    # version 6. Rows of earlier versions keep NULLs.
+    script(add_columns(POSTGRES, CHECKPOINTS, "sequence")),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

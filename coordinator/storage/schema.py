@@ -57,6 +57,14 @@ Version 5 adds to ``catalog``:
     ...]}``; docs/protocol.md, v1.2 "Resources that differ"); NULL for the
     default (every resource weighs 1.0, anywhere).
 
+Version 6 adds to ``checkpoints``:
+
+``sequence``
+    the ``sequence`` of the commit that wrote the checkpoint (v1.1), NULL if
+    the commit carried none. At a load, each member's largest is what its next
+    commit must exceed to be applied (docs/coordinator-semantics.md, "The
+    commit sequence"). Rows written before version 6 hold NULLs.
+
 The ``groups.members`` blob holds each member as an array; a ninth field, the
 owner of a static instance (:attr:`MemberRecord.owner`), is written when set and
 read when present (eight-field members, as written before, have no owner), so
@@ -110,6 +118,10 @@ MIGRATIONS: tuple[str, ...] = (
     # 5: the weights and home zones of the catalog's sets (v1.2). Rows of earlier
     # versions keep NULLs: every resource weighs 1.0 and may be served anywhere.
     script(add_columns(SQLITE, CATALOG, "weights", "zones")),
+    # 6: the commit sequence of each checkpoint's writer, so that a commit delayed
+    # across a restart is still known to be late. Rows of earlier versions keep
+    # NULLs: "not known".
+    script(add_columns(SQLITE, CHECKPOINTS, "sequence")),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

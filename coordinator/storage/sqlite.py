@@ -344,14 +344,13 @@ def record_rows(sql: Statements, partition: int | None, record: Record) -> list[
             out = []
             # The loop of a large commit (thousands of rows): its names are local.
             group_id, upsert, delete = record.group_id, sql.upsert_checkpoint, sql.delete_checkpoint
-            committed_ms, member_id, generation_id = (record.committed_ms or None,
-                                                      record.member_id, record.generation_id)
+            written = (record.committed_ms or None, record.member_id, record.generation_id,
+                       record.sequence)
             for resource_set, idx, value in record.checkpoints:
                 if value is None:
                     out.append((delete, (group_id, resource_set, idx)))
                 else:
-                    row = (group_id, resource_set, idx, encode_value(value), committed_ms,
-                           member_id, generation_id)
+                    row = (group_id, resource_set, idx, encode_value(value), *written)
                     out.append((upsert, row + tail))
             if record.committed_ms > 0:
                 row = (record.group_id, record.committed_ms)
@@ -477,14 +476,15 @@ def decode_checkpoint_row(row: Any) -> tuple[str, str, int, Scalar]:
 
 
 def decode_checkpoint_meta(row: Any) -> CheckpointMeta | None:
-    """Who wrote a checkpoint row and when (columns 4-6); ``None`` if not kept."""
-    committed_ms, member_id, generation_id = row[4:7]
+    """Who wrote a checkpoint row and when (columns 4-7); ``None`` if not kept."""
+    committed_ms, member_id, generation_id, sequence = row[4:8]
     if committed_ms is None:
         return None
     _column("committed_ms", committed_ms, int)
     _column("member_id", member_id, str, nullable=True)
     _column("generation_id", generation_id, int)
-    return CheckpointMeta(committed_ms, member_id, generation_id)
+    _column("sequence", sequence, int, nullable=True)
+    return CheckpointMeta(committed_ms, member_id, generation_id, sequence)
 
 
 def encode_placement(placement: Placement) -> tuple[str | None, str | None]:

@@ -183,6 +183,7 @@ CHECKPOINTS = Table("checkpoints", (
     Column("committed_ms", _B),
     Column("member_id", _T),
     Column("generation_id", _B),
+    Column("sequence", _B),
 ))
 
 CATALOG = Table("catalog", (

@@ -2,7 +2,8 @@
 
 docs/protocol.md, "Durability": after a restart a stable group resumes with no
 rebalance, every acknowledged checkpoint is still there, and an in-flight
-rebalance restarts cleanly. "Running the server": ``--port 0`` prints the
+rebalance restarts cleanly; a commit delayed across the restart is not applied
+over a newer one. "Running the server": ``--port 0`` prints the
 address; SIGTERM exits 0.
 """
 
@@ -76,10 +77,14 @@ class Member:
             "group_id": self.group, "member_id": self.member_id,
             "generation_id": self.generation, "group_instance_id": self.instance})
 
-    async def commit(self, checkpoints: list[list[Any]]) -> dict[str, Any]:
-        return await self.call("commit", {
+    async def commit(self, checkpoints: list[list[Any]],
+                     sequence: int | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
             "group_id": self.group, "member_id": self.member_id,
-            "generation_id": self.generation, "checkpoints": checkpoints})
+            "generation_id": self.generation, "checkpoints": checkpoints}
+        if sequence is not None:
+            body["sequence"] = sequence
+        return await self.call("commit", body)
 
     async def fetch(self) -> dict[tuple[str, int], Any]:
         answer = await self.call("fetch", {"group_id": self.group})
@@ -180,6 +185,30 @@ async def test_every_acknowledged_checkpoint_survives_kill_9(
     for idx, value in acked.items():
         # At least what was acknowledged (a commit may land without its ack).
         assert stored[("orders", idx)] >= value, (idx, value, stored)
+    assert server.terminate() == 0
+
+
+async def test_a_commit_delayed_across_a_restart_does_not_undo_a_newer_one(
+        start_server: StartServer, tmp_path: Path) -> None:
+    """docs/coordinator-semantics.md, "The commit sequence": the member gave up
+    on commit 7 and had commit 8 acknowledged; the server restarted before
+    commit 7 arrived. It is answered, and the acknowledged value stays."""
+    db = tmp_path / "g.db"
+    server = start_server(db)
+    async with aiohttp.ClientSession() as http:
+        await put_orders(http, server.admin_url)
+        member = Member(http, server.url)
+        await member.join()
+        assert (await member.sync({member.member_id: assignment_of(0)}))["error"] is None
+        assert (await member.commit([["orders", 0, 61]], sequence=8))["error"] is None
+        server.kill()
+
+        server = start_server(db)
+        member.url = server.url
+        assert (await member.commit([["orders", 0, 54]], sequence=7))["error"] is None
+        assert await member.fetch() == {("orders", 0): 61}
+        assert (await member.commit([["orders", 0, 70]], sequence=9))["error"] is None
+        assert await member.fetch() == {("orders", 0): 70}
     assert server.terminate() == 0
 
 

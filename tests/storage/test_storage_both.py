@@ -336,14 +336,14 @@ async def test_who_wrote_each_checkpoint_and_when_round_trips(opener: Opener) ->
     storage = await opener()
     await storage.write([
         CheckpointsWritten("g1", (("orders", 0, 5), ("orders", 1, 6)), 1_700_000_000_000,
-                           "m-1", 4),
+                           "m-1", 4, 2**63 - 1),
         CheckpointsWritten("g1", (("orders", 1, 7),), 1_700_000_000_500, None, -1),
         CheckpointsWritten("g2", (("users", 0, b"x"),)),        # time and writer unknown
     ])
     snapshot = await storage.load()
     assert snapshot.checkpoints["g1"] == {("orders", 0): 5, ("orders", 1): 7}
     assert snapshot.checkpoint_meta == {"g1": {
-        ("orders", 0): CheckpointMeta(1_700_000_000_000, "m-1", 4),
+        ("orders", 0): CheckpointMeta(1_700_000_000_000, "m-1", 4, 2**63 - 1),
         ("orders", 1): CheckpointMeta(1_700_000_000_500, None, -1)}}
 
 

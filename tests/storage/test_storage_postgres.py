@@ -18,7 +18,7 @@ from pg_harness import PASSWORD, PostgresServer, free_port
 from test_storage_both import JOURNAL
 from test_storage_sqlite import group, member
 
-from coordinator.core.records import CatalogChanged, CheckpointsWritten, Snapshot
+from coordinator.core.records import CatalogChanged, CheckpointMeta, CheckpointsWritten, Snapshot
 from coordinator.storage.pg_schema import COLUMNS, SCHEMA_VERSION
 from coordinator.storage.pg_schema import MIGRATIONS as PG_MIGRATIONS
 from coordinator.storage.postgres import (
@@ -28,6 +28,7 @@ from coordinator.storage.postgres import (
 )
 from coordinator.storage.sqlite import CorruptDatabaseError, StorageError
 from protocol.catalog import Placement, Zones
+from protocol.codec import encode
 
 
 async def _sql(url: str, sql: str, *args: object) -> list[asyncpg.Record]:
@@ -312,5 +313,30 @@ async def test_a_version_1_catalog_is_migrated_with_the_default_weights_and_zone
         hot = Placement(zones=Zones(("eu-1a",)))
         await store.write([CatalogChanged("orders", 12, 4, hot)])
         assert await store.catalog_state() == ({"orders": 12}, {"orders": hot}, 4)
+    finally:
+        await store.close()
+
+
+async def test_a_version_2_database_keeps_its_checkpoints_without_a_sequence(
+        pg_url: str) -> None:
+    """Migration 3 adds each checkpoint's commit sequence; rows written before hold
+    none, and a commit after the upgrade stores its own."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        for script in PG_MIGRATIONS[:2]:
+            await conn.execute(script)
+        await conn.execute("INSERT INTO meta VALUES ('schema_version', 2)")
+        await conn.execute("INSERT INTO checkpoints VALUES ('g', 's', 0, $1, $2, 1000, "
+                           "'m-1', 3)", zlib.crc32(b"g") % 8, encode(11))
+    finally:
+        await conn.close()
+    store = await PostgresStorage.open(pg_url, partitions=8)
+    try:
+        assert (await store.load()).checkpoint_meta == {
+            "g": {("s", 0): CheckpointMeta(1000, "m-1", 3, None)}}
+        await store.write([CheckpointsWritten("g", (("s", 1, 12),), 1001, "m-1", 3, 8)])
+        assert (await store.load()).checkpoint_meta == {
+            "g": {("s", 0): CheckpointMeta(1000, "m-1", 3, None),
+                  ("s", 1): CheckpointMeta(1001, "m-1", 3, 8)}}
     finally:
         await store.close()

@@ -1,5 +1,6 @@
 """Retention (KIP-211) on disk: last commit times, schema version 2 from a version 1
-database, and an expired Empty group deleted durably by a restarted server."""
+database, and an expired Empty group deleted durably by a restarted server; and
+the checkpoints of a version 5 database on version 6."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from coordinator.core.config import CoreConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.records import (
+    CheckpointMeta,
     CheckpointsWritten,
     GroupDeleted,
     GroupOwner,
@@ -157,3 +159,30 @@ async def test_group_owners_and_static_instance_owners_round_trip_like_fold(
     assert loaded.owners == {"team": "alice", "simple": "bob"}
     assert [m.owner for m in loaded.groups[0].members] == ["alice", None]
     assert loaded == fold(records)
+
+
+async def test_a_version_5_database_keeps_its_checkpoints_without_a_sequence(
+        tmp_path: Path) -> None:
+    """Version 6 adds each checkpoint's commit sequence; rows written before hold
+    none, and a commit after the upgrade stores its own."""
+    path = tmp_path / "v5.db"
+    con = sqlite3.connect(path)
+    for script in MIGRATIONS[:5]:
+        con.executescript(script)
+    con.execute("PRAGMA user_version = 5")
+    con.execute("INSERT INTO checkpoints VALUES ('g', 's', 0, ?, ?, 'm-1', 3)",
+                (encode(11), T0))
+    con.commit()
+    con.close()
+
+    storage = await Storage.open(path)
+    try:
+        assert await storage.schema_version() == SCHEMA_VERSION
+        assert (await storage.load()).checkpoint_meta == {
+            "g": {("s", 0): CheckpointMeta(T0, "m-1", 3, None)}}
+        await storage.write([CheckpointsWritten("g", (("s", 1, 12),), T0 + 1, "m-1", 3, 8)])
+        assert (await storage.load()).checkpoint_meta == {
+            "g": {("s", 0): CheckpointMeta(T0, "m-1", 3, None),
+                  ("s", 1): CheckpointMeta(T0 + 1, "m-1", 3, 8)}}
+    finally:
+        await storage.close()

@@ -21,8 +21,8 @@ from coordinator.storage import pg_schema, schema
 #: joined by ";\n", as each groupcoord release ran them.
 SHIPPED = {
     "sqlite": ("aa94090d3c6a113c", "9d1ce5e5fdc5d8bc", "7864229d1158e749",
-               "569e7981edd381ad", "b37c40144365176e"),
-    "postgresql": ("5c67f84a59462331", "b37c40144365176e"),
+               "569e7981edd381ad", "b37c40144365176e", "d5dc8ed31d0af76d"),
+    "postgresql": ("5c67f84a59462331", "b37c40144365176e", "1a102ba8faa0feb5"),
 }
 
 
