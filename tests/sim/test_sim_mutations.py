@@ -22,6 +22,7 @@ import pytest
 from client.member import GroupMember
 from client.member_state import Resource
 from coordinator.cluster.host import PartitionHost
+from coordinator.core import coordinator as core_module
 from coordinator.core.commands import Command
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.effects import Effect
@@ -126,6 +127,22 @@ def test_a_host_whose_lease_loop_stops_after_its_start_is_found(
 
     monkeypatch.setattr(PartitionHost, "run", no_rounds)
     expect_found(lambda v: "liveness:" in v, profile="cluster")
+
+
+#: A seed where a member's commit, given up on, arrives after its next commit
+#: was acknowledged and after a core failure made the coordinator reload the group.
+LATE_COMMIT_SEED = 8215649
+
+
+def test_a_load_that_forgets_the_commit_sequences_is_found(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation of the core's load: the members of a loaded group come back
+    without their commit sequences, so a commit delayed across the load is
+    applied over a newer one. Few seeds delay a commit past a reload (none in
+    seeds 0-2,999): the seed that found it runs here."""
+    monkeypatch.setattr(core_module, "_restore_commit_sequences", lambda group, snapshot: None)
+    result = run_seed(LATE_COMMIT_SEED)
+    assert any("reordered:" in v for v in result.violations), report(result)
 
 
 #: A seed whose core fails over group g twice (after a heartbeat changed it).

@@ -346,10 +346,10 @@ RUNTIME_REGRESSION_SEEDS = {
              "without being applied (the commit sequence): neither applied nor held to "
              "be durable (the reply-after-commit check counted it as applied)",
     5038917: "the same, after a core failure",
-    8215649: "a commit the member gave up on, applied after its next one once a core "
-             "failure reloaded the group (the commit sequence is in memory only), while "
-             "the member's read-back fetch was on its way: the read-back check lowers "
-             "what counts as acknowledged, as the other durability checks do",
+    8215649: "a commit the member gave up on, delayed past its next one and past a core "
+             "failure that reloaded the group: with the commit sequence in memory only it "
+             "was applied over the acknowledged value (found by the read-back check); "
+             "stored with the checkpoints, the sequence stops it",
     5007018: "a commit sent between a member's join and sync answers, refused "
              "REBALANCE_IN_PROGRESS once the member is stable in that generation, is "
              "about the rebalance it completed: no rejoin (a rebalance of a settled "

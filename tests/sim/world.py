@@ -1060,12 +1060,21 @@ class World:
             before = self.applied_max.get(key)
             if before is None or before[0] < value:
                 self.applied_max[key] = (value, sender)
-            elif before[1] is sender:
+            elif before[0] == value:
+                continue   # the value again: nothing older overwrites anything
+            elif before[1] is sender and request.sequence is not None:
                 # One process's commit that it gave up on (timeout, reset)
-                # arrived after its next one: the older value overwrites the
-                # newer, even an acknowledged one. No wire field orders one
-                # member's commits (docs/bench-reliability.md, "What the simulator
-                # found"): counted.
+                # arrived after its next one and was applied: its sequence,
+                # stored with the checkpoints, should have stopped it, across
+                # restarts, hand-offs and reloads too
+                # (docs/coordinator-semantics.md, "The commit sequence").
+                self.violation(f"reordered: {key} value {value} of {sender.tag if sender else '?'} "
+                               f"(commit sequence {request.sequence}) applied after its "
+                               f"value {before[0]}")
+            elif before[1] is sender:
+                # The same from a v1 member (an upgrade's), whose commits carry
+                # no sequence: the older value overwrites the newer, even an
+                # acknowledged one. Nothing on the wire orders them: counted.
                 self.reordered += 1
                 self.sim.log(f"REORDERED commit {key} value {value} after {before[0]}")
                 if self.acked.get(key, 0) > value:
