@@ -122,15 +122,30 @@ class SimConfig:
         return "balanced" in self.assignors
 
     @property
+    def most_resources(self) -> int:
+        """The most resources the catalog holds at any time of the run: the
+        catalog faults may grow a set, or add one (seed 8257062: one resource
+        at the start, seven after the faults)."""
+        catalog = dict(self.catalog)
+        most = sum(catalog.values())
+        for fault in sorted((f for f in self.faults if f.kind == "catalog"),
+                            key=lambda f: f.at):
+            params = dict(fault.params)
+            catalog[params["set"]] = params["partitions"]
+            most = max(most, sum(catalog.values()))
+        return most
+
+    @property
     def round_bound(self) -> int:
         """Rebalance rounds after the last change within which a balanced group
-        is where its plan wants it: every resource may have to move once, at
+        is where its plan wants it: every resource (the most the catalog
+        holds, :attr:`most_resources`) may have to move once, at
         most ``max_moves`` a round, and each move takes a revoking round and a
         handing round; each worker (those of the run and the two a fault may
         add) may join once more (restarted at the end of the faults) and rejoin
         once on the load it then measures (nobody measured what it was handed);
         plus a few for the rounds a change itself starts."""
-        total = sum(n for _, n in self.catalog)
+        total = self.most_resources
         moves = math.ceil(total / self.max_moves) if self.max_moves else 1
         # Warm-up: each batch of moves first gives standbys (a round), and each
         # receiver rejoins once to report them warm.
@@ -156,7 +171,7 @@ class SimConfig:
         # balanced with max_moves: a plan of many moves takes a round per
         # max_moves of them, and each hand-over leaves its resources unowned
         # for a moment (the follow-up's rejoin, or the leader's round delay).
-        moves = math.ceil(sum(n for _, n in self.catalog) / self.max_moves) \
+        moves = math.ceil(self.most_resources / self.max_moves) \
             if self.placed and self.max_moves else 0
         paced = moves * (BALANCED_ROUND_DELAY_MS + self.rebalance_timeout_ms)
         # Warm-up: a move waits for its receiver's warm report, at most the

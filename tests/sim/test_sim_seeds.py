@@ -367,6 +367,9 @@ RUNTIME_REGRESSION_SEEDS = {
     6342355: "a join delayed 18 s, past a coordinator crash, is refused by the join "
              "sequence kept in the member's durable record (applied as the eager "
              "member's rejoin, it gave away what the member still held)",
+    8257062: "balanced: the bounds on a plan's rounds and on convergence count the "
+             "resources the catalog faults add (one at the start, seven after: the "
+             "bound of 16 rounds was for one, the plan took 19 to settle)",
     8024833: "a static instance restarted as a new process kept the old process's join "
              "sequence; its next joins were refused as late until the group expelled it "
              "(a real fault of the coordinator, fixed: the takeover starts the count anew)",
