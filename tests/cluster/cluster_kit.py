@@ -138,9 +138,9 @@ async def heartbeat(runtime: Runtime, group: str, member_id: str, generation: in
 
 
 async def commit(runtime: Runtime, group: str, member_id: str, generation: int,
-                 value: int) -> Answer:
+                 value: int, sequence: int | None = None) -> Answer:
     req = CommitRequest(group_id=group, member_id=member_id, generation_id=generation,
-                        checkpoints=(("orders", 0, value),))
+                        checkpoints=(("orders", 0, value),), sequence=sequence)
     return await asyncio.wait_for(runtime.call(Commit(runtime.new_request_id(), req)), 5)
 
 

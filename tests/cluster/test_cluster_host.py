@@ -135,6 +135,10 @@ async def test_a_deposed_owner_cannot_write_and_drops_the_partition(pg_url: str)
 
 
 async def test_takeover_resumes_a_stable_group_without_a_rebalance(pg_url: str) -> None:
+    """The new owner serves the group at its generation, with its checkpoints;
+    and a commit the member gave up on before the hand-off, delayed past it, is
+    not applied over the newer one (the commit sequence is stored with the
+    checkpoints: docs/coordinator-semantics.md, "The commit sequence")."""
     a = await Node.start(pg_url, "a", partitions=P)
     b = await Node.start(pg_url, "b", partitions=P)
     try:
@@ -143,7 +147,7 @@ async def test_takeover_resumes_a_stable_group_without_a_rebalance(pg_url: str) 
         second = b if first is a else a
         runtime = first.runtime_for("g")
         member_id, generation = await stable_member(runtime, "g")
-        assert (await commit(runtime, "g", member_id, generation, 7)).error is None
+        assert (await commit(runtime, "g", member_id, generation, 7, sequence=2)).error is None
         await first.stop()                         # SIGTERM: an orderly hand-off
         await wait_for(lambda: partition_of("g", P) in second.owned(), 10, "takeover")
         taken = second.runtime_for("g")
@@ -153,6 +157,11 @@ async def test_takeover_resumes_a_stable_group_without_a_rebalance(pg_url: str) 
         assert [m.assignment for m in view.members] == [b"A"]
         # The member's heartbeat at its generation is answered as if nothing happened.
         assert (await heartbeat(taken, "g", member_id, generation)).error is None
+        fetched = await fetch(taken, "g")
+        assert isinstance(fetched, FetchResponse)
+        assert fetched.checkpoints == (("orders", 0, 7),)
+        # The member's commit 1, given up on before commit 2, reaches the new owner.
+        assert (await commit(taken, "g", member_id, generation, 5, sequence=1)).error is None
         fetched = await fetch(taken, "g")
         assert isinstance(fetched, FetchResponse)
         assert fetched.checkpoints == (("orders", 0, 7),)
