@@ -367,6 +367,10 @@ RUNTIME_REGRESSION_SEEDS = {
     6342355: "a join delayed 18 s, past a coordinator crash, is refused by the join "
              "sequence kept in the member's durable record (applied as the eager "
              "member's rejoin, it gave away what the member still held)",
+    9002842: "a commit the member gave up on, applied after its next one whose write the "
+             "store refused (answered with an error, the group reloaded from what is "
+             "stored): nothing acknowledged was lost, not a violation",
+    9009711: "the same",
     8257062: "balanced: the bounds on a plan's rounds and on convergence count the "
              "resources the catalog faults add (one at the start, seven after: the "
              "bound of 16 rounds was for one, the plan took 19 to settle)",
