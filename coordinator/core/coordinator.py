@@ -320,9 +320,10 @@ def _restore_commit_sequences(group: Group, snapshot: Snapshot) -> None:
     checkpoints it wrote (stored with them), so that a commit it sent before one
     already applied, delayed across this load, is still not applied.
 
-    Within a generation only a resource's owner commits it, so a member's last
-    commit is among the checkpoints it still holds unless that commit deleted
-    them all, or an operator's reset or a simple commit replaced them since."""
+    Within a generation only a resource's owner commits it (a late commit of an
+    older generation is refused by its generation), and a reset needs the group
+    Empty; so a member's last commit is among the checkpoints it still holds
+    unless that commit only deleted checkpoints."""
     if not group.members:
         return
     meta = snapshot.checkpoint_meta.get(group.group_id)
