@@ -847,9 +847,8 @@ class World:
                    found: Mapping[Resource, object]) -> None:
         """A fetch reads each checkpoint at least at the value acknowledged
         before it was sent (``floors``), unless an older commit of the same
-        process was applied since (a reorder the commit sequence does not cover:
-        across a restart or a group's reload, docs/coordinator-semantics.md, "The
-        commit sequence"; it lowers what counts as acknowledged, as at a restart)."""
+        process was applied over it since: a v1 member's, which carries no commit
+        sequence (:meth:`_commit_applied` lowers what counts as acknowledged)."""
         for key, floor in sorted(floors.items()):
             floor = min(floor, self.acked.get(key, floor))
             got = found.get(key)
