@@ -1,13 +1,14 @@
 """GroupMember (the asyncio driver) against the real coordinator core and
 runtime in this process, through the in-memory transport: whole flows on the
-wall clock with small timeouts; those that wait for sessions to run out in
-virtual time (``virtual_time.py``, members on the loop's clock)."""
+wall clock with small timeouts; in virtual time (``virtual_time.py``, members
+on the loop's clock) those that wait for sessions to run out, and those that
+assert exactly what a rebalance revokes: on the wall clock, a stall of the
+test process longer than the session timeout turns a revocation into a loss."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 import pytest
@@ -81,15 +82,18 @@ async def test_final_commit_from_on_revoked_during_close_is_stored(
         assert await reader.fetch() == {("s", 0): b"final", ("s", 1): b"final"}
 
 
-async def test_cooperative_newcomer_takes_a_share_without_double_ownership(
-        coordinator: InProcessCoordinator) -> None:
+def test_cooperative_newcomer_takes_a_share_without_double_ownership() -> None:
+    run_with_coordinator(_cooperative_newcomer)
+
+
+async def _cooperative_newcomer(coordinator: InProcessCoordinator) -> None:
     await coordinator.put_resource("s", 12)
-    ledger = Ledger()
-    a = member(coordinator, "a", ledger)
+    ledger = Ledger(clock=loop_s)
+    a = member(coordinator, "a", ledger, clock=loop_ms)
     async with a:
         assert len(a.assignment) == 12
         before = a.assignment
-        b = member(coordinator, "b", ledger)
+        b = member(coordinator, "b", ledger, clock=loop_ms)
         async with b:
             await eventually(lambda: settled([a, b], 12))
             assert len(a.assignment) == 6 and len(b.assignment) == 6
@@ -241,12 +245,15 @@ async def test_catalog_change_is_assigned_after_the_leader_rejoins(
         await eventually(lambda: settled([a, b], 6), timeout_s=10)
 
 
-async def test_subscription_change_revokes_and_rejoins(
-        coordinator: InProcessCoordinator) -> None:
+def test_subscription_change_revokes_and_rejoins() -> None:
+    run_with_coordinator(_subscription_change)
+
+
+async def _subscription_change(coordinator: InProcessCoordinator) -> None:
     await coordinator.put_resource("s", 2)
     await coordinator.put_resource("t", 2)
-    ledger = Ledger()
-    a = member(coordinator, "a", ledger, sets=("s", "t"))
+    ledger = Ledger(clock=loop_s)
+    a = member(coordinator, "a", ledger, sets=("s", "t"), clock=loop_ms)
     async with a:
         assert len(a.assignment) == 4
         await a.subscribe(["s"])
@@ -300,15 +307,18 @@ async def test_close_from_inside_a_callback_does_not_deadlock(
     assert m.assignment == frozenset()
 
 
-async def test_two_rolling_bounces_from_range_to_cooperative_sticky(
-        coordinator: InProcessCoordinator) -> None:
+def test_two_rolling_bounces_from_range_to_cooperative_sticky() -> None:
     """KIP-429's upgrade path: bounce 1 to ["range", "cooperative-sticky"]
     (still eager, range chosen), bounce 2 to ["cooperative-sticky"] (members
     turn cooperative one by one while the rest are eager); never two owners."""
+    run_with_coordinator(_two_rolling_bounces)
+
+
+async def _two_rolling_bounces(coordinator: InProcessCoordinator) -> None:
     await coordinator.put_resource("s", 12)
-    ledger = Ledger()
+    ledger = Ledger(clock=loop_s)
     names = ["a", "b", "c"]
-    members = {n: member(coordinator, n, ledger, assignors=["range"]) for n in names}
+    members = {n: member(coordinator, n, ledger, assignors=["range"], clock=loop_ms) for n in names}
     for m in members.values():
         m.start()
     await eventually(lambda: settled(list(members.values()), 12))
@@ -319,7 +329,8 @@ async def test_two_rolling_bounces_from_range_to_cooperative_sticky(
             await members[n].close()
             ledger.check()
             bounce += 1
-            fresh = member(coordinator, f"{n}{bounce}", ledger, assignors=config)
+            fresh = member(coordinator, f"{n}{bounce}", ledger, assignors=config,
+                           clock=loop_ms)
             assert fresh.protocol == protocol
             members[n] = fresh
             fresh.start()
@@ -328,9 +339,9 @@ async def test_two_rolling_bounces_from_range_to_cooperative_sticky(
         chosen = {m._machine.protocol_name for m in members.values()}
         assert chosen == {config[0]}
     # Fully cooperative now: a newcomer takes a share; the others keep the rest.
-    since = time.time()
+    since = loop_s()
     before = {n: m.assignment for n, m in members.items()}
-    newcomer = member(coordinator, "d", ledger)
+    newcomer = member(coordinator, "d", ledger, clock=loop_ms)
     newcomer.start()
     everyone = [*members.values(), newcomer]
     await eventually(lambda: settled(everyone, 12), timeout_s=15)
