@@ -151,11 +151,18 @@ class BlockingGroupMember:
         if not self._thread.is_alive():
             return
         interrupted: KeyboardInterrupt | None = None
-        future = asyncio.run_coroutine_threadsafe(
-            self._member.close(leave=leave, timeout_s=timeout_s), self._loop)
+        future: concurrent.futures.Future[None] | None = None
         try:
             while True:
                 try:
+                    # Scheduled inside the try: the close's on_revoked may run (and a
+                    # Ctrl-C come) before run_coroutine_threadsafe has returned here.
+                    # An interrupt that lands after the scheduling but before the
+                    # assignment makes the next pass close again: a second close of
+                    # the member only waits for the first.
+                    if future is None:
+                        future = asyncio.run_coroutine_threadsafe(
+                            self._member.close(leave=leave, timeout_s=timeout_s), self._loop)
                     future.result()
                     break
                 except KeyboardInterrupt as exc:

@@ -109,3 +109,51 @@ def test_ctrl_c_while_closing_still_lets_on_revoked_make_its_final_commit(
     with BlockingGroupMember(server.url, "g", ["s"], session_timeout_ms=6_000) as successor:
         assert successor.fetch() == {("s", 0): "final", ("s", 1): "final"}
     assert server.terminate() == 0
+
+
+@pytest.mark.parametrize("lands", ["before", "after"])
+def test_ctrl_c_landing_as_the_close_is_scheduled_still_closes(
+        start_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lands: str) -> None:
+    # The Ctrl-C lands while close() is still handing the close to the member
+    # thread (before it is scheduled, or after, before close() holds its
+    # future): on a loaded machine on_revoked can already be running by then.
+    # It once propagated at once: no final commit waited for, the member thread
+    # left running in the group.
+    server = start_server(tmp_path / "g.db")
+    req = urllib.request.Request(f"{server.admin_url}/v1/resources/s", method="PUT",
+                                 data=json.dumps({"partitions": 2}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).read()
+    holder: list[BlockingGroupMember] = []
+
+    class FinalCommit(RebalanceListener):
+        async def on_revoked(self, resources: set[Resource]) -> None:
+            await asyncio.sleep(0.2)
+            await holder[0].member.commit({r: "final" for r in resources})
+
+    member = BlockingGroupMember(server.url, "g", ["s"], listener=FinalCommit(),
+                                 session_timeout_ms=6_000)
+    holder.append(member)
+    member.start()
+    schedule = asyncio.run_coroutine_threadsafe
+    interrupts = [KeyboardInterrupt()]
+
+    def interrupted_scheduling(coro: Any, loop: asyncio.AbstractEventLoop) -> Any:
+        if interrupts and lands == "before":
+            coro.close()  # never scheduled
+            raise interrupts.pop()
+        future = schedule(coro, loop)
+        if interrupts:
+            raise interrupts.pop()
+        return future
+
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", interrupted_scheduling)
+    with pytest.raises(KeyboardInterrupt):
+        member.close()  # raises the interrupt once the close is done
+    monkeypatch.undo()
+    assert member.member.state.value == "closed"
+    with urllib.request.urlopen(f"{server.admin_url}/v1/groups/g", timeout=5) as resp:
+        assert json.loads(resp.read())["members"] == []  # it left
+    with BlockingGroupMember(server.url, "g", ["s"], session_timeout_ms=6_000) as successor:
+        assert successor.fetch() == {("s", 0): "final", ("s", 1): "final"}
+    assert server.terminate() == 0
