@@ -374,6 +374,10 @@ RUNTIME_REGRESSION_SEEDS = {
     8257062: "balanced: the bounds on a plan's rounds and on convergence count the "
              "resources the catalog faults add (one at the start, seven after: the "
              "bound of 16 rounds was for one, the plan took 19 to settle)",
+    9168780: "a worker's leave, slowed by latency, still closing when the faults ended: "
+             "it was never started again, and the only other worker had left for good "
+             "(a fault of the simulator: a worker wanted up now starts again once its "
+             "close is done)",
     8024833: "a static instance restarted as a new process kept the old process's join "
              "sequence; its next joins were refused as late until the group expelled it "
              "(a real fault of the coordinator, fixed: the takeover starts the count anew)",

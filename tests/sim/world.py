@@ -124,6 +124,8 @@ class Slot:
         self.incarnation = -1
         #: should a process run here (False after a leave for good)
         self.want_up = True
+        #: a process still closing when the faults ended: started again once it stops.
+        self.restart_after: SimMember | None = None
 
 
 class World:
@@ -295,6 +297,14 @@ class World:
     def member_stopped(self, member: SimMember, error: FatalMemberError | None) -> None:
         if member in self.live:
             self.live.remove(member)
+        slot = self.slots.get(member.name)
+        if slot is not None and slot.restart_after is member:
+            slot.restart_after = None
+            if slot.member is member and slot.want_up:
+                # Its close was the last fault still going: the rest is quiet from now.
+                # Started as an event of its own (this runs on the stopped one's loop).
+                self._quiet_from(self.sim.now)
+                self.sim.after(0, self._spawn_event, slot)
         if self.sim.now >= self.t_end and self.config.faulty:
             self._watch_convergence()
         if error is not None:
@@ -646,6 +656,12 @@ class World:
             member = slot.member
             if slot.want_up and (member is None or member.state in (DEAD, STOPPED)):
                 self.spawn(slot)
+            elif slot.want_up and member is not None and member.state == UP \
+                    and member.machine.closing:
+                # A leave whose restart came before its close was done (a close slowed
+                # by a fault: a revocation waiting on a commit, a slow link) is still
+                # closing: the worker starts again once it has stopped.
+                slot.restart_after = member
         self._watch_convergence()
 
     # ------------------------------------------------------------ invariant hooks
