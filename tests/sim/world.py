@@ -301,8 +301,9 @@ class World:
         if slot is not None and slot.restart_after is member:
             slot.restart_after = None
             if slot.member is member and slot.want_up:
-                # Its close was the last fault still going: the rest is quiet from now.
-                # Started as an event of its own (this runs on the stopped one's loop).
+                # Its close was a fault still under way: the faults end now, and the
+                # convergence bound counts from here. Started as an event of its own
+                # (this runs on the stopped process's event loop).
                 self._quiet_from(self.sim.now)
                 self.sim.after(0, self._spawn_event, slot)
         if self.sim.now >= self.t_end and self.config.faulty:
@@ -658,9 +659,9 @@ class World:
                 self.spawn(slot)
             elif slot.want_up and member is not None and member.state == UP \
                     and member.machine.closing:
-                # A leave whose restart came before its close was done (a close slowed
-                # by a fault: a revocation waiting on a commit, a slow link) is still
-                # closing: the worker starts again once it has stopped.
+                # A leave or a drain whose restart came before its close was done (a
+                # close slowed by a fault: a revocation waiting on a commit, a slow
+                # link) is still closing: the worker starts again once it has stopped.
                 slot.restart_after = member
         self._watch_convergence()
 
