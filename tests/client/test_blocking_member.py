@@ -19,12 +19,27 @@ from client import BlockingGroupMember, RebalanceListener, Resource
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_blocking_member_commits_fetches_and_closes(start_server: Any, tmp_path: Path) -> None:
-    server = start_server(tmp_path / "g.db")
-    req = urllib.request.Request(f"{server.admin_url}/v1/resources/s", method="PUT",
-                                 data=json.dumps({"partitions": 3}).encode(),
+def put_resource(server: Any, name: str, partitions: int) -> None:
+    req = urllib.request.Request(f"{server.admin_url}/v1/resources/{name}", method="PUT",
+                                 data=json.dumps({"partitions": partitions}).encode(),
                                  headers={"Content-Type": "application/json"})
     urllib.request.urlopen(req, timeout=5).read()
+
+
+def closed_with_its_final_commits(server: Any, member: BlockingGroupMember) -> None:
+    """``member`` (of group g, on s with two partitions) closed: it left, and
+    the final commits of its on_revoked are stored; stops the server."""
+    assert member.member.state.value == "closed"
+    with urllib.request.urlopen(f"{server.admin_url}/v1/groups/g", timeout=5) as resp:
+        assert json.loads(resp.read())["members"] == []  # it left
+    with BlockingGroupMember(server.url, "g", ["s"], session_timeout_ms=6_000) as successor:
+        assert successor.fetch() == {("s", 0): "final", ("s", 1): "final"}
+    assert server.terminate() == 0
+
+
+def test_blocking_member_commits_fetches_and_closes(start_server: Any, tmp_path: Path) -> None:
+    server = start_server(tmp_path / "g.db")
+    put_resource(server, "s", 3)
     calls: list[tuple[str, frozenset[Resource], str]] = []
     errors: list[BaseException] = []
     holder: list[BlockingGroupMember] = []
@@ -63,10 +78,7 @@ def test_ctrl_c_while_closing_still_lets_on_revoked_make_its_final_commit(
     # and is interrupted again while on_revoked runs: the close used to stop
     # the member thread at once, the final commit and the leave never sent.
     server = start_server(tmp_path / "g.db")
-    req = urllib.request.Request(f"{server.admin_url}/v1/resources/s", method="PUT",
-                                 data=json.dumps({"partitions": 2}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=5).read()
+    put_resource(server, "s", 2)
     revoking = threading.Event()
     interrupted = threading.Event()
     holder: list[BlockingGroupMember] = []
@@ -103,12 +115,7 @@ def test_ctrl_c_while_closing_still_lets_on_revoked_make_its_final_commit(
     finally:
         signal.signal(signal.SIGINT, previous)
     interrupter.join(5)
-    assert member.member.state.value == "closed"
-    with urllib.request.urlopen(f"{server.admin_url}/v1/groups/g", timeout=5) as resp:
-        assert json.loads(resp.read())["members"] == []  # it left
-    with BlockingGroupMember(server.url, "g", ["s"], session_timeout_ms=6_000) as successor:
-        assert successor.fetch() == {("s", 0): "final", ("s", 1): "final"}
-    assert server.terminate() == 0
+    closed_with_its_final_commits(server, member)
 
 
 @pytest.mark.parametrize("lands", ["before", "after"])
@@ -120,10 +127,7 @@ def test_ctrl_c_landing_as_the_close_is_scheduled_still_closes(
     # It once propagated at once: no final commit waited for, the member thread
     # left running in the group.
     server = start_server(tmp_path / "g.db")
-    req = urllib.request.Request(f"{server.admin_url}/v1/resources/s", method="PUT",
-                                 data=json.dumps({"partitions": 2}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=5).read()
+    put_resource(server, "s", 2)
     holder: list[BlockingGroupMember] = []
 
     class FinalCommit(RebalanceListener):
@@ -151,9 +155,4 @@ def test_ctrl_c_landing_as_the_close_is_scheduled_still_closes(
     with pytest.raises(KeyboardInterrupt):
         member.close()  # raises the interrupt once the close is done
     monkeypatch.undo()
-    assert member.member.state.value == "closed"
-    with urllib.request.urlopen(f"{server.admin_url}/v1/groups/g", timeout=5) as resp:
-        assert json.loads(resp.read())["members"] == []  # it left
-    with BlockingGroupMember(server.url, "g", ["s"], session_timeout_ms=6_000) as successor:
-        assert successor.fetch() == {("s", 0): "final", ("s", 1): "final"}
-    assert server.terminate() == 0
+    closed_with_its_final_commits(server, member)
