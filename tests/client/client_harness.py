@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -100,6 +101,16 @@ class InProcessTransport:
         command: Any = {SyncRequest: Sync, HeartbeatRequest: Heartbeat, LeaveRequest: Leave,
                         CommitRequest: Commit, FetchRequest: Fetch}[type(request)]
         return await runtime.call(command(runtime.new_request_id(), request))
+
+
+def admin_put_resource(admin_url: str, name: str, partitions: int) -> None:
+    """``PUT /v1/resources/{name}`` on a real server's admin port: set ``name``
+    to ``partitions`` partitions (raises on an error status)."""
+    req = urllib.request.Request(f"{admin_url}/v1/resources/{name}", method="PUT",
+                                 data=json.dumps({"partitions": partitions}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status in (200, 201, 204), resp.status
 
 
 # ---------------------------------------------------------------- the ledger

@@ -13,17 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from client_harness import admin_put_resource
 
 from client import BlockingGroupMember, RebalanceListener, Resource
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def put_resource(server: Any, name: str, partitions: int) -> None:
-    req = urllib.request.Request(f"{server.admin_url}/v1/resources/{name}", method="PUT",
-                                 data=json.dumps({"partitions": partitions}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=5).read()
 
 
 def closed_with_its_final_commits(server: Any, member: BlockingGroupMember) -> None:
@@ -39,7 +33,7 @@ def closed_with_its_final_commits(server: Any, member: BlockingGroupMember) -> N
 
 def test_blocking_member_commits_fetches_and_closes(start_server: Any, tmp_path: Path) -> None:
     server = start_server(tmp_path / "g.db")
-    put_resource(server, "s", 3)
+    admin_put_resource(server.admin_url, "s", 3)
     calls: list[tuple[str, frozenset[Resource], str]] = []
     errors: list[BaseException] = []
     holder: list[BlockingGroupMember] = []
@@ -78,7 +72,7 @@ def test_ctrl_c_while_closing_still_lets_on_revoked_make_its_final_commit(
     # and is interrupted again while on_revoked runs: the close used to stop
     # the member thread at once, the final commit and the leave never sent.
     server = start_server(tmp_path / "g.db")
-    put_resource(server, "s", 2)
+    admin_put_resource(server.admin_url, "s", 2)
     revoking = threading.Event()
     interrupted = threading.Event()
     holder: list[BlockingGroupMember] = []
@@ -127,7 +121,7 @@ def test_ctrl_c_landing_as_the_close_is_scheduled_still_closes(
     # It once propagated at once: no final commit waited for, the member thread
     # left running in the group.
     server = start_server(tmp_path / "g.db")
-    put_resource(server, "s", 2)
+    admin_put_resource(server.admin_url, "s", 2)
     holder: list[BlockingGroupMember] = []
 
     class FinalCommit(RebalanceListener):

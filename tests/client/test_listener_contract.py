@@ -5,10 +5,9 @@ with real members against a real ``groupcoord serve``."""
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 
 import pytest
+from client_harness import admin_put_resource
 from server_harness import StartServer
 
 from client import GroupMember, RebalanceListener
@@ -34,10 +33,7 @@ class Calls(RebalanceListener):
 async def test_on_assigned_follows_every_rebalance_even_when_nothing_is_new(
         start_server: StartServer) -> None:
     server = start_server()
-    req = urllib.request.Request(f"{server.admin_url}/v1/resources/shards", method="PUT",
-                                 data=json.dumps({"partitions": 4}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=10).close()
+    admin_put_resource(server.admin_url, "shards", 4)
     first_calls, second_calls = Calls(), Calls()
 
     def member(name: str, listener: Calls) -> GroupMember:

@@ -10,15 +10,13 @@ in a callback), and the assignment read then is empty.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from client_harness import InProcessCoordinator, Ledger, eventually
+from client_harness import InProcessCoordinator, Ledger, admin_put_resource, eventually
 
 from client import BlockingGroupMember, GroupMember, RebalanceListener, Resource
 from client.member import monotonic_ms
@@ -102,10 +100,7 @@ def test_the_machine_answers_by_the_clock_it_is_given() -> None:
 def test_blocking_member_assignment_is_empty_past_the_deadline(start_server: Any,
                                                                tmp_path: Path) -> None:
     server = start_server(tmp_path / "g.db")
-    req = urllib.request.Request(f"{server.admin_url}/v1/resources/s", method="PUT",
-                                 data=json.dumps({"partitions": 3}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=5).read()
+    admin_put_resource(server.admin_url, "s", 3)
     in_callback = threading.Event()
     release = threading.Event()
 

@@ -14,7 +14,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from client_harness import check_ledger
+from client_harness import admin_put_resource, check_ledger
 from server_harness import StartServer
 
 from client import BlockingGroupMember, GroupMember, RebalanceListener
@@ -57,13 +57,6 @@ class Recorder(RebalanceListener):
         self._record("standby_dropped", resources)
 
 
-def put_resources(admin_url: str, name: str, partitions: int) -> None:
-    req = urllib.request.Request(f"{admin_url}/v1/resources/{name}", method="PUT",
-                                 data=json.dumps({"partitions": partitions}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=10).close()
-
-
 def group_members(admin_url: str) -> list[str]:
     with urllib.request.urlopen(f"{admin_url}/v1/groups/g", timeout=10) as resp:
         return [m["member_id"] for m in json.load(resp)["members"]]
@@ -94,7 +87,7 @@ def first(events: list[Event], member: str, kind: str, r: Resource, since: float
 async def test_a_drain_hands_over_through_warm_standbys_and_leaves(
         start_server: StartServer) -> None:
     server = start_server()
-    put_resources(server.admin_url, "s", 12)
+    admin_put_resource(server.admin_url, "s", 12)
     events: list[Event] = []
     a, b, c = (make(server.url, n, events, 30_000, warm_s=0.05) for n in "abc")
     async with a, b, c:
@@ -119,7 +112,7 @@ async def test_a_drain_hands_over_through_warm_standbys_and_leaves(
 async def test_a_failed_warm_up_falls_back_to_a_plain_move_at_the_timeout(
         start_server: StartServer) -> None:
     server = start_server()
-    put_resources(server.admin_url, "s", 8)
+    admin_put_resource(server.admin_url, "s", 8)
     events: list[Event] = []
     a, b = (make(server.url, n, events, 2_000, fail_warmup=True) for n in "ab")
     async with a, b:
@@ -152,7 +145,7 @@ async def test_a_failed_warm_up_falls_back_to_a_plain_move_at_the_timeout(
 
 def test_a_blocking_member_drains(start_server: StartServer) -> None:
     server = start_server()
-    put_resources(server.admin_url, "s", 4)
+    admin_put_resource(server.admin_url, "s", 4)
     a = BlockingGroupMember(server.url, "g", ["s"], client_id="a", session_timeout_ms=6_000)
     b = BlockingGroupMember(server.url, "g", ["s"], client_id="b", session_timeout_ms=6_000)
     with a, b:

@@ -9,18 +9,16 @@ runs a plain-function callback on its member thread."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
-import urllib.request
 from collections.abc import Mapping
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
-from client_harness import Ledger, eventually
+from client_harness import Ledger, admin_put_resource, eventually
 
 from client import BlockingGroupMember, GroupMember, Resource
 
@@ -33,13 +31,6 @@ FAST: dict[str, Any] = dict(session_timeout_ms=3_000, heartbeat_interval_ms=HEAR
 LOAD_REJOIN = "rebalance started (measured load"
 
 
-def put_resource(admin_url: str, name: str, count: int) -> None:
-    req = urllib.request.Request(f"{admin_url}/v1/resources/{name}", method="PUT",
-                                 data=json.dumps({"partitions": count}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=5).read()
-
-
 def load_rejoins(caplog: pytest.LogCaptureFixture, client_id: str) -> list[float]:
     """When ``client_id`` started a rebalance for its measured load (wall seconds)."""
     return [r.created for r in caplog.records
@@ -50,7 +41,7 @@ def test_a_rising_load_from_the_callback_rejoins_once_cooperatively(
         start_server: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="groupcoord.client")
     server = start_server(tmp_path / "g.db")
-    put_resource(server.admin_url, "s", 4)
+    admin_put_resource(server.admin_url, "s", 4)
     asyncio.run(_rising_once(server.url, caplog))
     assert server.terminate() == 0
 
@@ -108,7 +99,7 @@ def test_a_load_that_keeps_rising_rejoins_no_more_often_than_the_interval(
     leader last gave; it rejoins once per ``load_rejoin_interval_ms``, no more."""
     caplog.set_level(logging.INFO, logger="groupcoord.client")
     server = start_server(tmp_path / "g.db")
-    put_resource(server.admin_url, "s", 3)
+    admin_put_resource(server.admin_url, "s", 3)
     threads: set[str] = set()
     level = [1.0]
 

@@ -9,26 +9,18 @@ catalog does not have is warned about once, naming the sets it does have.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import urllib.request
 
 import msgpack
 import pytest
-from server_harness import ServerProcess, StartServer
+from client_harness import admin_put_resource
+from server_harness import StartServer
 
 from client import GroupMember
 from client.errors import InvalidSessionTimeoutError, WrongListenerError
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def put_catalog(server: ServerProcess, name: str, partitions: int) -> None:
-    req = urllib.request.Request(f"{server.admin_url}/v1/resources/{name}", method="PUT",
-                                 data=json.dumps({"partitions": partitions}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10):
-        pass
 
 
 async def test_a_session_timeout_out_of_range_names_the_range(
@@ -72,8 +64,8 @@ async def test_a_member_given_the_admin_port_stops_saying_so(
 async def test_a_set_the_catalog_does_not_have_is_warned_about_once(
         start_server: StartServer, caplog: pytest.LogCaptureFixture) -> None:
     server = start_server()
-    put_catalog(server, "shards", 4)
-    put_catalog(server, "orders", 2)
+    admin_put_resource(server.admin_url, "shards", 4)
+    admin_put_resource(server.admin_url, "orders", 2)
     caplog.set_level(logging.INFO, logger="groupcoord.client")
 
     def member(name: str) -> GroupMember:

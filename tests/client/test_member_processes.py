@@ -18,32 +18,22 @@ Every member process writes a ledger of its callbacks (JSON lines with
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from client_harness import check_ledger, read_ledger_files
+from client_harness import admin_put_resource, check_ledger, read_ledger_files
 
 pytestmark = pytest.mark.timeout(120)
 
 MEMBER_PROC = str(Path(__file__).with_name("member_proc.py"))
 TOTAL = 64
 SESSION_MS = 1_500
-
-
-def put_resource(url: str, name: str, partitions: int) -> None:
-    req = urllib.request.Request(f"{url}/v1/resources/{name}", method="PUT",
-                                 data=json.dumps({"partitions": partitions}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        assert resp.status in (200, 201, 204)
 
 
 @dataclass
@@ -114,7 +104,7 @@ class Cluster:
 def run_scenario(start_server: Any, tmp_path: Path, assignor: list[str],
                  blocking_newcomer: bool = False) -> tuple[Cluster, dict[str, Any]]:
     server = start_server(tmp_path / "g.db")
-    put_resource(server.admin_url, "s", TOTAL)
+    admin_put_resource(server.admin_url, "s", TOTAL)
     cluster = Cluster(server.url, tmp_path, assignor, {}, {})
     report: dict[str, Any] = {}
     try:

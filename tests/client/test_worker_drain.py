@@ -5,18 +5,17 @@ other member ends owning everything, resuming from those commits."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from client_harness import admin_put_resource
 from test_worker_example import WORKER, _Stderr
 
 from client import GroupMember
@@ -27,10 +26,7 @@ pytestmark = pytest.mark.timeout(90)
 async def test_sigterm_drains_the_worker_then_it_leaves(start_server: Any,
                                                         tmp_path: Path) -> None:
     server = start_server(tmp_path / "g.db")
-    req = urllib.request.Request(f"{server.admin_url}/v1/resources/shards", method="PUT",
-                                 data=json.dumps({"partitions": 4}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=5).read()
+    admin_put_resource(server.admin_url, "shards", 4)
     proc = subprocess.Popen([sys.executable, WORKER, "--url", server.url, "--name", "w1",
                              "--session-timeout-ms", "6000", "--drain-timeout-s", "20"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import re
 import signal
@@ -19,11 +18,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from client_harness import admin_put_resource
 from server_harness import free_port
 
 from client import GroupMember
@@ -116,10 +115,7 @@ async def test_sigint_during_a_slow_hand_over_keeps_every_final_commit(
     # gets SIGINT while it revokes. The close's on_revoked follows the
     # rebalance's at once: 8 s of callbacks, longer than the 6 s session.
     server = start_server(tmp_path / "g.db")
-    req = urllib.request.Request(f"{server.admin_url}/v1/resources/shards", method="PUT",
-                                 data=json.dumps({"partitions": 4}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=5).read()
+    admin_put_resource(server.admin_url, "shards", 4)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "REVOKE_S": "4"}
     proc = subprocess.Popen([sys.executable, SLOW_WORKER, "--url", server.url, "--name", "w1",
                              "--session-timeout-ms", "6000"],
