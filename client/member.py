@@ -565,6 +565,8 @@ class GroupMember:
                     self._drain_events()
                 elif driver.stopped:
                     break
+                elif driver.wake_at is not None and driver.wake_at <= self._clock():
+                    continue  # due at once: the step gave a call up and decided nothing more
                 else:
                     poke = asyncio.ensure_future(self._wakeup.wait())
                     try:
@@ -711,13 +713,17 @@ class GroupMember:
             if keeper is not None:
                 await _cancel(keeper)
             raise
+        # Reported before anything else runs: what on_revoked gave up is no
+        # longer owned (nor committable) once it returned, for every task.
+        # Only then is the side-channel task told to stop: whatever it is
+        # waiting for, it steps the driver no more.
+        self._driver.callback_returned(self._clock())
+        self.metrics.callback(name, time.perf_counter() - started, failed)
         if keeper is not None and done is not None:
             # Told to stop, not cancelled: it ends between two steps, never
             # with a step's effects half performed.
             done.set_result(None)
             await keeper  # an error in it is a bug in the library: the driver stops loudly
-        self.metrics.callback(name, time.perf_counter() - started, failed)
-        self._driver.callback_returned(self._clock())
         self.metrics.owned(len(self._machine.owned))
         if action.kind is CallbackKind.ASSIGNED:
             self._assigned_once.set()
@@ -743,9 +749,11 @@ class GroupMember:
 
     async def _side_during_callback(self, done: asyncio.Future[None]) -> None:
         """Step the driver while a listener callback awaits (until ``done``):
-        with a callback running it only runs the side channel (KIP-62)."""
+        with a callback running it only runs the side channel (KIP-62). Not
+        once ``done``: the callback's return is reported already (it may
+        return before this task first runs)."""
         driver = self._driver
-        while True:
+        while not done.done():
             await self._apply(driver.step(self._clock()))
             side = self._calls.get(Channel.SIDE)
             await self._first_of({done} if side is None else {done, side}, driver.wake_at)

@@ -15,7 +15,9 @@ effect             the runtime
                    channel's heartbeat; at most one of each is in flight)
 :class:`Cancel`    stops waiting for the call on ``channel``; ``timed_out``:
                    it got no answer within its timeout (a router looks for
-                   the coordinator again)
+                   the coordinator again). A step that gives a call up
+                   decides nothing after it: it returns due at once
+                   (``wake_at`` is its own time)
 ``InvokeListener`` runs that listener callback (always the last effect of a
                    step) and reports its return with
                    :meth:`MemberDriver.callback_returned`; while a callback
@@ -33,8 +35,17 @@ effect             the runtime
 After each step the runtime waits until :attr:`MemberDriver.wake_at` (on
 the member's clock; ``None``: no deadline), an answer on a channel, or a
 poke (``close``, ``subscribe``, a commit's answer), whichever comes first,
-and steps again. Its runtime is ``GroupMember`` (:mod:`client.member`,
-asyncio), which the deterministic simulator (``tests/sim/member.py``) runs too.
+and steps again; at once when ``wake_at`` is not after the step's time. Its
+runtime is ``GroupMember`` (:mod:`client.member`, asyncio), which the
+deterministic simulator (``tests/sim/member.py``) runs too.
+
+Why a cancellation ends its step: the runtime performs a ``Cancel`` by
+waiting for the call to wind down (and a router hears of a timeout only
+after that), so other tasks of the application run meanwhile. The step
+that follows decides with the cancellation done, and a callback it ends
+with (whose ``on_assigned`` resources are owned from that step on) starts
+with nothing run in between: no task sees a resource in ``assignment``
+before ``on_assigned`` has been called with it.
 
 While a callback runs, a step runs only the side channel (its heartbeat, in
 every state, closing included): an ``async`` callback keeps the member's
@@ -265,6 +276,11 @@ class MemberDriver:
                 # looks again an interval later.
                 self._wake(now_ms, side_due if side_due is not None
                            else now_ms + machine.config.timing.heartbeat_interval_ms)
+                return effects
+            if any(isinstance(e, Cancel) for e in effects):
+                # Decided in a step of its own, once the runtime has given the
+                # call up (module docstring: why a cancellation ends its step).
+                self.wake_at = now_ms
                 return effects
             main = self._main
             if main is not None:

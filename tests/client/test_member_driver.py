@@ -74,8 +74,12 @@ def test_a_call_without_an_answer_within_its_timeout_is_given_up_and_retried() -
 
     assert d.step(timeout - 1) == []  # a wake-up before the deadline changes nothing
     effects = d.step(timeout)
-    assert effects[0] == Cancel(Channel.MAIN, "join", timed_out=True)
+    assert effects == [Cancel(Channel.MAIN, "join", timed_out=True)]
     assert d.machine.last_error is not None and "no answer within" in d.machine.last_error
+    # The step decided nothing after giving the call up: it is due again at
+    # once, for the runtime to step once the cancellation is performed.
+    assert d.wake_at == timeout
+    effects = d.step(timeout)
     # Retried (after the machine's backoff, none for the first failure).
     if not sends(effects, Channel.MAIN):
         assert d.wake_at is not None and d.wake_at > timeout
