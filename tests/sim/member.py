@@ -185,6 +185,10 @@ class SimMember:
         self.commit_sent: CommitRequest | None = None
         #: on_revoked's final commit is under way (the tick's commits wait).
         self.listener_commit = False
+        #: what the listener was told the process owns: given from the start
+        #: of on_assigned, given up at the start of on_lost and at the end of
+        #: on_revoked. ``assignment`` and the commits sent stay within it.
+        self.handed: frozenset[Resource] = frozenset()
         #: close() was called (a drain closes the member itself once drained).
         self.asked_to_close = False
         #: inside ``async with``: it had its first assignment; told to leave it.
@@ -376,6 +380,10 @@ class SimMember:
         """A listener callback: simulated work (``on_revoked``: the final commits first)."""
         self.sim.log(f"{self.tag} on_{kind.value} {sorted(resources)}")
         self.world.on_listener(self, InvokeListener(kind, frozenset(resources)))
+        if kind is CallbackKind.ASSIGNED:
+            self.handed |= resources
+        elif kind is CallbackKind.LOST:
+            self.handed -= resources
         if kind is CallbackKind.ASSIGNED and resources:
             # Beside the callback, as an application reads its state back.
             self._task(self._read_back(frozenset(resources)))
@@ -388,6 +396,8 @@ class SimMember:
                 self.listener_commit = False
         lo, hi = self.listener_ms
         await self.sleep(self.rng.randint(lo, hi))
+        if kind is CallbackKind.REVOKED:
+            self.handed -= resources
 
     async def _read_back(self, resources: frozenset[Resource]) -> None:
         """What a new owner does first: read the checkpoints of what it was given

@@ -842,6 +842,9 @@ class World:
         self.violation(f"liveness: {member.tag}'s {conn.api} answered {error} without any fault")
 
     def on_act(self, member: SimMember, owned: frozenset[Resource], now: int) -> None:
+        if owned - member.handed:
+            self.violation(f"listener: {member.tag} sees {sorted(owned - member.handed)} in "
+                           "its assignment, which its listener was not given or has given up")
         if owned:
             deadline = member.member.safety_deadline_ms()
             if deadline is not None and now >= deadline:
@@ -849,6 +852,11 @@ class World:
                                f"its safety deadline was {deadline}")
 
     def on_commit_sent(self, member: SimMember, request: CommitRequest, now: int) -> None:
+        untold = sorted({(name, index) for name, index, _ in request.checkpoints}
+                        - member.handed)
+        if untold:
+            self.violation(f"listener: {member.tag} commits {untold}, which its listener "
+                           "was not given or has given up")
         deadline = member.member.safety_deadline_ms()
         if deadline is None or now >= deadline:
             self.violation(f"deadline: {member.tag} commits at {now} past its safety deadline "
