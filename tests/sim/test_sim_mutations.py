@@ -20,7 +20,9 @@ from collections.abc import Callable
 import pytest
 
 from client.member import GroupMember
-from client.member_state import Resource
+from client.member_state import CallbackKind, Resource
+from client.member_state.states import Syncing
+from client.member_state.syncing import SyncStep
 from coordinator.cluster.host import PartitionHost
 from coordinator.core import coordinator as core_module
 from coordinator.core.commands import Command
@@ -30,6 +32,7 @@ from coordinator.core.records import Record
 from coordinator.runtime.commits import Batch, Commits
 from coordinator.runtime.machine import RuntimeMachine
 from coordinator.runtime.runtime import Runtime
+from protocol.messages import SyncResponse
 from sim import report, run_seed
 
 #: how many seeds a mutation may take to be found.
@@ -103,6 +106,25 @@ def test_a_member_reporting_what_it_owned_past_its_safety_deadline_is_found(
     # Found as two owners at once, or as acting past the deadline: whichever
     # check sees the paused member first.
     expect_found(lambda v: v.split(": ")[0].endswith(("exclusive", "deadline")))
+
+
+def test_a_member_owning_an_assignment_before_its_on_assigned_is_found(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation: the machine owns what a sync delivers at once, not when
+    ``on_assigned`` is called with it (a callback queued before it, such as
+    ``on_revoked``, still runs meanwhile)."""
+    deliver = SyncStep.deliver
+
+    def owned_at_delivery(self: SyncStep, now_ms: int, phase: Syncing, resp: SyncResponse,
+                          proof_ms: int) -> None:
+        deliver(self, now_ms, phase, resp, proof_ms)
+        core = self._m
+        for action in core._callbacks:
+            if action.kind is CallbackKind.ASSIGNED:
+                core._owned = core._owned | action.resources
+
+    monkeypatch.setattr(SyncStep, "deliver", owned_at_delivery)
+    expect_found(lambda v: "listener:" in v and "was not given" in v)
 
 
 def test_a_member_reading_back_no_checkpoints_is_found(
