@@ -16,8 +16,8 @@ effect             the runtime
 :class:`Cancel`    stops waiting for the call on ``channel``; ``timed_out``:
                    it got no answer within its timeout (a router looks for
                    the coordinator again). A step that gives a call up
-                   decides nothing after it: it returns due at once
-                   (``wake_at`` is its own time)
+                   decides nothing after it: outside a callback it returns
+                   due at once (``wake_at`` is its own time)
 ``InvokeListener`` runs that listener callback (always the last effect of a
                    step) and reports its return with
                    :meth:`MemberDriver.callback_returned`; while a callback

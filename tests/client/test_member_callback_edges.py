@@ -12,10 +12,11 @@ so those tasks must never see it change anywhere else:
 - a resource is in ``assignment`` only once ``on_assigned`` has started for it
   (the subscription state changes right before the listener runs).
 
-Both edges had a gap of a few event-loop turns: the driver stopped its
-side-channel task (an await) before telling the machine that ``on_revoked``
-had returned, and it awaited the cancellation of a timed-out heartbeat after
-the step that delivered an assignment but before starting ``on_assigned``.
+What holds the edges (``client/member.py``, ``client/member_state/driver.py``):
+the runtime reports ``on_revoked``'s return before it stops the side-channel
+task that ran beside the callback (an await), and a step that gives a call up
+(its cancellation is awaited) decides nothing more, so no await falls between
+the step that owns new resources and the ``on_assigned`` it ends with.
 """
 
 from __future__ import annotations
@@ -149,8 +150,8 @@ async def test_an_assignment_is_not_visible_before_on_assigned_starts() -> None:
                 await asyncio.sleep(0)
         # Past the heartbeat's timeout (about half the session here), well
         # within the session, and the answer handed over at the same instant:
-        # the driver's next step gives the heartbeat up and delivers the
-        # assignment together.
+        # the driver wakes to both, gives the heartbeat up (awaiting its
+        # cancellation, which runs the probe) and then delivers the assignment.
         clock.advance(3_500)
         net.release.set()
         await asyncio.wait_for(a.wait_assigned(), 5)
