@@ -25,13 +25,11 @@ import asyncio
 from typing import Any
 
 import pytest
-from client_harness import InProcessCoordinator, InProcessTransport, MemoryStore
-from virtual_time import loop_ms, run_with_coordinator
+from client_harness import InProcessCoordinator, InProcessTransport
+from virtual_time import in_process_coordinator, loop_ms, run_with_coordinator
 
 from client import GroupMember, NotOwnedError, RebalanceListener, Resource
-from coordinator.core import CoreConfig, GroupCoordinator
 from coordinator.runtime.clock import FakeClock
-from coordinator.runtime.runtime import Runtime
 from protocol.messages import Api
 
 pytestmark = pytest.mark.timeout(30)
@@ -128,42 +126,38 @@ class HeldSync(InProcessTransport):
 
 async def test_an_assignment_is_not_visible_before_on_assigned_starts() -> None:
     clock = FakeClock()
-    runtime = Runtime(GroupCoordinator(CoreConfig(min_session_timeout_ms=100,
-                                                  initial_rebalance_delay_ms=0)),
-                      MemoryStore(), clock)
-    await runtime.start()
-    coordinator = InProcessCoordinator(runtime)
-    await coordinator.put_resource("s", 4)
-    watcher = Watcher()
-    net = HeldSync(coordinator, watcher)
-    a = GroupMember(net, "g", ["s"], client_id="a", listener=watcher, clock=clock,
-                    session_timeout_ms=6_000, heartbeat_interval_ms=300,
-                    rebalance_timeout_ms=10_000)
-    net.member = a
-    a.start()
-    try:
-        # The join phase ends on the coordinator's timer; the sync's answer is
-        # then held while the side channel heartbeats.
-        while not net.sync_answered.is_set() or net.heartbeats == 0:
-            clock.advance(50)
-            for _ in range(20):
-                await asyncio.sleep(0)
-        # Past the heartbeat's timeout (about half the session here), well
-        # within the session, and the answer handed over at the same instant:
-        # the driver wakes to both, gives the heartbeat up (awaiting its
-        # cancellation, which runs the probe) and then delivers the assignment.
-        clock.advance(3_500)
-        net.release.set()
-        await asyncio.wait_for(a.wait_assigned(), 5)
-        assert len(a.assignment) == 4
-        # The heartbeat was given up (the scenario happened) and saw no
-        # resource that on_assigned had not been called with.
-        assert len(net.probes) == 1
-        assert all(seen <= handed for seen, handed in net.probes), net.probes
-    finally:
-        closing = asyncio.ensure_future(a.close(timeout_s=30))
-        while not closing.done():
-            clock.advance(100)
-            await asyncio.sleep(0.001)
-        await closing
-        await runtime.stop()
+    async with in_process_coordinator(clock) as coordinator:
+        await coordinator.put_resource("s", 4)
+        watcher = Watcher()
+        net = HeldSync(coordinator, watcher)
+        a = GroupMember(net, "g", ["s"], client_id="a", listener=watcher, clock=clock,
+                        session_timeout_ms=6_000, heartbeat_interval_ms=300,
+                        rebalance_timeout_ms=10_000)
+        net.member = a
+        a.start()
+        try:
+            # The join phase ends on the coordinator's timer; the sync's answer
+            # is then held while the side channel heartbeats.
+            while not net.sync_answered.is_set() or net.heartbeats == 0:
+                clock.advance(50)
+                for _ in range(20):
+                    await asyncio.sleep(0)
+            # Past the heartbeat's timeout (about half the session here), well
+            # within the session, and the answer handed over at the same
+            # instant: the driver wakes to both, gives the heartbeat up
+            # (awaiting its cancellation, which runs the probe) and then
+            # delivers the assignment.
+            clock.advance(3_500)
+            net.release.set()
+            await asyncio.wait_for(a.wait_assigned(), 5)
+            assert len(a.assignment) == 4
+            # The heartbeat was given up (the scenario happened) and saw no
+            # resource that on_assigned had not been called with.
+            assert len(net.probes) == 1
+            assert all(seen <= handed for seen, handed in net.probes), net.probes
+        finally:
+            closing = asyncio.ensure_future(a.close(timeout_s=30))
+            while not closing.done():
+                clock.advance(100)
+                await asyncio.sleep(0.001)
+            await closing

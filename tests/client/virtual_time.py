@@ -25,7 +25,7 @@ from typing import Any
 from client_harness import InProcessCoordinator, InProcessTransport, MemoryStore
 
 from coordinator.core import CoreConfig, GroupCoordinator
-from coordinator.runtime.clock import TimerHandle
+from coordinator.runtime.clock import Clock, TimerHandle
 from coordinator.runtime.runtime import Runtime
 
 __all__ = ["LatencyTransport", "LoopClock", "VirtualTimeLoop", "in_process_coordinator",
@@ -107,13 +107,15 @@ class LatencyTransport:
 
 
 @contextlib.asynccontextmanager
-async def in_process_coordinator(**settings: int) -> AsyncIterator[InProcessCoordinator]:
-    """The real core and runtime on the loop's clock, in memory, stopped on
-    exit: the ``coordinator`` fixture of conftest.py for a test in virtual
-    time (the same defaults: 100 ms minimum session, no initial delay)."""
+async def in_process_coordinator(clock: Clock | None = None,
+                                 **settings: int) -> AsyncIterator[InProcessCoordinator]:
+    """The real core and runtime on the loop's clock (or ``clock``: a
+    ``FakeClock`` the test moves), in memory, stopped on exit: the
+    ``coordinator`` fixture of conftest.py for a test in virtual time (the
+    same defaults: 100 ms minimum session, no initial delay)."""
     config = CoreConfig(**{"min_session_timeout_ms": 100, "initial_rebalance_delay_ms": 0,
                            **settings})
-    runtime = Runtime(GroupCoordinator(config), MemoryStore(), LoopClock())
+    runtime = Runtime(GroupCoordinator(config), MemoryStore(), clock or LoopClock())
     await runtime.start()
     try:
         yield InProcessCoordinator(runtime)
