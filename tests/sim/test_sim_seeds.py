@@ -382,6 +382,10 @@ RUNTIME_REGRESSION_SEEDS = {
              "sequence; its next joins were refused as late until the group expelled it "
              "(a real fault of the coordinator, fixed: the takeover starts the count anew)",
     8019170: "the same, in a group of five",
+    10095990: "a worker without a generation was waiting out a 916 ms join backoff (its "
+              "coordinator had been down) when the faults ended: the convergence bound "
+              "counts from its retry (the simulator's bound; Kafka's consumer backs off "
+              "the same way)",
 }
 
 

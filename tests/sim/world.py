@@ -663,7 +663,21 @@ class World:
                 # close slowed by a fault: a revocation waiting on a commit, a slow
                 # link) is still closing: the worker starts again once it has stopped.
                 slot.restart_after = member
+            elif member is not None and member.state == UP:
+                self._join_backoff(member)
         self._watch_convergence()
+
+    def _join_backoff(self, member: SimMember) -> None:
+        """A member without a generation waiting out the backoff of a join that
+        could not reach the coordinator (up to ``retry_backoff_max_ms``, as
+        Kafka's consumer) has no side channel to learn that the coordinator is
+        back: the convergence bound counts from its retry (the fault lasts
+        until it ends; seed 10095990)."""
+        machine = member.machine
+        schedule = machine._schedule
+        if machine.generation_id < 0 and schedule.retry_pending \
+                and schedule.due_ms > member.local():
+            self._quiet_from(member.clock.global_at(schedule.due_ms))
 
     # ------------------------------------------------------------ invariant hooks
 
